@@ -1,0 +1,135 @@
+"""Per-client reservoir replay buffer (Vitter's algorithm R) in preallocated tensors.
+
+Why tensors and a host-side counter: the number of examples offered so far is known on the
+host without reading the device (every offered example increments it), so a whole batch is
+inserted with a handful of tensor ops and no host-device synchronisation. The batch insert
+is *exactly* the sequential algorithm R: example k of the batch sees n = n0 + k, draws
+j ~ U{0..n}, and a later example of the same batch that picks the same slot wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class BufferDraw:
+    """m examples drawn from the buffer: inputs, labels, stored outputs, task ids."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    logits: torch.Tensor
+    task: torch.Tensor
+
+
+class ReservoirBuffer:
+    """Capacity-M reservoir storing (x, y, logits at storage time, task id)."""
+
+    def __init__(
+        self,
+        capacity: int,
+        input_shape: tuple[int, ...],
+        num_outputs: int,
+        *,
+        device: torch.device,
+        generator: torch.Generator,
+    ) -> None:
+        if capacity <= 0:
+            raise ValueError("buffer capacity must be positive")
+        self.capacity = capacity
+        self.device = device
+        self.generator = generator
+        # One extra "trash" row receives the examples the reservoir rejects, so an insert
+        # never needs a data-dependent branch.
+        rows = capacity + 1
+        self.x = torch.zeros((rows, *input_shape), device=device)
+        self.y = torch.zeros(rows, dtype=torch.long, device=device)
+        self.logits = torch.zeros((rows, num_outputs), device=device)
+        self.task = torch.zeros(rows, dtype=torch.long, device=device)
+        self.num_seen = 0
+
+    @property
+    def filled(self) -> int:
+        return min(self.num_seen, self.capacity)
+
+    def __len__(self) -> int:
+        return self.filled
+
+    @property
+    def nbytes(self) -> int:
+        """Memory of the stored examples (capacity rows, without the trash row)."""
+        per_row = sum(t[0].numel() * t.element_size() for t in (self.x, self.y, self.logits, self.task))
+        return per_row * self.capacity
+
+    def slots_for(self, batch_size: int) -> torch.Tensor:
+        """Destination slot of each of the next ``batch_size`` offered examples.
+
+        Slot ``capacity`` (the trash row) means "not stored". Advances the counter.
+        """
+        n = self.num_seen + torch.arange(batch_size, device=self.device, dtype=torch.float64)
+        u = torch.rand(batch_size, device=self.device, dtype=torch.float64, generator=self.generator)
+        j = torch.floor(u * (n + 1)).to(torch.long)
+        slots = torch.where(n < self.capacity, n.to(torch.long), j)
+        slots = torch.where(slots < self.capacity, slots, torch.full_like(slots, self.capacity))
+        # Algorithm R is sequential: when two examples of the batch hit the same slot the later
+        # one wins, so earlier duplicates are sent to the trash row.
+        same = slots.unsqueeze(0) == slots.unsqueeze(1)
+        later = torch.ones(batch_size, batch_size, dtype=torch.bool, device=self.device).triu(1)
+        overwritten = (same & later).any(dim=1)
+        slots = torch.where(overwritten, torch.full_like(slots, self.capacity), slots)
+        self.num_seen += batch_size
+        return slots
+
+    def add(self, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor, task: int) -> None:
+        """Offer a batch to the reservoir (every example counts as offered)."""
+        slots = self.slots_for(x.shape[0])
+        self.x.index_copy_(0, slots, x.detach())
+        self.y.index_copy_(0, slots, y)
+        self.logits.index_copy_(0, slots, logits.detach().to(self.logits.dtype))
+        self.task.index_fill_(0, slots, task)
+
+    def append(self, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor, task: int) -> None:
+        """Write a batch into the next free slots (episodic memory, e.g. A-GEM task_end fill).
+
+        Not part of the reservoir: the caller guarantees it fits. Counts the examples as seen
+        so ``filled`` grows by the batch size.
+        """
+        start = self.filled
+        if start + x.shape[0] > self.capacity:
+            raise ValueError("append would overflow the buffer")
+        end = start + x.shape[0]
+        self.x[start:end] = x.detach()
+        self.y[start:end] = y
+        self.logits[start:end] = logits.detach().to(self.logits.dtype)
+        self.task[start:end] = task
+        self.num_seen = end
+
+    def sample(self, m: int) -> BufferDraw | None:
+        """m distinct filled slots drawn uniformly (m = min(m, filled)); None when empty."""
+        filled = self.filled
+        if filled == 0:
+            return None
+        m = min(m, filled)
+        idx = torch.randperm(filled, device=self.device, generator=self.generator)[:m]
+        return BufferDraw(self.x[idx], self.y[idx], self.logits[idx], self.task[idx])
+
+    def all(self) -> BufferDraw | None:
+        """The whole filled buffer, in slot order."""
+        filled = self.filled
+        if filled == 0:
+            return None
+        return BufferDraw(
+            self.x[:filled], self.y[:filled], self.logits[:filled], self.task[:filled]
+        )
+
+    def state_dict(self) -> dict[str, object]:
+        return {
+            "x": self.x,
+            "y": self.y,
+            "logits": self.logits,
+            "task": self.task,
+            "num_seen": self.num_seen,
+            "generator": self.generator.get_state(),
+        }

@@ -1,0 +1,1 @@
+"""The federation loop: server, clients, local steps, evaluation and communication counting."""

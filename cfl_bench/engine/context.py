@@ -1,0 +1,104 @@
+"""The explicit state objects the engine hands to strategy components.
+
+Why explicit objects: per-client state (buffer, RNG, component extras) must persist across
+rounds and tasks, and server state (global model, payloads) must be visible to server hooks,
+without any global variables. A component reads what it needs from these and keeps its own
+per-client state under ``client.extras[component_name]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from cfl_bench.buffer import ReservoirBuffer
+from cfl_bench.engine.comm import CommCounter
+from cfl_bench.flat import FlatModel
+
+
+@dataclass
+class ClientState:
+    """Everything one client keeps between rounds and tasks."""
+
+    index: int
+    generator: torch.Generator
+    buffer: ReservoirBuffer | None
+    # Training data of the current task (may include older tasks for the joint learner).
+    train_x: torch.Tensor | None = None
+    train_y: torch.Tensor | None = None
+    # Tasks this client has already trained on (for the first-pass buffer policy).
+    tasks_started: set[int] = field(default_factory=set)
+    # The global-model version this client holds (so re-sending it is not counted twice).
+    model_version: int = -1
+    extras: dict[str, dict[str, object]] = field(default_factory=dict)
+
+    @property
+    def num_samples(self) -> int:
+        return 0 if self.train_y is None else int(self.train_y.shape[0])
+
+    def state_for(self, component: str) -> dict[str, object]:
+        return self.extras.setdefault(component, {})
+
+
+@dataclass
+class ServerState:
+    """The server's view during a round: global model and what was exchanged."""
+
+    model: FlatModel
+    global_params: torch.Tensor
+    global_buffers: torch.Tensor
+    clients: list[ClientState]
+    comm: CommCounter
+    device: torch.device
+    task: int = 0
+    round_in_task: int = 0
+    round_index: int = 0
+    rounds_per_task: int = 1
+    version: int = 0
+    participants: list[ClientState] = field(default_factory=list)
+    payloads: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def model_bytes(self) -> int:
+        return tensor_bytes(self.global_params) + tensor_bytes(self.global_buffers)
+
+    @property
+    def is_task_end(self) -> bool:
+        return self.round_in_task == self.rounds_per_task - 1
+
+
+@dataclass
+class Upload:
+    """What one client sends back after local training."""
+
+    client: int
+    params: torch.Tensor
+    buffers: torch.Tensor
+    num_samples: int
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        total = tensor_bytes(self.params) + tensor_bytes(self.buffers)
+        return total + sum(tensor_bytes(t) for t in self.extras.values())
+
+
+@dataclass
+class StepContext:
+    """One local step of one client; rebuilt cheaply for every batch."""
+
+    model: FlatModel
+    client: ClientState
+    server: ServerState
+    x: torch.Tensor
+    y: torch.Tensor
+    task: int
+    epoch: int
+    offer_to_buffer: bool
+    buffer_batch_size: int
+    outputs: torch.Tensor | None = None
+
+
+def tensor_bytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()

@@ -1,0 +1,41 @@
+"""Evaluation of a model on in-memory test tensors, in large batches, in inference mode.
+
+Why return tensors: accuracies and divergences stay on the device until the records are
+flushed, so evaluation never forces a host sync per batch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+EVAL_BATCH = 4096
+
+
+@torch.inference_mode()
+def predict_logits(module: nn.Module, x: torch.Tensor, batch: int = EVAL_BATCH) -> torch.Tensor:
+    was_training = module.training
+    module.eval()
+    try:
+        return torch.cat([module(x[i : i + batch]) for i in range(0, x.shape[0], batch)])
+    finally:
+        module.train(was_training)
+
+
+def accuracy(logits: torch.Tensor, y: torch.Tensor, classes: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Accuracy in percent; with ``classes`` the logits are masked to them (task-IL)."""
+    if classes is not None:
+        mask = torch.full((logits.shape[1],), float("-inf"), device=logits.device)
+        mask[list(classes)] = 0.0
+        logits = logits + mask
+    return (logits.argmax(dim=1) == y).float().mean() * 100.0
+
+
+def mean_kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """mean over rows of KL(p ‖ q) given log-probabilities (rows are examples)."""
+    return (log_p.exp() * (log_p - log_q)).sum(dim=1).mean()
+
+
+def log_probs(logits: torch.Tensor) -> torch.Tensor:
+    return F.log_softmax(logits.float(), dim=1)

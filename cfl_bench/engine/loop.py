@@ -1,0 +1,382 @@
+"""The continual-federated round loop (DESIGN.md §3), sequential executor.
+
+    for task t: partition → client data
+      for round r: broadcast θ_g (+ payloads) → sampled clients train locally
+                   → uploads → weighted average → server hooks → evaluation
+
+Speed: one reusable module whose parameters are views of a flat vector (``FlatModel``);
+loading a client is one copy, aggregation is a running weighted sum of flat vectors, the
+local step touches the host only through Python ints it already knows. The one host sync per
+round is the divergence check on the summed training loss.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch.nn import functional as F
+
+from cfl_bench.buffer import ReservoirBuffer
+from cfl_bench.engine.aggregation import RunningAverage, client_weight
+from cfl_bench.engine.comm import CommCounter
+from cfl_bench.engine.context import ClientState, ServerState, StepContext, Upload
+from cfl_bench.engine.evaluation import accuracy, log_probs, mean_kl, predict_logits
+from cfl_bench.engine.optim import FlatSGD
+from cfl_bench.flat import FlatModel
+from cfl_bench.seeding import generator
+from strategies.base import Role
+from strategies.compose import Strategy
+from streams.base import Stream
+from streams.partition import Partitioner
+
+# (round, trained_task, eval_task, scope, metric, value); value may be a 0-d tensor until flushed.
+Record = tuple[int, int, int, str, str, object]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The numbers that shape the loop (after strategy schedule adjustments)."""
+
+    num_tasks: int
+    rounds_per_task: int
+    epochs: int
+    num_clients: int
+    participation: float
+    batch_size: int
+    buffer_batch_size: int
+    buffer_size: int
+    buffer_offer: str
+    weighting: str
+    lr: float
+    momentum: float
+    weight_decay: float
+    probe_size: int
+    eval_every_round: bool
+    seed: int
+
+    @property
+    def clients_per_round(self) -> int:
+        return max(1, round(self.participation * self.num_clients))
+
+    @property
+    def total_rounds(self) -> int:
+        return self.num_tasks * self.rounds_per_task
+
+
+@dataclass
+class RoundReport:
+    """What the progress display is told after each round."""
+
+    round_index: int
+    total_rounds: int
+    task: int
+    latest_acc: float | None
+
+
+@dataclass
+class RunOutcome:
+    records: list[Record] = field(default_factory=list)
+    costs: list[Record] = field(default_factory=list)
+    status: str = "running"
+    message: str = ""
+    buffer_bytes_per_client: int = 0
+    num_params: int = 0
+    comm_by_payload: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class EvalSet:
+    x: torch.Tensor
+    y: torch.Tensor
+    classes: tuple[int, ...]
+
+
+class Federation:
+    """One run: a stream, a partitioner, a validated strategy and a model, on one device."""
+
+    def __init__(
+        self,
+        stream: Stream,
+        partitioner: Partitioner,
+        strategy: Strategy,
+        model: torch.nn.Module,
+        schedule: Schedule,
+        device: torch.device,
+    ) -> None:
+        self.stream = stream
+        self.partitioner = partitioner
+        self.strategy = strategy
+        self.schedule = schedule
+        self.device = device
+        self.model = FlatModel(model.to(device))
+        self.loss_terms = [c for c in strategy.components if Role.LOSS_TERM in c.roles]
+        self.transforms = strategy.transforms
+        self.task_il = stream.scenario == "class-il"
+        self.optimizer = FlatSGD(
+            self.model.params, self.model.grads, schedule.lr, schedule.momentum, schedule.weight_decay
+        )
+        seed = schedule.seed
+        self.clients = [
+            ClientState(
+                index=k,
+                generator=generator(seed, "client", k, device=device),
+                buffer=self._make_buffer(k) if strategy.needs_buffer else None,
+            )
+            for k in range(schedule.num_clients)
+        ]
+        self.server_rng = generator(seed, "participation")
+        self.server = ServerState(
+            model=self.model,
+            global_params=self.model.params.detach().clone(),
+            global_buffers=self.model.buffers.detach().clone(),
+            clients=self.clients,
+            comm=CommCounter(),
+            device=device,
+            rounds_per_task=schedule.rounds_per_task,
+        )
+        self.shards: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.eval_sets: list[EvalSet] = []
+        self.reference_log_probs: dict[int, torch.Tensor] = {}
+
+    def _make_buffer(self, k: int) -> ReservoirBuffer:
+        s = self.schedule
+        return ReservoirBuffer(
+            s.buffer_size,
+            self.stream.input_shape,
+            self.stream.num_classes,
+            device=self.device,
+            generator=generator(s.seed, "buffer", k, device=self.device),
+        )
+
+    # -- the run ----------------------------------------------------------------------------------
+    def run(self, on_round: Callable[[RoundReport], None] | None = None) -> RunOutcome:
+        s = self.schedule
+        out = RunOutcome(num_params=self.model.num_params)
+        if self.clients[0].buffer is not None:
+            out.buffer_bytes_per_client = self.clients[0].buffer.nbytes
+        self._prepare_eval_sets()
+        self._evaluate(out, round_index=0, trained_task=-1, upto=s.num_tasks - 1, drift=False)
+        latest: float | None = None
+        for t in range(s.num_tasks):
+            self._assign_task_data(t)
+            for r in range(s.rounds_per_task):
+                started = time.perf_counter()
+                self.server.task, self.server.round_in_task = t, r
+                self.server.round_index += 1
+                loss_sum, steps = self._round(out)
+                mean_loss = (loss_sum / max(steps, 1)).item()
+                ri = self.server.round_index
+                up, down = self.server.comm.end_round()
+                out.records += [
+                    (ri, t, -1, "global", "bytes_up", up),
+                    (ri, t, -1, "global", "bytes_down", down),
+                    (ri, t, -1, "global", "train_loss", mean_loss),
+                ]
+                if not math.isfinite(mean_loss):
+                    out.status = "diverged"
+                    out.message = f"training loss became {mean_loss} in round {ri} (task {t + 1})"
+                    out.costs.append((ri, t, -1, "global", "round_time_s", time.perf_counter() - started))
+                    return self._finish(out)
+                self._record_buffer_drift(out, ri, t)
+                if self.server.is_task_end or s.eval_every_round:
+                    upto = min(t + 1, s.num_tasks - 1)
+                    latest = self._evaluate(
+                        out, ri, t, upto=upto, drift=self.server.is_task_end
+                    )
+                if self.server.is_task_end:
+                    self._end_task(t)
+                out.costs.append((ri, t, -1, "global", "round_time_s", time.perf_counter() - started))
+                if on_round is not None:
+                    on_round(RoundReport(ri, s.total_rounds, t, latest))
+        out.status = "finished"
+        return self._finish(out)
+
+    def _finish(self, out: RunOutcome) -> RunOutcome:
+        out.comm_by_payload = dict(self.server.comm.by_payload)
+        return out
+
+    # -- data -------------------------------------------------------------------------------------
+    def _prepare_eval_sets(self) -> None:
+        for i in range(self.schedule.num_tasks):
+            task = self.stream.task(i)
+            self.eval_sets.append(EvalSet(task.test_x, task.test_y, tuple(task.classes)))
+
+    def _assign_task_data(self, t: int) -> None:
+        task = self.stream.task(t)
+        parts = self.partitioner.split(
+            task.train_y.cpu(), self.schedule.num_clients, task=t, seed=self.schedule.seed
+        )
+        keep_history = self.strategy.learner.needs_history
+        for client, idx in zip(self.clients, parts, strict=True):
+            idx = idx.to(self.device)
+            shard = (task.train_x[idx], task.train_y[idx])
+            history = self.shards.get(client.index, []) if keep_history else []
+            self.shards[client.index] = [*history, shard]
+            client.train_x, client.train_y = self.strategy.learner.training_data(
+                self.shards[client.index]
+            )
+
+    # -- one round --------------------------------------------------------------------------------
+    def _sample_participants(self) -> list[ClientState]:
+        s = self.schedule
+        if s.clients_per_round >= s.num_clients:
+            return list(self.clients)
+        chosen = torch.randperm(s.num_clients, generator=self.server_rng)[: s.clients_per_round]
+        return [self.clients[k] for k in sorted(chosen.tolist())]
+
+    def _round(self, out: RunOutcome) -> tuple[torch.Tensor, int]:
+        server = self.server
+        server.participants = self._sample_participants()
+        server.payloads = {}
+        for component in self.strategy.all:
+            server.payloads.update(component.broadcast(server))
+        average = RunningAverage(server.global_params, server.global_buffers)
+        loss_sum = torch.zeros((), device=self.device)
+        steps = 0
+        for client in server.participants:
+            self._download(client)
+            self.model.load(server.global_params, server.global_buffers)
+            for component in self.strategy.all:
+                component.on_client_start(client, server)
+            client_loss, client_steps = self._train_client(client)
+            loss_sum += client_loss
+            steps += client_steps
+            if server.is_task_end:
+                self._record_client_accuracy(out, client)
+            upload = Upload(client.index, self.model.params, self.model.buffers, client.num_samples)
+            for component in self.strategy.all:
+                component.after_local(client, upload, server)
+            server.comm.up(upload.nbytes, "model+extras" if upload.extras else "model")
+            client.model_version = -1  # it now holds its own local model
+            weight = client_weight(client.num_samples, self.schedule.weighting)
+            average.add(self.model.params, self.model.buffers, weight)
+        aggregated = average.result()
+        if aggregated is not None:
+            server.global_params, server.global_buffers = aggregated
+        server.version += 1
+        for component in self.strategy.all:
+            component.after_aggregate(server)
+        return loss_sum, steps
+
+    def _download(self, client: ClientState) -> None:
+        server = self.server
+        if client.model_version != server.version:
+            server.comm.down(server.model_bytes, "model")
+            client.model_version = server.version
+        for name, tensor in server.payloads.items():
+            server.comm.down(tensor.numel() * tensor.element_size(), name)
+
+    def _train_client(self, client: ClientState) -> tuple[torch.Tensor, int]:
+        s = self.schedule
+        model, learner = self.model, self.strategy.learner
+        model.module.train()
+        self.optimizer.reset()
+        first_visit = self.server.task not in client.tasks_started
+        client.tasks_started.add(self.server.task)
+        n = client.num_samples
+        loss_sum = torch.zeros((), device=self.device)
+        steps = 0
+        if n == 0 or client.train_x is None or client.train_y is None:
+            return loss_sum, steps
+        for epoch in range(s.epochs):
+            order = torch.randperm(n, device=self.device, generator=client.generator)
+            offer = s.buffer_offer == "every_step" or (first_visit and epoch == 0)
+            for start in range(0, n, s.batch_size):
+                batch = order[start : start + s.batch_size]
+                step = StepContext(
+                    model=model,
+                    client=client,
+                    server=self.server,
+                    x=client.train_x[batch],
+                    y=client.train_y[batch],
+                    task=self.server.task,
+                    epoch=epoch,
+                    offer_to_buffer=offer,
+                    buffer_batch_size=s.buffer_batch_size,
+                )
+                model.zero_grad()
+                loss = learner.loss(step)
+                for term in self.loss_terms:
+                    extra = term.loss_term(step)
+                    if extra is not None:
+                        loss = loss + extra
+                loss.backward()
+                learner.refine_grad(step)
+                for transform in self.transforms:
+                    transform.transform_grad(step)
+                self.optimizer.step()
+                learner.observe(step)
+                loss_sum += loss.detach()
+                steps += 1
+        return loss_sum, steps
+
+    def _end_task(self, t: int) -> None:
+        self.model.load(self.server.global_params, self.server.global_buffers)
+        self.model.module.eval()
+        for client in self.clients:
+            self.strategy.learner.on_task_end(client, t, self.model)
+        self.model.module.train()
+
+    # -- measurements -----------------------------------------------------------------------------
+    def _probe(self, i: int) -> EvalSet:
+        e = self.eval_sets[i]
+        n = min(self.schedule.probe_size, e.y.shape[0])
+        return EvalSet(e.x[:n], e.y[:n], e.classes)
+
+    def _evaluate(
+        self, out: RunOutcome, round_index: int, trained_task: int, upto: int, drift: bool
+    ) -> float | None:
+        """Global model on tasks 0..upto; returns the mean accuracy over seen tasks."""
+        self.model.load(self.server.global_params, self.server.global_buffers)
+        module = self.model.module
+        seen: list[torch.Tensor] = []
+        for i in range(upto + 1):
+            e = self.eval_sets[i]
+            logits = predict_logits(module, e.x)
+            acc = accuracy(logits, e.y)
+            out.records.append((round_index, trained_task, i, "global", "acc", acc))
+            if self.task_il:
+                acc_til = accuracy(logits, e.y, e.classes)
+                out.records.append((round_index, trained_task, i, "global", "acc_task_il", acc_til))
+            if i <= trained_task:
+                seen.append(acc)
+        if drift:
+            for i in range(trained_task + 1):
+                current = log_probs(predict_logits(module, self._probe(i).x))
+                if i == trained_task:
+                    self.reference_log_probs[i] = current
+                else:
+                    kl = mean_kl(self.reference_log_probs[i], current)
+                    out.records.append((round_index, trained_task, i, "global", "kl_drift", kl))
+        if not seen:
+            return None
+        return float(torch.stack(seen).mean().item())
+
+    def _record_client_accuracy(self, out: RunOutcome, client: ClientState) -> None:
+        """Local model (before aggregation) on probes of the seen tasks: client spread."""
+        accs = []
+        for i in range(self.server.task + 1):
+            probe = self._probe(i)
+            accs.append(accuracy(predict_logits(self.model.module, probe.x), probe.y))
+        scope = f"client_{client.index}"
+        value = torch.stack(accs).mean()
+        out.records.append((self.server.round_index, self.server.task, -1, scope, "client_acc", value))
+
+    def _record_buffer_drift(self, out: RunOutcome, round_index: int, t: int) -> None:
+        """Per client: mean KL(softmax(stored logits) ‖ softmax(global model)) on its buffer."""
+        if self.clients[0].buffer is None:
+            return
+        self.model.load(self.server.global_params, self.server.global_buffers)
+        for client in self.clients:
+            draw = client.buffer.all() if client.buffer is not None else None
+            if draw is None:
+                continue
+            current = log_probs(predict_logits(self.model.module, draw.x))
+            stored = F.log_softmax(draw.logits, dim=1)
+            out.records.append(
+                (round_index, t, -1, f"client_{client.index}", "buffer_drift", mean_kl(stored, current))
+            )

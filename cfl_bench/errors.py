@@ -1,0 +1,10 @@
+"""The one exception type for bad user input.
+
+Why a dedicated type: the CLI turns exactly these into one clear line and exit code 2, while
+any other exception is a bug and keeps its traceback. Messages must name the problem *and*
+the fix in one sentence.
+"""
+
+
+class UserError(Exception):
+    """Bad input from the user (names, numbers, files); shown as one line, exit code 2."""

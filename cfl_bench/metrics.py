@@ -1,0 +1,405 @@
+"""Continual-learning metrics as pure functions of the accuracy matrix and of the records table.
+
+Why pure functions: DESIGN.md §5 makes every reported number (Acc_t, forgetting, BWT, FWT,
+memory drift, client spread, bytes) a function of the tidy ``records`` table alone, so a
+summary can be recomputed, audited or re-derived under another convention from
+``records.csv`` without re-running anything. Definitions follow ``specs/metrics.md``; the
+formulas there are 1-based, the code here is 0-based.
+
+Conventions:
+
+* ``a`` is a float array of shape ``(T, T)`` in percent; ``a[t, i]`` is the accuracy of the
+  global model on task ``i``'s test split after training task ``t``. Unmeasured entries are
+  NaN.
+* ``b`` is a length-``T`` array: accuracy of the untrained initial model on each task.
+* Missing *required* entries propagate as NaN instead of being skipped: averaging over only
+  the entries that happen to exist would silently turn an incomplete evaluation into a
+  different (usually flattering) number.
+
+Only numpy and pandas are used, so the module can be imported by analysis tools that do not
+have torch installed.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "ACCURACY_METRICS",
+    "RECORD_COLUMNS",
+    "average_accuracy",
+    "backward_transfer",
+    "client_spread",
+    "forgetting",
+    "forward_transfer",
+    "initial_from_records",
+    "matrix_from_records",
+    "memory_drift",
+    "summarize",
+]
+
+#: Columns every records table must have (tidy long format, DESIGN.md §5).
+RECORD_COLUMNS: tuple[str, ...] = (
+    "round",
+    "trained_task",
+    "eval_task",
+    "scope",
+    "metric",
+    "value",
+)
+
+#: Accuracy-like metrics that :func:`summarize` turns into matrices and CL metrics.
+ACCURACY_METRICS: tuple[str, ...] = ("acc", "acc_task_il")
+
+
+# --------------------------------------------------------------------------------------------
+# Matrix metrics
+# --------------------------------------------------------------------------------------------
+
+
+def _square(a: Any, name: str = "a") -> np.ndarray:
+    """Return ``a`` as a float (T, T) array; fail loudly so a transposed or ragged input
+    is caught here rather than producing a plausible-looking wrong number."""
+    arr = np.asarray(a, dtype=float)
+    if arr.ndim != 2 or arr.shape[0] != arr.shape[1]:
+        raise ValueError(
+            f"{name} must be a square (T, T) matrix, got shape {arr.shape}; "
+            "pass one row per trained task and one column per evaluated task"
+        )
+    return arr
+
+
+def _nanmax(values: np.ndarray) -> float:
+    """Max ignoring NaN, NaN if nothing was measured (without numpy's all-NaN warning,
+    which is expected here: tasks are not evaluated before they exist)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(np.nanmax(values)) if values.size else math.nan
+
+
+def average_accuracy(a: Any) -> np.ndarray:
+    """Acc_t = mean of ``a[t, :t+1]`` for every t (FedGP's "average accuracy").
+
+    Returns a length-T array; Acc_t is NaN if any task seen by t was not evaluated, because
+    averaging only the measured tasks would change what the number means.
+    """
+    arr = _square(a)
+    T = arr.shape[0]
+    return np.array([arr[t, : t + 1].mean() for t in range(T)], dtype=float)
+
+
+def forgetting(a: Any, *, include_current: bool = False) -> np.ndarray:
+    """Fgt_t for every t: mean over old tasks i < t of (best earlier accuracy − accuracy now).
+
+    With ``include_current=False`` (default, Chaudhry et al.) the best accuracy is taken over
+    evaluations s < t, so forgetting can be negative when an old task *improves* (backward
+    transfer shows up as negative forgetting). With ``include_current=True`` the max runs over
+    s ≤ t, as in the Mammoth / FedGP code; this clips every term at 0. Tables must say which
+    rule they use. The max ignores unmeasured (NaN) earlier entries, since a task is usually
+    not evaluated before it is trained; a missing current entry a[t, i] gives NaN.
+
+    Returns a length-T array with NaN at t = 0 (nothing can have been forgotten yet).
+    """
+    arr = _square(a)
+    T = arr.shape[0]
+    out = np.full(T, np.nan)
+    for t in range(1, T):
+        stop = t + 1 if include_current else t
+        terms = [_nanmax(arr[:stop, i]) - arr[t, i] for i in range(t)]
+        out[t] = float(np.mean(terms))
+    return out
+
+
+def backward_transfer(a: Any) -> float:
+    """BWT = mean over i < T−1 of (a[T−1, i] − a[i, i]) (Lopez-Paz & Ranzato).
+
+    Negative means forgetting. NaN when T = 1: with a single task there is no "later" to
+    compare against, and 0 would wrongly claim a measurement.
+    """
+    arr = _square(a)
+    T = arr.shape[0]
+    if T < 2:
+        return math.nan
+    idx = np.arange(T - 1)
+    return float(np.mean(arr[T - 1, idx] - arr[idx, idx]))
+
+
+def forward_transfer(a: Any, b: Any) -> float:
+    """FWT = mean over i ≥ 1 of (a[i−1, i] − b[i]): accuracy on a task *before* training it,
+    relative to the untrained initial model.
+
+    It needs the above-diagonal entries a[i−1, i], which are only measured if the suite
+    evaluates future tasks; NaN when T = 1 or when any needed entry is missing, so an absent
+    measurement is never reported as zero transfer.
+    """
+    arr = _square(a)
+    T = arr.shape[0]
+    base = np.asarray(b, dtype=float).reshape(-1)
+    if base.shape[0] != T:
+        raise ValueError(
+            f"b must have one entry per task (T = {T}), got {base.shape[0]}; "
+            "pass the initial-model accuracy for every task (NaN where unknown)"
+        )
+    if T < 2:
+        return math.nan
+    idx = np.arange(1, T)
+    return float(np.mean(arr[idx - 1, idx] - base[idx]))
+
+
+def memory_drift(kl: Any) -> np.ndarray:
+    """MD_t = mean over i < t of ``kl[t, i]`` for every t (NaN at t = 0).
+
+    ``kl[t, i]`` is the mean over task i's probe of KL(p_i ‖ p_t), p_t being the global
+    model's softmax right after task t. Unlike forgetting it sees changes in the model's
+    *function* on old data even where the argmax (hence accuracy) did not move.
+    """
+    arr = _square(kl, "kl")
+    T = arr.shape[0]
+    out = np.full(T, np.nan)
+    for t in range(1, T):
+        out[t] = float(np.mean(arr[t, :t]))
+    return out
+
+
+def client_spread(values: Any) -> dict[str, float]:
+    """10th / 50th / 90th percentile (numpy "linear") of per-client accuracies, LEAF-style.
+
+    The mean alone hides clients the global model serves badly; the spread shows them.
+    NaN entries (clients without a measurement) are dropped; an empty input gives NaNs.
+    """
+    arr = np.asarray(values, dtype=float).reshape(-1)
+    arr = arr[~np.isnan(arr)]
+    if arr.size == 0:
+        return {"p10": math.nan, "p50": math.nan, "p90": math.nan}
+    p10, p50, p90 = np.percentile(arr, [10, 50, 90], method="linear")
+    return {"p10": float(p10), "p50": float(p50), "p90": float(p90)}
+
+
+# --------------------------------------------------------------------------------------------
+# Records → matrices
+# --------------------------------------------------------------------------------------------
+
+
+def _check_records(records: pd.DataFrame) -> None:
+    """Fail with the list of missing columns instead of a bare KeyError deep in pandas."""
+    missing = [c for c in RECORD_COLUMNS if c not in records.columns]
+    if missing:
+        raise ValueError(
+            f"records table lacks columns {missing}; it must have {list(RECORD_COLUMNS)}"
+        )
+
+
+def _select(records: pd.DataFrame, metric: str, scope: str) -> pd.DataFrame:
+    """Rows of one metric and scope, with integer task/round columns."""
+    _check_records(records)
+    rows = records[(records["metric"] == metric) & (records["scope"] == scope)]
+    return rows.astype({"round": int, "trained_task": int, "eval_task": int})
+
+
+def _last_round(rows: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
+    """Keep, for each group in ``by``, only the rows of that group's latest round.
+
+    Why the latest round: the task-end evaluation is the one the matrix is defined on, and
+    the design forbids reporting the best round. Rows are stably sorted by round, and among
+    duplicates of the same (round, trained_task, eval_task) the last row in table order wins,
+    so a round re-recorded after resuming from a checkpoint supersedes the earlier copy.
+    """
+    if rows.empty:
+        return rows
+    last = rows.groupby(list(by))["round"].transform("max")
+    rows = rows[rows["round"] == last]
+    return rows.drop_duplicates(subset=[*by, "round", "eval_task"], keep="last")
+
+
+def _infer_size(rows: pd.DataFrame, num_tasks: int | None) -> int:
+    """T from the rows (1 + largest task index) unless fixed by ``num_tasks``."""
+    largest = -1
+    if not rows.empty:
+        largest = int(max(rows["trained_task"].max(), rows["eval_task"].max()))
+    if num_tasks is None:
+        return largest + 1
+    if num_tasks < 0:
+        raise ValueError(f"num_tasks must be >= 0, got {num_tasks}")
+    if largest >= num_tasks:
+        raise ValueError(
+            f"records mention task index {largest} but num_tasks = {num_tasks}; "
+            "pass the stream's real number of tasks (or None to infer it)"
+        )
+    return num_tasks
+
+
+def matrix_from_records(
+    records: pd.DataFrame,
+    metric: str,
+    scope: str = "global",
+    num_tasks: int | None = None,
+) -> np.ndarray:
+    """The (T, T) matrix ``m[trained_task, eval_task]`` of ``metric`` at each task's end.
+
+    Uses the rows with the given metric and scope, ``trained_task >= 0`` and
+    ``eval_task >= 0``; for each trained task only its last recorded round (the task-end
+    evaluation) is used, so per-round evaluations during a task never leak into the matrix.
+    An eval task that was not measured at that last round stays NaN rather than being filled
+    from an earlier round. T is inferred as 1 + the largest task index unless ``num_tasks``
+    fixes it (e.g. for a run that stopped early, whose missing rows then stay NaN).
+    """
+    rows = _select(records, metric, scope)
+    rows = rows[(rows["trained_task"] >= 0) & (rows["eval_task"] >= 0)]
+    T = _infer_size(rows, num_tasks)
+    out = np.full((T, T), np.nan)
+    rows = _last_round(rows, ["trained_task"])
+    out[rows["trained_task"].to_numpy(), rows["eval_task"].to_numpy()] = rows["value"].to_numpy(
+        dtype=float
+    )
+    return out
+
+
+def initial_from_records(
+    records: pd.DataFrame,
+    metric: str,
+    num_tasks: int,
+    scope: str = "global",
+) -> np.ndarray:
+    """b: the untrained initial model's ``metric`` per task, from rows with trained_task = −1.
+
+    Needed for FWT; NaN for tasks that were not evaluated before training.
+    """
+    rows = _select(records, metric, scope)
+    rows = rows[(rows["trained_task"] == -1) & (rows["eval_task"] >= 0)]
+    if num_tasks < 0:
+        raise ValueError(f"num_tasks must be >= 0, got {num_tasks}")
+    if not rows.empty and int(rows["eval_task"].max()) >= num_tasks:
+        raise ValueError(
+            f"records mention task index {int(rows['eval_task'].max())} but "
+            f"num_tasks = {num_tasks}; pass the stream's real number of tasks"
+        )
+    out = np.full(num_tasks, np.nan)
+    rows = _last_round(rows, ["trained_task"])
+    out[rows["eval_task"].to_numpy()] = rows["value"].to_numpy(dtype=float)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Summary
+# --------------------------------------------------------------------------------------------
+
+
+def _jsonable(x: Any) -> Any:
+    """Python scalars/lists with NaN → None, so ``json.dumps(allow_nan=False)`` succeeds and
+    a missing measurement reads as ``null`` rather than as a number."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        f = float(x)
+        return None if math.isnan(f) or math.isinf(f) else f
+    return x
+
+
+def _last(values: np.ndarray) -> float:
+    """The final-task entry (the headline "_T" value); NaN for an empty stream."""
+    return float(values[-1]) if values.size else math.nan
+
+
+def _accuracy_block(records: pd.DataFrame, metric: str, num_tasks: int) -> dict[str, Any]:
+    """All matrix metrics of one accuracy metric (class-/domain-IL or task-IL)."""
+    a = matrix_from_records(records, metric, "global", num_tasks)
+    b = initial_from_records(records, metric, num_tasks)
+    acc_t = average_accuracy(a)
+    fgt_t = forgetting(a)
+    fgt_clipped_t = forgetting(a, include_current=True)
+    return {
+        f"{metric}_matrix": a,
+        f"{metric}_t": acc_t,
+        f"{metric}_T": _last(acc_t),
+        f"fgt_{metric}_t": fgt_t,
+        f"fgt_{metric}_T": _last(fgt_t),
+        f"fgt_clipped_{metric}_T": _last(fgt_clipped_t),
+        f"bwt_{metric}": backward_transfer(a),
+        f"fwt_{metric}": forward_transfer(a, b),
+    }
+
+
+def _bytes_block(records: pd.DataFrame, metric: str) -> dict[str, Any]:
+    """Total and per-round mean of one byte counter; None when it was never recorded
+    (unknown is not the same as zero bytes)."""
+    rows = _select(records, metric, "global")
+    if rows.empty:
+        return {f"{metric}_total": None, f"{metric}_per_round_mean": None}
+    per_round = rows.groupby("round")["value"].sum()
+    return {
+        f"{metric}_total": round(float(per_round.sum())),
+        f"{metric}_per_round_mean": float(per_round.mean()),
+    }
+
+
+def _client_block(records: pd.DataFrame, num_tasks: int) -> dict[str, Any]:
+    """Client spread of local-model accuracy at the end of the final task (T−1).
+
+    The final task, not the latest one present, so that an unfinished run reports None here
+    just as it does for Acc_T, instead of a spread from an earlier point in the stream.
+    """
+    _check_records(records)
+    rows = records[
+        (records["metric"] == "client_acc") & records["scope"].astype(str).str.startswith("client_")
+    ].astype({"round": int, "trained_task": int})
+    rows = rows[rows["trained_task"] == num_tasks - 1]
+    if rows.empty:
+        spread = client_spread([])
+    else:
+        last = rows.groupby("scope")["round"].transform("max")
+        rows = rows[rows["round"] == last].drop_duplicates(subset=["scope"], keep="last")
+        spread = client_spread(rows["value"].to_numpy(dtype=float))
+    return {f"client_acc_{k}": v for k, v in spread.items()}
+
+
+def summarize(records: pd.DataFrame, num_tasks: int) -> dict[str, object]:
+    """The headline metrics of one run as a JSON-able dict (NaN → None, full precision).
+
+    A pure function of ``records`` so ``summary.json`` can always be regenerated from
+    ``records.csv``. Keys:
+
+    * for each accuracy metric ``m`` in :data:`ACCURACY_METRICS` that has global
+      rows: ``m_matrix``, ``m_t``, ``m_T``, ``fgt_m_t``, ``fgt_m_T`` (Chaudhry rule),
+      ``fgt_clipped_m_T`` (max including the current row), ``bwt_m``, ``fwt_m``;
+      for ``acc`` also the aliases ``Acc_T``, ``Fgt_T``, ``Fgt_T_clipped``, ``BWT``, ``FWT``;
+    * ``md_t`` (length-T list) and ``MD_T`` from metric ``kl_drift``;
+    * ``bytes_up_total``, ``bytes_down_total`` (ints), ``bytes_up_per_round_mean``,
+      ``bytes_down_per_round_mean``;
+    * ``client_acc_p10``, ``client_acc_p50``, ``client_acc_p90`` for the final task.
+
+    Memory-drift, byte and client keys are always present (None when not recorded), so
+    leaderboard code can rely on a fixed schema.
+    """
+    _check_records(records)
+    if num_tasks < 1:
+        raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
+    out: dict[str, Any] = {"num_tasks": num_tasks}
+    global_rows = records[records["scope"] == "global"]
+    for metric in ACCURACY_METRICS:
+        if (global_rows["metric"] == metric).any():
+            out.update(_accuracy_block(records, metric, num_tasks))
+    if "acc_T" in out:  # short aliases: the plain class-/domain-IL accuracy is the headline
+        out["Acc_T"] = out["acc_T"]
+        out["Fgt_T"] = out["fgt_acc_T"]
+        out["Fgt_T_clipped"] = out["fgt_clipped_acc_T"]
+        out["BWT"] = out["bwt_acc"]
+        out["FWT"] = out["fwt_acc"]
+    md_t = memory_drift(matrix_from_records(records, "kl_drift", "global", num_tasks))
+    out["md_t"] = md_t
+    out["MD_T"] = _last(md_t)
+    out.update(_bytes_block(records, "bytes_up"))
+    out.update(_bytes_block(records, "bytes_down"))
+    out.update(_client_block(records, num_tasks))
+    return _jsonable(out)

@@ -1,0 +1,101 @@
+"""Model zoo, selectable by name.
+
+Why a registry of builders rather than classes in the config: the stream decides the input
+shape and number of outputs, the user only picks the architecture, and a model that cannot
+take the stream's inputs is refused before any training starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from cfl_bench.errors import UserError
+
+
+class MnistCNN(nn.Module):
+    """The FedGP MNIST CNN (~22k parameters), as in the authors' code.
+
+    conv 1→10 k5, max-pool 2, ReLU; conv 10→20 k5, dropout2d, max-pool 2, ReLU;
+    fc 320→50, ReLU, dropout; fc 50→classes.
+    """
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 10, kernel_size=5)
+        self.conv2 = nn.Conv2d(10, 20, kernel_size=5)
+        self.conv2_drop = nn.Dropout2d()
+        self.fc1 = nn.Linear(320, 50)
+        self.fc2 = nn.Linear(50, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(F.max_pool2d(self.conv1(x), 2))
+        x = F.relu(F.max_pool2d(self.conv2_drop(self.conv2(x)), 2))
+        x = x.flatten(1)
+        x = F.dropout(F.relu(self.fc1(x)), training=self.training)
+        return self.fc2(x)
+
+
+class MLP(nn.Module):
+    """Two hidden layers of 100 ReLU units (Mammoth's MNIST MLP), any input size."""
+
+    def __init__(self, in_features: int, num_classes: int, hidden: int = 100) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(in_features, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def _mnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    if tuple(input_shape) != (1, 28, 28):
+        raise UserError(
+            f"model 'mnist-cnn' needs 1×28×28 inputs but the stream gives "
+            f"{'×'.join(map(str, input_shape))}; use --model mlp for this stream."
+        )
+    return MnistCNN(num_classes)
+
+
+def _mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    in_features = 1
+    for d in input_shape:
+        in_features *= int(d)
+    return MLP(in_features, num_classes)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    description: str
+    build: Callable[[tuple[int, ...], int], nn.Module]
+
+
+MODELS: dict[str, ModelInfo] = {
+    "mnist-cnn": ModelInfo(
+        "mnist-cnn", "FedGP MNIST CNN: 2 conv + 2 fc, ~22k params (1×28×28 inputs)", _mnist_cnn
+    ),
+    "mlp": ModelInfo("mlp", "MLP with two hidden layers of 100 units (any input size)", _mlp),
+}
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Instantiate model ``name`` for the given input shape (C, H, W) and class count."""
+    info = MODELS.get(name)
+    if info is None:
+        raise UserError(f"unknown model '{name}'; choose one of: {', '.join(sorted(MODELS))}.")
+    return info.build(tuple(input_shape), num_classes)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,206 @@
+"""One run from a validated ``RunConfig`` to a complete run directory.
+
+Order matters for users: everything that can be refused from names and numbers alone
+(strategy grammar, model and stream names) is checked before data is loaded, and the run
+directory is prepared only once the configuration is known to be runnable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from cfl_bench import provenance
+from cfl_bench.config import RunConfig, canonical_hash
+from cfl_bench.engine.loop import Federation, Record, RoundReport, RunOutcome, Schedule
+from cfl_bench.errors import UserError
+from cfl_bench.metrics import summarize
+from cfl_bench.models import MODELS, build_model
+from cfl_bench.records import COLUMNS, RunDirectory
+from cfl_bench.resources import cuda_peak_bytes, peak_rss_bytes
+from cfl_bench.seeding import derive_seed
+from strategies.base import StrategyEnv
+from strategies.compose import build_strategy
+from streams.partition import build_partitioner
+from streams.registry import STREAMS, build_stream
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was requested but no CUDA GPU is visible; use --device cpu.")
+    return torch.device(name)
+
+
+def configure_cpu(device: torch.device, threads: int | None) -> None:
+    """Process-wide CPU settings for a run.
+
+    Flush-to-zero: non-IID clients push the logits of absent classes far down, their softmax
+    underflows into denormal floats, and denormal arithmetic is ~10-100× slower on x86.
+    Values below 1.2e-38 become 0 — far below any quantity the metrics can see. This only
+    reaches the calling thread; torch's OpenMP workers keep denormals, which is why
+    ``--threads 1`` can be faster for small models (measured in bench/throughput.py).
+    """
+    if device.type == "cpu":
+        torch.set_flush_denormal(True)
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "run"
+
+
+@dataclass
+class RunResult:
+    path: Path
+    summary: dict[str, object]
+
+
+def materialise(rows: list[Record]) -> pd.DataFrame:
+    """Records with tensor values turned into floats in one device→host transfer."""
+    tensor_pos = [i for i, r in enumerate(rows) if isinstance(r[5], torch.Tensor)]
+    values: list[object] = [r[5] for r in rows]
+    if tensor_pos:
+        stacked = torch.stack([rows[i][5].detach().float().cpu() for i in tensor_pos])  # type: ignore[union-attr]
+        for i, v in zip(tensor_pos, stacked.tolist(), strict=True):
+            values[i] = v
+    plain = [(*r[:5], v) for r, v in zip(rows, values, strict=True)]
+    return pd.DataFrame(plain, columns=list(COLUMNS))
+
+
+def execute(
+    config: RunConfig, on_round: Callable[[RoundReport], None] | None = None
+) -> RunResult:
+    strategy = build_strategy(config.strategy)
+    info = STREAMS.get(config.stream)
+    if info is None:
+        raise UserError(
+            f"unknown stream '{config.stream}'; choose one of: {', '.join(sorted(STREAMS))}."
+        )
+    config = dataclasses.replace(
+        config,
+        model=config.model or info.default_model,
+        tasks=config.tasks or info.default_tasks,
+        partition=config.partition or info.default_partition,
+        rounds_per_task=config.rounds_per_task or info.default_rounds_per_task,
+        epochs=config.epochs or info.default_epochs,
+        lr=config.lr or info.default_lr,
+        buffer_batch_size=config.buffer_batch_size or config.batch_size,
+    )
+    model_name = str(config.model)
+    if model_name not in MODELS:
+        raise UserError(f"unknown model '{model_name}'; choose one of: {', '.join(sorted(MODELS))}.")
+    partitioner = build_partitioner(str(config.partition))
+    device = resolve_device(config.device)
+    configure_cpu(device, config.threads)
+    num_tasks = int(config.tasks)  # type: ignore[arg-type]
+    stream = build_stream(
+        config.stream,
+        num_tasks=num_tasks,
+        seed=config.seed,
+        device=device,
+        data_root=config.data_root,
+        download=config.download,
+        train_size=config.train_size,
+        test_size=config.test_size,
+    )
+    strategy.setup(
+        StrategyEnv(stream.name, stream.scenario, stream.num_classes, num_tasks, device)
+    )
+    rounds, epochs = int(config.rounds_per_task), int(config.epochs)  # type: ignore[arg-type]
+    for component in strategy.all:
+        rounds, epochs = component.adjust_schedule(rounds, epochs)
+    schedule = Schedule(
+        num_tasks=num_tasks,
+        rounds_per_task=rounds,
+        epochs=epochs,
+        num_clients=config.clients,
+        participation=config.participation,
+        batch_size=config.batch_size,
+        buffer_batch_size=int(config.buffer_batch_size),  # type: ignore[arg-type]
+        buffer_size=config.buffer_size,
+        buffer_offer=config.buffer_offer,
+        weighting=config.weighting,
+        lr=float(config.lr),  # type: ignore[arg-type]
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        probe_size=config.probe_size,
+        eval_every_round=config.eval_every_round,
+        seed=config.seed,
+    )
+    torch.manual_seed(derive_seed(config.seed, "model-init"))
+    model = build_model(model_name, stream.input_shape, stream.num_classes)
+    # Dropout draws from torch's default generator; seed it explicitly for this run.
+    torch.manual_seed(derive_seed(config.seed, "dropout"))
+
+    protocol = {**config.protocol(), "partition": partitioner.describe()}
+    protocol_hash = canonical_hash(protocol)
+    config_hash = canonical_hash(
+        {"protocol": protocol, "strategy": strategy.describe(), "seed": config.seed}
+    )
+    out = Path(config.out) if config.out else Path("runs") / slug(
+        f"{config.stream}_{strategy.name}_s{config.seed}_{config_hash[:8]}"
+    )
+    run_dir = RunDirectory(out)
+    run_dir.prepare(config_hash, config.overwrite)
+    resolved = {
+        "config": config.to_dict(),
+        "protocol": protocol,
+        "protocol_hash": protocol_hash,
+        "config_hash": config_hash,
+        "strategy": strategy.describe(),
+        "stream": stream.describe(),
+        "schedule": {"rounds_per_task": rounds, "epochs": epochs},
+        "packages": provenance.package_versions(),
+        "git_commit": provenance.git_commit(),
+        "environment": provenance.environment(device),
+    }
+    run_dir.write_config(resolved)
+
+    started = time.perf_counter()
+    federation = Federation(stream, partitioner, strategy, model, schedule, device)
+    outcome = federation.run(on_round)
+    wall = time.perf_counter() - started
+    summary = write_results(run_dir, outcome, num_tasks, wall, device)
+    summary.update(
+        {
+            "stream": config.stream,
+            "strategy": strategy.name,
+            "seed": config.seed,
+            "protocol_hash": protocol_hash,
+            "config_hash": config_hash,
+        }
+    )
+    run_dir.write_summary(summary)
+    return RunResult(out, summary)
+
+
+def write_results(
+    run_dir: RunDirectory, outcome: RunOutcome, num_tasks: int, wall: float, device: torch.device
+) -> dict[str, object]:
+    records = materialise(outcome.records)
+    costs = materialise(outcome.costs)
+    run_dir.write_records(records.itertuples(index=False, name=None))
+    run_dir.write_records(costs.itertuples(index=False, name=None), name="costs.csv")
+    summary: dict[str, object] = {
+        "status": outcome.status,
+        "message": outcome.message,
+        **summarize(records, num_tasks),
+        "wall_time_s": wall,
+        "round_time_s_mean": float(costs["value"].mean()) if len(costs) else None,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "cuda_peak_bytes": cuda_peak_bytes(device),
+        "buffer_bytes_per_client": outcome.buffer_bytes_per_client,
+        "num_params": outcome.num_params,
+        "bytes_by_payload": outcome.comm_by_payload,
+    }
+    return summary

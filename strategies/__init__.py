@@ -1,0 +1,1 @@
+"""Strategy components (one module per method) and the composition grammar."""

@@ -1,0 +1,217 @@
+"""The component contract every strategy piece implements.
+
+A strategy is a composition ``learner+component+…`` (see ``strategies.compose``). Each
+component declares its roles, options (with defaults and parsers), requirements and the paper
+it follows; the engine calls only the hooks below, in the order DESIGN.md §3 fixes:
+
+    round start      component.broadcast(server)            → extra payloads (bytes counted)
+    each local step  learner.loss(step) + Σ component.loss_term(step)
+                     backward into the flat gradient
+                     learner.refine_grad(step)               (A-GEM)
+                     component.transform_grad(step)          in ascending ``transform_order``
+                     optimizer step; learner.observe(step)   (buffer insertion)
+    after training   component.after_local(client, upload)  → extra uploads (bytes counted)
+    server           aggregation (FedAvg), component.after_aggregate(server)
+
+State lives in explicit objects: per-client state in ``ClientState.extras[component]`` and
+server state on the component instance (one instance per run); nothing is global.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from cfl_bench.errors import UserError
+
+if TYPE_CHECKING:
+    from cfl_bench.engine.context import ClientState, ServerState, StepContext, Upload
+    from cfl_bench.flat import FlatModel
+
+
+class Role(str, enum.Enum):
+    LEARNER = "learner"
+    LOSS_TERM = "loss term"
+    GRAD_TRANSFORM = "gradient transform"
+    AGGREGATOR = "aggregator"
+    SCHEDULE = "server schedule"
+    COMMUNICATION = "communication"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One named, typed option of a component, e.g. ``der:alpha=0.5``."""
+
+    name: str
+    default: object
+    help: str
+    parse: Callable[[str], object]
+    choices: tuple[str, ...] = ()
+
+    def convert(self, component: str, raw: str) -> object:
+        if self.choices and raw not in self.choices:
+            raise UserError(
+                f"option {component}:{self.name} must be one of {', '.join(self.choices)}, "
+                f"not '{raw}'."
+            )
+        try:
+            return self.parse(raw)
+        except (TypeError, ValueError) as exc:
+            raise UserError(f"option {component}:{self.name}={raw} is invalid: {exc}.") from None
+
+
+def positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise ValueError("it must be a positive number")
+    return value
+
+
+def non_negative_float(raw: str) -> float:
+    value = float(raw)
+    if not value >= 0:
+        raise ValueError("it must be a number ≥ 0")
+    return value
+
+
+def positive_int(raw: str) -> int:
+    value = int(raw)
+    if value <= 0:
+        raise ValueError("it must be a positive integer")
+    return value
+
+
+def boolean(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("it must be true or false")
+
+
+def text(raw: str) -> str:
+    return raw
+
+
+@dataclass(frozen=True)
+class StrategyEnv:
+    """What a component may know about the run when it is set up."""
+
+    stream_name: str
+    scenario: str
+    num_classes: int
+    num_tasks: int
+    device: torch.device
+
+
+class Component:
+    """Base class: a component with no hooks does nothing (every hook is optional)."""
+
+    name: ClassVar[str] = ""
+    roles: ClassVar[frozenset[Role]] = frozenset()
+    summary: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+    options: ClassVar[tuple[Option, ...]] = ()
+    needs_buffer: ClassVar[bool] = False
+    requires: ClassVar[frozenset[str]] = frozenset()
+    # Fixed position in the gradient-transform chain (agem 10, fedproj 20, fedgp 30).
+    transform_order: ClassVar[int] = 100
+
+    def __init__(self, values: dict[str, object] | None = None) -> None:
+        resolved = {opt.name: opt.default for opt in self.options}
+        known = set(resolved)
+        for key, value in (values or {}).items():
+            if key not in known:
+                names = ", ".join(sorted(known)) or "none"
+                raise UserError(
+                    f"unknown option '{key}' for '{self.name}'; its options are: {names}."
+                )
+            resolved[key] = value
+        self.values: dict[str, object] = resolved
+        self.explicit: frozenset[str] = frozenset(values or {})
+
+    # -- set-up -------------------------------------------------------------------------------
+    def setup(self, env: StrategyEnv) -> None:
+        """Resolve stream-dependent defaults; refuse unsupported streams."""
+
+    def adjust_schedule(self, rounds_per_task: int, epochs: int) -> tuple[int, int]:
+        """Components that change the communication schedule (FedGP equal_comm) do it here."""
+        return rounds_per_task, epochs
+
+    def resolved_options(self) -> dict[str, object]:
+        return dict(self.values)
+
+    # -- server → client ----------------------------------------------------------------------
+    def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
+        """Extra tensors sent with the global model at round start (counted as bytes down)."""
+        return {}
+
+    def on_client_start(self, client: ClientState, server: ServerState) -> None:
+        """Called after the client loaded the global model, before its local steps."""
+
+    # -- local step ---------------------------------------------------------------------------
+    def loss_term(self, step: StepContext) -> torch.Tensor | None:
+        return None
+
+    def transform_grad(self, step: StepContext) -> None:
+        """Modify ``step.model.grads`` (the flat gradient) in place."""
+
+    # -- client → server ----------------------------------------------------------------------
+    def after_local(self, client: ClientState, upload: Upload, server: ServerState) -> None:
+        """Add extra upload tensors to ``upload.extras`` (counted as bytes up)."""
+
+    # -- server -------------------------------------------------------------------------------
+    def after_aggregate(self, server: ServerState) -> None:
+        """Server hooks after aggregation (FedGP reference gradient, IFA resets)."""
+
+
+class Learner(Component):
+    """A local learner: the base loss on the batch plus its own use of the buffer."""
+
+    roles: ClassVar[frozenset[Role]] = frozenset({Role.LEARNER})
+    # Whether old tasks' training data must be kept (the joint upper bound).
+    needs_history: ClassVar[bool] = False
+
+    def loss(self, step: StepContext) -> torch.Tensor:
+        """Forward the batch, store logits in ``step.outputs``, return the base loss."""
+        step.outputs = step.model.module(step.x)
+        return torch.nn.functional.cross_entropy(step.outputs, step.y)
+
+    def training_data(
+        self, shards: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The client's training tensors for the current task, from its shards so far.
+
+        ``shards`` holds only the current task's shard unless ``needs_history`` is set.
+        """
+        return shards[-1]
+
+    def refine_grad(self, step: StepContext) -> None:
+        """The learner's own gradient refinement (A-GEM); runs before transforms."""
+
+    def observe(self, step: StepContext) -> None:
+        """Offer the batch to the client's buffer according to the buffer policy."""
+        buffer = step.client.buffer
+        if buffer is None:
+            return
+        if step.offer_to_buffer:
+            buffer.add(step.x, step.y, step.outputs, step.task)
+
+    def on_task_end(self, client: ClientState, task: int, model: FlatModel) -> None:
+        """Called for every client when a task ends, with ``model`` holding θ_g (eval mode)."""
+
+
+@dataclass
+class ComponentInfo:
+    """What ``cfl-bench list strategies`` shows for one component."""
+
+    name: str
+    roles: list[str]
+    summary: str
+    paper: str
+    options: list[tuple[str, object, str]] = field(default_factory=list)

@@ -1,0 +1,59 @@
+"""Dark Experience Replay (DER) local learner.
+
+Buzzega et al., "Dark Experience for General Continual Learning", NeurIPS 2020:
+
+    L = CE(f(x), y) + α · MSE(f(x_b), z_b)
+
+where (x_b, z_b) is a draw from the reservoir of inputs and the logits the model produced
+when they were stored. MSE is the mean over batch × outputs; no replay term while the buffer
+is empty. The replay batch is a separate forward pass, as in Mammoth, so BatchNorm
+statistics of the current batch are not mixed with the buffer's.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch.nn import functional as F
+
+from strategies.base import Learner, Option, StrategyEnv, non_negative_float
+
+
+def is_mnist_like(stream_name: str) -> bool:
+    """Rotated/permuted digit streams use the MNIST defaults of the specs."""
+    return stream_name.startswith(("rot-", "perm-"))
+
+
+def der_logit_loss(outputs: torch.Tensor, stored_logits: torch.Tensor) -> torch.Tensor:
+    """The DER replay term before weighting: mean squared error over batch × outputs."""
+    return F.mse_loss(outputs, stored_logits)
+
+
+class DER(Learner):
+    name: ClassVar[str] = "der"
+    summary: ClassVar[str] = "CE + α·MSE between current and stored logits on buffer samples"
+    paper: ClassVar[str] = "Buzzega et al., NeurIPS 2020 (DER)"
+    needs_buffer: ClassVar[bool] = True
+    options: ClassVar[tuple[Option, ...]] = (
+        Option(
+            "alpha",
+            None,
+            "weight of the logit-matching term (default 1.0 MNIST-like, 0.3 otherwise)",
+            non_negative_float,
+        ),
+    )
+
+    def setup(self, env: StrategyEnv) -> None:
+        if self.values["alpha"] is None:
+            self.values["alpha"] = 1.0 if is_mnist_like(env.stream_name) else 0.3
+        self.alpha = float(self.values["alpha"])  # type: ignore[arg-type]
+
+    def loss(self, step) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        loss = super().loss(step)
+        buffer = step.client.buffer
+        if buffer is not None and buffer.filled > 0 and self.alpha > 0:
+            draw = buffer.sample(step.buffer_batch_size)
+            replay = step.model.module(draw.x)
+            loss = loss + self.alpha * der_logit_loss(replay, draw.logits)
+        return loss

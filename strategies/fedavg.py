@@ -1,0 +1,18 @@
+"""FedAvg local learner: plain SGD on cross-entropy of the current task (the lower bound).
+
+McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized Data",
+AISTATS 2017. The server side (weighted or uniform averaging) is the engine's default
+aggregator, chosen with the run option ``weighting``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from strategies.base import Learner
+
+
+class FedAvg(Learner):
+    name: ClassVar[str] = "fedavg"
+    summary: ClassVar[str] = "plain local SGD on the current task; FedAvg aggregation (lower bound)"
+    paper: ClassVar[str] = "McMahan et al., AISTATS 2017"

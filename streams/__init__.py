@@ -1,0 +1,1 @@
+"""Benchmark streams: datasets, batched transforms, partitioners, the stream registry."""

@@ -1,0 +1,67 @@
+"""The stream interface the engine codes against: an ordered list of materialisable tasks.
+
+Why an abstract class with a tiny surface: the federation loop must not care whether a task
+comes from rotated MNIST, a class split of CIFAR or a CARLA recording. It asks for task ``t``
+as tensors already on the run's device, for cheap training labels (to partition without
+materialising the transform) and for a JSON description that enters the protocol hash.
+"""
+
+from __future__ import annotations
+
+import abc
+import operator
+from dataclasses import dataclass
+
+import torch
+
+from cfl_bench.errors import UserError
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """One task's tensors, ready for training and evaluation on the stream's device."""
+
+    index: int
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    classes: tuple[int, ...]
+
+
+class Stream(abc.ABC):
+    """An ordered list of tasks; task ``t`` is deterministic given the stream's seed."""
+
+    name: str
+    scenario: str
+    num_tasks: int
+    num_classes: int
+    input_shape: tuple[int, ...]
+    device: torch.device
+
+    @abc.abstractmethod
+    def task(self, t: int) -> TaskData:
+        """Materialise task ``t`` (0-based); a bad index is a :class:`UserError`."""
+
+    @abc.abstractmethod
+    def train_labels(self, t: int) -> torch.Tensor:
+        """Int64 labels of task ``t``'s train split, without running any transform."""
+
+    @abc.abstractmethod
+    def describe(self) -> dict[str, object]:
+        """A JSON-able description of everything about the stream that changes results."""
+
+    def _task_index(self, t: int) -> int:
+        """Validate a task index once, so every subclass reports bad ones the same way."""
+        if isinstance(t, bool):
+            raise UserError(f"task index must be an integer, got {t!r}")
+        try:
+            index = operator.index(t)
+        except TypeError:
+            raise UserError(f"task index must be an integer, got {t!r}") from None
+        if not 0 <= index < self.num_tasks:
+            raise UserError(
+                f"task {index} is out of range for stream {self.name!r} with "
+                f"{self.num_tasks} tasks; use 0..{self.num_tasks - 1}"
+            )
+        return index

@@ -1,0 +1,146 @@
+"""Rotated and permuted streams (domain-IL), following the FedGP protocol.
+
+Each task shows the same ten classes under a new input transform: one rotation angle drawn
+uniformly from [0, 180) degrees, or one pixel permutation, per task. The first task is
+transformed too, every task uses the full train and test splits, and pixels stay in [0, 1]
+without normalisation. The transform parameters come from ``derive_seed(seed, "stream",
+name)`` on the CPU, drawn one task at a time, so they are the same on every device and the
+first k tasks of a longer stream equal those of a k-task stream.
+
+Base images stay on the device as uint8; ``task(t)`` transforms and converts them in one
+batched pass and returns float32 tensors.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+
+import torch
+
+from cfl_bench.errors import UserError
+from cfl_bench.seeding import generator
+from streams.base import Stream, TaskData
+from streams.images import ImageSplits
+from streams.transforms import permute_pixels, rotate_batch
+
+MAX_ANGLE = 180.0
+
+
+class DomainILStream(Stream, abc.ABC):
+    """Shared machinery: same labels for every task, a per-task transform of the pixels."""
+
+    scenario = "domain-il"
+
+    def __init__(
+        self, images: ImageSplits, *, name: str, num_tasks: int, device: torch.device
+    ) -> None:
+        if isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 1:
+            raise UserError(f"number of tasks must be a positive integer, got {num_tasks!r}")
+        self.name = name
+        self.num_tasks = num_tasks
+        self.num_classes = images.num_classes
+        self.input_shape = images.input_shape
+        self.device = torch.device(device)
+        self._base_name = images.name
+        self._levels = images.levels
+        self._train_labels_cpu = images.train_y.cpu()
+        self._images = images.to(self.device)
+
+    @abc.abstractmethod
+    def _transform(self, x: torch.Tensor, t: int) -> torch.Tensor:
+        """Apply task ``t``'s transform to a uint8 (N, C, H, W) batch.
+
+        Transforms only move pixels (zero fill), so applying them before the float
+        conversion gives identical values and touches four times less memory.
+        """
+
+    @abc.abstractmethod
+    def _task_params(self) -> dict[str, object]:
+        """Seed-derived parameters of all tasks, for the protocol description."""
+
+    def task(self, t: int) -> TaskData:
+        index = self._task_index(t)
+        return TaskData(
+            index=index,
+            train_x=self._as_float(self._transform(self._images.train_x, index)),
+            train_y=self._images.train_y.clone(),
+            test_x=self._as_float(self._transform(self._images.test_x, index)),
+            test_y=self._images.test_y.clone(),
+            classes=tuple(range(self.num_classes)),
+        )
+
+    def train_labels(self, t: int) -> torch.Tensor:
+        """The base train labels (identical for every task), on the CPU where partitioning
+        happens."""
+        self._task_index(t)
+        return self._train_labels_cpu.clone()
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "scenario": self.scenario,
+            "base": self._base_name,
+            "num_tasks": self.num_tasks,
+            "num_classes": self.num_classes,
+            "input_shape": list(self.input_shape),
+            "train_size": int(self._images.train_x.shape[0]),
+            "test_size": int(self._images.test_x.shape[0]),
+            "normalisation": "none",
+            **self._task_params(),
+        }
+
+    def _as_float(self, pixels: torch.Tensor) -> torch.Tensor:
+        """uint8 pixels to float32 in [0, 1], exactly as ``ToTensor`` scales them."""
+        return pixels.to(torch.float32).div_(self._levels)
+
+
+class RotatedStream(DomainILStream):
+    """Task ``t`` rotates every image by its own angle in [0, 180) degrees."""
+
+    def __init__(
+        self, images: ImageSplits, *, name: str, num_tasks: int, seed: int, device: torch.device
+    ) -> None:
+        super().__init__(images, name=name, num_tasks=num_tasks, device=device)
+        gen = generator(seed, "stream", name)
+        self.angles: tuple[float, ...] = tuple(
+            float(torch.rand((), generator=gen, dtype=torch.float64)) * MAX_ANGLE
+            for _ in range(num_tasks)
+        )
+
+    def _transform(self, x: torch.Tensor, t: int) -> torch.Tensor:
+        return rotate_batch(x, self.angles[t])
+
+    def _task_params(self) -> dict[str, object]:
+        return {"transform": "rotation", "angles_deg": list(self.angles)}
+
+
+class PermutedStream(DomainILStream):
+    """Task ``t`` applies its own fixed pixel permutation to every image."""
+
+    def __init__(
+        self, images: ImageSplits, *, name: str, num_tasks: int, seed: int, device: torch.device
+    ) -> None:
+        super().__init__(images, name=name, num_tasks=num_tasks, device=device)
+        gen = generator(seed, "stream", name)
+        pixels = self.input_shape[-2] * self.input_shape[-1]
+        self._perms_cpu = [torch.randperm(pixels, generator=gen) for _ in range(num_tasks)]
+        self._perms = [perm.to(self.device) for perm in self._perms_cpu]
+
+    def permutation(self, t: int) -> torch.Tensor:
+        """Task ``t``'s permutation (a copy, on the CPU)."""
+        return self._perms_cpu[self._task_index(t)].clone()
+
+    def _transform(self, x: torch.Tensor, t: int) -> torch.Tensor:
+        return permute_pixels(x, self._perms[t])
+
+    def _task_params(self) -> dict[str, object]:
+        return {
+            "transform": "pixel-permutation",
+            "permutation_hashes": [_short_hash(perm) for perm in self._perms_cpu],
+        }
+
+
+def _short_hash(perm: torch.Tensor) -> str:
+    """12 hex digits identifying a permutation, for the protocol description."""
+    return hashlib.blake2b(perm.numpy().astype("<i8").tobytes(), digest_size=6).hexdigest()

@@ -1,0 +1,140 @@
+"""The catalogue of streams and the one function that builds them by name.
+
+Why a table of :class:`StreamInfo`: the CLI lists streams, fills in per-stream defaults
+(model, number of tasks, partition) and knows which ones need a data folder, all without
+loading any data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from cfl_bench.errors import UserError
+from streams.base import Stream
+from streams.digits import digits_images
+from streams.domain_il import DomainILStream, PermutedStream, RotatedStream
+from streams.images import ImageSplits
+from streams.mnist import load_mnist
+
+
+# The embedded digits have ~140 training images per client (40× fewer than MNIST); a few
+# local epochs at a larger step let the quickstart learn something in seconds.
+DIGITS_ROUNDS = 10
+DIGITS_EPOCHS = 5
+DIGITS_LR = 0.05
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """What the CLI needs to know about a stream before building it."""
+
+    name: str
+    description: str
+    default_model: str
+    default_tasks: int
+    default_partition: str
+    needs_data_root: bool
+    # Protocol defaults: FedGP's MNIST settings unless the stream needs others.
+    default_rounds_per_task: int = 20
+    default_epochs: int = 1
+    default_lr: float = 0.01
+
+
+STREAMS: dict[str, StreamInfo] = {
+    "rot-mnist": StreamInfo(
+        name="rot-mnist",
+        description="MNIST, each task rotated by its own angle in [0, 180) degrees (domain-IL)",
+        default_model="mnist-cnn",
+        default_tasks=5,
+        default_partition="shards",
+        needs_data_root=True,
+    ),
+    "perm-mnist": StreamInfo(
+        name="perm-mnist",
+        description="MNIST, each task with its own fixed pixel permutation (domain-IL)",
+        default_model="mnist-cnn",
+        default_tasks=5,
+        default_partition="shards",
+        needs_data_root=True,
+    ),
+    "rot-digits": StreamInfo(
+        name="rot-digits",
+        default_rounds_per_task=DIGITS_ROUNDS,
+        default_epochs=DIGITS_EPOCHS,
+        default_lr=DIGITS_LR,
+        description="embedded 8x8 digits, each task rotated by its own angle (domain-IL)",
+        default_model="mlp",
+        default_tasks=5,
+        default_partition="shards",
+        needs_data_root=False,
+    ),
+    "perm-digits": StreamInfo(
+        name="perm-digits",
+        default_rounds_per_task=DIGITS_ROUNDS,
+        default_epochs=DIGITS_EPOCHS,
+        default_lr=DIGITS_LR,
+        description="embedded 8x8 digits, each task with its own pixel permutation (domain-IL)",
+        default_model="mlp",
+        default_tasks=5,
+        default_partition="shards",
+        needs_data_root=False,
+    ),
+}
+
+_STREAM_TYPES: dict[str, type[DomainILStream]] = {
+    "rot-mnist": RotatedStream,
+    "perm-mnist": PermutedStream,
+    "rot-digits": RotatedStream,
+    "perm-digits": PermutedStream,
+}
+
+
+def build_stream(
+    name: str,
+    *,
+    num_tasks: int,
+    seed: int,
+    device: torch.device,
+    data_root: str | None,
+    download: bool,
+    train_size: int | None = None,
+    test_size: int | None = None,
+) -> Stream:
+    """Load the base data of stream ``name`` and wrap it as a stream on ``device``."""
+    if name not in STREAMS:
+        raise UserError(f"unknown stream {name!r}; choose one of {', '.join(sorted(STREAMS))}")
+    load = _base_loader(name, data_root=data_root, download=download)
+    images = load().head(train_size, test_size)
+    stream_type = _STREAM_TYPES[name]
+    return stream_type(
+        images, name=name, num_tasks=num_tasks, seed=seed, device=torch.device(device)
+    )
+
+
+def _base_loader(name: str, *, data_root: str | None, download: bool) -> Callable[[], ImageSplits]:
+    """The base dataset loader of a stream, after checking its data location is usable."""
+    if not STREAMS[name].needs_data_root:
+        return digits_images
+    if data_root is None:
+        raise UserError(
+            f"stream {name!r} needs MNIST: pass --data-root pointing at a folder that holds "
+            "MNIST/raw/*-ubyte.gz (torchvision layout), or add --download to fetch it there"
+        )
+    return lambda: _mnist_images(Path(data_root), download=download)
+
+
+def _mnist_images(root: Path, *, download: bool) -> ImageSplits:
+    train_x, train_y, test_x, test_y = load_mnist(root, download=download)
+    return ImageSplits(
+        name="mnist",
+        train_x=train_x.unsqueeze(1),
+        train_y=train_y,
+        test_x=test_x.unsqueeze(1),
+        test_y=test_y,
+        levels=255,
+        num_classes=10,
+    )

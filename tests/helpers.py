@@ -1,0 +1,51 @@
+"""Small builders shared by the unit tests (tiny linear models, contexts, buffers)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cfl_bench.buffer import ReservoirBuffer
+from cfl_bench.engine.comm import CommCounter
+from cfl_bench.engine.context import ClientState, ServerState, StepContext
+from cfl_bench.flat import FlatModel
+
+CPU = torch.device("cpu")
+
+
+def linear_model(in_features: int = 3, classes: int = 2, seed: int = 0) -> FlatModel:
+    torch.manual_seed(seed)
+    return FlatModel(nn.Linear(in_features, classes, bias=False))
+
+
+def buffer_with(x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor, capacity: int = 8) -> ReservoirBuffer:
+    buf = ReservoirBuffer(
+        capacity, tuple(x.shape[1:]), logits.shape[1], device=CPU,
+        generator=torch.Generator().manual_seed(0),
+    )
+    buf.add(x, y, logits, task=0)
+    return buf
+
+
+def client(index: int, buffer: ReservoirBuffer | None) -> ClientState:
+    return ClientState(index=index, generator=torch.Generator().manual_seed(index), buffer=buffer)
+
+
+def server(model: FlatModel, clients: list[ClientState]) -> ServerState:
+    return ServerState(
+        model=model,
+        global_params=model.params.detach().clone(),
+        global_buffers=model.buffers.detach().clone(),
+        clients=clients,
+        comm=CommCounter(),
+        device=CPU,
+        participants=list(clients),
+    )
+
+
+def step(model: FlatModel, cl: ClientState, srv: ServerState, x: torch.Tensor, y: torch.Tensor,
+         buffer_batch_size: int = 32) -> StepContext:
+    return StepContext(
+        model=model, client=cl, server=srv, x=x, y=y, task=0, epoch=0,
+        offer_to_buffer=True, buffer_batch_size=buffer_batch_size,
+    )

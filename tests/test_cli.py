@@ -1,0 +1,143 @@
+"""The command line: every documented error path (exit 2, one line, no traceback), the
+listings, an end-to-end run on a real MNIST slice, and determinism of records.csv."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+SMALL = [
+    "--tasks", "2", "--rounds-per-task", "2", "--clients", "4", "--train-size", "800",
+    "--test-size", "200", "--probe-size", "100",
+]
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cfl_bench.cli", *args],
+        capture_output=True, text=True, cwd=cwd, timeout=600,
+    )
+
+
+def assert_user_error(result: subprocess.CompletedProcess[str], fragment: str) -> None:
+    assert result.returncode == 2, result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
+    assert fragment in " ".join((result.stderr + result.stdout).split())
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--stream", "nosuch"], "unknown stream 'nosuch'"),
+        (["--strategy", "der+agem"], "two local learners"),
+        (["--strategy", "fedgp+fedgp"], "appears twice"),
+        (["--strategy", "foo"], "unknown strategy component 'foo'"),
+        (["--strategy", "der:gamma=1"], "unknown option 'gamma'"),
+        (["--model", "resnet9000"], "unknown model 'resnet9000'"),
+        (["--clients", "0"], "--clients must be a positive integer"),
+        (["--batch-size", "-3"], "--batch-size must be a positive integer"),
+        (["--rounds-per-task", "0"], "--rounds-per-task must be a positive integer"),
+        (["--buffer-size", "0"], "--buffer-size must be a positive integer"),
+        (["--participation", "0"], "--participation must be in (0, 1]"),
+        (["--participation", "1.5"], "--participation must be in (0, 1]"),
+        (["--lr", "0"], "--lr must be a positive number"),
+        (["--device", "tpu"], "--device must be one of auto, cpu, cuda"),
+        (["--stream", "rot-digits", "--model", "mnist-cnn"], "needs 1×28×28 inputs"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args: list[str], fragment: str, tmp_path: Path) -> None:
+    assert_user_error(cli("run", *args, "--out", str(tmp_path / "r")), fragment)
+
+
+def test_missing_mnist_directory_says_where_to_put_it(tmp_path: Path) -> None:
+    result = cli("run", "--stream", "rot-mnist", "--data-root", str(tmp_path / "nowhere"),
+                 "--out", str(tmp_path / "r"))
+    assert_user_error(result, "MNIST/raw")
+    assert "--download" in result.stderr
+
+
+def test_mnist_stream_without_data_root(tmp_path: Path) -> None:
+    assert_user_error(cli("run", "--stream", "perm-mnist", "--out", str(tmp_path / "r")), "--data-root")
+
+
+def test_corrupt_mnist_file(tmp_path: Path, shared_data: Path) -> None:
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for f in (shared_data / "MNIST" / "raw").iterdir():
+        data = f.read_bytes()
+        (raw / f.name).write_bytes(data[: len(data) // 2] if "train-images" in f.name else data)
+    result = cli("run", "--stream", "rot-mnist", "--data-root", str(tmp_path), "--out", str(tmp_path / "r"))
+    assert_user_error(result, "truncated or corrupt")
+
+
+def test_bad_yaml_config_and_unknown_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("clients: [1,\n")
+    assert_user_error(cli("run", "--config", str(bad)), "is not valid YAML")
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("clientz: 3\n")
+    assert_user_error(cli("run", "--config", str(unknown)), "unknown key(s) clientz")
+    assert_user_error(cli("run", "--config", str(tmp_path / "none.yaml")), "does not exist")
+
+
+def test_list_commands() -> None:
+    for what, expect in [("streams", "rot-mnist"), ("strategies", "fedgp"), ("models", "mnist-cnn")]:
+        result = cli("list", what)
+        assert result.returncode == 0 and expect in result.stdout
+    assert_user_error(cli("list", "things"), "cannot list 'things'")
+
+
+def test_end_to_end_real_mnist_slice(tmp_path: Path, shared_data: Path) -> None:
+    out = tmp_path / "run"
+    config = tmp_path / "c.yaml"
+    config.write_text("strategy: der+fedgp\nseed: 3\nclients: 99\n")
+    result = cli("run", "--config", str(config), "--stream", "rot-mnist", "--data-root",
+                 str(shared_data), *SMALL, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "Acc_T" in result.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("Acc_T", "Fgt_T", "Fgt_T_clipped", "BWT", "FWT", "MD_T", "bytes_up_total",
+                "bytes_down_total", "wall_time_s", "peak_rss_bytes", "buffer_bytes_per_client"):
+        assert summary[key] is not None, key
+    assert summary["status"] == "finished"
+    assert 0 <= summary["Acc_T"] <= 100
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["config"]["clients"] == 4  # CLI beats YAML
+    assert cfg["config"]["seed"] == 3  # YAML beats default
+    assert len(cfg["protocol_hash"]) == 12
+    records = pd.read_csv(out / "records.csv")
+    assert list(records.columns) == ["round", "trained_task", "eval_task", "scope", "metric", "value"]
+    acc = records[(records.metric == "acc") & (records.trained_task >= 0)]
+    assert set(acc.trained_task) == {0, 1}
+    # FedGP doubles the upload: each of the 4 clients sends its model and g_ref every round
+    # (21,840 float32 parameters = 87,360 bytes each). Down: the model once per round
+    # (broadcast or g_ref phase, never both for the same version) plus g_ref.
+    model_bytes = 21840 * 4
+    up = records[records.metric == "bytes_up"].value.to_numpy()
+    down = records[records.metric == "bytes_down"].value.to_numpy()
+    assert (up == 8 * model_bytes).all()
+    assert down[0] == 8 * model_bytes and (down[1:] == 8 * model_bytes).all()
+    assert summary["bytes_up_total"] == 4 * 8 * model_bytes
+    # rerunning into a finished run directory is refused unless --overwrite
+    again = cli("run", "--stream", "rot-mnist", "--data-root", str(shared_data), *SMALL, "--out", str(out))
+    assert_user_error(again, "already holds a finished run")
+
+
+def test_same_seed_gives_identical_records(tmp_path: Path, shared_data: Path) -> None:
+    runs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        result = cli("run", "--stream", "perm-mnist", "--strategy", "agem+fedgp", "--data-root",
+                     str(shared_data), *SMALL, "--seed", "5", "--out", str(out), "--device", "cpu")
+        assert result.returncode == 0, result.stderr
+        runs.append((out / "records.csv").read_bytes())
+    assert runs[0] == runs[1]
+    other = cli("run", "--stream", "perm-mnist", "--strategy", "agem+fedgp", "--data-root",
+                str(shared_data), *SMALL, "--seed", "6", "--out", str(tmp_path / "c"))
+    assert other.returncode == 0, other.stderr
+    assert (tmp_path / "c" / "records.csv").read_bytes() != runs[0]

@@ -1,0 +1,58 @@
+"""The composition grammar: parsing, options, canonical names and every refusal."""
+
+from __future__ import annotations
+
+import pytest
+
+from cfl_bench.errors import UserError
+from strategies.base import Role
+from strategies.compose import build_strategy, parse_strategy
+
+
+def test_parses_components_and_typed_options() -> None:
+    specs = parse_strategy("der:alpha=0.5+fedgp:gref_samples=all,gref_mode=eval,gref_interval=3")
+    assert [s.name for s in specs] == ["der", "fedgp"]
+    assert specs[0].options == {"alpha": 0.5}
+    assert specs[1].options == {"gref_samples": "all", "gref_mode": "eval", "gref_interval": 3}
+
+
+@pytest.mark.parametrize("text", ["der+fedgp", "agem+fedgp", "fedavg+fedgp", "ideal", "fedgp"])
+def test_valid_compositions(text: str) -> None:
+    strategy = build_strategy(text)
+    assert isinstance(strategy.learner.name, str)
+    assert strategy.needs_buffer == (text != "ideal")
+
+
+def test_implied_fedavg_learner_and_canonical_name() -> None:
+    strategy = build_strategy("fedgp:gref_samples=64")
+    assert strategy.learner.name == "fedavg"
+    assert strategy.name == "fedavg+fedgp:gref_samples=64"
+    assert build_strategy("der+fedgp").name == "der+fedgp"
+
+
+def test_transform_chain_order_is_fixed() -> None:
+    strategy = build_strategy("fedgp+agem")
+    assert strategy.learner.name == "agem"
+    assert [c.name for c in strategy.transforms] == ["fedgp"]
+    assert Role.GRAD_TRANSFORM in strategy.transforms[0].roles
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("fedgp+fedgp", "appears twice"),
+        ("der+agem", "two local learners"),
+        ("nosuch", "unknown strategy component 'nosuch'"),
+        ("der:beta=1", "unknown option 'beta' for 'der'"),
+        ("der:alpha", "needs a value"),
+        ("der:alpha=-1", "der:alpha=-1 is invalid"),
+        ("fedgp:gref_mode=test", "must be one of train, eval"),
+        ("fedgp:gref_samples=0", "is invalid"),
+        ("fedgp:equal_comm=maybe", "true or false"),
+        ("der++fedgp", "empty component"),
+        ("", "empty"),
+    ],
+)
+def test_refusals_are_user_errors(text: str, fragment: str) -> None:
+    with pytest.raises(UserError, match=fragment):
+        build_strategy(text)

@@ -1,0 +1,84 @@
+"""FedGP: g_ref is the mean of the clients' buffer gradients at θ_g; projection at each step."""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from strategies.base import StrategyEnv
+from strategies.fedgp import FedGP
+from tests.helpers import CPU, buffer_with, client, linear_model, server, step
+
+
+def ce_grad_by_hand(W: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """∇_W mean CE for logits = x Wᵀ: (softmax − onehot)ᵀ x / n, flattened row-major."""
+    p = torch.softmax(x @ W.T, dim=1)
+    onehot = F.one_hot(y, W.shape[0]).float()
+    return ((p - onehot).T @ x / x.shape[0]).reshape(-1)
+
+
+def test_gref_is_mean_of_client_buffer_gradients() -> None:
+    model = linear_model(seed=4)
+    gen = torch.Generator().manual_seed(5)
+    x1, x2 = torch.randn(5, 3, generator=gen), torch.randn(7, 3, generator=gen)
+    y1, y2 = torch.tensor([0, 1, 1, 0, 1]), torch.tensor([1, 1, 0, 0, 0, 1, 0])
+    c1 = client(0, buffer_with(x1, y1, torch.zeros(5, 2)))
+    c2 = client(1, buffer_with(x2, y2, torch.zeros(7, 2)))
+    c3 = client(2, None)  # no buffer → contributes nothing
+    srv = server(model, [c1, c2, c3])
+    fedgp = FedGP({"gref_samples": "all", "gref_mode": "eval"})
+    fedgp.setup(StrategyEnv("rot-mnist", "domain-il", 2, 2, CPU))
+    fedgp.after_aggregate(srv)
+    W = srv.global_params.view(2, 3)
+    expected = (ce_grad_by_hand(W, x1, y1) + ce_grad_by_hand(W, x2, y2)) / 2
+    assert fedgp.gref is not None
+    assert torch.allclose(fedgp.gref, expected, atol=1e-6)
+    # each contributor uploads one gradient (and downloads θ_g once)
+    assert srv.comm.by_payload["up:fedgp.gref"] == 2 * 6 * 4
+    assert srv.comm.by_payload["down:model"] == 2 * 6 * 4
+    assert fedgp.broadcast(srv) == {"fedgp.gref": fedgp.gref}
+
+
+def test_fedgp_projects_local_gradient_only_on_conflict() -> None:
+    model = linear_model()
+    cl = client(0, None)
+    srv = server(model, [cl])
+    fedgp = FedGP()
+    fedgp.setup(StrategyEnv("rot-mnist", "domain-il", 2, 2, CPU))
+    st = step(model, cl, srv, torch.zeros(1, 3), torch.zeros(1, dtype=torch.long))
+    model.grads.copy_(torch.tensor([1.0, 0, 0, 0, 0, 0]))
+    fedgp.transform_grad(st)  # no g_ref yet → untouched
+    assert torch.equal(model.grads, torch.tensor([1.0, 0, 0, 0, 0, 0]))
+    fedgp.gref = torch.tensor([-1.0, 1.0, 0, 0, 0, 0])
+    fedgp.gref_sq = torch.dot(fedgp.gref, fedgp.gref)
+    fedgp.transform_grad(st)  # g·r = −1, r·r = 2 → g + 0.5 r
+    assert torch.allclose(model.grads, torch.tensor([0.5, 0.5, 0, 0, 0, 0]))
+    model.grads.copy_(torch.tensor([0.0, 2.0, 0, 0, 0, 0]))
+    fedgp.transform_grad(st)  # no conflict
+    assert torch.equal(model.grads, torch.tensor([0.0, 2.0, 0, 0, 0, 0]))
+
+
+def test_gref_interval_keeps_stale_reference() -> None:
+    model = linear_model()
+    gen = torch.Generator().manual_seed(1)
+    c1 = client(0, buffer_with(torch.randn(4, 3, generator=gen), torch.tensor([0, 1, 0, 1]), torch.zeros(4, 2)))
+    srv = server(model, [c1])
+    fedgp = FedGP({"gref_interval": 2, "gref_samples": "all"})
+    fedgp.setup(StrategyEnv("rot-mnist", "domain-il", 2, 2, CPU))
+    srv.round_index = 1
+    fedgp.after_aggregate(srv)  # first reference is always computed
+    first = fedgp.gref.clone()  # type: ignore[union-attr]
+    srv.global_params = srv.global_params + torch.tensor([1.0, 0, 0, 0, 0, 0])
+    srv.round_index = 2
+    fedgp.after_aggregate(srv)  # round 2 of interval 2 → refresh
+    assert not torch.allclose(first, fedgp.gref)  # type: ignore[arg-type]
+    refreshed = fedgp.gref.clone()  # type: ignore[union-attr]
+    srv.global_params = srv.global_params + torch.tensor([1.0, 0, 0, 0, 0, 0])
+    srv.round_index = 3
+    fedgp.after_aggregate(srv)  # stale
+    assert torch.equal(refreshed, fedgp.gref)  # type: ignore[arg-type]
+
+
+def test_equal_comm_halves_rounds_doubles_epochs() -> None:
+    assert FedGP({"equal_comm": True}).adjust_schedule(20, 1) == (10, 2)
+    assert FedGP().adjust_schedule(20, 1) == (20, 1)

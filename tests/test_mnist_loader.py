@@ -1,0 +1,191 @@
+"""The IDX/MNIST loader: real data loads, and every kind of bad file is one clear UserError."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cfl_bench.errors import UserError
+from streams import mnist
+from streams.mnist import load_idx_split, load_mnist
+
+MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+STEMS = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+
+
+def images_bytes(images: np.ndarray, magic: int = 2051) -> bytes:
+    count, rows, cols = images.shape
+    return struct.pack(">4I", magic, count, rows, cols) + images.astype(np.uint8).tobytes()
+
+
+def labels_bytes(labels: np.ndarray, magic: int = 2049) -> bytes:
+    return struct.pack(">2I", magic, len(labels)) + labels.astype(np.uint8).tobytes()
+
+
+def write_tiny_mnist(root: Path, *, gz: bool, n_train: int = 6, n_test: int = 4) -> Path:
+    """A miniature MNIST in the torchvision layout; returns its raw folder."""
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    contents = {
+        "train_images": images_bytes(rng.integers(0, 256, (n_train, 28, 28))),
+        "train_labels": labels_bytes(np.arange(n_train) % 10),
+        "test_images": images_bytes(rng.integers(0, 256, (n_test, 28, 28))),
+        "test_labels": labels_bytes(np.arange(n_test) % 10),
+    }
+    for key, data in contents.items():
+        name = STEMS[key] + (".gz" if gz else "")
+        (raw / name).write_bytes(gzip.compress(data) if gz else data)
+    return raw
+
+
+def test_real_mnist_shapes_and_label_counts(shared_data: Path) -> None:
+    train_x, train_y, test_x, test_y = load_mnist(shared_data, download=False)
+    assert train_x.shape == (60000, 28, 28) and train_x.dtype == torch.uint8
+    assert test_x.shape == (10000, 28, 28) and test_x.dtype == torch.uint8
+    assert train_y.dtype == torch.int64 and test_y.dtype == torch.int64
+    assert torch.bincount(train_y).tolist() == MNIST_TRAIN_COUNTS
+    assert torch.bincount(test_y).tolist() == MNIST_TEST_COUNTS
+    assert int(train_x.max()) == 255
+
+
+def test_fashion_mnist_test_only(shared_data: Path) -> None:
+    train_x, train_y, test_x, test_y = load_mnist(shared_data, download=False, which="FashionMNIST")
+    assert train_x.shape == (0, 28, 28) and train_y.shape == (0,)
+    assert test_x.shape == (10000, 28, 28)
+    assert torch.bincount(test_y).tolist() == [1000] * 10
+
+
+def test_missing_root_gives_advice(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"does not exist.*MNIST/raw.*--download"):
+        load_mnist(tmp_path / "nowhere", download=False)
+
+
+def test_missing_file_names_the_file_and_layout(tmp_path: Path) -> None:
+    raw = write_tiny_mnist(tmp_path, gz=True)
+    (raw / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(UserError, match=r"t10k-labels-idx1-ubyte\.gz is missing.*--download"):
+        load_mnist(tmp_path, download=False)
+
+
+def test_dataset_folder_instead_of_root_gets_a_hint(tmp_path: Path) -> None:
+    write_tiny_mnist(tmp_path, gz=True)
+    with pytest.raises(UserError, match="is the dataset folder itself; pass its parent"):
+        load_mnist(tmp_path / "MNIST", download=False)
+
+
+def test_truncated_gz_is_reported(shared_data: Path, tmp_path: Path) -> None:
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    source = shared_data / "MNIST" / "raw"
+    for path in source.glob("*-ubyte.gz"):
+        if path.name != "train-labels-idx1-ubyte.gz":
+            (raw / path.name).symlink_to(path)
+    data = (source / "train-labels-idx1-ubyte.gz").read_bytes()
+    (raw / "train-labels-idx1-ubyte.gz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(UserError, match=r"train-labels-idx1-ubyte\.gz is truncated or corrupt"):
+        load_mnist(tmp_path, download=False)
+
+
+def test_not_gzip_is_corrupt(tmp_path: Path) -> None:
+    raw = write_tiny_mnist(tmp_path, gz=True)
+    (raw / "train-images-idx3-ubyte.gz").write_bytes(b"definitely not gzip data")
+    with pytest.raises(UserError, match="truncated or corrupt"):
+        load_mnist(tmp_path, download=False)
+
+
+def test_wrong_magic_is_corrupt(tmp_path: Path) -> None:
+    raw = write_tiny_mnist(tmp_path, gz=False)
+    images = np.zeros((6, 28, 28), dtype=np.uint8)
+    (raw / STEMS["train_images"]).write_bytes(images_bytes(images, magic=2049))
+    with pytest.raises(UserError, match=r"truncated or corrupt \(magic number 2049"):
+        load_mnist(tmp_path, download=False)
+
+
+def test_wrong_size_dims_and_labels_are_corrupt(tmp_path: Path) -> None:
+    raw = write_tiny_mnist(tmp_path, gz=False)
+    good = (raw / STEMS["test_images"]).read_bytes()
+    (raw / STEMS["test_images"]).write_bytes(good + b"\0")
+    with pytest.raises(UserError, match="header promises"):
+        load_idx_split(tmp_path, "MNIST", "test")
+    (raw / STEMS["test_images"]).write_bytes(images_bytes(np.zeros((4, 27, 28))))
+    with pytest.raises(UserError, match="27x28"):
+        load_idx_split(tmp_path, "MNIST", "test")
+    (raw / STEMS["test_images"]).write_bytes(good)
+    (raw / STEMS["test_labels"]).write_bytes(labels_bytes(np.array([0, 1, 12, 3])))
+    with pytest.raises(UserError, match="label 12"):
+        load_idx_split(tmp_path, "MNIST", "test")
+
+
+def test_image_and_label_counts_must_agree(tmp_path: Path) -> None:
+    raw = write_tiny_mnist(tmp_path, gz=False)
+    (raw / STEMS["test_labels"]).write_bytes(labels_bytes(np.arange(3)))
+    with pytest.raises(UserError, match=r"\(4 images\).*\(3 labels\) disagree"):
+        load_idx_split(tmp_path, "MNIST", "test")
+
+
+def test_uncompressed_files_are_accepted(tmp_path: Path) -> None:
+    write_tiny_mnist(tmp_path, gz=False)
+    train_x, train_y, test_x, test_y = load_mnist(tmp_path, download=False)
+    assert train_x.shape == (6, 28, 28) and test_x.shape == (4, 28, 28)
+    assert train_y.tolist() == list(range(6)) and test_y.tolist() == list(range(4))
+
+
+def test_gz_is_preferred_over_uncompressed(tmp_path: Path) -> None:
+    raw = write_tiny_mnist(tmp_path, gz=True)
+    for stem in STEMS.values():
+        (raw / stem).write_bytes(b"stale garbage")
+    train_x, _, _, _ = load_mnist(tmp_path, download=False)
+    assert train_x.shape == (6, 28, 28)
+
+
+def test_download_failure_is_a_user_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Offline:
+        def __init__(self, root: str, *, train: bool, download: bool) -> None:
+            raise OSError("network unreachable")
+
+    monkeypatch.setattr(mnist, "_torchvision_dataset_class", lambda dataset: Offline)
+    with pytest.raises(UserError, match=r"downloading MNIST into .* failed.*manually"):
+        load_mnist(tmp_path, download=True)
+
+
+def test_download_only_when_files_are_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[bool] = []
+
+    class Fetcher:
+        """Stands in for torchvision: 'downloads' by writing the tiny files."""
+
+        def __init__(self, root: str, *, train: bool, download: bool) -> None:
+            calls.append(train)
+            if not (Path(root) / "MNIST").exists():
+                write_tiny_mnist(Path(root), gz=True)
+
+    monkeypatch.setattr(mnist, "_torchvision_dataset_class", lambda dataset: Fetcher)
+    train_x, _, _, _ = load_mnist(tmp_path, download=True)
+    assert train_x.shape == (6, 28, 28) and calls == [True, False]
+    load_mnist(tmp_path, download=True)
+    assert calls == [True, False]
+
+
+def test_copy_of_real_mnist_uncompressed(shared_data: Path, tmp_path: Path) -> None:
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for stem in (STEMS["test_images"], STEMS["test_labels"]):
+        with gzip.open(shared_data / "MNIST" / "raw" / f"{stem}.gz") as src:
+            (raw / stem).write_bytes(src.read())
+    test_x, test_y = load_idx_split(tmp_path, "MNIST", "test")
+    ref_x, ref_y = load_idx_split(shared_data, "MNIST", "test")
+    assert torch.equal(test_x, ref_x) and torch.equal(test_y, ref_y)

@@ -1,0 +1,227 @@
+"""Streams, their batched transforms, the embedded digits and the stream registry."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from cfl_bench.errors import UserError
+from streams.base import Stream
+from streams.digits import digits_images, load_digits
+from streams.domain_il import PermutedStream, RotatedStream
+from streams.mnist import load_mnist
+from streams.registry import STREAMS, build_stream
+from streams.transforms import permute_pixels, rotate_batch
+
+CPU = torch.device("cpu")
+Rotate = Callable[[torch.Tensor, float], torch.Tensor]
+
+
+@pytest.fixture(scope="module")
+def tv_rotate() -> Rotate:
+    """torchvision's tensor rotate, the reference our batched rotation must reproduce.
+
+    A torchvision wheel built for another torch variant (e.g. a CUDA build beside a CPU-only
+    torch) raises RuntimeError, not ImportError, on import; report that instead of failing.
+    """
+    try:
+        from torchvision.transforms.v2.functional import rotate
+    except Exception as exc:
+        pytest.skip(f"torchvision cannot be imported here ({type(exc).__name__}: {exc})")
+    return rotate
+
+
+@pytest.fixture(scope="module")
+def mnist_floats(shared_data: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first 2000 train and 200 test MNIST images, untransformed, as floats in [0, 1]."""
+    train_x, _, test_x, _ = load_mnist(shared_data, download=False)
+    return train_x[:2000].unsqueeze(1).float() / 255, test_x[:200].unsqueeze(1).float() / 255
+
+
+def mnist_stream(root: Path, name: str = "rot-mnist", seed: int = 0, **sizes: int) -> Stream:
+    sizes = {"train_size": 500, "test_size": 200, **sizes}
+    return build_stream(
+        name, num_tasks=3, seed=seed, device=CPU, data_root=str(root), download=False, **sizes
+    )
+
+
+def digits_stream(name: str = "rot-digits", seed: int = 0, num_tasks: int = 3) -> Stream:
+    return build_stream(
+        name, num_tasks=num_tasks, seed=seed, device=CPU, data_root=None, download=False
+    )
+
+
+# --- transforms -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(28, 28), (8, 8), (7, 7), (6, 10)])
+def test_rotation_matches_torchvision(tv_rotate: Rotate, shape: tuple[int, int]) -> None:
+    x = torch.rand(16, 2, *shape, generator=torch.Generator().manual_seed(0)) + 0.1
+    angles = [0.0, 0.7, 30.0, 45.0, 60.0, 90.0, 112.3, 135.0, 179.99, 180.0, 270.0, -33.0, 400.0]
+    for degrees in angles:
+        assert torch.equal(rotate_batch(x, degrees, chunk=5), tv_rotate(x, degrees)), degrees
+        assert torch.equal(rotate_batch(x.double(), degrees), tv_rotate(x.double(), degrees))
+
+
+def test_rotation_matches_torchvision_on_mnist(
+    tv_rotate: Rotate, shared_data: Path, mnist_floats: tuple[torch.Tensor, torch.Tensor]
+) -> None:
+    stream = mnist_stream(shared_data, train_size=2000)
+    assert isinstance(stream, RotatedStream)
+    base = mnist_floats[0]
+    for t, angle in enumerate(stream.angles):
+        assert torch.equal(stream.task(t).train_x, tv_rotate(base, angle))
+
+
+def test_rotation_uint8_equals_float_and_torchvision(tv_rotate: Rotate) -> None:
+    x = torch.randint(0, 256, (10, 1, 28, 28), dtype=torch.uint8)
+    for degrees in (17.0, 45.0, 151.5):
+        rotated = rotate_batch(x, degrees)
+        assert rotated.dtype == torch.uint8
+        assert torch.equal(rotated, tv_rotate(x, degrees))
+        assert torch.equal(rotated.float() / 255, rotate_batch(x.float() / 255, degrees))
+
+
+def test_rotate_by_zero_and_full_turn_is_identity() -> None:
+    x = torch.rand(5, 1, 8, 8)
+    assert torch.equal(rotate_batch(x, 0.0), x)
+    assert torch.equal(rotate_batch(x, 360.0), x)
+
+
+def test_rotation_is_counter_clockwise_about_the_centre() -> None:
+    # Just off 90 degrees takes the general sampling path; it must agree with rot90 (CCW).
+    x = torch.rand(4, 3, 9, 9)
+    assert torch.equal(rotate_batch(x, 90.0 + 1e-6), torch.rot90(x, 1, dims=(-2, -1)))
+    assert torch.equal(rotate_batch(x, -90.0 + 1e-6), torch.rot90(x, 3, dims=(-2, -1)))
+
+
+def test_rotation_does_not_depend_on_chunk() -> None:
+    x = torch.rand(23, 1, 28, 28)
+    assert torch.equal(rotate_batch(x, 37.0, chunk=4), rotate_batch(x, 37.0))
+
+
+def test_rotation_rejects_half_precision() -> None:
+    with pytest.raises(ValueError, match="float32, float64 or uint8"):
+        rotate_batch(torch.rand(1, 1, 8, 8).half(), 10.0)
+
+
+def test_permutation_is_a_bijection_of_pixel_values() -> None:
+    x = torch.rand(6, 2, 5, 5)
+    perm = torch.randperm(25, generator=torch.Generator().manual_seed(1))
+    out = permute_pixels(x, perm)
+    assert not torch.equal(out, x)
+    assert torch.equal(out.flatten(2).sort(dim=2).values, x.flatten(2).sort(dim=2).values)
+    assert torch.equal(out.flatten(2)[:, :, 3], x.flatten(2)[:, :, perm[3]])
+
+
+def test_permutation_rejects_non_permutations() -> None:
+    with pytest.raises(ValueError, match="permutation"):
+        permute_pixels(torch.rand(1, 1, 2, 2), torch.tensor([0, 0, 1, 2]))
+
+
+# --- rotated / permuted MNIST -----------------------------------------------------------
+
+
+def test_rot_mnist_tasks_are_transformed_and_differ(
+    shared_data: Path, mnist_floats: tuple[torch.Tensor, torch.Tensor]
+) -> None:
+    stream = mnist_stream(shared_data)
+    assert isinstance(stream, RotatedStream)
+    assert stream.scenario == "domain-il" and stream.input_shape == (1, 28, 28)
+    assert all(0.0 <= a < 180.0 for a in stream.angles) and len(set(stream.angles)) == 3
+    base = mnist_floats[0][:500]
+    tasks = [stream.task(t) for t in range(3)]
+    assert not torch.equal(tasks[0].train_x, base), "the first task must be rotated too"
+    assert not torch.equal(tasks[0].train_x, tasks[1].train_x)
+    for t, task in enumerate(tasks):
+        assert task.index == t and task.classes == tuple(range(10))
+        assert task.train_x.shape == (500, 1, 28, 28) and task.train_x.dtype == torch.float32
+        assert task.test_x.shape == (200, 1, 28, 28)
+        assert float(task.train_x.min()) >= 0.0 and float(task.train_x.max()) <= 1.0
+        assert torch.equal(task.train_y, stream.train_labels(t))
+
+
+def test_same_seed_same_tasks_different_seed_different_angles(shared_data: Path) -> None:
+    first, again = mnist_stream(shared_data, seed=5), mnist_stream(shared_data, seed=5)
+    other = mnist_stream(shared_data, seed=6)
+    assert torch.equal(first.task(1).train_x, again.task(1).train_x)
+    assert first.describe() == again.describe()
+    assert first.angles != other.angles
+
+
+def test_perm_mnist_first_task_permuted(
+    shared_data: Path, mnist_floats: tuple[torch.Tensor, torch.Tensor]
+) -> None:
+    stream = mnist_stream(shared_data, name="perm-mnist")
+    assert isinstance(stream, PermutedStream)
+    task = stream.task(0)
+    base = mnist_floats[1]
+    assert not torch.equal(task.test_x, base)
+    assert torch.equal(task.test_x, permute_pixels(base, stream.permutation(0)))
+
+
+def test_describe_is_json_and_complete(shared_data: Path) -> None:
+    for name in ("rot-mnist", "perm-mnist"):
+        description = mnist_stream(shared_data, name=name).describe()
+        text = json.dumps(description, sort_keys=True)
+        assert json.loads(text) == description
+        assert description["train_size"] == 500 and description["test_size"] == 200
+        params = description.get("angles_deg") or description.get("permutation_hashes")
+        assert isinstance(params, list) and len(params) == 3
+
+
+def test_train_size_takes_a_prefix(shared_data: Path) -> None:
+    small = mnist_stream(shared_data, train_size=100, test_size=50)
+    large = mnist_stream(shared_data, train_size=300, test_size=50)
+    assert torch.equal(small.train_labels(0), large.train_labels(0)[:100])
+    assert torch.equal(small.task(2).train_x, large.task(2).train_x[:100])
+
+
+def test_bad_sizes_and_task_indices(shared_data: Path) -> None:
+    with pytest.raises(UserError, match=r"train_size 70000 does not fit.*60000"):
+        mnist_stream(shared_data, train_size=70000)
+    with pytest.raises(UserError, match="test_size 0 does not fit"):
+        mnist_stream(shared_data, test_size=0)
+    stream = digits_stream()
+    with pytest.raises(UserError, match=r"task 3 is out of range.*0\.\.2"):
+        stream.task(3)
+    with pytest.raises(UserError, match="task index must be an integer"):
+        stream.train_labels("1")  # type: ignore[arg-type]
+
+
+# --- digits and registry ----------------------------------------------------------------
+
+
+def test_digits_split_and_range() -> None:
+    train_x, train_y, test_x, test_y = load_digits()
+    assert train_x.shape == (1437, 1, 8, 8) and test_x.shape == (360, 1, 8, 8)
+    assert train_x.dtype == torch.float32 and train_y.dtype == torch.int64
+    assert float(train_x.min()) == 0.0 and float(train_x.max()) == 1.0
+    assert sorted(set(test_y.tolist())) == list(range(10))
+    assert torch.equal(load_digits()[1], train_y), "the split must not depend on anything"
+    assert torch.equal(digits_images().test_x.float() / 16, test_x)
+
+
+def test_digits_streams_prefix_and_permutations() -> None:
+    short, long = digits_stream(num_tasks=2), digits_stream(num_tasks=5)
+    assert short.angles == long.angles[:2]
+    perm = digits_stream("perm-digits")
+    hashes = perm.describe()["permutation_hashes"]
+    assert len(set(hashes)) == 3
+    assert not torch.equal(perm.task(0).train_x, perm.task(1).train_x)
+
+
+def test_registry_entries_and_errors() -> None:
+    assert set(STREAMS) == {"rot-mnist", "perm-mnist", "rot-digits", "perm-digits"}
+    assert STREAMS["rot-mnist"].default_model == "mnist-cnn"
+    assert not STREAMS["perm-digits"].needs_data_root
+    with pytest.raises(UserError, match=r"unknown stream 'rot-cifar'.*perm-digits.*rot-mnist"):
+        build_stream("rot-cifar", num_tasks=2, seed=0, device=CPU, data_root=None, download=False)
+    with pytest.raises(UserError, match=r"--data-root.*MNIST/raw.*--download"):
+        build_stream("rot-mnist", num_tasks=2, seed=0, device=CPU, data_root=None, download=False)
+    with pytest.raises(UserError, match="number of tasks must be a positive integer"):
+        digits_stream(num_tasks=0)
