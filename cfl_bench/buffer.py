@@ -60,7 +60,9 @@ class ReservoirBuffer:
     @property
     def nbytes(self) -> int:
         """Memory of the stored examples (capacity rows, without the trash row)."""
-        per_row = sum(t[0].numel() * t.element_size() for t in (self.x, self.y, self.logits, self.task))
+        per_row = sum(
+            t[0].numel() * t.element_size() for t in (self.x, self.y, self.logits, self.task)
+        )
         return per_row * self.capacity
 
     def slots_for(self, batch_size: int) -> torch.Tensor:
@@ -69,7 +71,9 @@ class ReservoirBuffer:
         Slot ``capacity`` (the trash row) means "not stored". Advances the counter.
         """
         n = self.num_seen + torch.arange(batch_size, device=self.device, dtype=torch.float64)
-        u = torch.rand(batch_size, device=self.device, dtype=torch.float64, generator=self.generator)
+        u = torch.rand(
+            batch_size, device=self.device, dtype=torch.float64, generator=self.generator
+        )
         j = torch.floor(u * (n + 1)).to(torch.long)
         slots = torch.where(n < self.capacity, n.to(torch.long), j)
         slots = torch.where(slots < self.capacity, slots, torch.full_like(slots, self.capacity))

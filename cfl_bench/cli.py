@@ -37,7 +37,9 @@ def user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
-            Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            Console(stderr=True).print(
+                f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True
+            )
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
@@ -46,38 +48,63 @@ def user_errors(fn: F) -> F:
 @app.command()
 @user_errors
 def run(
-    stream: Annotated[str | None, typer.Option(help="stream name (see `cfl-bench list streams`)")] = None,
+    stream: Annotated[
+        str | None, typer.Option(help="stream name (see `cfl-bench list streams`)")
+    ] = None,
     strategy: Annotated[
         str | None, typer.Option(help="composition, e.g. der:alpha=0.5+fedgp:gref_samples=all")
     ] = None,
     model: Annotated[str | None, typer.Option(help="model name (default: the stream's)")] = None,
     tasks: Annotated[int | None, typer.Option(help="number of tasks")] = None,
-    rounds_per_task: Annotated[int | None, typer.Option(help="communication rounds per task")] = None,
+    rounds_per_task: Annotated[
+        int | None, typer.Option(help="communication rounds per task")
+    ] = None,
     clients: Annotated[int | None, typer.Option(help="number of clients K")] = None,
-    participation: Annotated[float | None, typer.Option(help="fraction of clients per round, in (0, 1]")] = None,
+    participation: Annotated[
+        float | None, typer.Option(help="fraction of clients per round, in (0, 1]")
+    ] = None,
     epochs: Annotated[int | None, typer.Option(help="local epochs per round")] = None,
     batch_size: Annotated[int | None, typer.Option(help="local batch size")] = None,
-    buffer_batch_size: Annotated[int | None, typer.Option(help="buffer draw size (default: batch size)")] = None,
+    buffer_batch_size: Annotated[
+        int | None, typer.Option(help="buffer draw size (default: batch size)")
+    ] = None,
     lr: Annotated[float | None, typer.Option(help="local SGD learning rate")] = None,
     momentum: Annotated[float | None, typer.Option(help="local SGD momentum")] = None,
     weight_decay: Annotated[float | None, typer.Option(help="local SGD weight decay")] = None,
     buffer_size: Annotated[int | None, typer.Option(help="reservoir capacity M per client")] = None,
     buffer_offer: Annotated[str | None, typer.Option(help="first_pass | every_step")] = None,
-    partition: Annotated[str | None, typer.Option(help="shards | iid (default: the stream's)")] = None,
-    weighting: Annotated[str | None, typer.Option(help="aggregation weights: samples | uniform")] = None,
-    train_size: Annotated[int | None, typer.Option(help="use the first N training examples")] = None,
+    partition: Annotated[
+        str | None, typer.Option(help="shards | iid (default: the stream's)")
+    ] = None,
+    weighting: Annotated[
+        str | None, typer.Option(help="aggregation weights: samples | uniform")
+    ] = None,
+    train_size: Annotated[
+        int | None, typer.Option(help="use the first N training examples")
+    ] = None,
     test_size: Annotated[int | None, typer.Option(help="use the first N test examples")] = None,
-    probe_size: Annotated[int | None, typer.Option(help="probe examples per task for memory drift")] = None,
+    probe_size: Annotated[
+        int | None, typer.Option(help="probe examples per task for memory drift")
+    ] = None,
     eval_every_round: Annotated[
         bool | None, typer.Option("--eval-every-round/--eval-task-end", help="evaluation frequency")
     ] = None,
     seed: Annotated[int | None, typer.Option(help="run seed (explicit; default 0)")] = None,
     device: Annotated[str | None, typer.Option(help="auto | cpu | cuda")] = None,
-    threads: Annotated[int | None, typer.Option(help="CPU threads for torch (default: torch's)")] = None,
-    data_root: Annotated[str | None, typer.Option(help="folder holding MNIST/raw (torchvision layout)")] = None,
-    download: Annotated[bool | None, typer.Option("--download/--no-download", help="fetch data with torchvision")] = None,
+    threads: Annotated[
+        int | None, typer.Option(help="CPU threads for torch (default: torch's)")
+    ] = None,
+    data_root: Annotated[
+        str | None, typer.Option(help="folder holding MNIST/raw (torchvision layout)")
+    ] = None,
+    download: Annotated[
+        bool | None, typer.Option("--download/--no-download", help="fetch data with torchvision")
+    ] = None,
     out: Annotated[str | None, typer.Option(help="run directory (default: runs/<slug>)")] = None,
-    overwrite: Annotated[bool | None, typer.Option("--overwrite/--no-overwrite", help="replace a finished run in --out")] = None,
+    overwrite: Annotated[
+        bool | None,
+        typer.Option("--overwrite/--no-overwrite", help="replace a finished run in --out"),
+    ] = None,
     config: Annotated[str | None, typer.Option(help="YAML file with any of these options")] = None,
 ) -> None:
     """Run one (protocol, strategy, seed) and print its results table."""
@@ -112,7 +139,9 @@ def run(
             )
 
         result = execute(cfg, on_round)
-    console.print(results_table(result.summary, cfg.stream, str(result.summary.get("strategy", cfg.strategy))))
+    console.print(
+        results_table(result.summary, cfg.stream, str(result.summary.get("strategy", cfg.strategy)))
+    )
     status = result.summary.get("status")
     if status != "finished":
         console.print(f"[yellow]run {status}:[/] {result.summary.get('message', '')}")
@@ -165,17 +194,30 @@ def list_cmd(
 
         table = Table("stream", "default model", "tasks", "partition", "description")
         for info in STREAMS.values():
-            table.add_row(info.name, info.default_model, str(info.default_tasks), info.default_partition, info.description)
+            table.add_row(
+                info.name,
+                info.default_model,
+                str(info.default_tasks),
+                info.default_partition,
+                info.description,
+            )
     elif what == "strategies":
         from strategies.registry import describe_components
 
         table = Table("component", "roles", "options (default)", "paper", "what it does")
         for row in describe_components():
             opts = "\n".join(
-                f"{o['name']}={o['default']}" + (f" ({'|'.join(o['choices'])})" if o["choices"] else "")
+                f"{o['name']}={o['default']}"
+                + (f" ({'|'.join(o['choices'])})" if o["choices"] else "")
                 for o in row["options"]  # type: ignore[union-attr]
             )
-            table.add_row(str(row["name"]), ", ".join(row["roles"]), opts or "—", str(row["paper"]), str(row["summary"]))  # type: ignore[arg-type]
+            table.add_row(
+                str(row["name"]),
+                ", ".join(row["roles"]),
+                opts or "—",
+                str(row["paper"]),
+                str(row["summary"]),
+            )  # type: ignore[arg-type]
         table.caption = "compose with '+': der+fedgp; options: der:alpha=0.5+fedgp:gref_samples=all"
     elif what == "models":
         from cfl_bench.models import MODELS

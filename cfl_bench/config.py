@@ -85,7 +85,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise UserError(f"config file '{p}' is not valid YAML ({exc.__class__.__name__}); fix its syntax.") from None
+        raise UserError(
+            f"config file '{p}' is not valid YAML ({exc.__class__.__name__}); fix its syntax."
+        ) from None
     if not isinstance(data, dict):
         raise UserError(f"config file '{p}' must be a mapping of option names to values.")
     normalised = {str(k).replace("-", "_"): v for k, v in data.items()}

@@ -39,7 +39,10 @@ def git_commit(start: Path | None = None) -> str | None:
         return None
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=no"],
-        cwd=where, capture_output=True, text=True, timeout=5,
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=5,
     )
     suffix = "-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else ""
     return result.stdout.strip() + suffix

@@ -13,6 +13,7 @@ reproducible.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -99,10 +100,8 @@ class RunDirectory:
             raise UserError(f"--out '{self.path}' is a file; give a directory path.")
         if self.path.is_dir() and any(self.path.iterdir()):
             old_hash = None
-            try:
+            with contextlib.suppress(OSError, json.JSONDecodeError):
                 old_hash = json.loads(self.config_path.read_text()).get("config_hash")
-            except (OSError, json.JSONDecodeError):
-                pass
             if old_hash is None:
                 raise UserError(
                     f"--out '{self.path}' exists and is not a cfl-bench run directory; "

@@ -77,9 +77,7 @@ def materialise(rows: list[Record]) -> pd.DataFrame:
     return pd.DataFrame(plain, columns=list(COLUMNS))
 
 
-def execute(
-    config: RunConfig, on_round: Callable[[RoundReport], None] | None = None
-) -> RunResult:
+def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = None) -> RunResult:
     strategy = build_strategy(config.strategy)
     info = STREAMS.get(config.stream)
     if info is None:
@@ -98,7 +96,9 @@ def execute(
     )
     model_name = str(config.model)
     if model_name not in MODELS:
-        raise UserError(f"unknown model '{model_name}'; choose one of: {', '.join(sorted(MODELS))}.")
+        raise UserError(
+            f"unknown model '{model_name}'; choose one of: {', '.join(sorted(MODELS))}."
+        )
     partitioner = build_partitioner(str(config.partition))
     device = resolve_device(config.device)
     configure_cpu(device, config.threads)
@@ -113,9 +113,7 @@ def execute(
         train_size=config.train_size,
         test_size=config.test_size,
     )
-    strategy.setup(
-        StrategyEnv(stream.name, stream.scenario, stream.num_classes, num_tasks, device)
-    )
+    strategy.setup(StrategyEnv(stream.name, stream.scenario, stream.num_classes, num_tasks, device))
     rounds, epochs = int(config.rounds_per_task), int(config.epochs)  # type: ignore[arg-type]
     for component in strategy.all:
         rounds, epochs = component.adjust_schedule(rounds, epochs)
@@ -147,8 +145,11 @@ def execute(
     config_hash = canonical_hash(
         {"protocol": protocol, "strategy": strategy.describe(), "seed": config.seed}
     )
-    out = Path(config.out) if config.out else Path("runs") / slug(
-        f"{config.stream}_{strategy.name}_s{config.seed}_{config_hash[:8]}"
+    out = (
+        Path(config.out)
+        if config.out
+        else Path("runs")
+        / slug(f"{config.stream}_{strategy.name}_s{config.seed}_{config_hash[:8]}")
     )
     run_dir = RunDirectory(out)
     run_dir.prepare(config_hash, config.overwrite)

@@ -30,7 +30,9 @@ def parse_strategy(text: str) -> list[ComponentSpec]:
     """Parse the strategy string into component names and converted option values."""
     classes = component_classes()
     if not text or not text.strip():
-        raise UserError("the strategy is empty; give one like 'der+fedgp' (see `cfl-bench list strategies`).")
+        raise UserError(
+            "the strategy is empty; give one like 'der+fedgp' (see `cfl-bench list strategies`)."
+        )
     specs: list[ComponentSpec] = []
     for part in text.strip().split("+"):
         part = part.strip()
@@ -49,7 +51,9 @@ def parse_strategy(text: str) -> list[ComponentSpec]:
             key, eq, raw = item.partition("=")
             key = key.strip()
             if not eq:
-                raise UserError(f"option '{item}' of '{name}' needs a value; write {name}:{key}=VALUE.")
+                raise UserError(
+                    f"option '{item}' of '{name}' needs a value; write {name}:{key}=VALUE."
+                )
             option = by_name.get(key)
             if option is None:
                 known = ", ".join(sorted(by_name)) or "none"
@@ -103,7 +107,11 @@ class Strategy:
         return {
             "name": self.name,
             "components": [
-                {"name": c.name, "roles": sorted(r.value for r in c.roles), "options": c.resolved_options()}
+                {
+                    "name": c.name,
+                    "roles": sorted(r.value for r in c.roles),
+                    "options": c.resolved_options(),
+                }
                 for c in self.all
             ],
         }

@@ -50,7 +50,9 @@ class FedGP(Component):
     needs_buffer: ClassVar[bool] = True
     transform_order: ClassVar[int] = 30
     options: ClassVar[tuple[Option, ...]] = (
-        Option("gref_samples", 32, "buffer samples per client for g_ref (int or 'all')", gref_samples),
+        Option(
+            "gref_samples", 32, "buffer samples per client for g_ref (int or 'all')", gref_samples
+        ),
         Option(
             "gref_mode",
             "train",
@@ -58,7 +60,9 @@ class FedGP(Component):
             text,
             choices=("train", "eval"),
         ),
-        Option("gref_interval", 1, "recompute g_ref every k rounds (stale in between)", positive_int),
+        Option(
+            "gref_interval", 1, "recompute g_ref every k rounds (stale in between)", positive_int
+        ),
         Option("equal_comm", False, "halve the rounds per task, double local epochs", boolean),
     )
 
@@ -85,8 +89,12 @@ class FedGP(Component):
         contributors = [c for c in server.participants if c.buffer is not None and c.buffer.filled]
         if not contributors:
             return
-        self.gref = reference_gradient(server, contributors, self.values["gref_samples"],
-                                       train_mode=self.values["gref_mode"] == "train")
+        self.gref = reference_gradient(
+            server,
+            contributors,
+            self.values["gref_samples"],
+            train_mode=self.values["gref_mode"] == "train",
+        )
         self.gref_sq = torch.dot(self.gref, self.gref)
 
 

@@ -26,7 +26,12 @@ def describe_components() -> list[dict[str, object]]:
                 "summary": cls.summary,
                 "paper": cls.paper,
                 "options": [
-                    {"name": o.name, "default": o.default, "help": o.help, "choices": list(o.choices)}
+                    {
+                        "name": o.name,
+                        "default": o.default,
+                        "help": o.help,
+                        "choices": list(o.choices),
+                    }
                     for o in cls.options
                 ],
             }

@@ -20,7 +20,6 @@ from streams.domain_il import DomainILStream, PermutedStream, RotatedStream
 from streams.images import ImageSplits
 from streams.mnist import load_mnist
 
-
 # The embedded digits have ~140 training images per client (40× fewer than MNIST); a few
 # local epochs at a larger step let the quickstart learn something in seconds.
 DIGITS_ROUNDS = 10
@@ -44,45 +43,37 @@ class StreamInfo:
     default_lr: float = 0.01
 
 
+def _domain_il_info(name: str, transform: str, base: str) -> StreamInfo:
+    """Rotated / permuted streams share everything but their base data and transform."""
+    if base == "mnist":
+        return StreamInfo(
+            name=name,
+            description=f"MNIST, each task {transform} (domain-IL)",
+            default_model="mnist-cnn",
+            default_tasks=5,
+            default_partition="shards",
+            needs_data_root=True,
+        )
+    return StreamInfo(
+        name=name,
+        description=f"embedded 8x8 digits, each task {transform} (domain-IL)",
+        default_model="mlp",
+        default_tasks=5,
+        default_partition="shards",
+        needs_data_root=False,
+        default_rounds_per_task=DIGITS_ROUNDS,
+        default_epochs=DIGITS_EPOCHS,
+        default_lr=DIGITS_LR,
+    )
+
+
+ROTATED = "rotated by its own angle in [0, 180) degrees"
+PERMUTED = "with its own fixed pixel permutation"
 STREAMS: dict[str, StreamInfo] = {
-    "rot-mnist": StreamInfo(
-        name="rot-mnist",
-        description="MNIST, each task rotated by its own angle in [0, 180) degrees (domain-IL)",
-        default_model="mnist-cnn",
-        default_tasks=5,
-        default_partition="shards",
-        needs_data_root=True,
-    ),
-    "perm-mnist": StreamInfo(
-        name="perm-mnist",
-        description="MNIST, each task with its own fixed pixel permutation (domain-IL)",
-        default_model="mnist-cnn",
-        default_tasks=5,
-        default_partition="shards",
-        needs_data_root=True,
-    ),
-    "rot-digits": StreamInfo(
-        name="rot-digits",
-        default_rounds_per_task=DIGITS_ROUNDS,
-        default_epochs=DIGITS_EPOCHS,
-        default_lr=DIGITS_LR,
-        description="embedded 8x8 digits, each task rotated by its own angle (domain-IL)",
-        default_model="mlp",
-        default_tasks=5,
-        default_partition="shards",
-        needs_data_root=False,
-    ),
-    "perm-digits": StreamInfo(
-        name="perm-digits",
-        default_rounds_per_task=DIGITS_ROUNDS,
-        default_epochs=DIGITS_EPOCHS,
-        default_lr=DIGITS_LR,
-        description="embedded 8x8 digits, each task with its own pixel permutation (domain-IL)",
-        default_model="mlp",
-        default_tasks=5,
-        default_partition="shards",
-        needs_data_root=False,
-    ),
+    "rot-mnist": _domain_il_info("rot-mnist", ROTATED, "mnist"),
+    "perm-mnist": _domain_il_info("perm-mnist", PERMUTED, "mnist"),
+    "rot-digits": _domain_il_info("rot-digits", ROTATED, "digits"),
+    "perm-digits": _domain_il_info("perm-digits", PERMUTED, "digits"),
 }
 
 _STREAM_TYPES: dict[str, type[DomainILStream]] = {

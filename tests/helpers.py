@@ -18,9 +18,14 @@ def linear_model(in_features: int = 3, classes: int = 2, seed: int = 0) -> FlatM
     return FlatModel(nn.Linear(in_features, classes, bias=False))
 
 
-def buffer_with(x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor, capacity: int = 8) -> ReservoirBuffer:
+def buffer_with(
+    x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor, capacity: int = 8
+) -> ReservoirBuffer:
     buf = ReservoirBuffer(
-        capacity, tuple(x.shape[1:]), logits.shape[1], device=CPU,
+        capacity,
+        tuple(x.shape[1:]),
+        logits.shape[1],
+        device=CPU,
         generator=torch.Generator().manual_seed(0),
     )
     buf.add(x, y, logits, task=0)
@@ -43,9 +48,22 @@ def server(model: FlatModel, clients: list[ClientState]) -> ServerState:
     )
 
 
-def step(model: FlatModel, cl: ClientState, srv: ServerState, x: torch.Tensor, y: torch.Tensor,
-         buffer_batch_size: int = 32) -> StepContext:
+def step(
+    model: FlatModel,
+    cl: ClientState,
+    srv: ServerState,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    buffer_batch_size: int = 32,
+) -> StepContext:
     return StepContext(
-        model=model, client=cl, server=srv, x=x, y=y, task=0, epoch=0,
-        offer_to_buffer=True, buffer_batch_size=buffer_batch_size,
+        model=model,
+        client=cl,
+        server=srv,
+        x=x,
+        y=y,
+        task=0,
+        epoch=0,
+        offer_to_buffer=True,
+        buffer_batch_size=buffer_batch_size,
     )

@@ -12,15 +12,28 @@ import pandas as pd
 import pytest
 
 SMALL = [
-    "--tasks", "2", "--rounds-per-task", "2", "--clients", "4", "--train-size", "800",
-    "--test-size", "200", "--probe-size", "100",
+    "--tasks",
+    "2",
+    "--rounds-per-task",
+    "2",
+    "--clients",
+    "4",
+    "--train-size",
+    "800",
+    "--test-size",
+    "200",
+    "--probe-size",
+    "100",
 ]
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "cfl_bench.cli", *args],
-        capture_output=True, text=True, cwd=cwd, timeout=600,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
     )
 
 
@@ -55,14 +68,23 @@ def test_bad_input_exits_2_with_one_line(args: list[str], fragment: str, tmp_pat
 
 
 def test_missing_mnist_directory_says_where_to_put_it(tmp_path: Path) -> None:
-    result = cli("run", "--stream", "rot-mnist", "--data-root", str(tmp_path / "nowhere"),
-                 "--out", str(tmp_path / "r"))
+    result = cli(
+        "run",
+        "--stream",
+        "rot-mnist",
+        "--data-root",
+        str(tmp_path / "nowhere"),
+        "--out",
+        str(tmp_path / "r"),
+    )
     assert_user_error(result, "MNIST/raw")
     assert "--download" in result.stderr
 
 
 def test_mnist_stream_without_data_root(tmp_path: Path) -> None:
-    assert_user_error(cli("run", "--stream", "perm-mnist", "--out", str(tmp_path / "r")), "--data-root")
+    assert_user_error(
+        cli("run", "--stream", "perm-mnist", "--out", str(tmp_path / "r")), "--data-root"
+    )
 
 
 def test_corrupt_mnist_file(tmp_path: Path, shared_data: Path) -> None:
@@ -71,7 +93,9 @@ def test_corrupt_mnist_file(tmp_path: Path, shared_data: Path) -> None:
     for f in (shared_data / "MNIST" / "raw").iterdir():
         data = f.read_bytes()
         (raw / f.name).write_bytes(data[: len(data) // 2] if "train-images" in f.name else data)
-    result = cli("run", "--stream", "rot-mnist", "--data-root", str(tmp_path), "--out", str(tmp_path / "r"))
+    result = cli(
+        "run", "--stream", "rot-mnist", "--data-root", str(tmp_path), "--out", str(tmp_path / "r")
+    )
     assert_user_error(result, "truncated or corrupt")
 
 
@@ -86,7 +110,11 @@ def test_bad_yaml_config_and_unknown_key(tmp_path: Path) -> None:
 
 
 def test_list_commands() -> None:
-    for what, expect in [("streams", "rot-mnist"), ("strategies", "fedgp"), ("models", "mnist-cnn")]:
+    for what, expect in [
+        ("streams", "rot-mnist"),
+        ("strategies", "fedgp"),
+        ("models", "mnist-cnn"),
+    ]:
         result = cli("list", what)
         assert result.returncode == 0 and expect in result.stdout
     assert_user_error(cli("list", "things"), "cannot list 'things'")
@@ -96,13 +124,34 @@ def test_end_to_end_real_mnist_slice(tmp_path: Path, shared_data: Path) -> None:
     out = tmp_path / "run"
     config = tmp_path / "c.yaml"
     config.write_text("strategy: der+fedgp\nseed: 3\nclients: 99\n")
-    result = cli("run", "--config", str(config), "--stream", "rot-mnist", "--data-root",
-                 str(shared_data), *SMALL, "--out", str(out))
+    result = cli(
+        "run",
+        "--config",
+        str(config),
+        "--stream",
+        "rot-mnist",
+        "--data-root",
+        str(shared_data),
+        *SMALL,
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     assert "Acc_T" in result.stdout
     summary = json.loads((out / "summary.json").read_text())
-    for key in ("Acc_T", "Fgt_T", "Fgt_T_clipped", "BWT", "FWT", "MD_T", "bytes_up_total",
-                "bytes_down_total", "wall_time_s", "peak_rss_bytes", "buffer_bytes_per_client"):
+    for key in (
+        "Acc_T",
+        "Fgt_T",
+        "Fgt_T_clipped",
+        "BWT",
+        "FWT",
+        "MD_T",
+        "bytes_up_total",
+        "bytes_down_total",
+        "wall_time_s",
+        "peak_rss_bytes",
+        "buffer_bytes_per_client",
+    ):
         assert summary[key] is not None, key
     assert summary["status"] == "finished"
     assert 0 <= summary["Acc_T"] <= 100
@@ -111,7 +160,14 @@ def test_end_to_end_real_mnist_slice(tmp_path: Path, shared_data: Path) -> None:
     assert cfg["config"]["seed"] == 3  # YAML beats default
     assert len(cfg["protocol_hash"]) == 12
     records = pd.read_csv(out / "records.csv")
-    assert list(records.columns) == ["round", "trained_task", "eval_task", "scope", "metric", "value"]
+    assert list(records.columns) == [
+        "round",
+        "trained_task",
+        "eval_task",
+        "scope",
+        "metric",
+        "value",
+    ]
     acc = records[(records.metric == "acc") & (records.trained_task >= 0)]
     assert set(acc.trained_task) == {0, 1}
     # FedGP doubles the upload: each of the 4 clients sends its model and g_ref every round
@@ -124,20 +180,21 @@ def test_end_to_end_real_mnist_slice(tmp_path: Path, shared_data: Path) -> None:
     assert down[0] == 8 * model_bytes and (down[1:] == 8 * model_bytes).all()
     assert summary["bytes_up_total"] == 4 * 8 * model_bytes
     # rerunning into a finished run directory is refused unless --overwrite
-    again = cli("run", "--stream", "rot-mnist", "--data-root", str(shared_data), *SMALL, "--out", str(out))
+    again = cli(
+        "run", "--stream", "rot-mnist", "--data-root", str(shared_data), *SMALL, "--out", str(out)
+    )
     assert_user_error(again, "already holds a finished run")
 
 
 def test_same_seed_gives_identical_records(tmp_path: Path, shared_data: Path) -> None:
-    runs = []
-    for name in ("a", "b"):
+    def records_of(seed: str, name: str) -> bytes:
         out = tmp_path / name
-        result = cli("run", "--stream", "perm-mnist", "--strategy", "agem+fedgp", "--data-root",
-                     str(shared_data), *SMALL, "--seed", "5", "--out", str(out), "--device", "cpu")
+        result = cli("run", "--stream", "perm-mnist", "--strategy", "agem+fedgp",
+                     "--data-root", str(shared_data), *SMALL, "--seed", seed,
+                     "--out", str(out), "--device", "cpu")  # fmt: skip
         assert result.returncode == 0, result.stderr
-        runs.append((out / "records.csv").read_bytes())
-    assert runs[0] == runs[1]
-    other = cli("run", "--stream", "perm-mnist", "--strategy", "agem+fedgp", "--data-root",
-                str(shared_data), *SMALL, "--seed", "6", "--out", str(tmp_path / "c"))
-    assert other.returncode == 0, other.stderr
-    assert (tmp_path / "c" / "records.csv").read_bytes() != runs[0]
+        return (out / "records.csv").read_bytes()
+
+    first = records_of("5", "a")
+    assert records_of("5", "b") == first
+    assert records_of("6", "c") != first

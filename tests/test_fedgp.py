@@ -61,7 +61,12 @@ def test_fedgp_projects_local_gradient_only_on_conflict() -> None:
 def test_gref_interval_keeps_stale_reference() -> None:
     model = linear_model()
     gen = torch.Generator().manual_seed(1)
-    c1 = client(0, buffer_with(torch.randn(4, 3, generator=gen), torch.tensor([0, 1, 0, 1]), torch.zeros(4, 2)))
+    c1 = client(
+        0,
+        buffer_with(
+            torch.randn(4, 3, generator=gen), torch.tensor([0, 1, 0, 1]), torch.zeros(4, 2)
+        ),
+    )
     srv = server(model, [c1])
     fedgp = FedGP({"gref_interval": 2, "gref_samples": "all"})
     fedgp.setup(StrategyEnv("rot-mnist", "domain-il", 2, 2, CPU))

@@ -23,7 +23,9 @@ def predict_logits(module: nn.Module, x: torch.Tensor, batch: int = EVAL_BATCH) 
         module.train(was_training)
 
 
-def accuracy(logits: torch.Tensor, y: torch.Tensor, classes: tuple[int, ...] | None = None) -> torch.Tensor:
+def accuracy(
+    logits: torch.Tensor, y: torch.Tensor, classes: tuple[int, ...] | None = None
+) -> torch.Tensor:
     """Accuracy in percent; with ``classes`` the logits are masked to them (task-IL)."""
     if classes is not None:
         mask = torch.full((logits.shape[1],), float("-inf"), device=logits.device)

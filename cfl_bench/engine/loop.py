@@ -117,7 +117,11 @@ class Federation:
         self.transforms = strategy.transforms
         self.task_il = stream.scenario == "class-il"
         self.optimizer = FlatSGD(
-            self.model.params, self.model.grads, schedule.lr, schedule.momentum, schedule.weight_decay
+            self.model.params,
+            self.model.grads,
+            schedule.lr,
+            schedule.momentum,
+            schedule.weight_decay,
         )
         seed = schedule.seed
         self.clients = [
@@ -179,17 +183,19 @@ class Federation:
                 if not math.isfinite(mean_loss):
                     out.status = "diverged"
                     out.message = f"training loss became {mean_loss} in round {ri} (task {t + 1})"
-                    out.costs.append((ri, t, -1, "global", "round_time_s", time.perf_counter() - started))
+                    out.costs.append(
+                        (ri, t, -1, "global", "round_time_s", time.perf_counter() - started)
+                    )
                     return self._finish(out)
                 self._record_buffer_drift(out, ri, t)
                 if self.server.is_task_end or s.eval_every_round:
                     upto = min(t + 1, s.num_tasks - 1)
-                    latest = self._evaluate(
-                        out, ri, t, upto=upto, drift=self.server.is_task_end
-                    )
+                    latest = self._evaluate(out, ri, t, upto=upto, drift=self.server.is_task_end)
                 if self.server.is_task_end:
                     self._end_task(t)
-                out.costs.append((ri, t, -1, "global", "round_time_s", time.perf_counter() - started))
+                out.costs.append(
+                    (ri, t, -1, "global", "round_time_s", time.perf_counter() - started)
+                )
                 if on_round is not None:
                     on_round(RoundReport(ri, s.total_rounds, t, latest))
         out.status = "finished"
@@ -364,7 +370,9 @@ class Federation:
             accs.append(accuracy(predict_logits(self.model.module, probe.x), probe.y))
         scope = f"client_{client.index}"
         value = torch.stack(accs).mean()
-        out.records.append((self.server.round_index, self.server.task, -1, scope, "client_acc", value))
+        out.records.append(
+            (self.server.round_index, self.server.task, -1, scope, "client_acc", value)
+        )
 
     def _record_buffer_drift(self, out: RunOutcome, round_index: int, t: int) -> None:
         """Per client: mean KL(softmax(stored logits) ‖ softmax(global model)) on its buffer."""
@@ -378,5 +386,12 @@ class Federation:
             current = log_probs(predict_logits(self.model.module, draw.x))
             stored = F.log_softmax(draw.logits, dim=1)
             out.records.append(
-                (round_index, t, -1, f"client_{client.index}", "buffer_drift", mean_kl(stored, current))
+                (
+                    round_index,
+                    t,
+                    -1,
+                    f"client_{client.index}",
+                    "buffer_drift",
+                    mean_kl(stored, current),
+                )
             )

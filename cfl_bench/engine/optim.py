@@ -13,7 +13,12 @@ import torch
 
 class FlatSGD:
     def __init__(
-        self, params: torch.Tensor, grads: torch.Tensor, lr: float, momentum: float, weight_decay: float
+        self,
+        params: torch.Tensor,
+        grads: torch.Tensor,
+        lr: float,
+        momentum: float,
+        weight_decay: float,
     ) -> None:
         self.params = params
         self.grads = grads

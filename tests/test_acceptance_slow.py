@@ -1,0 +1,35 @@
+"""The engine issue's acceptance protocol as a test (slow: minutes; run with -m slow).
+
+rot-mnist, 5 tasks × 5 rounds, 10 clients, seed 0: DER + FedGP must end with a higher Acc_T
+than DER alone and than FedAvg.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cfl_bench.config import make_config
+from cfl_bench.run import execute
+
+
+@pytest.mark.slow
+def test_der_fedgp_beats_der_and_fedavg_on_rot_mnist(tmp_path: Path, shared_data: Path) -> None:
+    acc = {}
+    for strategy in ("der+fedgp", "der", "fedavg"):
+        cfg = make_config(
+            {
+                "stream": "rot-mnist",
+                "strategy": strategy,
+                "data_root": str(shared_data),
+                "tasks": 5,
+                "rounds_per_task": 5,
+                "clients": 10,
+                "seed": 0,
+                "out": str(tmp_path / strategy.replace("+", "_")),
+            }
+        )
+        acc[strategy] = execute(cfg).summary["Acc_T"]
+    assert acc["der+fedgp"] > acc["der"]
+    assert acc["der+fedgp"] > acc["fedavg"]

@@ -1,0 +1,150 @@
+"""Engine behaviour on the embedded digits stream: buffer policies, the joint learner,
+participation, evaluation frequency, communication counts and divergence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from cfl_bench.config import make_config
+from cfl_bench.engine.loop import Federation, RunOutcome, Schedule
+from cfl_bench.models import build_model
+from cfl_bench.run import execute
+from strategies.base import StrategyEnv
+from strategies.compose import build_strategy
+from streams.partition import ShardPartitioner
+from streams.registry import build_stream
+
+CPU = torch.device("cpu")
+
+
+def federation(strategy: str, **overrides: object) -> Federation:
+    values: dict[str, object] = dict(
+        num_tasks=2,
+        rounds_per_task=2,
+        epochs=1,
+        num_clients=4,
+        participation=1.0,
+        batch_size=32,
+        buffer_batch_size=32,
+        buffer_size=50,
+        buffer_offer="first_pass",
+        weighting="samples",
+        lr=0.05,
+        momentum=0.0,
+        weight_decay=0.0,
+        probe_size=50,
+        eval_every_round=False,
+        seed=0,
+    )
+    values.update(overrides)
+    schedule = Schedule(**values)  # type: ignore[arg-type]
+    stream = build_stream(
+        "rot-digits",
+        num_tasks=schedule.num_tasks,
+        seed=0,
+        device=CPU,
+        data_root=None,
+        download=False,
+    )
+    strat = build_strategy(strategy)
+    strat.setup(StrategyEnv(stream.name, stream.scenario, 10, schedule.num_tasks, CPU))
+    torch.manual_seed(0)
+    model = build_model("mlp", stream.input_shape, 10)
+    return Federation(stream, ShardPartitioner(), strat, model, schedule, CPU)
+
+
+def test_first_pass_offers_each_example_once_per_task() -> None:
+    fed = federation("der", epochs=3, rounds_per_task=3)
+    fed.run()
+    for client in fed.clients:
+        assert client.buffer is not None
+        assert client.buffer.num_seen == 2 * client.num_samples  # 2 tasks, once each
+
+
+def test_every_step_offers_after_every_step() -> None:
+    fed = federation("der", epochs=2, rounds_per_task=3, buffer_offer="every_step")
+    fed.run()
+    for client in fed.clients:
+        assert client.buffer.num_seen == 2 * 3 * 2 * client.num_samples  # type: ignore[union-attr]
+
+
+def test_ideal_trains_on_union_of_own_shards() -> None:
+    fed = federation("ideal")
+    fed._assign_task_data(0)
+    shard = fed.clients[0].num_samples
+    fed._assign_task_data(1)
+    assert fed.clients[0].num_samples == 2 * shard
+    assert fed.clients[0].buffer is None
+
+
+def test_agem_task_end_fill_uses_m_over_t_and_no_buffer_in_task_one() -> None:
+    fed = federation("agem:agem_fill=task_end", buffer_size=40)
+    fed._prepare_eval_sets()
+    fed._assign_task_data(0)
+    fed.server.round_index = 1
+    fed._round(RunOutcome())
+    assert all(c.buffer.filled == 0 for c in fed.clients)  # type: ignore[union-attr]
+    fed._end_task(0)
+    assert all(c.buffer.filled == 20 for c in fed.clients)  # type: ignore[union-attr]
+    assert all(int(c.buffer.task[:20].max()) == 0 for c in fed.clients)  # type: ignore[union-attr]
+
+
+def test_participation_samples_clients_and_counts_bytes() -> None:
+    fed = federation("fedavg", num_clients=8, participation=0.5)
+    out = fed.run()
+    rec = pd.DataFrame(out.records, columns=["round", "tt", "et", "scope", "metric", "value"])
+    model_bytes = fed.model.num_params * 4
+    down = rec[rec.metric == "bytes_down"].value.tolist()
+    up = rec[rec.metric == "bytes_up"].value.tolist()
+    assert down == [4 * model_bytes] * 4 and up == [4 * model_bytes] * 4
+    clients = rec[rec.metric == "client_acc"].scope.unique()
+    assert 0 < len(clients) <= 8
+
+
+def test_eval_every_round_records_each_round(tmp_path: Path) -> None:
+    cfg = make_config(
+        {
+            "strategy": "fedavg",
+            "tasks": 2,
+            "rounds_per_task": 3,
+            "epochs": 1,
+            "clients": 4,
+            "eval_every_round": True,
+            "out": str(tmp_path / "r"),
+        }
+    )
+    result = execute(cfg)
+    rec = pd.read_csv(tmp_path / "r" / "records.csv")
+    assert sorted(rec[rec.metric == "acc"]["round"].unique()) == [0, 1, 2, 3, 4, 5, 6]
+    # the summary still uses the task-end (last) round of each task
+    acc = rec[(rec.metric == "acc") & (rec["round"] == 3) & (rec.eval_task == 0)].value.item()
+    assert result.summary["acc_matrix"][0][0] == pytest.approx(acc)
+
+
+def test_diverging_run_is_recorded_as_diverged(tmp_path: Path) -> None:
+    cfg = make_config(
+        {
+            "strategy": "fedavg",
+            "tasks": 2,
+            "rounds_per_task": 2,
+            "clients": 4,
+            "lr": 1e30,
+            "out": str(tmp_path / "r"),
+        }
+    )
+    result = execute(cfg)
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["status"] == "diverged" == result.summary["status"]
+    assert "training loss became" in summary["message"]
+    assert summary["Acc_T"] is None  # never reached the last task
+
+
+def test_flat_views_survive_training() -> None:
+    fed = federation("der+fedgp")
+    fed.run()
+    assert fed.model.check_views()
