@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=3, help="best of N for each number")
     parser.add_argument("--skip-research", action="store_true", help="only engine vs bare")
     args = parser.parse_args()
     seed = 0
@@ -72,66 +73,60 @@ def main() -> None:
     client_idx = [p.numpy() for p in parts]
     total_rounds = args.tasks * args.rounds
 
-    rows = []
-    for name in STRATEGIES:
-        der = name.startswith("der")
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg = make_config(
-                {
-                    "stream": "rot-mnist",
-                    "strategy": name,
-                    "data_root": args.data_root,
-                    "train_size": args.train_size,
-                    "test_size": args.test_size,
-                    "tasks": args.tasks,
-                    "rounds_per_task": args.rounds,
-                    "clients": args.clients,
-                    "seed": seed,
-                    "device": "cpu",
-                    "out": str(Path(tmp) / "run"),
-                    "threads": args.threads,
-                }
-            )
-            started = time.perf_counter()
-            execute(cfg)
-            engine_time = time.perf_counter() - started
-        engine_samples = total_rounds * sum(sizes)
+    # Warm-up: the first convolutions of a process are ~2× slower (oneDNN primitive set-up);
+    # without this the first measurement, whichever it is, is penalised.
+    run_bare_loop(MnistCNN(), bare_x, bare_y, sizes, 1, 32, 0.01, True, seed)
 
-        research_rate = float("nan")
-        if not args.skip_research:
-            torch.manual_seed(derive_seed(seed, "model-init"))
+    best: dict[str, list[float]] = {name: [0.0, 0.0, 0.0] for name in STRATEGIES}
+    # Repeats are interleaved (every strategy and reference once per pass) so slow phases of
+    # a shared machine hit all of them alike; each number is the best of its passes.
+    for _ in range(args.repeats):
+        for name in STRATEGIES:
+            der = name.startswith("der")
+            engine_rate, research_rate, bare_rate = best[name]
+            with tempfile.TemporaryDirectory() as tmp:
+                cfg = make_config(
+                    {
+                        "stream": "rot-mnist", "strategy": name, "data_root": args.data_root,
+                        "train_size": args.train_size, "test_size": args.test_size,
+                        "tasks": args.tasks, "rounds_per_task": args.rounds,
+                        "clients": args.clients, "seed": seed, "device": "cpu",
+                        "out": str(Path(tmp) / "run"), "threads": args.threads,
+                    }
+                )  # fmt: skip
+                # The run loop's own clock (federation set-up, training, evaluation, memory
+                # drift); decoding the MNIST gz files is excluded, as from the references.
+                seconds = float(execute(cfg).summary["wall_time_s"])  # type: ignore[arg-type]
+            engine_rate = max(engine_rate, total_rounds * sum(sizes) / seconds)
+
+            if not args.skip_research:
+                torch.manual_seed(derive_seed(seed, "model-init"))
+                model = MnistCNN()
+                use_fedgp = name.endswith("fedgp")
+                started = time.perf_counter()
+                done = run_research_style(
+                    model, images, labels, test_images, test_labels, client_idx, angles,
+                    args.rounds, ResearchConfig(use_der=der, use_fedgp=use_fedgp), seed,
+                )  # fmt: skip
+                research_rate = max(research_rate, done / (time.perf_counter() - started))
+
+            torch.manual_seed(0)
             model = MnistCNN()
             started = time.perf_counter()
-            done = run_research_style(
-                model,
-                images,
-                labels,
-                test_images,
-                test_labels,
-                client_idx,
-                angles,
-                args.rounds,
-                ResearchConfig(use_der=der, use_fedgp=name.endswith("fedgp")),
-                seed,
-            )
-            research_rate = done / (time.perf_counter() - started)
-
-        torch.manual_seed(0)
-        model = MnistCNN()
-        started = time.perf_counter()
-        done = run_bare_loop(model, bare_x, bare_y, sizes, total_rounds, 32, 0.01, der, seed)
-        bare_rate = done / (time.perf_counter() - started)
-        engine_rate = engine_samples / engine_time
-        rows.append((name, engine_rate, research_rate, bare_rate))
+            done = run_bare_loop(model, bare_x, bare_y, sizes, total_rounds, 32, 0.01, der, seed)
+            bare_rate = max(bare_rate, done / (time.perf_counter() - started))
+            best[name] = [engine_rate, research_rate, bare_rate]
+    rows = [(name, e, r or float("nan"), b) for name, (e, r, b) in best.items()]
 
     header = f"{'strategy':<11}{'engine/s':>10}{'research/s':>12}{'bare/s':>9}"
     print(header + f"{'engine/research':>17}{'engine/bare':>13}")
     for name, e, r, b in rows:
         print(f"{name:<11}{e:>10.0f}{r:>12.0f}{b:>9.0f}{e / r:>17.2f}{e / b:>13.2f}")
     print(
-        "samples/s = local training samples per second of wall time; the engine's time "
-        "includes evaluation, memory drift and record writing; research and bare exclude "
-        "nothing they do."
+        "samples/s = local training samples per second of wall time. Engine: the run loop "
+        "including task materialisation, evaluation at task ends, memory drift, client "
+        "spread; research: training, aggregation, g_ref and its own evaluation; bare: the "
+        "training steps only."
     )
 
 

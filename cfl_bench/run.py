@@ -55,6 +55,13 @@ def configure_cpu(device: torch.device, threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def resolved_int(value: int | None) -> int:
+    """A config value that defaults have already filled in."""
+    if value is None:
+        raise ValueError("configuration value was not resolved")
+    return int(value)
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "run"
 
@@ -102,7 +109,7 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
     partitioner = build_partitioner(str(config.partition))
     device = resolve_device(config.device)
     configure_cpu(device, config.threads)
-    num_tasks = int(config.tasks)  # type: ignore[arg-type]
+    num_tasks = resolved_int(config.tasks)
     stream = build_stream(
         config.stream,
         num_tasks=num_tasks,
@@ -114,7 +121,7 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
         test_size=config.test_size,
     )
     strategy.setup(StrategyEnv(stream.name, stream.scenario, stream.num_classes, num_tasks, device))
-    rounds, epochs = int(config.rounds_per_task), int(config.epochs)  # type: ignore[arg-type]
+    rounds, epochs = resolved_int(config.rounds_per_task), resolved_int(config.epochs)
     for component in strategy.all:
         rounds, epochs = component.adjust_schedule(rounds, epochs)
     schedule = Schedule(
@@ -124,11 +131,11 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
         num_clients=config.clients,
         participation=config.participation,
         batch_size=config.batch_size,
-        buffer_batch_size=int(config.buffer_batch_size),  # type: ignore[arg-type]
+        buffer_batch_size=resolved_int(config.buffer_batch_size),
         buffer_size=config.buffer_size,
         buffer_offer=config.buffer_offer,
         weighting=config.weighting,
-        lr=float(config.lr),  # type: ignore[arg-type]
+        lr=float(config.lr or 0.0),
         momentum=config.momentum,
         weight_decay=config.weight_decay,
         probe_size=config.probe_size,

@@ -13,13 +13,17 @@ with plain SGD during task 1.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch.nn import functional as F
 
 from strategies.base import Learner, Option, StrategyEnv, text
 from strategies.projection import conflict_coefficient
+
+if TYPE_CHECKING:
+    from cfl_bench.engine.context import ClientState, StepContext
+    from cfl_bench.flat import FlatModel
 
 
 class AGEM(Learner):
@@ -43,7 +47,7 @@ class AGEM(Learner):
         self.num_tasks = env.num_tasks
         self._scratch: torch.Tensor | None = None
 
-    def refine_grad(self, step) -> None:  # type: ignore[no-untyped-def]
+    def refine_grad(self, step: StepContext) -> None:
         buffer = step.client.buffer
         if buffer is None or buffer.filled == 0:
             return
@@ -53,19 +57,25 @@ class AGEM(Learner):
         g = self._scratch.copy_(grads)
         step.model.zero_grad()
         draw = buffer.sample(step.buffer_batch_size)
+        assert draw is not None  # filled > 0
         F.cross_entropy(step.model.module(draw.x), draw.y).backward()
         # grads now holds g_b; overwrite it with g − coef·g_b without a new vector.
         coef = conflict_coefficient(g, grads)
         grads.mul_(-coef).add_(g)
 
-    def observe(self, step) -> None:  # type: ignore[no-untyped-def]
+    def observe(self, step: StepContext) -> None:
         if self.fill == "reservoir":
             super().observe(step)
 
-    def on_task_end(self, client, task, model) -> None:  # type: ignore[no-untyped-def]
+    def on_task_end(self, client: ClientState, task: int, model: FlatModel) -> None:
         """task_end fill: M/T random examples of the finished task join the episodic memory."""
         buffer = client.buffer
-        if self.fill != "task_end" or buffer is None or client.train_y is None:
+        if (
+            self.fill != "task_end"
+            or buffer is None
+            or client.train_x is None
+            or client.train_y is None
+        ):
             return
         per_task = max(1, buffer.capacity // self.num_tasks)
         count = min(per_task, client.num_samples, buffer.capacity - buffer.filled)

@@ -12,12 +12,15 @@ statistics of the current batch are not mixed with the buffer's.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch.nn import functional as F
 
 from strategies.base import Learner, Option, StrategyEnv, non_negative_float
+
+if TYPE_CHECKING:
+    from cfl_bench.engine.context import StepContext
 
 
 def is_mnist_like(stream_name: str) -> bool:
@@ -47,13 +50,15 @@ class DER(Learner):
     def setup(self, env: StrategyEnv) -> None:
         if self.values["alpha"] is None:
             self.values["alpha"] = 1.0 if is_mnist_like(env.stream_name) else 0.3
-        self.alpha = float(self.values["alpha"])  # type: ignore[arg-type]
+        alpha = self.values["alpha"]
+        self.alpha = float(alpha) if isinstance(alpha, (int, float)) else 1.0
 
-    def loss(self, step) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    def loss(self, step: StepContext) -> torch.Tensor:
         loss = super().loss(step)
         buffer = step.client.buffer
         if buffer is not None and buffer.filled > 0 and self.alpha > 0:
             draw = buffer.sample(step.buffer_batch_size)
+            assert draw is not None  # filled > 0
             replay = step.model.module(draw.x)
             loss = loss + self.alpha * der_logit_loss(replay, draw.logits)
         return loss

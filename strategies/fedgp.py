@@ -23,13 +23,16 @@ version) and uploads g_ref_k; participants download g_ref with the next broadcas
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch.nn import functional as F
 
 from strategies.base import Component, Option, Role, StrategyEnv, boolean, positive_int, text
 from strategies.projection import project_conflicting_
+
+if TYPE_CHECKING:
+    from cfl_bench.engine.context import ClientState, ServerState, StepContext
 
 
 def gref_samples(raw: str) -> int | str:
@@ -75,15 +78,15 @@ class FedGP(Component):
             return max(1, rounds_per_task // 2), epochs * 2
         return rounds_per_task, epochs
 
-    def broadcast(self, server) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
+    def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
         return {} if self.gref is None else {"fedgp.gref": self.gref}
 
-    def transform_grad(self, step) -> None:  # type: ignore[no-untyped-def]
+    def transform_grad(self, step: StepContext) -> None:
         if self.gref is not None:
             project_conflicting_(step.model.grads, self.gref, self.gref_sq)
 
-    def after_aggregate(self, server) -> None:  # type: ignore[no-untyped-def]
-        interval = int(self.values["gref_interval"])  # type: ignore[arg-type]
+    def after_aggregate(self, server: ServerState) -> None:
+        interval = int(str(self.values["gref_interval"]))
         if self.gref is not None and server.round_index % interval != 0:
             return
         contributors = [c for c in server.participants if c.buffer is not None and c.buffer.filled]
@@ -98,7 +101,9 @@ class FedGP(Component):
         self.gref_sq = torch.dot(self.gref, self.gref)
 
 
-def reference_gradient(server, clients, samples: object, *, train_mode: bool) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def reference_gradient(
+    server: ServerState, clients: list[ClientState], samples: object, *, train_mode: bool
+) -> torch.Tensor:
     """Mean over ``clients`` of ∇ CE on their buffer samples at the global model θ_g."""
     model = server.model
     model.load(server.global_params, server.global_buffers)
@@ -108,7 +113,10 @@ def reference_gradient(server, clients, samples: object, *, train_mode: bool) ->
         if client.model_version != server.version:
             server.comm.down(server.model_bytes, "model")
             client.model_version = server.version
-        draw = client.buffer.all() if samples == "all" else client.buffer.sample(int(samples))
+        buffer = client.buffer
+        assert buffer is not None  # only clients with a filled buffer contribute
+        draw = buffer.all() if samples == "all" else buffer.sample(int(str(samples)))
+        assert draw is not None
         model.zero_grad()
         F.cross_entropy(model.module(draw.x), draw.y).backward()
         total.add_(model.grads)

