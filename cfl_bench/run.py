@@ -192,6 +192,16 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
     return RunResult(out, summary)
 
 
+def cost_mean(costs: pd.DataFrame, metric: str) -> float | None:
+    values = costs.loc[costs["metric"] == metric, "value"]
+    return float(values.mean()) if len(values) else None
+
+
+def cost_total(costs: pd.DataFrame, metric: str) -> float | None:
+    values = costs.loc[costs["metric"] == metric, "value"]
+    return float(values.sum()) if len(values) else None
+
+
 def write_results(
     run_dir: RunDirectory, outcome: RunOutcome, num_tasks: int, wall: float, device: torch.device
 ) -> dict[str, object]:
@@ -204,7 +214,8 @@ def write_results(
         "message": outcome.message,
         **summarize(records, num_tasks),
         "wall_time_s": wall,
-        "round_time_s_mean": float(costs["value"].mean()) if len(costs) else None,
+        "round_time_s_mean": cost_mean(costs, "round_time_s"),
+        "train_time_s_total": cost_total(costs, "train_time_s"),
         "peak_rss_bytes": peak_rss_bytes(),
         "cuda_peak_bytes": cuda_peak_bytes(device),
         "buffer_bytes_per_client": outcome.buffer_bytes_per_client,

@@ -171,7 +171,7 @@ class Federation:
                 started = time.perf_counter()
                 self.server.task, self.server.round_in_task = t, r
                 self.server.round_index += 1
-                loss_sum, steps = self._round(out)
+                loss_sum, steps, train_seconds = self._round(out)
                 mean_loss = (loss_sum / max(steps, 1)).item()
                 ri = self.server.round_index
                 up, down = self.server.comm.end_round()
@@ -193,9 +193,10 @@ class Federation:
                     latest = self._evaluate(out, ri, t, upto=upto, drift=self.server.is_task_end)
                 if self.server.is_task_end:
                     self._end_task(t)
-                out.costs.append(
-                    (ri, t, -1, "global", "round_time_s", time.perf_counter() - started)
-                )
+                out.costs += [
+                    (ri, t, -1, "global", "round_time_s", time.perf_counter() - started),
+                    (ri, t, -1, "global", "train_time_s", train_seconds),
+                ]
                 if on_round is not None:
                     on_round(RoundReport(ri, s.total_rounds, t, latest))
         out.status = "finished"
@@ -234,7 +235,8 @@ class Federation:
         chosen = torch.randperm(s.num_clients, generator=self.server_rng)[: s.clients_per_round]
         return [self.clients[k] for k in sorted(chosen.tolist())]
 
-    def _round(self, out: RunOutcome) -> tuple[torch.Tensor, int]:
+    def _round(self, out: RunOutcome) -> tuple[torch.Tensor, int, float]:
+        """One round; returns the summed loss, the step count and the local-training seconds."""
         server = self.server
         server.participants = self._sample_participants()
         server.payloads = {}
@@ -243,12 +245,17 @@ class Federation:
         average = RunningAverage(server.global_params, server.global_buffers)
         loss_sum = torch.zeros((), device=self.device)
         steps = 0
+        train_seconds = 0.0
         for client in server.participants:
             self._download(client)
             self.model.load(server.global_params, server.global_buffers)
             for component in self.strategy.all:
                 component.on_client_start(client, server)
+            started = time.perf_counter()
             client_loss, client_steps = self._train_client(client)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # once per client: honest timing
+            train_seconds += time.perf_counter() - started
             loss_sum += client_loss
             steps += client_steps
             if server.is_task_end:
@@ -266,7 +273,7 @@ class Federation:
         server.version += 1
         for component in self.strategy.all:
             component.after_aggregate(server)
-        return loss_sum, steps
+        return loss_sum, steps, train_seconds
 
     def _download(self, client: ClientState) -> None:
         server = self.server
