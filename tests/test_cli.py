@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
+
+from cfl_bench.cli import app
 
 SMALL = [
     "--tasks",
@@ -35,6 +38,17 @@ def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
         cwd=cwd,
         timeout=600,
     )
+
+
+def in_process(*args: str) -> tuple[int, str]:
+    """Run the CLI in this process (fast); returns exit code and combined output.
+
+    Any exception other than the clean exit would surface as ``result.exception``.
+    """
+    result = CliRunner().invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
 
 
 def assert_user_error(result: subprocess.CompletedProcess[str], fragment: str) -> None:
@@ -64,7 +78,18 @@ def assert_user_error(result: subprocess.CompletedProcess[str], fragment: str) -
     ],
 )
 def test_bad_input_exits_2_with_one_line(args: list[str], fragment: str, tmp_path: Path) -> None:
-    assert_user_error(cli("run", *args, "--out", str(tmp_path / "r")), fragment)
+    code, output = in_process("run", *args, "--out", str(tmp_path / "r"))
+    assert code == 2, output
+    assert "Traceback" not in output
+    assert fragment in " ".join(output.split())
+    assert not (tmp_path / "r").exists()  # refused before anything was written
+
+
+def test_entry_point_turns_user_error_into_exit_2(tmp_path: Path) -> None:
+    """The real console entry point: exit code 2, one line on stderr, no traceback."""
+    result = cli("run", "--strategy", "der+agem", "--out", str(tmp_path / "r"))
+    assert_user_error(result, "two local learners")
+    assert len(result.stderr.strip().splitlines()) <= 2  # one sentence (may wrap once)
 
 
 def test_missing_mnist_directory_says_where_to_put_it(tmp_path: Path) -> None:
@@ -102,11 +127,16 @@ def test_corrupt_mnist_file(tmp_path: Path, shared_data: Path) -> None:
 def test_bad_yaml_config_and_unknown_key(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("clients: [1,\n")
-    assert_user_error(cli("run", "--config", str(bad)), "is not valid YAML")
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text("clientz: 3\n")
-    assert_user_error(cli("run", "--config", str(unknown)), "unknown key(s) clientz")
-    assert_user_error(cli("run", "--config", str(tmp_path / "none.yaml")), "does not exist")
+    cases = [
+        (bad, "is not valid YAML"),
+        (unknown, "unknown key(s) clientz"),
+        (tmp_path / "none.yaml", "does not exist"),
+    ]
+    for path, fragment in cases:
+        code, output = in_process("run", "--config", str(path))
+        assert code == 2 and fragment in " ".join(output.split()), output
 
 
 def test_list_commands() -> None:
