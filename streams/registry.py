@@ -45,25 +45,25 @@ class StreamInfo:
 
 def _domain_il_info(name: str, transform: str, base: str) -> StreamInfo:
     """Rotated / permuted streams share everything but their base data and transform."""
-    if base == "mnist":
-        return StreamInfo(
-            name=name,
-            description=f"MNIST, each task {transform} (domain-IL)",
-            default_model="mnist-cnn",
-            default_tasks=5,
-            default_partition="shards",
-            needs_data_root=True,
-        )
+    digits = base == "digits"
+    protocol = (
+        {
+            "default_rounds_per_task": DIGITS_ROUNDS,
+            "default_epochs": DIGITS_EPOCHS,
+            "default_lr": DIGITS_LR,
+        }
+        if digits
+        else {}
+    )
     return StreamInfo(
         name=name,
-        description=f"embedded 8x8 digits, each task {transform} (domain-IL)",
-        default_model="mlp",
+        description=f"{'embedded 8x8 digits' if digits else 'MNIST'}, each task {transform} "
+        "(domain-IL)",
+        default_model="mlp" if digits else "mnist-cnn",
         default_tasks=5,
         default_partition="shards",
-        needs_data_root=False,
-        default_rounds_per_task=DIGITS_ROUNDS,
-        default_epochs=DIGITS_EPOCHS,
-        default_lr=DIGITS_LR,
+        needs_data_root=not digits,
+        **protocol,  # type: ignore[arg-type]
     )
 
 
