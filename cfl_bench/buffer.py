@@ -127,13 +127,3 @@ class ReservoirBuffer:
         return BufferDraw(
             self.x[:filled], self.y[:filled], self.logits[:filled], self.task[:filled]
         )
-
-    def state_dict(self) -> dict[str, object]:
-        return {
-            "x": self.x,
-            "y": self.y,
-            "logits": self.logits,
-            "task": self.task,
-            "num_seen": self.num_seen,
-            "generator": self.generator.get_state(),
-        }

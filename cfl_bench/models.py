@@ -95,7 +95,3 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
     if info is None:
         raise UserError(f"unknown model '{name}'; choose one of: {', '.join(sorted(MODELS))}.")
     return info.build(tuple(input_shape), num_classes)
-
-
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -62,13 +62,6 @@ class Option:
             return self.parse(raw)
         except (TypeError, ValueError) as exc:
             raise UserError(f"option {component}:{self.name}={raw} is invalid: {exc}.") from None
-
-
-def positive_float(raw: str) -> float:
-    value = float(raw)
-    if not value > 0:
-        raise ValueError("it must be a positive number")
-    return value
 
 
 def non_negative_float(raw: str) -> float:
@@ -204,14 +197,3 @@ class Learner(Component):
 
     def on_task_end(self, client: ClientState, task: int, model: FlatModel) -> None:
         """Called for every client when a task ends, with ``model`` holding θ_g (eval mode)."""
-
-
-@dataclass
-class ComponentInfo:
-    """What ``cfl-bench list strategies`` shows for one component."""
-
-    name: str
-    roles: list[str]
-    summary: str
-    paper: str
-    options: list[tuple[str, object, str]] = field(default_factory=list)

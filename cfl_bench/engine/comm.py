@@ -14,19 +14,15 @@ from dataclasses import dataclass, field
 class CommCounter:
     round_up: int = 0
     round_down: int = 0
-    total_up: int = 0
-    total_down: int = 0
     by_payload: dict[str, int] = field(default_factory=dict)
 
     def up(self, nbytes: int, payload: str) -> None:
         self.round_up += nbytes
-        self.total_up += nbytes
         key = f"up:{payload}"
         self.by_payload[key] = self.by_payload.get(key, 0) + nbytes
 
     def down(self, nbytes: int, payload: str) -> None:
         self.round_down += nbytes
-        self.total_down += nbytes
         key = f"down:{payload}"
         self.by_payload[key] = self.by_payload.get(key, 0) + nbytes
 
