@@ -25,8 +25,10 @@ from pathlib import Path
 import torch
 
 from cfl_bench.errors import UserError
+from cfl_bench.metrics import RECORD_COLUMNS
 
-COLUMNS = ("round", "trained_task", "eval_task", "scope", "metric", "value")
+# The tidy long-format columns are defined once, beside the metrics that read them.
+COLUMNS = RECORD_COLUMNS
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch.nn import functional as F
 
+from cfl_bench.engine.context import tensor_bytes
 from strategies.base import Component, Option, Role, StrategyEnv, boolean, positive_int, text
 from strategies.projection import project_conflicting_
 
@@ -120,7 +121,7 @@ def reference_gradient(
         model.zero_grad()
         F.cross_entropy(model.module(draw.x), draw.y).backward()
         total.add_(model.grads)
-        server.comm.up(model.grads.numel() * model.grads.element_size(), "fedgp.gref")
+        server.comm.up(tensor_bytes(model.grads), "fedgp.gref")
     # Training-mode forwards may have moved BatchNorm statistics of the working model; the
     # next client reloads the global state, so nothing leaks into θ_g.
     model.module.train(True)

@@ -23,7 +23,13 @@ from torch.nn import functional as F
 from cfl_bench.buffer import ReservoirBuffer
 from cfl_bench.engine.aggregation import RunningAverage, client_weight
 from cfl_bench.engine.comm import CommCounter
-from cfl_bench.engine.context import ClientState, ServerState, StepContext, Upload
+from cfl_bench.engine.context import (
+    ClientState,
+    ServerState,
+    StepContext,
+    Upload,
+    tensor_bytes,
+)
 from cfl_bench.engine.evaluation import accuracy, log_probs, mean_kl, predict_logits
 from cfl_bench.engine.optim import FlatSGD
 from cfl_bench.flat import FlatModel
@@ -281,7 +287,7 @@ class Federation:
             server.comm.down(server.model_bytes, "model")
             client.model_version = server.version
         for name, tensor in server.payloads.items():
-            server.comm.down(tensor.numel() * tensor.element_size(), name)
+            server.comm.down(tensor_bytes(tensor), name)
 
     def _train_client(self, client: ClientState) -> tuple[torch.Tensor, int]:
         s = self.schedule
