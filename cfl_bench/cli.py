@@ -202,23 +202,8 @@ def list_cmd(
                 info.description,
             )
     elif what == "strategies":
-        from strategies.registry import describe_components
-
-        table = Table("component", "roles", "options (default)", "paper", "what it does")
-        for row in describe_components():
-            opts = "\n".join(
-                f"{o['name']}={o['default']}"
-                + (f" ({'|'.join(o['choices'])})" if o["choices"] else "")
-                for o in row["options"]  # type: ignore[union-attr]
-            )
-            table.add_row(
-                str(row["name"]),
-                ", ".join(row["roles"]),
-                opts or "—",
-                str(row["paper"]),
-                str(row["summary"]),
-            )  # type: ignore[arg-type]
-        table.caption = "compose with '+': der+fedgp; options: der:alpha=0.5+fedgp:gref_samples=all"
+        print_components(console)
+        return
     elif what == "models":
         from cfl_bench.models import MODELS
 
@@ -234,6 +219,29 @@ def list_cmd(
     else:
         raise UserError(f"cannot list '{what}'; choose streams, strategies, models or partitions.")
     console.print(table)
+
+
+def print_components(console: Console) -> None:
+    """One block per component: name, roles, paper, what it does, every option with its
+    default and help — a table would truncate the help text that explains the defaults."""
+    from rich.markup import escape
+
+    from strategies.registry import describe_components
+
+    for row in describe_components():
+        roles = ", ".join(row["roles"])  # type: ignore[arg-type]
+        console.print(f"[bold]{row['name']}[/]  [cyan]{roles}[/]  — {escape(str(row['paper']))}")
+        console.print(f"    {escape(str(row['summary']))}")
+        for o in row["options"]:  # type: ignore[union-attr]
+            default = "auto" if o["default"] is None else o["default"]
+            choices = f" (one of {'|'.join(o['choices'])})" if o["choices"] else ""
+            console.print(
+                f"    [green]{o['name']}[/]={escape(str(default))}  {escape(o['help'])}{choices}"
+            )
+    console.print(
+        "compose with '+', exactly one learner (default fedavg), at most one aggregator: "
+        "der+fedgp, der:alpha=0.5+fedgp:gref_samples=all+ifa:mode=random"
+    )
 
 
 def main() -> None:

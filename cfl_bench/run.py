@@ -120,7 +120,19 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
         train_size=config.train_size,
         test_size=config.test_size,
     )
-    strategy.setup(StrategyEnv(stream.name, stream.scenario, stream.num_classes, num_tasks, device))
+    strategy.setup(
+        StrategyEnv(
+            stream_name=stream.name,
+            scenario=stream.scenario,
+            num_classes=stream.num_classes,
+            num_tasks=num_tasks,
+            device=device,
+            seed=config.seed,
+            batch_size=config.batch_size,
+            input_shape=tuple(stream.input_shape),
+            data_root=config.data_root,
+        )
+    )
     rounds, epochs = resolved_int(config.rounds_per_task), resolved_int(config.epochs)
     for component in strategy.all:
         rounds, epochs = component.adjust_schedule(rounds, epochs)

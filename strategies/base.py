@@ -4,14 +4,21 @@ A strategy is a composition ``learner+component+…`` (see ``strategies.compose`
 component declares its roles, options (with defaults and parsers), requirements and the paper
 it follows; the engine calls only the hooks below, in the order DESIGN.md §3 fixes:
 
-    round start      component.broadcast(server)            → extra payloads (bytes counted)
-    each local step  learner.loss(step) + Σ component.loss_term(step)
+    task start       component.on_task_start(server, task, holdout)  (public holdout slice)
+    round start      component.on_round_start(server)        (IFA generation snapshot)
+                     component.broadcast(server)            → extra payloads (bytes counted)
+    client start     component.on_client_start(client, server)
+    each local step  learner.loss(step) + Σ component.loss_term(step)   (autograd terms)
                      backward into the flat gradient
+                     Σ component.penalty(step)               (closed-form θ penalties add
+                                                              their gradient to the flat one)
                      learner.refine_grad(step)               (A-GEM)
                      component.transform_grad(step)          in ascending ``transform_order``
                      optimizer step; learner.observe(step)   (buffer insertion)
     after training   component.after_local(client, upload)  → extra uploads (bytes counted)
-    server           aggregation (FedAvg), component.after_aggregate(server)
+    server           FedAvg into θ_g; the aggregator override's aggregate(server) (FedProj);
+                     component.after_aggregate(server) in ascending ``server_order``
+                     (IFA reset before FedGP's reference gradient, which must see the final θ_g)
 
 State lives in explicit objects: per-client state in ``ClientState.extras[component]`` and
 server state on the component instance (one instance per run); nothing is global.
@@ -91,6 +98,20 @@ def text(raw: str) -> str:
     return raw
 
 
+def unit_fraction(raw: str) -> float:
+    value = float(raw)
+    if not 0 < value <= 1:
+        raise ValueError("it must be a fraction in (0, 1]")
+    return value
+
+
+def positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise ValueError("it must be a number > 0")
+    return value
+
+
 @dataclass(frozen=True)
 class StrategyEnv:
     """What a component may know about the run when it is set up."""
@@ -100,6 +121,10 @@ class StrategyEnv:
     num_classes: int
     num_tasks: int
     device: torch.device
+    seed: int
+    batch_size: int
+    input_shape: tuple[int, ...]
+    data_root: str | None
 
 
 class Component:
@@ -114,6 +139,8 @@ class Component:
     requires: ClassVar[frozenset[str]] = frozenset()
     # Fixed position in the gradient-transform chain (agem 10, fedproj 20, fedgp 30).
     transform_order: ClassVar[int] = 100
+    # Position among the server hooks after aggregation (ifa 20 before fedgp 80).
+    server_order: ClassVar[int] = 50
 
     def __init__(self, values: dict[str, object] | None = None) -> None:
         resolved = {opt.name: opt.default for opt in self.options}
@@ -139,6 +166,18 @@ class Component:
     def resolved_options(self) -> dict[str, object]:
         return dict(self.values)
 
+    def holdout_per_task(self, train_size: int) -> int:
+        """Of a task's ``train_size`` examples, how many no client may hold (FedProj's
+        public holdout)."""
+        return 0
+
+    # -- data ---------------------------------------------------------------------------------
+    def on_task_start(self, server: ServerState, task: int, holdout: torch.Tensor | None) -> None:
+        """A task's data was assigned; ``holdout`` are the inputs withheld from every client."""
+
+    def on_round_start(self, server: ServerState) -> None:
+        """Before the broadcast of round ``server.round_index`` (1-based)."""
+
     # -- server → client ----------------------------------------------------------------------
     def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
         """Extra tensors sent with the global model at round start (counted as bytes down)."""
@@ -149,6 +188,14 @@ class Component:
 
     # -- local step ---------------------------------------------------------------------------
     def loss_term(self, step: StepContext) -> torch.Tensor | None:
+        """A term of the local loss built from ``step.outputs`` (autograd differentiates it)."""
+        return None
+
+    def penalty(self, step: StepContext) -> torch.Tensor | None:
+        """A closed-form penalty on θ: add its gradient to ``step.model.grads`` in place and
+        return its value (for the reported loss). Why not autograd: the parameters are views
+        of one flat vector, so ∇ of a penalty on θ is one fused vector op, while autograd would
+        first have to concatenate every parameter tensor at every step."""
         return None
 
     def transform_grad(self, step: StepContext) -> None:
@@ -159,6 +206,9 @@ class Component:
         """Add extra upload tensors to ``upload.extras`` (counted as bytes up)."""
 
     # -- server -------------------------------------------------------------------------------
+    def aggregate(self, server: ServerState) -> None:
+        """Aggregator override: refine ``server.global_params``, which holds the FedAvg mean."""
+
     def after_aggregate(self, server: ServerState) -> None:
         """Server hooks after aggregation (FedGP reference gradient, IFA resets)."""
 

@@ -81,6 +81,24 @@ class Strategy:
         return sorted(chain, key=lambda c: c.transform_order)
 
     @property
+    def loss_terms(self) -> list[Component]:
+        return [c for c in self.components if Role.LOSS_TERM in c.roles]
+
+    @property
+    def aggregator(self) -> Component | None:
+        """The aggregation override (at most one; validated at build time)."""
+        overrides = [c for c in self.components if Role.AGGREGATOR in c.roles]
+        return overrides[0] if overrides else None
+
+    @property
+    def server_hooks(self) -> list[Component]:
+        """Every component in ascending ``server_order`` (stable for equal orders)."""
+        return sorted(self.all, key=lambda c: c.server_order)
+
+    def holdout_per_task(self, train_size: int) -> int:
+        return max(c.holdout_per_task(train_size) for c in self.all)
+
+    @property
     def needs_buffer(self) -> bool:
         return any(c.needs_buffer for c in self.all)
 

@@ -5,14 +5,37 @@ from __future__ import annotations
 from strategies.agem import AGEM
 from strategies.base import Component
 from strategies.der import DER
+from strategies.derpp import DERPP
+from strategies.er import ER
 from strategies.fedavg import FedAvg
+from strategies.fedcurv import FedCurv
 from strategies.fedgp import FedGP
+from strategies.fedntd import FedNTD
+from strategies.fedproj import FedProj
+from strategies.fedprox import FedProx
 from strategies.ideal import Ideal
+from strategies.ifa import IFA
 
 
 def component_classes() -> dict[str, type[Component]]:
     """All known components by name (built on call: no module-level mutable registry)."""
-    classes: list[type[Component]] = [FedAvg, DER, AGEM, Ideal, FedGP]
+    classes: list[type[Component]] = [
+        # local learners
+        FedAvg,
+        ER,
+        DER,
+        DERPP,
+        AGEM,
+        Ideal,
+        # loss terms
+        FedProx,
+        FedCurv,
+        FedNTD,
+        # gradient transforms, aggregators, schedules
+        FedProj,
+        FedGP,
+        IFA,
+    ]
     return {cls.name: cls for cls in classes}
 
 

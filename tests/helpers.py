@@ -9,8 +9,26 @@ from cfl_bench.buffer import ReservoirBuffer
 from cfl_bench.engine.comm import CommCounter
 from cfl_bench.engine.context import ClientState, ServerState, StepContext
 from cfl_bench.flat import FlatModel
+from strategies.base import StrategyEnv
 
 CPU = torch.device("cpu")
+
+
+def env(
+    stream: str = "rot-mnist",
+    scenario: str = "domain-il",
+    num_classes: int = 2,
+    num_tasks: int = 5,
+    *,
+    seed: int = 0,
+    batch_size: int = 4,
+    input_shape: tuple[int, ...] = (3,),
+    data_root: str | None = None,
+) -> StrategyEnv:
+    """A StrategyEnv for unit tests on tiny linear models."""
+    return StrategyEnv(
+        stream, scenario, num_classes, num_tasks, CPU, seed, batch_size, input_shape, data_root
+    )
 
 
 def linear_model(in_features: int = 3, classes: int = 2, seed: int = 0) -> FlatModel:

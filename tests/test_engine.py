@@ -52,7 +52,19 @@ def federation(strategy: str, **overrides: object) -> Federation:
         download=False,
     )
     strat = build_strategy(strategy)
-    strat.setup(StrategyEnv(stream.name, stream.scenario, 10, schedule.num_tasks, CPU))
+    strat.setup(
+        StrategyEnv(
+            stream.name,
+            stream.scenario,
+            10,
+            schedule.num_tasks,
+            CPU,
+            seed=0,
+            batch_size=schedule.batch_size,
+            input_shape=tuple(stream.input_shape),
+            data_root=None,
+        )
+    )
     torch.manual_seed(0)
     model = build_model("mlp", stream.input_shape, 10)
     return Federation(stream, ShardPartitioner(), strat, model, schedule, CPU)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from strategies.base import StrategyEnv
 from strategies.fedgp import FedGP
-from tests.helpers import CPU, buffer_with, client, linear_model, server, step
+from tests.helpers import buffer_with, client, env, linear_model, server, step
 
 
 def ce_grad_by_hand(W: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -27,7 +26,7 @@ def test_gref_is_mean_of_client_buffer_gradients() -> None:
     c3 = client(2, None)  # no buffer → contributes nothing
     srv = server(model, [c1, c2, c3])
     fedgp = FedGP({"gref_samples": "all", "gref_mode": "eval"})
-    fedgp.setup(StrategyEnv("rot-mnist", "domain-il", 2, 2, CPU))
+    fedgp.setup(env("rot-mnist", "domain-il", 2, 2))
     fedgp.after_aggregate(srv)
     W = srv.global_params.view(2, 3)
     expected = (ce_grad_by_hand(W, x1, y1) + ce_grad_by_hand(W, x2, y2)) / 2
@@ -44,7 +43,7 @@ def test_fedgp_projects_local_gradient_only_on_conflict() -> None:
     cl = client(0, None)
     srv = server(model, [cl])
     fedgp = FedGP()
-    fedgp.setup(StrategyEnv("rot-mnist", "domain-il", 2, 2, CPU))
+    fedgp.setup(env("rot-mnist", "domain-il", 2, 2))
     st = step(model, cl, srv, torch.zeros(1, 3), torch.zeros(1, dtype=torch.long))
     model.grads.copy_(torch.tensor([1.0, 0, 0, 0, 0, 0]))
     fedgp.transform_grad(st)  # no g_ref yet → untouched
@@ -69,7 +68,7 @@ def test_gref_interval_keeps_stale_reference() -> None:
     )
     srv = server(model, [c1])
     fedgp = FedGP({"gref_interval": 2, "gref_samples": "all"})
-    fedgp.setup(StrategyEnv("rot-mnist", "domain-il", 2, 2, CPU))
+    fedgp.setup(env("rot-mnist", "domain-il", 2, 2))
     srv.round_index = 1
     fedgp.after_aggregate(srv)  # first reference is always computed
     first = fedgp.gref.clone()  # type: ignore[union-attr]

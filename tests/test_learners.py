@@ -7,11 +7,10 @@ from torch.nn import functional as F
 
 from cfl_bench.engine.aggregation import RunningAverage, client_weight
 from strategies.agem import AGEM
-from strategies.base import StrategyEnv
 from strategies.der import DER
-from tests.helpers import CPU, buffer_with, client, linear_model, server, step
+from tests.helpers import buffer_with, client, env, linear_model, server, step
 
-ENV = StrategyEnv("rot-mnist", "domain-il", 2, 5, CPU)
+ENV = env("rot-mnist", "domain-il", 2, 5)
 
 
 def test_der_loss_equals_ce_plus_alpha_mse_by_hand() -> None:
@@ -39,7 +38,7 @@ def test_der_without_buffer_content_is_plain_ce_and_default_alpha() -> None:
     der.setup(ENV)
     assert der.alpha == 1.0  # MNIST-like default
     other = DER()
-    other.setup(StrategyEnv("seq-cifar10", "class-il", 10, 5, CPU))
+    other.setup(env("seq-cifar10", "class-il", 10, 5))
     assert other.alpha == 0.3
     x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
     loss = der.loss(step(model, cl, server(model, [cl]), x, y))

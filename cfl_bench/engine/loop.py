@@ -32,9 +32,9 @@ from cfl_bench.engine.context import (
 )
 from cfl_bench.engine.evaluation import accuracy, log_probs, mean_kl, predict_logits
 from cfl_bench.engine.optim import FlatSGD
+from cfl_bench.errors import UserError
 from cfl_bench.flat import FlatModel
 from cfl_bench.seeding import generator
-from strategies.base import Role
 from strategies.compose import Strategy
 from streams.base import Stream
 from streams.partition import Partitioner
@@ -119,7 +119,8 @@ class Federation:
         self.schedule = schedule
         self.device = device
         self.model = FlatModel(model.to(device))
-        self.loss_terms = [c for c in strategy.components if Role.LOSS_TERM in c.roles]
+        self.loss_terms = strategy.loss_terms
+        self.penalties = strategy.loss_terms
         self.transforms = strategy.transforms
         self.task_il = stream.scenario == "class-il"
         self.optimizer = FlatSGD(
@@ -220,12 +221,23 @@ class Federation:
 
     def _assign_task_data(self, t: int) -> None:
         task = self.stream.task(t)
-        parts = self.partitioner.split(
-            task.train_y.cpu(), self.schedule.num_clients, task=t, seed=self.schedule.seed
+        labels = task.train_y.cpu()
+        total = labels.shape[0]
+        held, kept = holdout_split(
+            total, self.strategy.holdout_per_task(total), t, self.schedule.seed
         )
+        parts = self.partitioner.split(
+            labels if kept is None else labels[kept],
+            self.schedule.num_clients,
+            task=t,
+            seed=self.schedule.seed,
+        )
+        holdout = None if held is None else task.train_x[held.to(task.train_x.device)]
+        for component in self.strategy.all:
+            component.on_task_start(self.server, t, holdout)
         keep_history = self.strategy.learner.needs_history
         for client, idx in zip(self.clients, parts, strict=True):
-            idx = idx.to(self.device)
+            idx = (idx if kept is None else kept[idx]).to(self.device)
             shard = (task.train_x[idx], task.train_y[idx])
             history = self.shards.get(client.index, []) if keep_history else []
             self.shards[client.index] = [*history, shard]
@@ -246,6 +258,8 @@ class Federation:
         server = self.server
         server.participants = self._sample_participants()
         server.payloads = {}
+        for component in self.strategy.all:
+            component.on_round_start(server)
         for component in self.strategy.all:
             server.payloads.update(component.broadcast(server))
         average = RunningAverage(server.global_params, server.global_buffers)
@@ -269,15 +283,19 @@ class Federation:
             upload = Upload(client.index, self.model.params, self.model.buffers, client.num_samples)
             for component in self.strategy.all:
                 component.after_local(client, upload, server)
-            server.comm.up(upload.nbytes, "model+extras" if upload.extras else "model")
+            server.comm.up(server.model_bytes, "model")
+            for name, tensor in upload.extras.items():
+                server.comm.up(tensor_bytes(tensor), name)
             client.model_version = -1  # it now holds its own local model
             weight = client_weight(client.num_samples, self.schedule.weighting)
             average.add(self.model.params, self.model.buffers, weight)
         aggregated = average.result()
         if aggregated is not None:
             server.global_params, server.global_buffers = aggregated
+            if self.strategy.aggregator is not None:
+                self.strategy.aggregator.aggregate(server)
         server.version += 1
-        for component in self.strategy.all:
+        for component in self.strategy.server_hooks:
             component.after_aggregate(server)
         return loss_sum, steps, train_seconds
 
@@ -324,6 +342,10 @@ class Federation:
                     if extra is not None:
                         loss = loss + extra
                 loss.backward()
+                for term in self.penalties:
+                    value = term.penalty(step)
+                    if value is not None:
+                        loss = loss + value
                 learner.refine_grad(step)
                 for transform in self.transforms:
                     transform.transform_grad(step)
@@ -408,3 +430,22 @@ class Federation:
                     mean_kl(stored, current),
                 )
             )
+
+
+def holdout_split(
+    total: int, per_task: int, task: int, seed: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(held-out indices, kept indices) of one task's training split, or (None, None).
+
+    The held-out slice is a seeded random draw per task; the partitioner then splits only
+    the kept indices, so no client ever holds a held-out example.
+    """
+    if per_task <= 0:
+        return None, None
+    if per_task >= total:
+        raise UserError(
+            f"the strategy withholds {per_task} public examples per task but task {task + 1} "
+            f"has only {total} training examples; lower fedproj:public_size."
+        )
+    perm = torch.randperm(total, generator=generator(seed, "holdout", task))
+    return torch.sort(perm[:per_task]).values, torch.sort(perm[per_task:]).values

@@ -1,0 +1,161 @@
+"""FedCurv: elastic consolidation across clients with diagonal Fisher information.
+
+Shoham et al., "Overcoming Forgetting in Federated Learning on Non-IID Data", 2019. After
+local training client k computes its diagonal Fisher u_k at its local θ_k and uploads
+
+    u_k,   v_k = u_k ⊙ θ_k.
+
+The server sums them over the round's participants, U = Σ u_j, V = Σ v_j, and sends (U, V)
+with the next broadcast. Client k then adds to its loss
+
+    λ · Σ [ θ² ⊙ (U − u_k) − 2 θ ⊙ (V − v_k) ]        ∇ = 2λ [ θ ⊙ (U − u_k) − (V − v_k) ]
+
+i.e. Σ_{j≠k} λ u_j (θ − θ_j)² up to a constant: every *other* client's important weights are
+anchored. Own terms are removed only when the client was among the participants whose sums
+the server sent (otherwise its stored u_k is not in U); U − u_k is a new tensor, never an
+in-place edit of the shared U. No penalty before the first sums exist.
+
+Fisher (specs): mean over batches of the squared batch-mean CE gradient, model in eval
+mode, on about ``samples`` of the client's current-task examples (⌈samples / batch⌉ batches
+of a seeded random permutation). u, v up and U, V down are counted as communication.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from torch.nn import functional as F
+
+from cfl_bench.seeding import generator
+from strategies.base import (
+    Component,
+    Option,
+    Role,
+    StrategyEnv,
+    non_negative_float,
+    positive_int,
+)
+
+if TYPE_CHECKING:
+    from cfl_bench.engine.context import ClientState, ServerState, StepContext, Upload
+    from cfl_bench.flat import FlatModel
+
+
+def diagonal_fisher(
+    model: FlatModel, x: torch.Tensor, y: torch.Tensor, batch_size: int
+) -> torch.Tensor:
+    """Mean over batches of (∇ mean CE of the batch)², at the model's current parameters."""
+    fisher = torch.zeros_like(model.grads)
+    batches = 0
+    for start in range(0, y.shape[0], batch_size):
+        model.zero_grad()
+        sl = slice(start, start + batch_size)
+        F.cross_entropy(model.module(x[sl]), y[sl]).backward()
+        fisher.addcmul_(model.grads, model.grads)
+        batches += 1
+    model.zero_grad()
+    return fisher.div_(max(batches, 1))
+
+
+def curvature_penalty_(
+    grads: torch.Tensor,
+    params: torch.Tensor,
+    others_u: torch.Tensor,
+    others_v: torch.Tensor,
+    lam: float,
+) -> torch.Tensor:
+    """Add 2λ[θ⊙U' − V'] to ``grads``; return λ·Σ[θ²⊙U' − 2θ⊙V'] (U' = U − u_k, V' = V − v_k)."""
+    inner = params * others_u - others_v
+    grads.add_(inner, alpha=2.0 * lam)
+    return lam * (torch.dot(params, inner) - torch.dot(params, others_v))
+
+
+class FedCurv(Component):
+    name: ClassVar[str] = "fedcurv"
+    roles: ClassVar[frozenset[Role]] = frozenset({Role.LOSS_TERM, Role.COMMUNICATION})
+    summary: ClassVar[str] = "Fisher-weighted penalty towards the other clients' parameters"
+    paper: ClassVar[str] = "Shoham et al., 2019 (FedCurv)"
+    options: ClassVar[tuple[Option, ...]] = (
+        Option("lam", 1.0, "penalty weight λ", non_negative_float),
+        Option("samples", 500, "examples used for each client's Fisher", positive_int),
+    )
+
+    def setup(self, env: StrategyEnv) -> None:
+        self.lam = float(str(self.values["lam"]))
+        self.samples = int(str(self.values["samples"]))
+        self.batch_size = env.batch_size
+        self.seed = env.seed
+        # Sums the server sends this round, and which clients they include.
+        self.sums: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.contributors: frozenset[int] = frozenset()
+        # Sums being collected from this round's uploads.
+        self._next: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._next_contributors: set[int] = set()
+        # The penalty vectors of the client currently training.
+        self._others: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
+        if self.sums is None:
+            return {}
+        return {"fedcurv.U": self.sums[0], "fedcurv.V": self.sums[1]}
+
+    def on_client_start(self, client: ClientState, server: ServerState) -> None:
+        if self.sums is None:
+            self._others = None
+            return
+        total_u, total_v = self.sums
+        state = client.state_for(self.name)
+        if client.index in self.contributors:
+            own_u, own_v = state["u"], state["v"]
+            assert isinstance(own_u, torch.Tensor) and isinstance(own_v, torch.Tensor)
+            self._others = (total_u - own_u, total_v - own_v)  # new tensors: U is shared
+        else:
+            self._others = (total_u, total_v)
+
+    def penalty(self, step: StepContext) -> torch.Tensor | None:
+        if self._others is None or self.lam == 0:
+            return None
+        others_u, others_v = self._others
+        return curvature_penalty_(step.model.grads, step.model.params, others_u, others_v, self.lam)
+
+    def after_local(self, client: ClientState, upload: Upload, server: ServerState) -> None:
+        if client.train_x is None or client.train_y is None or client.num_samples == 0:
+            return
+        state = client.state_for(self.name)
+        if "rng" not in state:
+            state["rng"] = generator(self.seed, self.name, client.index, device=server.device)
+        rng = state["rng"]
+        assert isinstance(rng, torch.Generator)
+        n = client.num_samples
+        batches = math.ceil(min(self.samples, n) / self.batch_size)
+        take = torch.randperm(n, generator=rng, device=rng.device)[: batches * self.batch_size]
+        model = server.model
+        model.module.eval()
+        u = diagonal_fisher(model, client.train_x[take], client.train_y[take], self.batch_size)
+        model.module.train()
+        self.contribute(client, upload, u, model.params)
+
+    def contribute(
+        self, client: ClientState, upload: Upload, u: torch.Tensor, params: torch.Tensor
+    ) -> None:
+        """Client k uploads u_k and v_k = u_k ⊙ θ_k, keeps them, and the server sums them."""
+        v = u * params
+        state = client.state_for(self.name)
+        state["u"], state["v"] = u, v
+        upload.extras["fedcurv.u"] = u
+        upload.extras["fedcurv.v"] = v
+        if self._next is None:
+            self._next = (u.clone(), v.clone())
+        else:
+            self._next[0].add_(u)
+            self._next[1].add_(v)
+        self._next_contributors.add(client.index)
+
+    def after_aggregate(self, server: ServerState) -> None:
+        # Only this round's participants count: a round without uploads leaves no sums.
+        self.sums = self._next
+        self.contributors = frozenset(self._next_contributors)
+        self._next = None
+        self._next_contributors = set()

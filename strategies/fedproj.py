@@ -1,0 +1,345 @@
+"""FedProj: server-side distillation on public data plus client-side memory projection.
+
+Chunduru, Morafah et al. 2025, "Avoid Forgetting by Preserving Global Knowledge Gradients in
+Federated Learning with Non-IID Data". With a public (unlabeled) set x_pub shared by the
+server and the clients, temperature T and softmax σ:
+
+Upload — after local training client k sends its logits z_k = f(x_pub; θ_k) on the whole
+current public set (counted as bytes up).
+
+Server — θ_avg is the FedAvg mean (a *snapshot*: the authors' code compared the live
+parameters with themselves, so their γ term was always zero). The teacher is the ensemble
+Z_ens = (1/K)·Σ_k z_k. Starting from θ_avg, ``distill_epochs`` epochs of Adam (lr
+``distill_lr``, a fresh optimizer each round) over public batches minimise
+
+    T²·KL(σ(Z_ens/T) ‖ σ(f(x_pub; θ)/T)) + γ·‖θ − θ_avg‖²
+
+and the result is the new global model. Z_ens is broadcast (counted as bytes down per
+participant) and is the memory the clients project against in the next round.
+
+Client — at every local step, after the learner's own refinement, on a batch of the public
+examples Z_ens covers,
+
+    g_glob = ∇ KL(σ(Z_ens/T) ‖ σ(f(x_pub; θ)/T))           (batchmean, no T² here)
+    g ← g − (g·g_glob / ‖g_glob‖²)·g_glob   only where g·g_glob < 0 and ‖g_glob‖² > ε
+
+so the local step never increases the distance to the global knowledge to first order.
+Before the first ensemble exists (the first round of the run) there is no projection.
+
+Public data (option ``public``): ``fashion-mnist`` (the Fashion-MNIST test split, a seeded
+subset of ``public_size`` images, default 1000; for the 1×28×28 MNIST streams) or ``holdout``
+(every task withholds ``public_size`` of its training inputs from all clients, default 10 % of
+them up to 1000; the memory is the union of the slices of the tasks seen so far). A holdout
+changes what the clients hold, so compare such runs only with runs that hold out the same.
+``auto`` picks fashion-mnist for 1×28×28 streams and
+holdout otherwise. The public inputs are assumed to be available to every client beforehand,
+like a public dataset, so they are not counted as communication.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from torch.nn import functional as F
+
+from cfl_bench.engine.evaluation import predict_logits
+from cfl_bench.errors import UserError
+from cfl_bench.seeding import generator
+from strategies.base import (
+    Component,
+    Option,
+    Role,
+    StrategyEnv,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    text,
+)
+from strategies.projection import conflict_coefficient
+from streams.mnist import load_idx_split, split_present
+
+if TYPE_CHECKING:
+    from cfl_bench.engine.context import ClientState, ServerState, StepContext, Upload
+    from cfl_bench.flat import FlatModel
+
+PUBLIC_CHOICES = ("auto", "fashion-mnist", "holdout")
+FASHION_SHAPE = (1, 28, 28)
+FASHION_LEVELS = 255.0
+STATE_KEY = "fedproj"
+AUTO_PUBLIC_SIZE = 1000
+
+
+def resolve_public(choice: str, input_shape: tuple[int, ...]) -> str:
+    """``auto`` → fashion-mnist for the 1×28×28 MNIST streams (the paper's pairing of MNIST
+    with a Fashion-MNIST proxy), holdout for any other input shape."""
+    if choice != "auto":
+        return choice
+    return "fashion-mnist" if tuple(input_shape) == FASHION_SHAPE else "holdout"
+
+
+def load_fashion_public(
+    data_root: str | None,
+    input_shape: tuple[int, ...],
+    size: int,
+    seed: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """A seeded random subset of ``size`` Fashion-MNIST test images, float32 in [0, 1],
+    shaped (N, 1, 28, 28) on ``device`` (all 10k images when ``size`` is larger).
+
+    Only the test split is read: the shared offline copy has nothing else, and a public
+    set never needs labels.
+    """
+    if tuple(input_shape) != FASHION_SHAPE:
+        shape = "×".join(str(d) for d in input_shape)
+        raise UserError(
+            f"fedproj:public=fashion-mnist has 1×28×28 images but this stream's inputs are "
+            f"{shape}; use fedproj:public=holdout for this stream."
+        )
+    if data_root is None or not split_present(data_root, "FashionMNIST", "test"):
+        where = (
+            "no --data-root was given"
+            if data_root is None
+            else f"{Path(data_root) / 'FashionMNIST' / 'raw'} lacks t10k-*-ubyte[.gz]"
+        )
+        raise UserError(
+            f"fedproj:public=fashion-mnist needs the Fashion-MNIST test split but {where}; "
+            "pass --data-root with FashionMNIST/raw/t10k-*-ubyte.gz under it, or use "
+            "fedproj:public=holdout."
+        )
+    images, _ = load_idx_split(data_root, "FashionMNIST", "test")
+    count = images.shape[0]
+    if size < count:
+        pick = torch.randperm(count, generator=generator(seed, "fedproj", "public"))[:size]
+        images = images[torch.sort(pick).values]
+    return images.unsqueeze(1).to(device=device, dtype=torch.float32).div_(FASHION_LEVELS)
+
+
+def teacher_log_probs(z_ens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log σ(Z_ens/T), computed once per round instead of at every local step."""
+    return F.log_softmax(z_ens.float() / temperature, dim=1)
+
+
+def kl_to_teacher(logits: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KL(σ(Z_ens/T) ‖ σ(f/T)), batchmean, given the teacher's log-probabilities."""
+    student = F.log_softmax(logits / temperature, dim=1)
+    return F.kl_div(student, teacher, reduction="batchmean", log_target=True)
+
+
+def add_proximal_grad_(
+    grads: torch.Tensor, params: torch.Tensor, anchor: torch.Tensor, gamma: float
+) -> None:
+    """Add ∇ γ·‖θ − θ_avg‖² = 2γ(θ − θ_avg) to the flat gradient.
+
+    θ − θ_avg is formed first (one temporary, server side only): adding 2γθ and −2γθ_avg
+    separately would cancel catastrophically for large γ and leave rounding noise at θ = θ_avg.
+    """
+    grads.add_(params - anchor, alpha=2.0 * gamma)
+
+
+def distill(
+    model: FlatModel,
+    x: torch.Tensor,
+    teacher: torch.Tensor,
+    anchor: torch.Tensor,
+    *,
+    temperature: float,
+    gamma: float,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    gen: torch.Generator,
+) -> None:
+    """Adam on T²·KL(teacher ‖ σ(f(x)/T)) + γ·‖θ − anchor‖², in place on ``model``.
+
+    ``anchor`` must not alias ``model.params`` (it is θ_avg, a snapshot). Gradients are
+    zeroed through the flat vector: ``Optimizer.zero_grad`` would set each ``param.grad`` to
+    None and break the views into ``model.grads``.
+    """
+    module = model.module
+    was_training = module.training
+    module.train()
+    optimizer = torch.optim.Adam(module.parameters(), lr=lr)
+    n = x.shape[0]
+    scale = temperature * temperature
+    try:
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=gen, device=gen.device)
+            for start in range(0, n, batch_size):
+                batch = order[start : start + batch_size]
+                model.zero_grad()
+                loss = scale * kl_to_teacher(module(x[batch]), teacher[batch], temperature)
+                loss.backward()
+                if gamma > 0:
+                    add_proximal_grad_(model.grads, model.params, anchor, gamma)
+                optimizer.step()
+    finally:
+        module.train(was_training)
+
+
+class FedProj(Component):
+    name: ClassVar[str] = "fedproj"
+    roles: ClassVar[frozenset[Role]] = frozenset(
+        {Role.GRAD_TRANSFORM, Role.AGGREGATOR, Role.COMMUNICATION}
+    )
+    summary: ClassVar[str] = (
+        "distil the clients' public-data logit ensemble into θ_g; project local gradients "
+        "against the ensemble's memory gradient"
+    )
+    paper: ClassVar[str] = "Chunduru, Morafah et al. 2025 (FedProj)"
+    requires: ClassVar[frozenset[str]] = frozenset({"class_logits"})
+    transform_order: ClassVar[int] = 20
+    options: ClassVar[tuple[Option, ...]] = (
+        Option(
+            "public",
+            "auto",
+            "public data: fashion-mnist, holdout (training inputs no client holds), or auto "
+            "(fashion-mnist for 1×28×28 streams, else holdout)",
+            text,
+            choices=PUBLIC_CHOICES,
+        ),
+        Option(
+            "public_size",
+            None,
+            "public examples: subset of the named dataset (auto: 1000), or withheld per task "
+            "(auto: 10% of the task's training examples, at most 1000)",
+            positive_int,
+        ),
+        Option("temperature", 3.0, "distillation temperature T", positive_float),
+        Option("gamma", 0.0, "weight γ of ‖θ − θ_avg‖² during distillation", non_negative_float),
+        Option("distill_epochs", 1, "server distillation epochs per round", positive_int),
+        Option("distill_lr", 1e-4, "server Adam learning rate", positive_float),
+        Option("eps", 1e-8, "no client projection when ‖g_glob‖² ≤ eps", non_negative_float),
+    )
+
+    def setup(self, env: StrategyEnv) -> None:
+        public = resolve_public(str(self.values["public"]), env.input_shape)
+        self.values["public"] = public  # the run's config records the resolved choice
+        self.public = public
+        size = self.values["public_size"]
+        self.public_size = int(str(size)) if size is not None else None
+        self.temperature = float(str(self.values["temperature"]))
+        self.gamma = float(str(self.values["gamma"]))
+        self.distill_epochs = int(str(self.values["distill_epochs"]))
+        self.distill_lr = float(str(self.values["distill_lr"]))
+        self.eps = float(str(self.values["eps"]))
+        self.device = env.device
+        self.seed = env.seed
+        self.batch_size = env.batch_size
+        self.public_x: torch.Tensor | None = None
+        if public == "fashion-mnist":
+            self.public_x = load_fashion_public(
+                env.data_root,
+                env.input_shape,
+                self.public_size or AUTO_PUBLIC_SIZE,
+                env.seed,
+                env.device,
+            )
+        self.z_ens: torch.Tensor | None = None
+        self.teacher: torch.Tensor | None = None  # log σ(Z_ens/T)
+        self._logit_sum: torch.Tensor | None = None
+        self._logit_count = 0
+        self._distill_gen = generator(env.seed, STATE_KEY, "distill", device=env.device)
+        self._scratch: torch.Tensor | None = None
+
+    def holdout_per_task(self, train_size: int) -> int:
+        """Holdout mode: ``public_size`` per task, or by default 10% of the task's training
+        examples (at most 1000) — a fixed 1000 would take 70% of a small stream's data."""
+        if self.values["public"] != "holdout":
+            return 0
+        size = self.values["public_size"]
+        if size is not None:
+            return int(str(size))
+        return max(1, min(AUTO_PUBLIC_SIZE, train_size // 10))
+
+    # -- data ---------------------------------------------------------------------------------
+    def on_task_start(self, server: ServerState, task: int, holdout: torch.Tensor | None) -> None:
+        """Holdout mode: the task's withheld inputs join the public memory (tasks seen so far).
+
+        Z_ens keeps covering only the examples it was computed on; the new slice gets
+        ensemble logits at the end of this task's first round.
+        """
+        if self.public != "holdout" or holdout is None or holdout.shape[0] == 0:
+            return
+        part = holdout.to(device=self.device, dtype=torch.float32)
+        self.public_x = part if self.public_x is None else torch.cat([self.public_x, part])
+
+    # -- server → client ----------------------------------------------------------------------
+    def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
+        return {} if self.z_ens is None else {"fedproj.z_ens": self.z_ens}
+
+    # -- local step ---------------------------------------------------------------------------
+    def transform_grad(self, step: StepContext) -> None:
+        if self.teacher is None or self.public_x is None:
+            return
+        grads = step.model.grads
+        if self._scratch is None or self._scratch.shape != grads.shape:
+            self._scratch = torch.empty_like(grads)
+        g = self._scratch.copy_(grads)
+        idx = self._memory_batch(step.client, step.buffer_batch_size)
+        step.model.zero_grad()
+        logits = step.model.module(self.public_x[idx])
+        kl_to_teacher(logits, self.teacher[idx], self.temperature).backward()
+        # grads now holds g_glob; overwrite it with g − coef·g_glob without a new vector.
+        coef = conflict_coefficient(g, grads, min_norm_sq=self.eps)
+        grads.mul_(-coef).add_(g)
+
+    def _memory_batch(self, client: ClientState, size: int) -> torch.Tensor:
+        """``size`` distinct indices among the public examples Z_ens covers, drawn from the
+        client's own generator so the draws do not depend on other clients or components."""
+        assert self.teacher is not None
+        state = client.state_for(STATE_KEY)
+        gen = state.get("generator")
+        if not isinstance(gen, torch.Generator):
+            gen = generator(self.seed, STATE_KEY, client.index, device=self.device)
+            state["generator"] = gen
+        n = self.teacher.shape[0]
+        return torch.randperm(n, generator=gen, device=self.device)[: min(size, n)]
+
+    # -- client → server ----------------------------------------------------------------------
+    def after_local(self, client: ClientState, upload: Upload, server: ServerState) -> None:
+        """The local model (loaded in ``server.model``) labels the whole public set."""
+        if self.public_x is None or self.public_x.shape[0] == 0:
+            return
+        logits = predict_logits(server.model.module, self.public_x)  # eval, mode restored
+        upload.extras["fedproj.logits"] = logits
+        if self._logit_sum is None:
+            self._logit_sum = logits.clone()  # a normal tensor: inference tensors are read-only
+        else:
+            self._logit_sum.add_(logits)
+        self._logit_count += 1
+
+    # -- server -------------------------------------------------------------------------------
+    def aggregate(self, server: ServerState) -> None:
+        """Distil Z_ens into the FedAvg mean; keep Z_ens as next round's client memory."""
+        if self._logit_sum is None or self._logit_count == 0 or self.public_x is None:
+            return
+        z_ens = self._logit_sum.div_(self._logit_count)
+        self._logit_sum, self._logit_count = None, 0  # each round's ensemble starts afresh
+        teacher = self.remember(z_ens)
+        theta_avg = server.global_params.detach().clone()  # snapshot, never the live θ
+        model = server.model
+        model.load(theta_avg, server.global_buffers)
+        distill(
+            model,
+            self.public_x[: z_ens.shape[0]],
+            teacher,
+            theta_avg,
+            temperature=self.temperature,
+            gamma=self.gamma,
+            epochs=self.distill_epochs,
+            lr=self.distill_lr,
+            batch_size=self.batch_size,
+            gen=self._distill_gen,
+        )
+        server.global_params = model.params.detach().clone()
+        server.global_buffers = model.buffers.detach().clone()
+
+    def remember(self, z_ens: torch.Tensor) -> torch.Tensor:
+        """Make ``z_ens`` the ensemble — the distillation teacher now, the clients' memory in
+        the next round (broadcast) — and return its log σ(Z_ens/T), computed once."""
+        self.z_ens = z_ens
+        self.teacher = teacher_log_probs(z_ens, self.temperature)
+        return self.teacher
