@@ -75,6 +75,12 @@ def assert_user_error(result: subprocess.CompletedProcess[str], fragment: str) -
         (["--lr", "0"], "--lr must be a positive number"),
         (["--device", "tpu"], "--device must be one of auto, cpu, cuda"),
         (["--stream", "rot-digits", "--model", "mnist-cnn"], "needs 1×28×28 inputs"),
+        (["--strategy", "fedproj:public=fashion-mnist"], "use fedproj:public=holdout"),
+        (["--strategy", "fedproj:public=cifar"], "must be one of auto, fashion-mnist, holdout"),
+        (["--strategy", "ifa:rho=1.5"], "must be a fraction in (0, 1]"),
+        (["--strategy", "ifa:mode=middle"], "must be one of later, random"),
+        (["--strategy", "fedprox:mu=-1"], "it must be a number ≥ 0"),
+        (["--strategy", "er+derpp"], "two local learners"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args: list[str], fragment: str, tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from cfl_bench.config import make_config
-from cfl_bench.engine.loop import Federation, RunOutcome, Schedule
+from cfl_bench.engine.loop import Federation, RunOutcome, Schedule, holdout_split
+from cfl_bench.errors import UserError
 from cfl_bench.models import build_model
 from cfl_bench.run import execute
 from strategies.base import StrategyEnv
@@ -160,3 +161,35 @@ def test_flat_views_survive_training() -> None:
     fed = federation("der+fedgp")
     fed.run()
     assert fed.model.check_views()
+
+
+def test_holdout_split_is_disjoint_seeded_and_complete() -> None:
+    held, kept = holdout_split(100, 10, task=0, seed=3)
+    assert held is not None and kept is not None
+    assert held.numel() == 10 and kept.numel() == 90
+    assert torch.equal(torch.sort(torch.cat([held, kept])).values, torch.arange(100))
+    again, _ = holdout_split(100, 10, task=0, seed=3)
+    other_task, _ = holdout_split(100, 10, task=1, seed=3)
+    assert again is not None and torch.equal(held, again)
+    assert other_task is not None and not torch.equal(held, other_task)
+    assert holdout_split(100, 0, task=0, seed=3) == (None, None)
+    with pytest.raises(UserError, match="lower fedproj:public_size"):
+        holdout_split(100, 100, task=0, seed=3)
+
+
+def test_fedproj_holdout_is_withheld_from_every_client() -> None:
+    fed = federation("fedproj:public=holdout,public_size=50")
+    fed._assign_task_data(0)
+    task = fed.stream.task(0)
+    held, kept = holdout_split(task.train_y.shape[0], 50, task=0, seed=0)
+    assert held is not None and kept is not None
+    public = fed.strategy.components[0].public_x  # type: ignore[attr-defined]
+    assert torch.equal(public, task.train_x[held])
+    client_rows = sum(c.num_samples for c in fed.clients)
+    assert client_rows <= kept.numel()
+    held_set = {tuple(r.tolist()) for r in task.train_x[held].flatten(1)}
+    for c in fed.clients:
+        assert c.train_x is not None
+        assert not held_set & {tuple(r.tolist()) for r in c.train_x.flatten(1)}
+    fed._assign_task_data(1)
+    assert public.shape[0] == 50 and fed.strategy.components[0].public_x.shape[0] == 100  # type: ignore[attr-defined]
