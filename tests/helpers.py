@@ -8,8 +8,13 @@ from torch import nn
 from cfl_bench.buffer import ReservoirBuffer
 from cfl_bench.engine.comm import CommCounter
 from cfl_bench.engine.context import ClientState, ServerState, StepContext
+from cfl_bench.engine.loop import Federation, Schedule
 from cfl_bench.flat import FlatModel
+from cfl_bench.models import build_model
 from strategies.base import StrategyEnv
+from strategies.compose import Strategy, build_strategy
+from streams.partition import ShardPartitioner
+from streams.registry import build_stream
 
 CPU = torch.device("cpu")
 
@@ -85,3 +90,60 @@ def step(
         offer_to_buffer=True,
         buffer_batch_size=buffer_batch_size,
     )
+
+
+def digits_federation(
+    strategy: str | Strategy,
+    *,
+    train_size: int | None = None,
+    test_size: int | None = None,
+    **overrides: object,
+) -> Federation:
+    """A small engine run on the embedded rot-digits stream with an MLP (CPU, seed 0)."""
+    values: dict[str, object] = dict(
+        num_tasks=2,
+        rounds_per_task=2,
+        epochs=1,
+        num_clients=4,
+        participation=1.0,
+        batch_size=32,
+        buffer_batch_size=32,
+        buffer_size=50,
+        buffer_offer="first_pass",
+        weighting="samples",
+        lr=0.05,
+        momentum=0.0,
+        weight_decay=0.0,
+        probe_size=50,
+        eval_every_round=False,
+        seed=0,
+    )
+    values.update(overrides)
+    schedule = Schedule(**values)  # type: ignore[arg-type]
+    stream = build_stream(
+        "rot-digits",
+        num_tasks=schedule.num_tasks,
+        seed=0,
+        device=CPU,
+        data_root=None,
+        download=False,
+        train_size=train_size,
+        test_size=test_size,
+    )
+    strat = build_strategy(strategy) if isinstance(strategy, str) else strategy
+    strat.setup(
+        StrategyEnv(
+            stream.name,
+            stream.scenario,
+            stream.num_classes,
+            schedule.num_tasks,
+            CPU,
+            seed=0,
+            batch_size=schedule.batch_size,
+            input_shape=tuple(stream.input_shape),
+            data_root=None,
+        )
+    )
+    torch.manual_seed(0)
+    model = build_model("mlp", stream.input_shape, stream.num_classes)
+    return Federation(stream, ShardPartitioner(), strat, model, schedule, CPU)

@@ -11,64 +11,12 @@ import pytest
 import torch
 
 from cfl_bench.config import make_config
-from cfl_bench.engine.loop import Federation, RunOutcome, Schedule, holdout_split
+from cfl_bench.engine.loop import RunOutcome, holdout_split
 from cfl_bench.errors import UserError
-from cfl_bench.models import build_model
 from cfl_bench.run import execute
-from strategies.base import StrategyEnv
-from strategies.compose import build_strategy
-from streams.partition import ShardPartitioner
-from streams.registry import build_stream
+from tests.helpers import digits_federation as federation
 
 CPU = torch.device("cpu")
-
-
-def federation(strategy: str, **overrides: object) -> Federation:
-    values: dict[str, object] = dict(
-        num_tasks=2,
-        rounds_per_task=2,
-        epochs=1,
-        num_clients=4,
-        participation=1.0,
-        batch_size=32,
-        buffer_batch_size=32,
-        buffer_size=50,
-        buffer_offer="first_pass",
-        weighting="samples",
-        lr=0.05,
-        momentum=0.0,
-        weight_decay=0.0,
-        probe_size=50,
-        eval_every_round=False,
-        seed=0,
-    )
-    values.update(overrides)
-    schedule = Schedule(**values)  # type: ignore[arg-type]
-    stream = build_stream(
-        "rot-digits",
-        num_tasks=schedule.num_tasks,
-        seed=0,
-        device=CPU,
-        data_root=None,
-        download=False,
-    )
-    strat = build_strategy(strategy)
-    strat.setup(
-        StrategyEnv(
-            stream.name,
-            stream.scenario,
-            10,
-            schedule.num_tasks,
-            CPU,
-            seed=0,
-            batch_size=schedule.batch_size,
-            input_shape=tuple(stream.input_shape),
-            data_root=None,
-        )
-    )
-    torch.manual_seed(0)
-    model = build_model("mlp", stream.input_shape, 10)
-    return Federation(stream, ShardPartitioner(), strat, model, schedule, CPU)
 
 
 def test_first_pass_offers_each_example_once_per_task() -> None:

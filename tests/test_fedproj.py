@@ -12,17 +12,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from cfl_bench.engine.context import Upload
-from cfl_bench.engine.loop import Federation, Schedule
 from cfl_bench.errors import UserError
 from cfl_bench.flat import FlatModel
-from cfl_bench.models import build_model
-from strategies.base import StrategyEnv
 from strategies.compose import Strategy
 from strategies.fedavg import FedAvg
 from strategies.fedproj import FedProj, distill, teacher_log_probs
-from streams.partition import ShardPartitioner
-from streams.registry import build_stream
-from tests.helpers import CPU, client, env, linear_model, server, step
+from tests.helpers import client, digits_federation, env, linear_model, server, step
 
 T = 3.0
 
@@ -328,52 +323,14 @@ def test_holdout_memory_grows_per_task_and_z_ens_covers_only_its_prefix() -> Non
 
 # -- through the engine -------------------------------------------------------------------------
 def test_runs_in_the_engine_and_counts_its_payloads() -> None:
-    schedule = Schedule(
-        num_tasks=2,
-        rounds_per_task=2,
-        epochs=1,
-        num_clients=4,
-        participation=1.0,
-        batch_size=32,
-        buffer_batch_size=8,
-        buffer_size=10,
-        buffer_offer="first_pass",
-        weighting="samples",
-        lr=0.05,
-        momentum=0.0,
-        weight_decay=0.0,
-        probe_size=50,
-        eval_every_round=False,
-        seed=0,
-    )
-    stream = build_stream(
-        "rot-digits",
-        num_tasks=2,
-        seed=0,
-        device=CPU,
-        data_root=None,
-        download=False,
+    fedproj = FedProj({"public_size": 20})
+    fed = digits_federation(
+        Strategy(FedAvg(), [fedproj]),
         train_size=400,
         test_size=100,
+        buffer_batch_size=8,
+        buffer_size=10,
     )
-    fedproj = FedProj({"public_size": 20})
-    strategy = Strategy(FedAvg(), [fedproj])
-    strategy.setup(
-        StrategyEnv(
-            stream.name,
-            stream.scenario,
-            10,
-            2,
-            CPU,
-            seed=0,
-            batch_size=32,
-            input_shape=tuple(stream.input_shape),
-            data_root=None,
-        )
-    )
-    torch.manual_seed(0)
-    model = build_model("mlp", stream.input_shape, 10)
-    fed = Federation(stream, ShardPartitioner(), strategy, model, schedule, CPU)
     out = fed.run()
     assert out.status == "finished"
     assert fedproj.values["public"] == "holdout"
