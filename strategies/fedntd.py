@@ -34,10 +34,16 @@ if TYPE_CHECKING:
 
 
 def drop_true_class(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """(B, C) → (B, C−1): every column except the label's, in the original order."""
-    keep = torch.ones_like(logits, dtype=torch.bool)
-    keep.scatter_(1, labels.unsqueeze(1), False)
-    return logits[keep].view(logits.shape[0], logits.shape[1] - 1)
+    """(B, C) → (B, C−1): every column except the label's, in the original order.
+
+    A gather with computed indices (column j < y stays j, j ≥ y reads j + 1) rather than a
+    boolean mask: masked indexing must count the kept entries on the host, a device sync at
+    every local step on a GPU.
+    """
+    rows, classes = logits.shape
+    cols = torch.arange(classes - 1, device=logits.device).expand(rows, -1)
+    cols = cols + (cols >= labels.unsqueeze(1)).long()
+    return logits.gather(1, cols)
 
 
 def not_true_distillation(

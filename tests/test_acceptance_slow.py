@@ -33,3 +33,40 @@ def test_der_fedgp_beats_der_and_fedavg_on_rot_mnist(tmp_path: Path, shared_data
         acc[strategy] = execute(cfg).summary["Acc_T"]
     assert acc["der+fedgp"] > acc["der"]
     assert acc["der+fedgp"] > acc["fedavg"]
+
+
+ZOO = (
+    "fedprox",
+    "fedcurv",
+    "fedntd",
+    "fedavg+fedproj",
+    "der+fedgp+ifa",
+    "derpp+fedgp",
+    "er",
+    "der+fedcurv+fedgp",
+)
+
+
+@pytest.mark.slow
+def test_strategy_zoo_runs_on_rot_mnist(tmp_path: Path, shared_data: Path) -> None:
+    """The strategy-zoo issue's acceptance: every listed composition runs to completion on
+    the full protocol, and the replay-based ones beat FedAvg's Acc_T (55.3 at seed 0)."""
+    acc = {}
+    for strategy in ("fedavg", *ZOO):
+        cfg = make_config(
+            {
+                "stream": "rot-mnist",
+                "strategy": strategy,
+                "data_root": str(shared_data),
+                "tasks": 5,
+                "rounds_per_task": 5,
+                "clients": 10,
+                "seed": 0,
+                "out": str(tmp_path / strategy.replace("+", "_")),
+            }
+        )
+        summary = execute(cfg).summary
+        assert summary["status"] == "finished", strategy
+        acc[strategy] = summary["Acc_T"]
+    for replay in ("derpp+fedgp", "er", "der+fedcurv+fedgp"):
+        assert acc[replay] > acc["fedavg"], replay

@@ -76,3 +76,12 @@ def test_fedntd_is_refused_where_there_are_no_class_logits() -> None:
     strategy = build_strategy("der+fedntd")
     with pytest.raises(UserError, match=r"fedntd.*class_logits"):
         strategy.setup(env(scenario="detection"))
+
+
+def test_gather_matches_boolean_mask_on_random_logits() -> None:
+    gen = torch.Generator().manual_seed(5)
+    z = torch.randn(64, 10, generator=gen)
+    y = torch.randint(0, 10, (64,), generator=gen)
+    keep = torch.ones_like(z, dtype=torch.bool)
+    keep.scatter_(1, y.unsqueeze(1), False)
+    assert torch.equal(drop_true_class(z, y), z[keep].view(64, 9))
