@@ -53,6 +53,8 @@ class FedGP(Component):
     paper: ClassVar[str] = "Dai et al., FedGP / Fed-A-GEM (buffer-based gradient projection)"
     needs_buffer: ClassVar[bool] = True
     transform_order: ClassVar[int] = 30
+    # Last server hook: g_ref must be taken at the final θ_g (after distillation, IFA resets).
+    server_order: ClassVar[int] = 80
     options: ClassVar[tuple[Option, ...]] = (
         Option(
             "gref_samples", 32, "buffer samples per client for g_ref (int or 'all')", gref_samples
