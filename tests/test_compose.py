@@ -16,11 +16,23 @@ def test_parses_components_and_typed_options() -> None:
     assert specs[1].options == {"gref_samples": "all", "gref_mode": "eval", "gref_interval": 3}
 
 
-@pytest.mark.parametrize("text", ["der+fedgp", "agem+fedgp", "fedavg+fedgp", "ideal", "fedgp"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "der+fedgp",
+        "agem+fedgp",
+        "fedavg+fedgp",
+        "ideal",
+        "fedgp",
+        "derpp+fedprox+fedcurv+fedntd+fedproj+fedgp+ifa",
+        "er+ifa:mode=random",
+    ],
+)
 def test_valid_compositions(text: str) -> None:
     strategy = build_strategy(text)
     assert isinstance(strategy.learner.name, str)
     assert strategy.needs_buffer == (text != "ideal")
+    assert len(strategy.all) == len(text.split("+")) + (text == "fedgp")
 
 
 def test_implied_fedavg_learner_and_canonical_name() -> None:
@@ -35,6 +47,13 @@ def test_transform_chain_order_is_fixed() -> None:
     assert strategy.learner.name == "agem"
     assert [c.name for c in strategy.transforms] == ["fedgp"]
     assert Role.GRAD_TRANSFORM in strategy.transforms[0].roles
+    written = build_strategy("fedgp+ifa+fedproj+fedcurv+der")
+    assert [c.name for c in written.transforms] == ["fedproj", "fedgp"]
+    assert written.aggregator is not None and written.aggregator.name == "fedproj"
+    # server hooks: IFA resets before FedGP takes g_ref at the final θ_g
+    hooks = [c.name for c in written.server_hooks]
+    assert hooks.index("ifa") < hooks.index("fedgp") == len(hooks) - 1
+    assert [c.name for c in written.loss_terms] == ["fedcurv"]
 
 
 @pytest.mark.parametrize(
@@ -50,6 +69,12 @@ def test_transform_chain_order_is_fixed() -> None:
         ("fedgp:gref_samples=0", "is invalid"),
         ("fedgp:equal_comm=maybe", "true or false"),
         ("der++fedgp", "empty component"),
+        ("er+derpp", "two local learners"),
+        ("fedntd+fedntd", "appears twice"),
+        ("ifa:rho=0", "fraction in"),
+        ("ifa:generation=0", "is invalid"),
+        ("fedcurv:samples=0", "is invalid"),
+        ("fedproj:distill_lr=0", "is invalid"),
         ("", "empty"),
     ],
 )
