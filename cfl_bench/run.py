@@ -159,7 +159,11 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
     # Dropout draws from torch's default generator; seed it explicitly for this run.
     torch.manual_seed(derive_seed(config.seed, "dropout"))
 
-    protocol = {**config.protocol(), "partition": partitioner.describe()}
+    protocol = {
+        **config.protocol(),
+        "partition": partitioner.describe(),
+        **strategy.protocol_changes(),
+    }
     protocol_hash = canonical_hash(protocol)
     config_hash = canonical_hash(
         {"protocol": protocol, "strategy": strategy.describe(), "seed": config.seed}

@@ -171,6 +171,13 @@ class Component:
         public holdout)."""
         return 0
 
+    def protocol_changes(self) -> dict[str, object]:
+        """What this component changes in the protocol (e.g. data withheld from clients).
+
+        Folded into the protocol hash, so runs whose clients hold different data are never
+        ranked as if they shared a protocol."""
+        return {}
+
     # -- data ---------------------------------------------------------------------------------
     def on_task_start(self, server: ServerState, task: int, holdout: torch.Tensor | None) -> None:
         """A task's data was assigned; ``holdout`` are the inputs withheld from every client."""

@@ -95,6 +95,12 @@ class Strategy:
         """Every component in ascending ``server_order`` (stable for equal orders)."""
         return sorted(self.all, key=lambda c: c.server_order)
 
+    def protocol_changes(self) -> dict[str, object]:
+        changes: dict[str, object] = {}
+        for c in self.all:
+            changes.update(c.protocol_changes())
+        return changes
+
     def holdout_per_task(self, train_size: int) -> int:
         return max(c.holdout_per_task(train_size) for c in self.all)
 

@@ -254,6 +254,13 @@ class FedProj(Component):
             return int(str(size))
         return max(1, min(AUTO_PUBLIC_SIZE, train_size // 10))
 
+    def protocol_changes(self) -> dict[str, object]:
+        """A holdout takes training data away from every client: a different protocol."""
+        if self.values["public"] != "holdout":
+            return {}
+        size = self.values["public_size"]
+        return {"public_holdout_per_task": size if size is not None else "10% (at most 1000)"}
+
     # -- data ---------------------------------------------------------------------------------
     def on_task_start(self, server: ServerState, task: int, holdout: torch.Tensor | None) -> None:
         """Holdout mode: the task's withheld inputs join the public memory (tasks seen so far).

@@ -141,3 +141,29 @@ def test_fedproj_holdout_is_withheld_from_every_client() -> None:
         assert not held_set & {tuple(r.tolist()) for r in c.train_x.flatten(1)}
     fed._assign_task_data(1)
     assert public.shape[0] == 50 and fed.strategy.components[0].public_x.shape[0] == 100  # type: ignore[attr-defined]
+
+
+def test_public_holdout_is_part_of_the_protocol(tmp_path: Path) -> None:
+    """Withholding data from clients changes the protocol hash; a plain strategy change does
+    not, so leaderboards never rank holdout runs against full-data runs."""
+
+    def protocol_hash(strategy: str) -> str:
+        cfg = make_config(
+            {
+                "strategy": strategy,
+                "tasks": 2,
+                "rounds_per_task": 1,
+                "clients": 4,
+                "train_size": 400,
+                "test_size": 100,
+                "out": str(tmp_path / strategy.replace(":", "_")),
+            }
+        )
+        return str(execute(cfg).summary["protocol_hash"])
+
+    plain = protocol_hash("fedavg")
+    assert protocol_hash("der+fedgp") == plain
+    holdout = protocol_hash("fedproj")  # rot-digits: auto → holdout
+    assert holdout != plain
+    config = json.loads((tmp_path / "fedproj" / "config.json").read_text())
+    assert config["protocol"]["public_holdout_per_task"] == "10% (at most 1000)"
