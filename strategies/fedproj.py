@@ -30,10 +30,10 @@ Public data (option ``public``): ``fashion-mnist`` (the Fashion-MNIST test split
 subset of ``public_size`` images, default 1000; for the 1×28×28 MNIST streams) or ``holdout``
 (every task withholds ``public_size`` of its training inputs from all clients, default 10 % of
 them up to 1000; the memory is the union of the slices of the tasks seen so far). A holdout
-changes what the clients hold, so compare such runs only with runs that hold out the same.
-``auto`` picks fashion-mnist for 1×28×28 streams and
-holdout otherwise. The public inputs are assumed to be available to every client beforehand,
-like a public dataset, so they are not counted as communication.
+changes what the clients hold, so it is part of the protocol hash (``protocol_changes``).
+``auto`` picks fashion-mnist for 1×28×28 streams and holdout otherwise. The public inputs are
+assumed to be available to every client beforehand, like a public dataset, so they are not
+counted as communication.
 """
 
 from __future__ import annotations
