@@ -1,0 +1,42 @@
+"""Batched train-time augmentation for image streams: random crop with padding + flip.
+
+Why batched on the device: the CIFAR protocol (Mammoth, FedGP) augments every training batch
+with ``RandomCrop(32, padding=4)`` and ``RandomHorizontalFlip()``; done per sample through
+PIL in a DataLoader this dominates a small model's step time. Here the whole batch is padded
+once and every sample's crop is one advanced-indexing gather, the flip one ``torch.where``,
+with offsets and coin flips drawn from the caller's generator on the batch's device — no host
+round trip. The result for sample i equals cropping the zero-padded image at
+(top_i, left_i) and mirroring it when flip_i, which is what the per-sample transforms do.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+
+def crop_flip(
+    x: torch.Tensor, generator: torch.Generator, padding: int = 4, flip: bool = True
+) -> torch.Tensor:
+    """Random ``padding``-pixel crop (zero fill) and horizontal flip of an (N, C, H, W) batch."""
+    n, c, h, w = x.shape
+    device = x.device
+    top = torch.randint(0, 2 * padding + 1, (n,), generator=generator, device=device)
+    left = torch.randint(0, 2 * padding + 1, (n,), generator=generator, device=device)
+    padded = F.pad(x, (padding, padding, padding, padding))
+    rows = (top[:, None] + torch.arange(h, device=device))[:, None, :, None]
+    cols = (left[:, None] + torch.arange(w, device=device))[:, None, None, :]
+    samples = torch.arange(n, device=device)[:, None, None, None]
+    channels = torch.arange(c, device=device)[None, :, None, None]
+    out = padded[samples, channels, rows, cols]
+    if flip:
+        mirror = torch.rand(n, generator=generator, device=device) < 0.5
+        out = torch.where(mirror[:, None, None, None], out.flip(3), out)
+    return out
+
+
+def normalize(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    """Per-channel (x − mean) / std for an (N, C, H, W) batch."""
+    m = torch.tensor(mean, device=x.device, dtype=x.dtype)[None, :, None, None]
+    s = torch.tensor(std, device=x.device, dtype=x.dtype)[None, :, None, None]
+    return (x - m) / s
