@@ -11,7 +11,7 @@ Whether the draw depends on the task is a per-partitioner protocol decision:
   once and reuses it for every task, which keeps domain-IL tasks comparable (client k sees
   the same digits in every task). Because the draw is fixed, the split is identical for
   every task whose labels are identical, so callers may cache it.
-* A Dirichlet/LDA partitioner (seq-CIFAR) will fold ``task`` into its seed, since each
+* ``dirichlet`` (the LDA split of seq-CIFAR) folds ``task`` into its seed, since each
   class-IL task has new classes and the paper redraws per task.
 
 Asynchronous schedules (when a client reaches each task) are a separate concept and do not
@@ -21,12 +21,14 @@ belong here: a partitioner only says *what* data a client holds within one task.
 from __future__ import annotations
 
 import abc
+import math
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from cfl_bench.errors import UserError
-from cfl_bench.seeding import generator
+from cfl_bench.seeding import derive_seed, generator
 
 
 class Partitioner(abc.ABC):
@@ -119,15 +121,141 @@ class IIDPartitioner(Partitioner):
         return {"name": self.name, "per_task": False}
 
 
+class DirichletPartitioner(Partitioner):
+    """The common LDA (Dirichlet) label-skew split, as in the NIID-bench/FedDF/FedNTD code.
+
+    For each class c of the task (ascending), draw client proportions p ~ Dir(alpha * 1_K),
+    zero the share of every client that already holds >= N/K samples of the task (the
+    balancing rule, N = task size), renormalise, shuffle the class's indices and cut them at
+    ``floor(cumsum(p) * n_c)[:-1]``. Every index is assigned (nothing is dropped). If any
+    client ends with fewer than ``min_size`` samples, the whole draw is repeated with the
+    next ``attempt`` number, up to ``max_redraws`` draws.
+
+    Why numpy: torch has no generator-seeded Gamma/Dirichlet sampler, so each attempt uses
+    its own local ``numpy.random.Generator`` (never the global RNG), seeded by
+    ``derive_seed(seed, "partition", "dirichlet", task, attempt)``; the same generator
+    shuffles the class indices. Folding ``task`` in gives each class-IL task a fresh split.
+
+    Two guards the reference code lacks, both for float corner cases only: the cumulative
+    share is pinned to exactly 1 from the last client with a nonzero share on, so rounding
+    (cumsum = 0.9999...) never hands a sample to a trailing capped client; and if every
+    client below the cap drew a share that underflowed to exactly 0 (tiny alpha only), the
+    class is spread uniformly over those clients instead of producing NaN cut points.
+
+    Bound implied by the balancing rule: a client only receives class c while it holds
+    fewer than N/K samples, and then at most n_c samples, so every client ends with fewer
+    than ``N/K + max_c n_c`` samples.
+    """
+
+    name = "dirichlet"
+
+    def __init__(self, alpha: float = 0.3, min_size: int = 10, max_redraws: int = 1000) -> None:
+        if (
+            isinstance(alpha, bool)
+            or not isinstance(alpha, (int, float))
+            or not math.isfinite(alpha)
+            or alpha <= 0
+        ):
+            raise UserError(
+                f"dirichlet alpha must be a finite number > 0, got {alpha!r}; use e.g. 0.3 "
+                f"(smaller means more label skew)"
+            )
+        if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
+            raise UserError(
+                f"dirichlet min_size must be an integer >= 0, got {min_size!r}; use e.g. 10"
+            )
+        _check_positive_int("dirichlet max_redraws", max_redraws)
+        self.alpha = float(alpha)
+        self.min_size = min_size
+        self.max_redraws = max_redraws
+
+    def split(
+        self, labels: torch.Tensor, num_clients: int, *, task: int, seed: int
+    ) -> list[torch.Tensor]:
+        labels = _check_labels(labels)
+        _check_positive_int("number of clients", num_clients)
+        total = labels.shape[0]
+        if total < num_clients * self.min_size:
+            raise UserError(
+                f"the dirichlet partition needs at least {num_clients * self.min_size} "
+                f"training samples ({num_clients} clients x min_size {self.min_size}), the "
+                f"task has {total}; use fewer clients or a smaller min_size"
+            )
+        # Indices grouped by class (ascending class, ascending index within a class).
+        by_label = torch.sort(labels, stable=True).indices.numpy()
+        class_sizes = torch.unique_consecutive(labels[by_label], return_counts=True)[1]
+        class_groups = np.split(by_label, np.cumsum(class_sizes.numpy())[:-1])
+        cap = total / num_clients
+        for attempt in range(self.max_redraws):
+            rng = np.random.Generator(
+                np.random.PCG64(derive_seed(seed, "partition", "dirichlet", task, attempt))
+            )
+            owner, sizes = self._draw(rng, class_groups, total, num_clients, cap)
+            if sizes.min() >= self.min_size:
+                return _group_by_owner(owner, sizes)
+        raise UserError(
+            f"the dirichlet partition (alpha {self.alpha}, {num_clients} clients, min_size "
+            f"{self.min_size}) left some client with fewer than {self.min_size} of the task's "
+            f"{total} samples in all {self.max_redraws} draws; use a larger alpha, fewer "
+            f"clients or a smaller min_size"
+        )
+
+    def _draw(
+        self,
+        rng: np.random.Generator,
+        class_groups: list[np.ndarray],
+        total: int,
+        num_clients: int,
+        cap: float,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """One LDA draw: the owning client of every index and the clients' sizes."""
+        owner = np.empty(total, dtype=np.int64)
+        sizes = np.zeros(num_clients, dtype=np.int64)
+        clients = np.arange(num_clients)
+        concentration = np.full(num_clients, self.alpha)
+        for group in class_groups:
+            n_c = group.shape[0]
+            props = rng.dirichlet(concentration)
+            # Balancing rule. Some client is always below the cap while classes remain
+            # (they hold fewer than N samples together), so the sum stays positive...
+            props = props * (sizes < cap)
+            mass = props.sum()
+            if mass <= 0:  # ...unless every open client drew an underflowed share of 0.
+                props = (sizes < cap).astype(np.float64)
+                mass = props.sum()
+            props = props / mass
+            cumulative = np.cumsum(props)
+            # Rounding can leave the cumulative share at 0.9999... before trailing zero-share
+            # (capped) clients, which would hand the last client a sample despite the cap.
+            cumulative[np.flatnonzero(props)[-1] :] = 1.0
+            cuts = np.minimum((cumulative * n_c).astype(np.int64)[:-1], n_c)
+            counts = np.diff(cuts, prepend=0, append=n_c)
+            owner[rng.permutation(group)] = np.repeat(clients, counts)
+            sizes += counts
+        return owner, sizes
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "alpha": self.alpha,
+            "min_size": self.min_size,
+            "balance": "N/K cap while drawing",
+            "per_task": True,
+        }
+
+
 _PARTITIONER_TYPES: dict[str, type[Partitioner]] = {
     ShardPartitioner.name: ShardPartitioner,
     IIDPartitioner.name: IIDPartitioner,
+    DirichletPartitioner.name: DirichletPartitioner,
 }
 
 PARTITIONERS: dict[str, str] = {
     "shards": "sort by label, cut into equal shards, each client gets shards_per_client "
     "(default 2) at random; drawn once for all tasks (FedGP MNIST split)",
     "iid": "uniformly random near-equal split; drawn once for all tasks",
+    "dirichlet": "per-class Dir(alpha) label skew (default alpha 0.3), N/K balancing cap, "
+    "redrawn until every client has min_size (default 10); drawn afresh per task",
 }
 
 
@@ -141,6 +269,38 @@ def build_partitioner(name: str, **options: object) -> Partitioner:
         return _PARTITIONER_TYPES[name](**options)
     except TypeError as exc:
         raise UserError(f"bad options {sorted(options)} for partition {name!r} ({exc})") from exc
+
+
+def client_class_counts(
+    parts: list[torch.Tensor], labels: torch.Tensor, num_classes: int
+) -> torch.Tensor:
+    """K x C int64 table: how many samples of each class each client holds.
+
+    Why: the per-client label mix is the one number that says how skewed a split is, so it
+    is written to config.json next to the partition options.
+    """
+    labels = _check_labels(labels)
+    _check_positive_int("number of classes", num_classes)
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ValueError(
+            f"labels must lie in [0, {num_classes}), got {int(labels.min())}..{int(labels.max())}"
+        )
+    sizes = torch.tensor([part.numel() for part in parts], dtype=torch.int64)
+    owner = torch.repeat_interleave(torch.arange(len(parts)), sizes)
+    joined = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+    flat = owner * num_classes + labels[joined.long()]
+    return torch.bincount(flat, minlength=len(parts) * num_classes).view(len(parts), num_classes)
+
+
+def _group_by_owner(owner: np.ndarray, sizes: np.ndarray) -> list[torch.Tensor]:
+    """One ascending int64 index tensor per client from each index's owning client.
+
+    A stable sort by owner keeps indices ascending within each client, so no per-client
+    sort is needed.
+    """
+    order = torch.from_numpy(np.argsort(owner, kind="stable"))
+    # Clone so each part owns its storage (saving one part must not serialise them all).
+    return [part.clone() for part in torch.split(order, sizes.tolist())]
 
 
 def _check_labels(labels: torch.Tensor) -> torch.Tensor:
