@@ -73,6 +73,13 @@ def run(
     weight_decay: Annotated[float | None, typer.Option(help="local SGD weight decay")] = None,
     buffer_size: Annotated[int | None, typer.Option(help="reservoir capacity M per client")] = None,
     buffer_offer: Annotated[str | None, typer.Option(help="first_pass | every_step")] = None,
+    replay_augment: Annotated[
+        bool | None,
+        typer.Option(
+            "--replay-augment/--no-replay-augment",
+            help="re-apply train augmentation to replays (default: if the stream augments)",
+        ),
+    ] = None,
     partition: Annotated[
         str | None, typer.Option(help="shards | iid (default: the stream's)")
     ] = None,

@@ -46,6 +46,7 @@ class RunConfig:
     weight_decay: float = 0.0
     buffer_size: int = 200
     buffer_offer: str = "first_pass"
+    replay_augment: bool | None = None  # None → on when the stream augments its train inputs
     partition: str | None = None  # None → the stream's default partitioner
     weighting: str = "samples"
     train_size: int | None = None
@@ -148,6 +149,8 @@ def validate(c: RunConfig) -> None:
         raise UserError(f"--weight-decay must be ≥ 0, got {c.weight_decay!r}.")
     if not isinstance(c.seed, int) or isinstance(c.seed, bool) or c.seed < 0:
         raise UserError(f"--seed must be a non-negative integer, got {c.seed!r}.")
+    if c.replay_augment is not None and not isinstance(c.replay_augment, bool):
+        raise UserError(f"replay_augment must be true or false, got {c.replay_augment!r}.")
     choices = {
         "buffer-offer": (c.buffer_offer, BUFFER_OFFER),
         "weighting": (c.weighting, WEIGHTING),

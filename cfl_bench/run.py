@@ -120,6 +120,8 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
         train_size=config.train_size,
         test_size=config.test_size,
     )
+    if config.replay_augment is None:  # resolved here so the protocol records the value
+        config = dataclasses.replace(config, replay_augment=stream.augments)
     strategy.setup(
         StrategyEnv(
             stream_name=stream.name,
@@ -146,6 +148,7 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
         buffer_batch_size=resolved_int(config.buffer_batch_size),
         buffer_size=config.buffer_size,
         buffer_offer=config.buffer_offer,
+        replay_augment=bool(config.replay_augment),
         weighting=config.weighting,
         lr=float(config.lr or 0.0),
         momentum=config.momentum,

@@ -58,7 +58,7 @@ class AGEM(Learner):
         step.model.zero_grad()
         draw = buffer.sample(step.buffer_batch_size)
         assert draw is not None  # filled > 0
-        F.cross_entropy(step.model.module(draw.x), draw.y).backward()
+        F.cross_entropy(step.model.module(step.replay_input(draw.x)), draw.y).backward()
         # grads now holds g_b; overwrite it with g − coef·g_b without a new vector.
         coef = conflict_coefficient(g, grads)
         grads.mul_(-coef).add_(g)

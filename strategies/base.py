@@ -250,7 +250,7 @@ class Learner(Component):
         if buffer is None:
             return
         if step.offer_to_buffer:
-            buffer.add(step.x, step.y, step.outputs, step.task)
+            buffer.add(step.stored_input, step.y, step.outputs, step.task)
 
     def on_task_end(self, client: ClientState, task: int, model: FlatModel) -> None:
         """Called for every client when a task ends, with ``model`` holding θ_g (eval mode)."""

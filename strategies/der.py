@@ -59,6 +59,6 @@ class DER(Learner):
         if buffer is not None and buffer.filled > 0 and self.alpha > 0:
             draw = buffer.sample(step.buffer_batch_size)
             assert draw is not None  # filled > 0
-            replay = step.model.module(draw.x)
+            replay = step.model.module(step.replay_input(draw.x))
             loss = loss + self.alpha * der_logit_loss(replay, draw.logits)
         return loss

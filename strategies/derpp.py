@@ -46,7 +46,9 @@ class DERPP(Learner):
         label_draw = buffer.sample(step.buffer_batch_size)
         assert logit_draw is not None and label_draw is not None  # filled > 0
         if self.alpha > 0:
-            loss = loss + self.alpha * der_logit_loss(module(logit_draw.x), logit_draw.logits)
+            replay = module(step.replay_input(logit_draw.x))
+            loss = loss + self.alpha * der_logit_loss(replay, logit_draw.logits)
         if self.beta > 0:
-            loss = loss + self.beta * F.cross_entropy(module(label_draw.x), label_draw.y)
+            replay = module(step.replay_input(label_draw.x))
+            loss = loss + self.beta * F.cross_entropy(replay, label_draw.y)
         return loss

@@ -35,5 +35,5 @@ class ER(Learner):
         if buffer is not None and buffer.filled > 0:
             draw = buffer.sample(step.buffer_batch_size)
             assert draw is not None  # filled > 0
-            loss = loss + F.cross_entropy(step.model.module(draw.x), draw.y)
+            loss = loss + F.cross_entropy(step.model.module(step.replay_input(draw.x)), draw.y)
         return loss

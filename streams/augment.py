@@ -16,14 +16,29 @@ from torch.nn import functional as F
 
 
 def crop_flip(
-    x: torch.Tensor, generator: torch.Generator, padding: int = 4, flip: bool = True
+    x: torch.Tensor,
+    generator: torch.Generator,
+    padding: int = 4,
+    flip: bool = True,
+    fill: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Random ``padding``-pixel crop (zero fill) and horizontal flip of an (N, C, H, W) batch."""
+    """Random ``padding``-pixel crop and horizontal flip of an (N, C, H, W) batch.
+
+    ``fill`` (one value per channel, default 0) is what the padding shows. Streams keep
+    their images already normalised, so they pass the normalised value of black,
+    (0 − mean)/std: then crop-then-normalise (torchvision's order) and normalise-then-crop
+    give identical tensors, and the buffer can store normalised, un-augmented inputs.
+    """
     n, c, h, w = x.shape
     device = x.device
     top = torch.randint(0, 2 * padding + 1, (n,), generator=generator, device=device)
     left = torch.randint(0, 2 * padding + 1, (n,), generator=generator, device=device)
-    padded = F.pad(x, (padding, padding, padding, padding))
+    if fill is None:
+        padded = F.pad(x, (padding, padding, padding, padding))
+    else:
+        size = (n, c, h + 2 * padding, w + 2 * padding)
+        padded = fill.to(x).view(1, c, 1, 1).expand(size).clone()
+        padded[:, :, padding : padding + h, padding : padding + w] = x
     rows = (top[:, None] + torch.arange(h, device=device))[:, None, :, None]
     cols = (left[:, None] + torch.arange(w, device=device))[:, None, None, :]
     samples = torch.arange(n, device=device)[:, None, None, None]

@@ -39,6 +39,13 @@ class Stream(abc.ABC):
     input_shape: tuple[int, ...]
     device: torch.device
 
+    # Whether ``augment`` changes inputs (train-time augmentation, e.g. CIFAR crop + flip).
+    augments: bool = False
+
+    def augment(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Train-time augmentation of a batch of task inputs (identity unless overridden)."""
+        return x
+
     @abc.abstractmethod
     def task(self, t: int) -> TaskData:
         """Materialise task ``t`` (0-based); a bad index is a :class:`UserError`."""

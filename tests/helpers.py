@@ -110,6 +110,7 @@ def digits_federation(
         buffer_batch_size=32,
         buffer_size=50,
         buffer_offer="first_pass",
+        replay_augment=True,
         weighting="samples",
         lr=0.05,
         momentum=0.0,

@@ -43,3 +43,12 @@ def test_normalize_per_channel() -> None:
     x = torch.ones(2, 3, 1, 1) * torch.tensor([1.0, 2.0, 3.0])[None, :, None, None]
     out = normalize(x, (1.0, 1.0, 1.0), (1.0, 2.0, 4.0))
     assert torch.equal(out[0].flatten(), torch.tensor([0.0, 0.5, 0.5]))
+
+
+def test_fill_makes_normalise_then_crop_equal_crop_then_normalise() -> None:
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    raw = torch.rand(16, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    black = normalize(torch.zeros(1, 3, 1, 1), mean, std).flatten()
+    first = normalize(crop_flip(raw, torch.Generator().manual_seed(4)), mean, std)
+    second = crop_flip(normalize(raw, mean, std), torch.Generator().manual_seed(4), fill=black)
+    assert torch.allclose(first, second, atol=1e-6)

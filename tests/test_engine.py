@@ -167,3 +167,33 @@ def test_public_holdout_is_part_of_the_protocol(tmp_path: Path) -> None:
     assert holdout != plain
     config = json.loads((tmp_path / "fedproj" / "config.json").read_text())
     assert config["protocol"]["public_holdout_per_task"] == "10% (at most 1000)"
+
+
+def test_augmented_streams_store_raw_inputs_and_augment_replays() -> None:
+    fed = federation("der", buffer_size=30)
+    calls = {"n": 0}
+
+    def shift(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        calls["n"] += 1
+        return x + 1000.0  # unmistakable: no stored input may carry it
+
+    fed.stream.augments = True
+    fed.stream.augment = shift  # type: ignore[method-assign]
+    fed._prepare_eval_sets()
+    fed._assign_task_data(0)
+    fed.server.round_index = 1
+    fed._round(RunOutcome())
+    steps = sum(-(-c.num_samples // 32) for c in fed.clients)
+    assert calls["n"] > steps  # every batch, plus the replays once buffers had content
+    for c in fed.clients:
+        assert c.buffer is not None and c.buffer.filled > 0
+        assert float(c.buffer.x[: c.buffer.filled].max()) <= 1.0  # raw pixels were stored
+    without = federation("der", buffer_size=30, replay_augment=False)
+    without.stream.augments = True
+    calls["n"] = 0
+    without.stream.augment = shift  # type: ignore[method-assign]
+    without._prepare_eval_sets()
+    without._assign_task_data(0)
+    without.server.round_index = 1
+    without._round(RunOutcome())
+    assert calls["n"] == steps  # batches only: replays as stored

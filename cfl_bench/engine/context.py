@@ -8,6 +8,7 @@ per-client state under ``client.extras[component_name]``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -98,6 +99,19 @@ class StepContext:
     offer_to_buffer: bool
     buffer_batch_size: int
     outputs: torch.Tensor | None = None
+    # The un-augmented batch (what the buffer stores) when ``x`` was augmented.
+    raw_x: torch.Tensor | None = None
+    # Train augmentation re-applied to replayed buffer inputs (None: replay as stored).
+    replay_augment: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def replay_input(self, x: torch.Tensor) -> torch.Tensor:
+        """A buffer draw's inputs as the model should see them during local training."""
+        return x if self.replay_augment is None else self.replay_augment(x)
+
+    @property
+    def stored_input(self) -> torch.Tensor:
+        """What the buffer stores for this batch: the input before augmentation."""
+        return self.x if self.raw_x is None else self.raw_x
 
 
 def tensor_bytes(t: torch.Tensor | None) -> int:

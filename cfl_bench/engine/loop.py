@@ -56,6 +56,7 @@ class Schedule:
     buffer_batch_size: int
     buffer_size: int
     buffer_offer: str
+    replay_augment: bool
     weighting: str
     lr: float
     momentum: float
@@ -319,21 +320,31 @@ class Federation:
         steps = 0
         if n == 0 or client.train_x is None or client.train_y is None:
             return loss_sum, steps
+        augments = self.stream.augments
+        gen = client.generator
+
+        def augment(x: torch.Tensor) -> torch.Tensor:
+            return self.stream.augment(x, gen)
+
+        replay_augment = augment if augments and s.replay_augment else None
         for epoch in range(s.epochs):
             order = torch.randperm(n, device=self.device, generator=client.generator)
             offer = s.buffer_offer == "every_step" or (first_visit and epoch == 0)
             for start in range(0, n, s.batch_size):
                 batch = order[start : start + s.batch_size]
+                raw = client.train_x[batch]
                 step = StepContext(
                     model=model,
                     client=client,
                     server=self.server,
-                    x=client.train_x[batch],
+                    x=augment(raw) if augments else raw,
                     y=client.train_y[batch],
                     task=self.server.task,
                     epoch=epoch,
                     offer_to_buffer=offer,
                     buffer_batch_size=s.buffer_batch_size,
+                    raw_x=raw if augments else None,
+                    replay_augment=replay_augment,
                 )
                 model.zero_grad()
                 loss = learner.loss(step)
