@@ -15,6 +15,14 @@ import torch
 
 from cfl_bench.errors import UserError
 from streams.base import Stream
+from streams.cifar import load_cifar10, load_cifar100
+from streams.class_il import (
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    CIFAR100_MEAN,
+    CIFAR100_STD,
+    ClassILStream,
+)
 from streams.digits import digits_images
 from streams.domain_il import DomainILStream, PermutedStream, RotatedStream
 from streams.images import ImageSplits
@@ -74,6 +82,33 @@ STREAMS: dict[str, StreamInfo] = {
     "perm-mnist": _domain_il_info("perm-mnist", PERMUTED, "mnist"),
     "rot-digits": _domain_il_info("rot-digits", ROTATED, "digits"),
     "perm-digits": _domain_il_info("perm-digits", PERMUTED, "digits"),
+    # FedGP CIFAR protocol: ResNet-18, 5 local epochs, lr 0.1, Dirichlet α = 0.3 per task.
+    "seq-cifar10": StreamInfo(
+        name="seq-cifar10",
+        description="CIFAR-10 as 5 tasks x 2 classes, natural order (class-IL + task-IL)",
+        default_model="resnet18",
+        default_tasks=5,
+        default_partition="dirichlet",
+        needs_data_root=True,
+        default_epochs=5,
+        default_lr=0.1,
+    ),
+    "seq-cifar100": StreamInfo(
+        name="seq-cifar100",
+        description="CIFAR-100 as 10 tasks x 10 classes, natural order (class-IL + task-IL)",
+        default_model="resnet18",
+        default_tasks=10,
+        default_partition="dirichlet",
+        needs_data_root=True,
+        default_epochs=5,
+        default_lr=0.1,
+    ),
+}
+
+# name → (loader, classes per task, mean, std)
+_CLASS_IL = {
+    "seq-cifar10": (load_cifar10, 2, CIFAR10_MEAN, CIFAR10_STD),
+    "seq-cifar100": (load_cifar100, 10, CIFAR100_MEAN, CIFAR100_STD),
 }
 
 _STREAM_TYPES: dict[str, type[DomainILStream]] = {
@@ -98,6 +133,23 @@ def build_stream(
     """Load the base data of stream ``name`` and wrap it as a stream on ``device``."""
     if name not in STREAMS:
         raise UserError(f"unknown stream {name!r}; choose one of {', '.join(sorted(STREAMS))}")
+    if name in _CLASS_IL:
+        loader, per_task, mean, std = _CLASS_IL[name]
+        if data_root is None:
+            raise UserError(
+                f"stream {name!r} needs CIFAR: pass --data-root pointing at the folder that "
+                "holds the python-pickle layout, or add --download to fetch it there"
+            )
+        images = loader(Path(data_root), download=download).head(train_size, test_size)
+        return ClassILStream(
+            images,
+            name=name,
+            num_tasks=num_tasks,
+            classes_per_task=per_task,
+            mean=mean,
+            std=std,
+            device=torch.device(device),
+        )
     load = _base_loader(name, data_root=data_root, download=download)
     images = load().head(train_size, test_size)
     stream_type = _STREAM_TYPES[name]

@@ -30,7 +30,7 @@ def test_small_cifar_cnn_shape_and_size() -> None:
     model = build_model("cifar-cnn", (3, 32, 32), 100)
     assert FlatModel(
         model
-    ).num_params == 3 * 32 * 9 + 32 * 64 * 9 + 64 * 128 * 9 + 2048 * 100 + 100 + 2 * (32 + 64 + 128)
+    ).num_params == 3 * 32 * 9 + 32 * 64 * 9 + 64 * 128 * 9 + 128 * 100 + 100 + 2 * (32 + 64 + 128)
     assert model(torch.zeros(4, 3, 32, 32)).shape == (4, 100)
 
 

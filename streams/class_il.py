@@ -1,0 +1,116 @@
+"""Class-incremental image streams (Seq-CIFAR-10/100), one run scoring class-IL and task-IL.
+
+Task t holds the classes [t·c, (t+1)·c) in natural class order (c = classes per task), with
+all their train and test images. The model has one head over every class: class-IL accuracy
+takes the argmax over all logits, task-IL (computed by the engine from the same forward)
+masks the logits to the task's classes — so both matrices come from one run.
+
+Images stay uint8 on the device; a task is converted once to float32, scaled to [0, 1] and
+normalised per channel with the dataset's mean/std (Mammoth's values). Training batches are
+augmented on the device (random crop with 4-pixel padding + horizontal flip, see
+``streams.augment``); the padding shows the normalised value of black, which makes the
+result identical to torchvision's crop-then-normalise order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cfl_bench.errors import UserError
+from streams.augment import crop_flip, normalize
+from streams.base import Stream, TaskData
+from streams.images import ImageSplits
+
+# Per-channel statistics used by Mammoth's seq-cifar10 / seq-cifar100 transforms.
+CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2615)
+CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
+CROP_PADDING = 4
+
+
+class ClassILStream(Stream):
+    scenario = "class-il"
+    augments = True
+
+    def __init__(
+        self,
+        images: ImageSplits,
+        *,
+        name: str,
+        num_tasks: int,
+        classes_per_task: int,
+        mean: tuple[float, ...],
+        std: tuple[float, ...],
+        device: torch.device,
+    ) -> None:
+        available = images.num_classes // classes_per_task
+        if isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 1:
+            raise UserError(f"number of tasks must be a positive integer, got {num_tasks!r}")
+        if num_tasks > available:
+            raise UserError(
+                f"stream {name!r} has {available} tasks of {classes_per_task} classes; "
+                f"use --tasks {available} or fewer."
+            )
+        self.name = name
+        self.num_tasks = num_tasks
+        self.num_classes = images.num_classes
+        self.classes_per_task = classes_per_task
+        self.input_shape = images.input_shape
+        self.device = torch.device(device)
+        self.mean, self.std = mean, std
+        self._base_name = images.name
+        self._levels = images.levels
+        self._train_labels_cpu = images.train_y.cpu()
+        self._images = images.to(self.device)
+        black = torch.zeros(1, len(mean), 1, 1, device=self.device)
+        self._fill = normalize(black, mean, std).flatten()
+
+    def classes(self, t: int) -> tuple[int, ...]:
+        start = self._task_index(t) * self.classes_per_task
+        return tuple(range(start, start + self.classes_per_task))
+
+    def _select(self, labels: torch.Tensor, t: int) -> torch.Tensor:
+        low = t * self.classes_per_task
+        mask = (labels >= low) & (labels < low + self.classes_per_task)
+        return torch.nonzero(mask).flatten()
+
+    def task(self, t: int) -> TaskData:
+        index = self._task_index(t)
+        images = self._images
+        train = self._select(images.train_y, index)
+        test = self._select(images.test_y, index)
+        return TaskData(
+            index=index,
+            train_x=self._prepare(images.train_x[train]),
+            train_y=images.train_y[train],
+            test_x=self._prepare(images.test_x[test]),
+            test_y=images.test_y[test],
+            classes=self.classes(index),
+        )
+
+    def train_labels(self, t: int) -> torch.Tensor:
+        index = self._task_index(t)
+        labels = self._train_labels_cpu
+        return labels[self._select(labels, index)]
+
+    def augment(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        return crop_flip(x, generator, padding=CROP_PADDING, fill=self._fill)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "scenario": self.scenario,
+            "base": self._base_name,
+            "num_tasks": self.num_tasks,
+            "num_classes": self.num_classes,
+            "classes_per_task": self.classes_per_task,
+            "class_order": "natural",
+            "input_shape": list(self.input_shape),
+            "train_size": int(self._images.train_x.shape[0]),
+            "test_size": int(self._images.test_x.shape[0]),
+            "normalisation": {"mean": list(self.mean), "std": list(self.std)},
+            "augmentation": f"random crop (padding {CROP_PADDING}) + horizontal flip",
+        }
+
+    def _prepare(self, pixels: torch.Tensor) -> torch.Tensor:
+        scaled = pixels.to(torch.float32).div_(self._levels)
+        return normalize(scaled, self.mean, self.std)
