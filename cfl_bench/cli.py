@@ -81,7 +81,7 @@ def run(
         ),
     ] = None,
     partition: Annotated[
-        str | None, typer.Option(help="shards | iid (default: the stream's)")
+        str | None, typer.Option(help="shards | dirichlet | iid (default: the stream's)")
     ] = None,
     weighting: Annotated[
         str | None, typer.Option(help="aggregation weights: samples | uniform")
