@@ -171,10 +171,15 @@ def human_bytes(n: object) -> str:
 
 
 def results_table(summary: dict[str, Any], stream: str, strategy: str) -> Table:
+    """One row per accuracy kind: class-IL (argmax over all classes) and, for class-IL
+    streams, task-IL (logits masked to the task's classes) from the same run."""
     table = Table(title=f"{stream} · {strategy}")
-    for col in ("Acc_T %", "Fgt_T %", "BWT %", "FWT %", "MD_T", "bytes up", "bytes down", "time"):
+    columns = ("", "Acc_T %", "Fgt_T %", "BWT %", "FWT %", "MD_T", "bytes up", "bytes down", "time")
+    for col in columns:
         table.add_column(col, justify="right")
+    task_il = summary.get("acc_task_il_T") is not None
     table.add_row(
+        "class-IL" if task_il else "",
         _fmt(summary.get("Acc_T")),
         _fmt(summary.get("Fgt_T")),
         _fmt(summary.get("BWT")),
@@ -184,8 +189,18 @@ def results_table(summary: dict[str, Any], stream: str, strategy: str) -> Table:
         human_bytes(summary.get("bytes_down_total")),
         f"{summary.get('wall_time_s', 0.0):.1f} s",
     )
-    if summary.get("acc_task_il_T") is not None:
-        table.caption = f"task-IL Acc_T {summary['acc_task_il_T']:.2f}%"
+    if task_il:
+        table.add_row(
+            "task-IL",
+            _fmt(summary.get("acc_task_il_T")),
+            _fmt(summary.get("fgt_acc_task_il_T")),
+            _fmt(summary.get("bwt_acc_task_il")),
+            _fmt(summary.get("fwt_acc_task_il")),
+            "",
+            "",
+            "",
+            "",
+        )
     return table
 
 

@@ -69,6 +69,7 @@ def test_cli_run_reports_class_il_and_task_il(tmp_path: Path, shared_data: Path)
         *("--out", str(out)),
     )
     assert code == 0, output
+    assert "class-IL" in output and "task-IL" in output  # both rows of the results table
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "finished"
     assert summary["acc_task_il_T"] is not None and summary["Acc_T"] is not None
