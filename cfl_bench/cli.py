@@ -171,15 +171,17 @@ def human_bytes(n: object) -> str:
 
 
 def results_table(summary: dict[str, Any], stream: str, strategy: str) -> Table:
-    """One row per accuracy kind: class-IL (argmax over all classes) and, for class-IL
-    streams, task-IL (logits masked to the task's classes) from the same run."""
+    """The headline metrics; for class-IL streams one row per accuracy kind — class-IL
+    (argmax over all classes) and task-IL (logits masked to the task's classes), one run."""
     table = Table(title=f"{stream} · {strategy}")
-    columns = ("", "Acc_T %", "Fgt_T %", "BWT %", "FWT %", "MD_T", "bytes up", "bytes down", "time")
-    for col in columns:
-        table.add_column(col, justify="right")
     task_il = summary.get("acc_task_il_T") is not None
+    if task_il:
+        table.add_column("", no_wrap=True)
+    for col in ("Acc_T %", "Fgt_T %", "BWT %", "FWT %", "MD_T", "bytes up", "bytes down", "time"):
+        table.add_column(col, justify="right")
+    label = ["class-IL"] if task_il else []
     table.add_row(
-        "class-IL" if task_il else "",
+        *label,
         _fmt(summary.get("Acc_T")),
         _fmt(summary.get("Fgt_T")),
         _fmt(summary.get("BWT")),
@@ -196,10 +198,7 @@ def results_table(summary: dict[str, Any], stream: str, strategy: str) -> Table:
             _fmt(summary.get("fgt_acc_task_il_T")),
             _fmt(summary.get("bwt_acc_task_il")),
             _fmt(summary.get("fwt_acc_task_il")),
-            "",
-            "",
-            "",
-            "",
+            *([""] * 4),
         )
     return table
 
