@@ -117,6 +117,13 @@ def _mnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return MnistCNN(num_classes)
 
 
+def _linear(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    in_features = 1
+    for d in input_shape:
+        in_features *= int(d)
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))
+
+
 def _mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     in_features = 1
     for d in input_shape:
@@ -136,6 +143,7 @@ MODELS: dict[str, ModelInfo] = {
         "mnist-cnn", "FedGP MNIST CNN: 2 conv + 2 fc, ~22k params (1×28×28 inputs)", _mnist_cnn
     ),
     "mlp": ModelInfo("mlp", "MLP with two hidden layers of 100 units (any input size)", _mlp),
+    "linear": ModelInfo("linear", "one linear layer (a head on frozen embeddings)", _linear),
     "cifar-cnn": ModelInfo(
         "cifar-cnn",
         "small CNN: 3 conv-BN-pool blocks, global pool + linear, ~95k params (C×32×32)",

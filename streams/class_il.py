@@ -14,6 +14,8 @@ result identical to torchvision's crop-then-normalise order.
 
 from __future__ import annotations
 
+import abc
+
 import torch
 
 from cfl_bench.errors import UserError
@@ -27,8 +29,91 @@ CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
 CROP_PADDING = 4
 
 
-class ClassILStream(Stream):
+class ClassSplitStream(Stream):
+    """Class-IL over any labelled tensors: task t = classes [t·c, (t+1)·c), natural order.
+
+    Subclasses say how stored inputs become model inputs (``_prepare``) and describe
+    themselves; the class selection, labels and validation are shared.
+    """
+
     scenario = "class-il"
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        num_tasks: int,
+        classes_per_task: int,
+        num_classes: int,
+        train_y: torch.Tensor,
+        test_y: torch.Tensor,
+        device: torch.device,
+    ) -> None:
+        available = num_classes // classes_per_task
+        if isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 1:
+            raise UserError(f"number of tasks must be a positive integer, got {num_tasks!r}")
+        if num_tasks > available:
+            raise UserError(
+                f"stream {name!r} has {available} tasks of {classes_per_task} classes; "
+                f"use --tasks {available} or fewer."
+            )
+        self.name = name
+        self.num_tasks = num_tasks
+        self.num_classes = num_classes
+        self.classes_per_task = classes_per_task
+        self.device = torch.device(device)
+        self._train_labels_cpu = train_y.cpu()
+        self._train_y = train_y.to(self.device)
+        self._test_y = test_y.to(self.device)
+
+    def classes(self, t: int) -> tuple[int, ...]:
+        start = self._task_index(t) * self.classes_per_task
+        return tuple(range(start, start + self.classes_per_task))
+
+    def _select(self, labels: torch.Tensor, t: int) -> torch.Tensor:
+        low = t * self.classes_per_task
+        mask = (labels >= low) & (labels < low + self.classes_per_task)
+        return torch.nonzero(mask).flatten()
+
+    def task(self, t: int) -> TaskData:
+        index = self._task_index(t)
+        train = self._select(self._train_y, index)
+        test = self._select(self._test_y, index)
+        return TaskData(
+            index=index,
+            train_x=self._prepare("train", train),
+            train_y=self._train_y[train],
+            test_x=self._prepare("test", test),
+            test_y=self._test_y[test],
+            classes=self.classes(index),
+        )
+
+    def train_labels(self, t: int) -> torch.Tensor:
+        index = self._task_index(t)
+        labels = self._train_labels_cpu
+        return labels[self._select(labels, index)]
+
+    @abc.abstractmethod
+    def _prepare(self, split: str, rows: torch.Tensor) -> torch.Tensor:
+        """Model inputs of ``rows`` of ``split`` (train | test)."""
+
+    def _base_description(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "scenario": self.scenario,
+            "num_tasks": self.num_tasks,
+            "num_classes": self.num_classes,
+            "classes_per_task": self.classes_per_task,
+            "class_order": "natural",
+            "input_shape": list(self.input_shape),
+            "train_size": int(self._train_y.shape[0]),
+            "test_size": int(self._test_y.shape[0]),
+        }
+
+
+class ClassILStream(ClassSplitStream):
+    """Seq-CIFAR: normalised uint8 images, crop + flip augmentation on the device."""
+
     augments = True
 
     def __init__(
@@ -42,75 +127,35 @@ class ClassILStream(Stream):
         std: tuple[float, ...],
         device: torch.device,
     ) -> None:
-        available = images.num_classes // classes_per_task
-        if isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 1:
-            raise UserError(f"number of tasks must be a positive integer, got {num_tasks!r}")
-        if num_tasks > available:
-            raise UserError(
-                f"stream {name!r} has {available} tasks of {classes_per_task} classes; "
-                f"use --tasks {available} or fewer."
-            )
-        self.name = name
-        self.num_tasks = num_tasks
-        self.num_classes = images.num_classes
-        self.classes_per_task = classes_per_task
+        super().__init__(
+            name=name,
+            num_tasks=num_tasks,
+            classes_per_task=classes_per_task,
+            num_classes=images.num_classes,
+            train_y=images.train_y,
+            test_y=images.test_y,
+            device=device,
+        )
         self.input_shape = images.input_shape
-        self.device = torch.device(device)
         self.mean, self.std = mean, std
         self._base_name = images.name
         self._levels = images.levels
-        self._train_labels_cpu = images.train_y.cpu()
         self._images = images.to(self.device)
         black = torch.zeros(1, len(mean), 1, 1, device=self.device)
         self._fill = normalize(black, mean, std).flatten()
-
-    def classes(self, t: int) -> tuple[int, ...]:
-        start = self._task_index(t) * self.classes_per_task
-        return tuple(range(start, start + self.classes_per_task))
-
-    def _select(self, labels: torch.Tensor, t: int) -> torch.Tensor:
-        low = t * self.classes_per_task
-        mask = (labels >= low) & (labels < low + self.classes_per_task)
-        return torch.nonzero(mask).flatten()
-
-    def task(self, t: int) -> TaskData:
-        index = self._task_index(t)
-        images = self._images
-        train = self._select(images.train_y, index)
-        test = self._select(images.test_y, index)
-        return TaskData(
-            index=index,
-            train_x=self._prepare(images.train_x[train]),
-            train_y=images.train_y[train],
-            test_x=self._prepare(images.test_x[test]),
-            test_y=images.test_y[test],
-            classes=self.classes(index),
-        )
-
-    def train_labels(self, t: int) -> torch.Tensor:
-        index = self._task_index(t)
-        labels = self._train_labels_cpu
-        return labels[self._select(labels, index)]
 
     def augment(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         return crop_flip(x, generator, padding=CROP_PADDING, fill=self._fill)
 
     def describe(self) -> dict[str, object]:
         return {
-            "name": self.name,
-            "scenario": self.scenario,
+            **self._base_description(),
             "base": self._base_name,
-            "num_tasks": self.num_tasks,
-            "num_classes": self.num_classes,
-            "classes_per_task": self.classes_per_task,
-            "class_order": "natural",
-            "input_shape": list(self.input_shape),
-            "train_size": int(self._images.train_x.shape[0]),
-            "test_size": int(self._images.test_x.shape[0]),
             "normalisation": {"mean": list(self.mean), "std": list(self.std)},
             "augmentation": f"random crop (padding {CROP_PADDING}) + horizontal flip",
         }
 
-    def _prepare(self, pixels: torch.Tensor) -> torch.Tensor:
+    def _prepare(self, split: str, rows: torch.Tensor) -> torch.Tensor:
+        pixels = (self._images.train_x if split == "train" else self._images.test_x)[rows]
         scaled = pixels.to(torch.float32).div_(self._levels)
         return normalize(scaled, self.mean, self.std)

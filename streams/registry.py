@@ -105,6 +105,23 @@ STREAMS: dict[str, StreamInfo] = {
     ),
 }
 
+# Text: a linear head on frozen MiniLM embeddings (FedGP trains a head on a frozen encoder).
+for _name, _base, _tasks in (
+    ("seq-agnews", "AG News (4 classes)", 2),
+    ("seq-dbpedia", "DBpedia-14", 7),
+    ("seq-yahooqa", "Yahoo! Answers topics (10 classes)", 5),
+):
+    STREAMS[_name] = StreamInfo(
+        name=_name,
+        description=f"{_base} as {_tasks} tasks x 2 classes on frozen MiniLM embeddings",
+        default_model="linear",
+        default_tasks=_tasks,
+        default_partition="dirichlet",
+        needs_data_root=True,
+        default_lr=0.1,
+    )
+_TEXT = {"seq-agnews": "agnews", "seq-dbpedia": "dbpedia", "seq-yahooqa": "yahooqa"}
+
 # name → (loader, classes per task, mean, std)
 _CLASS_IL = {
     "seq-cifar10": (load_cifar10, 2, CIFAR10_MEAN, CIFAR10_STD),
@@ -133,6 +150,23 @@ def build_stream(
     """Load the base data of stream ``name`` and wrap it as a stream on ``device``."""
     if name not in STREAMS:
         raise UserError(f"unknown stream {name!r}; choose one of {', '.join(sorted(STREAMS))}")
+    if name in _TEXT:
+        if data_root is None:
+            raise UserError(
+                f"stream {name!r} needs its text files: pass --data-root pointing at the "
+                "folder that holds text/ (or yahoo_answers_csv/ for seq-yahooqa)"
+            )
+        from streams.text import load_text_dataset
+        from streams.text_stream import EmbeddedTextStream
+
+        texts = load_text_dataset(_TEXT[name], data_root)
+        if train_size is not None or test_size is not None:
+            texts = texts.head(
+                train_size or len(texts.train_texts), test_size or len(texts.test_texts)
+            )
+        return EmbeddedTextStream(
+            texts, name=name, num_tasks=num_tasks, device=torch.device(device)
+        )
     if name in _CLASS_IL:
         loader, per_task, mean, std = _CLASS_IL[name]
         if data_root is None:

