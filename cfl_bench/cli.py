@@ -203,6 +203,34 @@ def results_table(summary: dict[str, Any], stream: str, strategy: str) -> Table:
     return table
 
 
+@app.command("clients")
+@user_errors
+def clients_cmd(
+    run_dir: Annotated[str, typer.Argument(help="a run directory (holds config.json)")],
+    task: Annotated[int, typer.Option(help="task number, 1-based")] = 1,
+) -> None:
+    """Print how many samples of each class every client holds in one task of a run."""
+    import json
+    from pathlib import Path
+
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise UserError(f"{path} does not exist; pass a run directory written by `cfl-bench run`.")
+    tables = json.loads(path.read_text()).get("client_class_counts") or {}
+    if str(task) not in tables:
+        raise UserError(f"the run has no task {task}; choose one of {', '.join(tables) or 'none'}.")
+    counts: list[list[int]] = tables[str(task)]
+    classes = [c for c in range(len(counts[0])) if any(row[c] for row in counts)]
+    table = Table(title=f"task {task}: samples per client and class", show_footer=True)
+    table.add_column("client", footer="total")
+    for c in classes:
+        table.add_column(str(c), justify="right", footer=str(sum(row[c] for row in counts)))
+    table.add_column("total", justify="right", footer=str(sum(map(sum, counts))))
+    for k, row in enumerate(counts):
+        table.add_row(str(k), *(str(row[c]) for c in classes), str(sum(row)))
+    Console().print(table)
+
+
 @app.command("list")
 @user_errors
 def list_cmd(

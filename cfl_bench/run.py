@@ -19,7 +19,15 @@ import torch
 
 from cfl_bench import provenance
 from cfl_bench.config import RunConfig, canonical_hash
-from cfl_bench.engine.loop import Federation, Record, RoundReport, RunOutcome, Schedule
+from cfl_bench.engine.loop import (
+    Federation,
+    Record,
+    RoundReport,
+    RunOutcome,
+    Schedule,
+    TaskSplit,
+    plan_task_split,
+)
 from cfl_bench.errors import UserError
 from cfl_bench.metrics import summarize
 from cfl_bench.models import MODELS, build_model
@@ -28,7 +36,8 @@ from cfl_bench.resources import cuda_peak_bytes, peak_rss_bytes
 from cfl_bench.seeding import derive_seed
 from strategies.base import StrategyEnv
 from strategies.compose import build_strategy
-from streams.partition import build_partitioner
+from streams.base import Stream
+from streams.partition import build_partitioner, client_class_counts
 from streams.registry import STREAMS, build_stream
 
 
@@ -162,6 +171,14 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
     # Dropout draws from torch's default generator; seed it explicitly for this run.
     torch.manual_seed(derive_seed(config.seed, "dropout"))
 
+    # Every task's split is drawn before the run directory exists: an impossible split is
+    # refused without writing anything, and config.json can show what each client holds.
+    splits = {
+        t: plan_task_split(
+            stream.train_labels(t), strategy, partitioner, config.clients, t, config.seed
+        )
+        for t in range(num_tasks)
+    }
     protocol = {
         **config.protocol(),
         "partition": partitioner.describe(),
@@ -187,6 +204,7 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
         "strategy": strategy.describe(),
         "stream": stream.describe(),
         "schedule": {"rounds_per_task": rounds, "epochs": epochs},
+        "client_class_counts": class_count_tables(stream, splits),
         "packages": provenance.package_versions(),
         "git_commit": provenance.git_commit(),
         "environment": provenance.environment(device),
@@ -194,7 +212,7 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
     run_dir.write_config(resolved)
 
     started = time.perf_counter()
-    federation = Federation(stream, partitioner, strategy, model, schedule, device)
+    federation = Federation(stream, partitioner, strategy, model, schedule, device, splits)
     outcome = federation.run(on_round)
     wall = time.perf_counter() - started
     summary = write_results(run_dir, outcome, num_tasks, wall, device)
@@ -209,6 +227,16 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
     )
     run_dir.write_summary(summary)
     return RunResult(out, summary)
+
+
+def class_count_tables(stream: Stream, splits: dict[int, TaskSplit]) -> dict[str, object]:
+    """Per task (1-based keys): the K × C table of samples each client holds of each class."""
+    return {
+        str(t + 1): client_class_counts(
+            split.parts, stream.train_labels(t), stream.num_classes
+        ).tolist()
+        for t, split in splits.items()
+    }
 
 
 def cost_mean(costs: pd.DataFrame, metric: str) -> float | None:

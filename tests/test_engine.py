@@ -197,3 +197,29 @@ def test_augmented_streams_store_raw_inputs_and_augment_replays() -> None:
     without.server.round_index = 1
     without._round(RunOutcome())
     assert calls["n"] == steps  # batches only: replays as stored
+
+
+def test_config_records_what_each_client_holds(tmp_path: Path) -> None:
+    from tests.test_cli import in_process
+
+    cfg = make_config(
+        {"tasks": 2, "rounds_per_task": 1, "clients": 5, "out": str(tmp_path / "r"), "seed": 1}
+    )
+    execute(cfg)
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    tables = config["client_class_counts"]
+    assert set(tables) == {"1", "2"}
+    counts = torch.tensor(tables["1"])
+    assert counts.shape == (5, 10)
+    # shards: 1437 digits → 10 shards of 143 (7 dropped), 2 per client
+    assert counts.sum(1).tolist() == [286] * 5
+    assert int((counts > 0).sum(1).max()) <= 4  # two label-sorted shards span few classes
+    fed = federation("fedavg", num_clients=5, seed=1)
+    fed._assign_task_data(0)
+    for k, client in enumerate(fed.clients):
+        assert client.train_y is not None
+        assert torch.bincount(client.train_y, minlength=10).tolist() == tables["1"][k]
+    code, output = in_process("clients", str(tmp_path / "r"), "--task", "2")
+    assert code == 0 and "samples per client and class" in output
+    code, output = in_process("clients", str(tmp_path / "r"), "--task", "3")
+    assert code == 2 and "no task 3" in output

@@ -74,6 +74,34 @@ class Schedule:
         return self.num_tasks * self.rounds_per_task
 
 
+@dataclass(frozen=True)
+class TaskSplit:
+    """Who holds what of one task: per-client indices into its train split, and the indices
+    withheld from every client (a public holdout), if any."""
+
+    parts: list[torch.Tensor]
+    held: torch.Tensor | None = None
+
+
+def plan_task_split(
+    labels: torch.Tensor,
+    strategy: Strategy,
+    partitioner: Partitioner,
+    num_clients: int,
+    task: int,
+    seed: int,
+) -> TaskSplit:
+    """The seeded split of one task (holdout first, then the partitioner on the rest)."""
+    total = labels.shape[0]
+    held, kept = holdout_split(total, strategy.holdout_per_task(total), task, seed)
+    parts = partitioner.split(
+        labels if kept is None else labels[kept], num_clients, task=task, seed=seed
+    )
+    if kept is not None:
+        parts = [kept[p] for p in parts]
+    return TaskSplit(parts, held)
+
+
 @dataclass
 class RoundReport:
     """What the progress display is told after each round."""
@@ -113,8 +141,11 @@ class Federation:
         model: torch.nn.Module,
         schedule: Schedule,
         device: torch.device,
+        splits: dict[int, TaskSplit] | None = None,
     ) -> None:
         self.stream = stream
+        # Task splits planned ahead (run.py writes their class counts to config.json).
+        self.splits: dict[int, TaskSplit] = dict(splits or {})
         self.partitioner = partitioner
         self.strategy = strategy
         self.schedule = schedule
@@ -222,23 +253,19 @@ class Federation:
 
     def _assign_task_data(self, t: int) -> None:
         task = self.stream.task(t)
-        labels = task.train_y.cpu()
-        total = labels.shape[0]
-        held, kept = holdout_split(
-            total, self.strategy.holdout_per_task(total), t, self.schedule.seed
-        )
-        parts = self.partitioner.split(
-            labels if kept is None else labels[kept],
-            self.schedule.num_clients,
-            task=t,
-            seed=self.schedule.seed,
-        )
+        split = self.splits.get(t)
+        if split is None:
+            s = self.schedule
+            split = plan_task_split(
+                task.train_y.cpu(), self.strategy, self.partitioner, s.num_clients, t, s.seed
+            )
+        held, parts = split.held, split.parts
         holdout = None if held is None else task.train_x[held.to(task.train_x.device)]
         for component in self.strategy.all:
             component.on_task_start(self.server, t, holdout)
         keep_history = self.strategy.learner.needs_history
         for client, idx in zip(self.clients, parts, strict=True):
-            idx = (idx if kept is None else kept[idx]).to(self.device)
+            idx = idx.to(self.device)
             shard = (task.train_x[idx], task.train_y[idx])
             history = self.shards.get(client.index, []) if keep_history else []
             self.shards[client.index] = [*history, shard]
