@@ -19,8 +19,9 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -31,19 +32,24 @@ from cfl_bench.metrics import RECORD_COLUMNS
 COLUMNS = RECORD_COLUMNS
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary file in the same directory, fsync, then rename over ``path``."""
+def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write`` into a temporary file in the same directory, fsync, then rename over
+    ``path``: readers see the old file or the whole new one, never a half-written one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
 
 
 def atomic_write_json(path: Path, obj: object) -> None:

@@ -75,6 +75,21 @@ def _domain_il_info(name: str, transform: str, base: str) -> StreamInfo:
     )
 
 
+def _cifar_info(name: str, base: str, *, tasks: int, per_task: int) -> StreamInfo:
+    """FedGP CIFAR protocol: ResNet-18, 5 local epochs, lr 0.1, Dirichlet α = 0.3 per task."""
+    return StreamInfo(
+        name=name,
+        description=f"{base} as {tasks} tasks x {per_task} classes, natural order "
+        "(class-IL + task-IL)",
+        default_model="resnet18",
+        default_tasks=tasks,
+        default_partition="dirichlet",
+        needs_data_root=True,
+        default_epochs=5,
+        default_lr=0.1,
+    )
+
+
 ROTATED = "rotated by its own angle in [0, 180) degrees"
 PERMUTED = "with its own fixed pixel permutation"
 STREAMS: dict[str, StreamInfo] = {
@@ -82,27 +97,8 @@ STREAMS: dict[str, StreamInfo] = {
     "perm-mnist": _domain_il_info("perm-mnist", PERMUTED, "mnist"),
     "rot-digits": _domain_il_info("rot-digits", ROTATED, "digits"),
     "perm-digits": _domain_il_info("perm-digits", PERMUTED, "digits"),
-    # FedGP CIFAR protocol: ResNet-18, 5 local epochs, lr 0.1, Dirichlet α = 0.3 per task.
-    "seq-cifar10": StreamInfo(
-        name="seq-cifar10",
-        description="CIFAR-10 as 5 tasks x 2 classes, natural order (class-IL + task-IL)",
-        default_model="resnet18",
-        default_tasks=5,
-        default_partition="dirichlet",
-        needs_data_root=True,
-        default_epochs=5,
-        default_lr=0.1,
-    ),
-    "seq-cifar100": StreamInfo(
-        name="seq-cifar100",
-        description="CIFAR-100 as 10 tasks x 10 classes, natural order (class-IL + task-IL)",
-        default_model="resnet18",
-        default_tasks=10,
-        default_partition="dirichlet",
-        needs_data_root=True,
-        default_epochs=5,
-        default_lr=0.1,
-    ),
+    "seq-cifar10": _cifar_info("seq-cifar10", "CIFAR-10", tasks=5, per_task=2),
+    "seq-cifar100": _cifar_info("seq-cifar100", "CIFAR-100", tasks=10, per_task=10),
 }
 
 # Text: a linear head on frozen MiniLM embeddings (FedGP trains a head on a frozen encoder).

@@ -35,9 +35,7 @@ import csv
 import functools
 import hashlib
 import json
-import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +44,7 @@ from typing import Any
 import torch
 
 from cfl_bench.errors import UserError
+from cfl_bench.records import atomic_write
 
 INSTALL_HINT = 'pip install -e ".[text]"'
 
@@ -640,24 +639,15 @@ class EmbeddingCache:
         return emb if ok else None
 
     def _write(self, path: Path, key: str, emb: torch.Tensor) -> None:
-        """Store atomically: temp file in the same folder, fsync, then ``os.replace``."""
+        """Store atomically (temp file in the same folder, fsync, ``os.replace``)."""
+        entry = {"key": key, "encoder": self.encoder_name, "embeddings": emb}
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+            atomic_write(path, lambda handle: torch.save(entry, handle))
         except OSError as exc:
             raise UserError(
                 f"embedding cache folder {path.parent} cannot be written ({exc}); pass a "
                 "writable cache directory"
             ) from exc
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                torch.save({"key": key, "encoder": self.encoder_name, "embeddings": emb}, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
     def get(self, texts: Sequence[str]) -> torch.Tensor:
         """Embeddings of ``texts``: from disk on a hit, else computed, stored and returned."""
