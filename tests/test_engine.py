@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cfl_bench.config import make_config
-from cfl_bench.engine.loop import RunOutcome, holdout_split
+from cfl_bench.engine.loop import Federation, RunOutcome, holdout_split
 from cfl_bench.errors import UserError
 from cfl_bench.run import execute
 from tests.helpers import digits_federation as federation
@@ -169,13 +169,15 @@ def test_public_holdout_is_part_of_the_protocol(tmp_path: Path) -> None:
     assert config["protocol"]["public_holdout_per_task"] == "10% (at most 1000)"
 
 
-def test_augmented_streams_store_raw_inputs_and_augment_replays() -> None:
-    fed = federation("der", buffer_size=30)
-    calls = {"n": 0}
+def one_augmented_round(replay_augment: bool) -> tuple[Federation, int]:
+    """One DER round on a stream whose augmentation adds 1000 (never seen in raw pixels);
+    returns the federation and how often the augmentation ran."""
+    fed = federation("der", buffer_size=30, replay_augment=replay_augment)
+    calls = [0]
 
     def shift(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        calls["n"] += 1
-        return x + 1000.0  # unmistakable: no stored input may carry it
+        calls[0] += 1
+        return x + 1000.0
 
     fed.stream.augments = True
     fed.stream.augment = shift  # type: ignore[method-assign]
@@ -183,20 +185,18 @@ def test_augmented_streams_store_raw_inputs_and_augment_replays() -> None:
     fed._assign_task_data(0)
     fed.server.round_index = 1
     fed._round(RunOutcome())
+    return fed, calls[0]
+
+
+def test_augmented_streams_store_raw_inputs_and_augment_replays() -> None:
+    fed, calls = one_augmented_round(replay_augment=True)
     steps = sum(-(-c.num_samples // 32) for c in fed.clients)
-    assert calls["n"] > steps  # every batch, plus the replays once buffers had content
+    assert calls > steps  # every batch, plus the replays once buffers had content
     for c in fed.clients:
         assert c.buffer is not None and c.buffer.filled > 0
         assert float(c.buffer.x[: c.buffer.filled].max()) <= 1.0  # raw pixels were stored
-    without = federation("der", buffer_size=30, replay_augment=False)
-    without.stream.augments = True
-    calls["n"] = 0
-    without.stream.augment = shift  # type: ignore[method-assign]
-    without._prepare_eval_sets()
-    without._assign_task_data(0)
-    without.server.round_index = 1
-    without._round(RunOutcome())
-    assert calls["n"] == steps  # batches only: replays as stored
+    _, calls = one_augmented_round(replay_augment=False)
+    assert calls == steps  # batches only: replays as stored
 
 
 def test_config_records_what_each_client_holds(tmp_path: Path) -> None:
