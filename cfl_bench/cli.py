@@ -63,6 +63,13 @@ def run(
     participation: Annotated[
         float | None, typer.Option(help="fraction of clients per round, in (0, 1]")
     ] = None,
+    async_shift: Annotated[
+        int | None,
+        typer.Option(
+            help="asynchronous task boundaries: each client's are delayed by its own seeded "
+            "offset in [0, S] rounds; task t is evaluated when the last client has finished it"
+        ),
+    ] = None,
     epochs: Annotated[int | None, typer.Option(help="local epochs per round")] = None,
     batch_size: Annotated[int | None, typer.Option(help="local batch size")] = None,
     buffer_batch_size: Annotated[
@@ -81,7 +88,11 @@ def run(
         ),
     ] = None,
     partition: Annotated[
-        str | None, typer.Option(help="shards | dirichlet | iid (default: the stream's)")
+        str | None,
+        typer.Option(
+            help="shards | dirichlet | iid, options as name:key=value,... "
+            "(e.g. dirichlet:alpha=1,min_size=5; default: the stream's)"
+        ),
     ] = None,
     weighting: Annotated[
         str | None, typer.Option(help="aggregation weights: samples | uniform")
@@ -216,18 +227,24 @@ def clients_cmd(
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         raise UserError(f"{path} does not exist; pass a run directory written by `cfl-bench run`.")
-    tables = json.loads(path.read_text()).get("client_class_counts") or {}
+    record = json.loads(path.read_text())
+    tables = record.get("client_class_counts") or {}
     if str(task) not in tables:
         raise UserError(f"the run has no task {task}; choose one of {', '.join(tables) or 'none'}.")
     counts: list[list[int]] = tables[str(task)]
+    offsets: list[int] = (record.get("task_clock") or {}).get("offsets") or []
+    delays = offsets if any(offsets) else []  # only shown for asynchronous boundaries
     classes = [c for c in range(len(counts[0])) if any(row[c] for row in counts)]
     table = Table(title=f"task {task}: samples per client and class", show_footer=True)
     table.add_column("client", footer="total")
+    if delays:
+        table.add_column("delay (rounds)", justify="right")
     for c in classes:
         table.add_column(str(c), justify="right", footer=str(sum(row[c] for row in counts)))
     table.add_column("total", justify="right", footer=str(sum(map(sum, counts))))
     for k, row in enumerate(counts):
-        table.add_row(str(k), *(str(row[c]) for c in classes), str(sum(row)))
+        delay = [str(delays[k])] if delays else []
+        table.add_row(str(k), *delay, *(str(row[c]) for c in classes), str(sum(row)))
     Console().print(table)
 
 

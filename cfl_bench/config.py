@@ -38,6 +38,7 @@ class RunConfig:
     rounds_per_task: int | None = None  # None → the stream's default (20 for MNIST)
     clients: int = 10
     participation: float = 1.0
+    async_shift: int = 0  # per-client task-boundary delays in [0, S] rounds (TaskClock)
     epochs: int | None = None  # None → the stream's default (1 for MNIST)
     batch_size: int = 32
     buffer_batch_size: int | None = None  # None → batch_size
@@ -137,6 +138,8 @@ def validate(c: RunConfig) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise UserError(f"--{name} must be a positive integer, got {value!r}.")
+    if isinstance(c.async_shift, bool) or not isinstance(c.async_shift, int) or c.async_shift < 0:
+        raise UserError(f"--async-shift must be an integer >= 0, got {c.async_shift!r}.")
     if isinstance(c.participation, bool) or not isinstance(c.participation, (int, float)):
         raise UserError(f"--participation must be a number in (0, 1], got {c.participation!r}.")
     if not 0 < c.participation <= 1:

@@ -25,9 +25,8 @@ from cfl_bench.engine.loop import (
     RoundReport,
     RunOutcome,
     Schedule,
-    TaskSplit,
-    plan_task_split,
 )
+from cfl_bench.engine.splits import TaskSplit, plan_splits
 from cfl_bench.errors import UserError
 from cfl_bench.metrics import summarize
 from cfl_bench.models import MODELS, build_model
@@ -37,7 +36,7 @@ from cfl_bench.seeding import derive_seed
 from strategies.base import StrategyEnv
 from strategies.compose import build_strategy
 from streams.base import Stream
-from streams.partition import build_partitioner, client_class_counts
+from streams.partition import client_class_counts, partitioner_from_spec
 from streams.registry import STREAMS, build_stream
 
 
@@ -115,7 +114,7 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
         raise UserError(
             f"unknown model '{model_name}'; choose one of: {', '.join(sorted(MODELS))}."
         )
-    partitioner = build_partitioner(str(config.partition))
+    partitioner = partitioner_from_spec(str(config.partition))
     device = resolve_device(config.device)
     configure_cpu(device, config.threads)
     num_tasks = resolved_int(config.tasks)
@@ -165,6 +164,7 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
         probe_size=config.probe_size,
         eval_every_round=config.eval_every_round,
         seed=config.seed,
+        async_shift=config.async_shift,
     )
     torch.manual_seed(derive_seed(config.seed, "model-init"))
     model = build_model(model_name, stream.input_shape, stream.num_classes)
@@ -173,12 +173,7 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
 
     # Every task's split is drawn before the run directory exists: an impossible split is
     # refused without writing anything, and config.json can show what each client holds.
-    splits = {
-        t: plan_task_split(
-            stream.train_labels(t), strategy, partitioner, config.clients, t, config.seed
-        )
-        for t in range(num_tasks)
-    }
+    splits = plan_splits(stream, strategy, partitioner, config.clients, num_tasks, config.seed)
     protocol = {
         **config.protocol(),
         "partition": partitioner.describe(),
@@ -204,6 +199,7 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
         "strategy": strategy.describe(),
         "stream": stream.describe(),
         "schedule": {"rounds_per_task": rounds, "epochs": epochs},
+        "task_clock": schedule.clock().describe(),
         "client_class_counts": class_count_tables(stream, splits),
         "packages": provenance.package_versions(),
         "git_commit": provenance.git_commit(),

@@ -104,17 +104,24 @@ class IFA(Component):
         self.start: torch.Tensor | None = None
         self.resets = 0
 
-    def _length(self, server: ServerState) -> int:
-        return self.generation or server.rounds_per_task
+    def _starts(self, server: ServerState) -> bool:
+        if self.generation is None:  # one (global) task: see cfl_bench.engine.task_clock
+            return server.round_in_task == 0
+        return (server.round_index - 1) % self.generation == 0
+
+    def _ends(self, server: ServerState) -> bool:
+        if self.generation is None:
+            return server.is_task_end
+        return server.round_index % self.generation == 0
 
     def on_round_start(self, server: ServerState) -> None:
         if self.initial is None:
             self.initial = server.global_params.detach().clone()
-        if (server.round_index - 1) % self._length(server) == 0 and not self.to_init:
+        if self._starts(server) and not self.to_init:
             self.start = server.global_params.detach().clone()
 
     def after_aggregate(self, server: ServerState) -> None:
-        if server.round_index % self._length(server) != 0:
+        if not self._ends(server):
             return
         source = self.initial if self.to_init else self.start
         assert source is not None  # on_round_start ran for this generation

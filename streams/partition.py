@@ -179,7 +179,8 @@ class DirichletPartitioner(Partitioner):
             raise UserError(
                 f"the dirichlet partition needs at least {num_clients * self.min_size} "
                 f"training samples ({num_clients} clients x min_size {self.min_size}), the "
-                f"task has {total}; use fewer clients or a smaller min_size"
+                f"task has {total}; use fewer clients or a smaller min_size "
+                f"(e.g. --partition dirichlet:min_size={total // num_clients})"
             )
         # Indices grouped by class (ascending class, ascending index within a class).
         by_label = torch.sort(labels, stable=True).indices.numpy()
@@ -197,7 +198,7 @@ class DirichletPartitioner(Partitioner):
             f"the dirichlet partition (alpha {self.alpha}, {num_clients} clients, min_size "
             f"{self.min_size}) left some client with fewer than {self.min_size} of the task's "
             f"{total} samples in all {self.max_redraws} draws; use a larger alpha, fewer "
-            f"clients or a smaller min_size"
+            f"clients or a smaller min_size (e.g. --partition dirichlet:alpha=1,min_size=5)"
         )
 
     def _draw(
@@ -269,6 +270,30 @@ def build_partitioner(name: str, **options: object) -> Partitioner:
         return _PARTITIONER_TYPES[name](**options)
     except TypeError as exc:
         raise UserError(f"bad options {sorted(options)} for partition {name!r} ({exc})") from exc
+
+
+def partitioner_from_spec(spec: str) -> Partitioner:
+    """``name`` or ``name:key=value,key=value`` (as ``--partition dirichlet:alpha=1``)."""
+    name, _, rest = spec.partition(":")
+    options: dict[str, object] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, raw = item.partition("=")
+        if not eq or not key.strip() or not raw.strip():
+            raise UserError(
+                f"bad partition option {item!r} in {spec!r}; write name:key=value,key=value "
+                "(e.g. dirichlet:alpha=1,min_size=5)"
+            )
+        options[key.strip()] = _number(raw.strip(), spec)
+    return build_partitioner(name.strip(), **options)
+
+
+def _number(raw: str, spec: str) -> int | float:
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            continue
+    raise UserError(f"partition option value {raw!r} in {spec!r} must be a number")
 
 
 def client_class_counts(

@@ -148,3 +148,13 @@ def digits_federation(
     torch.manual_seed(0)
     model = build_model("mlp", stream.input_shape, stream.num_classes)
     return Federation(stream, ShardPartitioner(), strat, model, schedule, CPU)
+
+
+def enter_task(fed: Federation, t: int) -> None:
+    """Move every client of a synchronous federation to task ``t`` (its first round)."""
+    fed._advance_clients(fed.clock.task_start(t))
+
+
+def end_task(fed: Federation, t: int) -> None:
+    """The learner's task-end work for every client, as after the last round of task ``t``."""
+    fed._end_client_tasks([(k, t) for k in range(len(fed.clients))])

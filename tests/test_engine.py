@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from cfl_bench.config import make_config
-from cfl_bench.engine.loop import Federation, RunOutcome, holdout_split
+from cfl_bench.engine.loop import Federation, RunOutcome
+from cfl_bench.engine.splits import holdout_split
 from cfl_bench.errors import UserError
 from cfl_bench.run import execute
 from tests.helpers import digits_federation as federation
+from tests.helpers import end_task, enter_task
 
 CPU = torch.device("cpu")
 
@@ -36,9 +38,9 @@ def test_every_step_offers_after_every_step() -> None:
 
 def test_ideal_trains_on_union_of_own_shards() -> None:
     fed = federation("ideal")
-    fed._assign_task_data(0)
+    enter_task(fed, 0)
     shard = fed.clients[0].num_samples
-    fed._assign_task_data(1)
+    enter_task(fed, 1)
     assert fed.clients[0].num_samples == 2 * shard
     assert fed.clients[0].buffer is None
 
@@ -46,11 +48,11 @@ def test_ideal_trains_on_union_of_own_shards() -> None:
 def test_agem_task_end_fill_uses_m_over_t_and_no_buffer_in_task_one() -> None:
     fed = federation("agem:agem_fill=task_end", buffer_size=40)
     fed._prepare_eval_sets()
-    fed._assign_task_data(0)
+    enter_task(fed, 0)
     fed.server.round_index = 1
     fed._round(RunOutcome())
     assert all(c.buffer.filled == 0 for c in fed.clients)  # type: ignore[union-attr]
-    fed._end_task(0)
+    end_task(fed, 0)
     assert all(c.buffer.filled == 20 for c in fed.clients)  # type: ignore[union-attr]
     assert all(int(c.buffer.task[:20].max()) == 0 for c in fed.clients)  # type: ignore[union-attr]
 
@@ -127,7 +129,7 @@ def test_holdout_split_is_disjoint_seeded_and_complete() -> None:
 
 def test_fedproj_holdout_is_withheld_from_every_client() -> None:
     fed = federation("fedproj:public=holdout,public_size=50")
-    fed._assign_task_data(0)
+    enter_task(fed, 0)
     task = fed.stream.task(0)
     held, kept = holdout_split(task.train_y.shape[0], 50, task=0, seed=0)
     assert held is not None and kept is not None
@@ -139,7 +141,7 @@ def test_fedproj_holdout_is_withheld_from_every_client() -> None:
     for c in fed.clients:
         assert c.train_x is not None
         assert not held_set & {tuple(r.tolist()) for r in c.train_x.flatten(1)}
-    fed._assign_task_data(1)
+    enter_task(fed, 1)
     assert public.shape[0] == 50 and fed.strategy.components[0].public_x.shape[0] == 100  # type: ignore[attr-defined]
 
 
@@ -182,7 +184,7 @@ def one_augmented_round(replay_augment: bool) -> tuple[Federation, int]:
     fed.stream.augments = True
     fed.stream.augment = shift  # type: ignore[method-assign]
     fed._prepare_eval_sets()
-    fed._assign_task_data(0)
+    enter_task(fed, 0)
     fed.server.round_index = 1
     fed._round(RunOutcome())
     return fed, calls[0]
@@ -215,7 +217,7 @@ def test_config_records_what_each_client_holds(tmp_path: Path) -> None:
     assert counts.sum(1).tolist() == [286] * 5
     assert int((counts > 0).sum(1).max()) <= 4  # two label-sorted shards span few classes
     fed = federation("fedavg", num_clients=5, seed=1)
-    fed._assign_task_data(0)
+    enter_task(fed, 0)
     for k, client in enumerate(fed.clients):
         assert client.train_y is not None
         assert torch.bincount(client.train_y, minlength=10).tolist() == tables["1"][k]
@@ -223,3 +225,20 @@ def test_config_records_what_each_client_holds(tmp_path: Path) -> None:
     assert code == 0 and "samples per client and class" in output
     code, output = in_process("clients", str(tmp_path / "r"), "--task", "3")
     assert code == 2 and "no task 3" in output
+
+
+def test_task_independent_splits_are_drawn_once_and_shared() -> None:
+    from cfl_bench.engine.splits import plan_splits
+    from strategies.compose import build_strategy
+    from streams.partition import DirichletPartitioner, ShardPartitioner
+
+    fed = federation("fedavg")
+    stream, strategy = fed.stream, fed.strategy
+    shared = plan_splits(stream, strategy, ShardPartitioner(), 4, 2, seed=0)
+    assert shared[1] is shared[0]  # same labels, task-independent draw: reused
+    fresh = plan_splits(stream, strategy, DirichletPartitioner(min_size=5), 4, 2, seed=0)
+    assert not all(torch.equal(a, b) for a, b in zip(fresh[0].parts, fresh[1].parts))
+    holdout = build_strategy("fedproj:public=holdout,public_size=50")
+    held = plan_splits(stream, holdout, ShardPartitioner(), 4, 2, seed=0)
+    assert held[0].held is not None and held[1].held is not None
+    assert not torch.equal(held[0].held, held[1].held)  # per-task holdout: never shared

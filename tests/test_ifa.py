@@ -25,6 +25,7 @@ def run_generation(ifa: IFA, srv: ServerState, rounds: int) -> list[torch.Tensor
     seen = []
     for _ in range(rounds):
         srv.round_index += 1
+        srv.round_in_task = (srv.round_index - 1) % srv.rounds_per_task
         ifa.on_round_start(srv)
         srv.global_params = srv.global_params + 1.0  # aggregation makes a new tensor
         ifa.after_aggregate(srv)

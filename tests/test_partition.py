@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,6 +14,7 @@ from streams.partition import (
     IIDPartitioner,
     ShardPartitioner,
     build_partitioner,
+    partitioner_from_spec,
 )
 
 
@@ -93,3 +97,35 @@ def test_build_partitioner_by_name() -> None:
         build_partitioner("iid", alpha=0.3)
     with pytest.raises(UserError, match="shards_per_client must be a positive integer"):
         build_partitioner("shards", shards_per_client=0)
+
+
+def test_partition_specs_carry_options() -> None:
+    dirichlet = partitioner_from_spec("dirichlet:alpha=1,min_size=5")
+    assert dirichlet.describe()["alpha"] == 1.0 and dirichlet.describe()["min_size"] == 5
+    assert (
+        partitioner_from_spec(" shards : shards_per_client=3 ").describe()["shards_per_client"] == 3
+    )
+    assert partitioner_from_spec("iid").describe() == {"name": "iid", "per_task": False}
+    with pytest.raises(UserError, match="write name:key=value"):
+        partitioner_from_spec("dirichlet:alpha")
+    with pytest.raises(UserError, match="must be a number"):
+        partitioner_from_spec("dirichlet:alpha=high")
+    with pytest.raises(UserError, match="bad options"):
+        partitioner_from_spec("dirichlet:beta=1")
+
+
+def test_partition_option_reaches_the_run_and_its_protocol(tmp_path: Path) -> None:
+    from tests.test_cli import in_process
+
+    code, output = in_process(
+        "run", "--tasks", "1", "--rounds-per-task", "1", "--clients", "5",
+        "--partition", "dirichlet:alpha=2,min_size=3", "--train-size", "300",
+        "--test-size", "50", "--out", str(tmp_path / "r"),
+    )  # fmt: skip
+    assert code == 0, output
+    protocol = json.loads((tmp_path / "r" / "config.json").read_text())["protocol"]
+    assert protocol["partition"]["alpha"] == 2.0 and protocol["partition"]["min_size"] == 3
+    code, output = in_process(
+        "run", "--partition", "dirichlet:alpha=x", "--out", str(tmp_path / "b")
+    )
+    assert code == 2 and "must be a number" in output

@@ -28,6 +28,8 @@ class ClientState:
     # Training data of the current task (may include older tasks for the joint learner).
     train_x: torch.Tensor | None = None
     train_y: torch.Tensor | None = None
+    # The task this client is training (its own under an async shift; see TaskClock).
+    task: int = 0
     # Tasks this client has already trained on (for the first-pass buffer policy).
     tasks_started: set[int] = field(default_factory=set)
     # The global-model version this client holds (so re-sending it is not counted twice).
@@ -52,6 +54,8 @@ class ServerState:
     clients: list[ClientState]
     comm: CommCounter
     device: torch.device
+    # The global task (see TaskClock) and the round's position in it; rounds_per_task is
+    # the length of the current global task (R + lag for the first task under a shift).
     task: int = 0
     round_in_task: int = 0
     round_index: int = 0

@@ -1,8 +1,12 @@
 """The continual-federated round loop (DESIGN.md §3), sequential executor.
 
-    for task t: partition → client data
-      for round r: broadcast θ_g (+ payloads) → sampled clients train locally
-                   → uploads → weighted average → server hooks → evaluation
+    for round g: clients entering a task get its data (task start hooks on first entry)
+                 broadcast θ_g (+ payloads) → sampled clients train locally on their task
+                 → uploads → weighted average → server hooks
+                 → evaluation when a task is finished by every client → client task ends
+
+Which client trains which task in which round, and when task t counts as finished, is the
+``TaskClock``: synchronous by default, per-client delayed boundaries under ``--async-shift``.
 
 Speed: one reusable module whose parameters are views of a flat vector (``FlatModel``);
 loading a client is one copy, aggregation is a running weighted sum of flat vectors, the
@@ -32,11 +36,12 @@ from cfl_bench.engine.context import (
 )
 from cfl_bench.engine.evaluation import accuracy, log_probs, mean_kl, predict_logits
 from cfl_bench.engine.optim import FlatSGD
-from cfl_bench.errors import UserError
+from cfl_bench.engine.splits import TaskSplit, plan_task_split
+from cfl_bench.engine.task_clock import TaskClock
 from cfl_bench.flat import FlatModel
 from cfl_bench.seeding import generator
 from strategies.compose import Strategy
-from streams.base import Stream
+from streams.base import Stream, TaskData
 from streams.partition import Partitioner
 
 # (round, trained_task, eval_task, scope, metric, value); value may be a 0-d tensor until flushed.
@@ -64,42 +69,17 @@ class Schedule:
     probe_size: int
     eval_every_round: bool
     seed: int
+    async_shift: int = 0
 
     @property
     def clients_per_round(self) -> int:
         return max(1, round(self.participation * self.num_clients))
 
-    @property
-    def total_rounds(self) -> int:
-        return self.num_tasks * self.rounds_per_task
-
-
-@dataclass(frozen=True)
-class TaskSplit:
-    """Who holds what of one task: per-client indices into its train split, and the indices
-    withheld from every client (a public holdout), if any."""
-
-    parts: list[torch.Tensor]
-    held: torch.Tensor | None = None
-
-
-def plan_task_split(
-    labels: torch.Tensor,
-    strategy: Strategy,
-    partitioner: Partitioner,
-    num_clients: int,
-    task: int,
-    seed: int,
-) -> TaskSplit:
-    """The seeded split of one task (holdout first, then the partitioner on the rest)."""
-    total = labels.shape[0]
-    held, kept = holdout_split(total, strategy.holdout_per_task(total), task, seed)
-    parts = partitioner.split(
-        labels if kept is None else labels[kept], num_clients, task=task, seed=seed
-    )
-    if kept is not None:
-        parts = [kept[p] for p in parts]
-    return TaskSplit(parts, held)
+    def clock(self) -> TaskClock:
+        """Who trains which task when (seeded per-client offsets under an async shift)."""
+        return TaskClock.draw(
+            self.num_tasks, self.rounds_per_task, self.num_clients, self.async_shift, self.seed
+        )
 
 
 @dataclass
@@ -182,6 +162,10 @@ class Federation:
             rounds_per_task=schedule.rounds_per_task,
         )
         self.shards: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.clock = schedule.clock()
+        self.started_tasks: set[int] = set()
+        # Materialised tasks some client is still entering (several rounds under a shift).
+        self.live_tasks: dict[int, TaskData] = {}
         self.eval_sets: list[EvalSet] = []
         self.reference_log_probs: dict[int, torch.Tensor] = {}
 
@@ -197,47 +181,47 @@ class Federation:
 
     # -- the run ----------------------------------------------------------------------------------
     def run(self, on_round: Callable[[RoundReport], None] | None = None) -> RunOutcome:
-        s = self.schedule
+        s, clock, server = self.schedule, self.clock, self.server
         out = RunOutcome(num_params=self.model.num_params)
         if self.clients[0].buffer is not None:
             out.buffer_bytes_per_client = self.clients[0].buffer.nbytes
         self._prepare_eval_sets()
         self._evaluate(out, round_index=0, trained_task=-1, upto=s.num_tasks - 1, drift=False)
         latest: float | None = None
-        for t in range(s.num_tasks):
-            self._assign_task_data(t)
-            for r in range(s.rounds_per_task):
-                started = time.perf_counter()
-                self.server.task, self.server.round_in_task = t, r
-                self.server.round_index += 1
-                loss_sum, steps, train_seconds = self._round(out)
-                mean_loss = (loss_sum / max(steps, 1)).item()
-                ri = self.server.round_index
-                up, down = self.server.comm.end_round()
-                out.records += [
-                    (ri, t, -1, "global", "bytes_up", up),
-                    (ri, t, -1, "global", "bytes_down", down),
-                    (ri, t, -1, "global", "train_loss", mean_loss),
-                ]
-                if not math.isfinite(mean_loss):
-                    out.status = "diverged"
-                    out.message = f"training loss became {mean_loss} in round {ri} (task {t + 1})"
-                    out.costs.append(
-                        (ri, t, -1, "global", "round_time_s", time.perf_counter() - started)
-                    )
-                    return self._finish(out)
-                self._record_buffer_drift(out, ri, t)
-                if self.server.is_task_end or s.eval_every_round:
-                    upto = min(t + 1, s.num_tasks - 1)
-                    latest = self._evaluate(out, ri, t, upto=upto, drift=self.server.is_task_end)
-                if self.server.is_task_end:
-                    self._end_task(t)
-                out.costs += [
-                    (ri, t, -1, "global", "round_time_s", time.perf_counter() - started),
-                    (ri, t, -1, "global", "train_time_s", train_seconds),
-                ]
-                if on_round is not None:
-                    on_round(RoundReport(ri, s.total_rounds, t, latest))
+        for g in range(clock.total_rounds):
+            started = time.perf_counter()
+            t = clock.global_task(g)
+            server.task, server.round_in_task = t, g - clock.task_start(t)
+            server.rounds_per_task = clock.task_rounds(t)
+            self._advance_clients(g)
+            server.round_index += 1
+            loss_sum, steps, train_seconds = self._round(out)
+            mean_loss = (loss_sum / max(steps, 1)).item()
+            ri = server.round_index
+            up, down = server.comm.end_round()
+            out.records += [
+                (ri, t, -1, "global", "bytes_up", up),
+                (ri, t, -1, "global", "bytes_down", down),
+                (ri, t, -1, "global", "train_loss", mean_loss),
+            ]
+            if not math.isfinite(mean_loss):
+                out.status = "diverged"
+                out.message = f"training loss became {mean_loss} in round {ri} (task {t + 1})"
+                out.costs.append(
+                    (ri, t, -1, "global", "round_time_s", time.perf_counter() - started)
+                )
+                return self._finish(out)
+            self._record_buffer_drift(out, ri, t)
+            if server.is_task_end or s.eval_every_round:
+                upto = min(t + 1, s.num_tasks - 1)
+                latest = self._evaluate(out, ri, t, upto=upto, drift=server.is_task_end)
+            self._end_client_tasks(clock.ending_tasks(g))
+            out.costs += [
+                (ri, t, -1, "global", "round_time_s", time.perf_counter() - started),
+                (ri, t, -1, "global", "train_time_s", train_seconds),
+            ]
+            if on_round is not None:
+                on_round(RoundReport(ri, clock.total_rounds, t, latest))
         out.status = "finished"
         return self._finish(out)
 
@@ -251,27 +235,61 @@ class Federation:
             task = self.stream.task(i)
             self.eval_sets.append(EvalSet(task.test_x, task.test_y, tuple(task.classes)))
 
-    def _assign_task_data(self, t: int) -> None:
-        task = self.stream.task(t)
+    def _split(self, t: int) -> TaskSplit:
         split = self.splits.get(t)
         if split is None:
             s = self.schedule
+            labels = self.stream.train_labels(t).cpu()
             split = plan_task_split(
-                task.train_y.cpu(), self.strategy, self.partitioner, s.num_clients, t, s.seed
+                labels, self.strategy, self.partitioner, s.num_clients, t, s.seed
             )
-        held, parts = split.held, split.parts
-        holdout = None if held is None else task.train_x[held.to(task.train_x.device)]
-        for component in self.strategy.all:
-            component.on_task_start(self.server, t, holdout)
+            self.splits[t] = split
+        return split
+
+    def _advance_clients(self, g: int) -> None:
+        """Give every client whose task changes in round ``g`` its shard of the new task.
+
+        A task's start hooks run once, when its first client enters it (the server's public
+        holdout of that task becomes usable then).
+        """
+        entering: dict[int, list[ClientState]] = {}
+        for client in self.clients:
+            t = self.clock.client_task(client.index, g)
+            if client.train_y is None or t != client.task:
+                entering.setdefault(t, []).append(client)
+        for t, clients in sorted(entering.items()):
+            task = self.live_tasks.get(t) or self.stream.task(t)
+            self.live_tasks[t] = task
+            split = self._split(t)
+            if t not in self.started_tasks:
+                self.started_tasks.add(t)
+                held = split.held
+                holdout = None if held is None else task.train_x[held.to(task.train_x.device)]
+                for component in self.strategy.all:
+                    component.on_task_start(self.server, t, holdout)
+            for client in clients:
+                self._assign_shard(client, t, task.train_x, task.train_y, split.parts)
+        # Keep a materialised task only while some client has yet to enter it.
+        behind = min(c.task for c in self.clients)
+        self.live_tasks = {t: d for t, d in self.live_tasks.items() if t > behind}
+
+    def _assign_shard(
+        self,
+        client: ClientState,
+        t: int,
+        train_x: torch.Tensor,
+        train_y: torch.Tensor,
+        parts: list[torch.Tensor],
+    ) -> None:
+        client.task = t
+        idx = parts[client.index].to(self.device)
+        shard = (train_x[idx], train_y[idx])
         keep_history = self.strategy.learner.needs_history
-        for client, idx in zip(self.clients, parts, strict=True):
-            idx = idx.to(self.device)
-            shard = (task.train_x[idx], task.train_y[idx])
-            history = self.shards.get(client.index, []) if keep_history else []
-            self.shards[client.index] = [*history, shard]
-            client.train_x, client.train_y = self.strategy.learner.training_data(
-                self.shards[client.index]
-            )
+        history = self.shards.get(client.index, []) if keep_history else []
+        self.shards[client.index] = [*history, shard]
+        client.train_x, client.train_y = self.strategy.learner.training_data(
+            self.shards[client.index]
+        )
 
     # -- one round --------------------------------------------------------------------------------
     def _sample_participants(self) -> list[ClientState]:
@@ -340,8 +358,8 @@ class Federation:
         model, learner = self.model, self.strategy.learner
         model.module.train()
         self.optimizer.reset()
-        first_visit = self.server.task not in client.tasks_started
-        client.tasks_started.add(self.server.task)
+        first_visit = client.task not in client.tasks_started
+        client.tasks_started.add(client.task)
         n = client.num_samples
         loss_sum = torch.zeros((), device=self.device)
         steps = 0
@@ -366,7 +384,7 @@ class Federation:
                     server=self.server,
                     x=augment(raw) if augments else raw,
                     y=client.train_y[batch],
-                    task=self.server.task,
+                    task=client.task,
                     epoch=epoch,
                     offer_to_buffer=offer,
                     buffer_batch_size=s.buffer_batch_size,
@@ -393,11 +411,15 @@ class Federation:
                 steps += 1
         return loss_sum, steps
 
-    def _end_task(self, t: int) -> None:
+    def _end_client_tasks(self, ending: list[tuple[int, int]]) -> None:
+        """The learner's task-end work for clients that finish a task this round, done with
+        the freshly aggregated global model (e.g. A-GEM fills its episodic memory)."""
+        if not ending:
+            return
         self.model.load(self.server.global_params, self.server.global_buffers)
         self.model.module.eval()
-        for client in self.clients:
-            self.strategy.learner.on_task_end(client, t, self.model)
+        for k, t in ending:
+            self.strategy.learner.on_task_end(self.clients[k], t, self.model)
         self.model.module.train()
 
     # -- measurements -----------------------------------------------------------------------------
@@ -468,22 +490,3 @@ class Federation:
                     mean_kl(stored, current),
                 )
             )
-
-
-def holdout_split(
-    total: int, per_task: int, task: int, seed: int
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(held-out indices, kept indices) of one task's training split, or (None, None).
-
-    The held-out slice is a seeded random draw per task; the partitioner then splits only
-    the kept indices, so no client ever holds a held-out example.
-    """
-    if per_task <= 0:
-        return None, None
-    if per_task >= total:
-        raise UserError(
-            f"the strategy withholds {per_task} public examples per task but task {task + 1} "
-            f"has only {total} training examples; lower fedproj:public_size."
-        )
-    perm = torch.randperm(total, generator=generator(seed, "holdout", task))
-    return torch.sort(perm[:per_task]).values, torch.sort(perm[per_task:]).values
