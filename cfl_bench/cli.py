@@ -49,7 +49,11 @@ def user_errors(fn: F) -> F:
 @user_errors
 def run(
     stream: Annotated[
-        str | None, typer.Option(help="stream name (see `cfl-bench list streams`)")
+        str | None,
+        typer.Option(
+            help="stream name (see `cfl-bench list streams`), or "
+            "avalanche:package.module:factory for any Avalanche benchmark"
+        ),
     ] = None,
     strategy: Annotated[
         str | None, typer.Option(help="composition, e.g. der:alpha=0.5+fedgp:gref_samples=all")
@@ -256,7 +260,7 @@ def list_cmd(
     """List streams, strategy components (roles, options, papers), models or partitions."""
     console = Console()
     if what == "streams":
-        from streams.registry import STREAMS
+        from streams.registry import AVALANCHE_STREAM_HELP, STREAMS
 
         table = Table("stream", "default model", "tasks", "partition", "description")
         for info in STREAMS.values():
@@ -267,6 +271,9 @@ def list_cmd(
                 info.default_partition,
                 info.description,
             )
+        table.add_row(
+            "avalanche:package.module:factory", "mlp", "all", "dirichlet", AVALANCHE_STREAM_HELP
+        )
     elif what == "strategies":
         print_components(console)
         return

@@ -37,7 +37,7 @@ from strategies.base import StrategyEnv
 from strategies.compose import build_strategy
 from streams.base import Stream
 from streams.partition import client_class_counts, partitioner_from_spec
-from streams.registry import STREAMS, build_stream
+from streams.registry import build_stream, stream_info
 
 
 def resolve_device(name: str) -> torch.device:
@@ -94,11 +94,7 @@ def materialise(rows: list[Record]) -> pd.DataFrame:
 
 def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = None) -> RunResult:
     strategy = build_strategy(config.strategy)
-    info = STREAMS.get(config.stream)
-    if info is None:
-        raise UserError(
-            f"unknown stream '{config.stream}'; choose one of: {', '.join(sorted(STREAMS))}."
-        )
+    info = stream_info(config.stream)
     config = dataclasses.replace(
         config,
         model=config.model or info.default_model,
@@ -128,6 +124,9 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
         train_size=config.train_size,
         test_size=config.test_size,
     )
+    if num_tasks == 0:  # the stream's own count (all of an Avalanche benchmark's experiences)
+        num_tasks = stream.num_tasks
+        config = dataclasses.replace(config, tasks=num_tasks)
     if config.replay_augment is None:  # resolved here so the protocol records the value
         config = dataclasses.replace(config, replay_augment=stream.augments)
     strategy.setup(
@@ -177,6 +176,7 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
     protocol = {
         **config.protocol(),
         "partition": partitioner.describe(),
+        **stream.protocol_fields(),
         **strategy.protocol_changes(),
     }
     protocol_hash = canonical_hash(protocol)

@@ -58,6 +58,13 @@ class Stream(abc.ABC):
     def describe(self) -> dict[str, object]:
         """A JSON-able description of everything about the stream that changes results."""
 
+    def protocol_fields(self) -> dict[str, object]:
+        """What identifies the stream's data beyond its name and the run options, and does
+        not depend on the seed (seed-derived parameters such as rotation angles stay out, so
+        the seeds of one protocol average together). Native streams need nothing here: the
+        name and the options fix their data. Adapters of external data override it."""
+        return {}
+
     def _task_index(self, t: int) -> int:
         """Validate a task index once, so every subclass reports bad ones the same way."""
         if isinstance(t, bool):

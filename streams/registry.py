@@ -2,7 +2,8 @@
 
 Why a table of :class:`StreamInfo`: the CLI lists streams, fills in per-stream defaults
 (model, number of tasks, partition) and knows which ones need a data folder, all without
-loading any data.
+loading any data. Besides the native names, ``avalanche:package.module:factory`` names any
+Avalanche benchmark (see ``streams.avalanche``); :func:`stream_info` answers for both.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import torch
 
 from cfl_bench.errors import UserError
+from streams.avalanche import SPEC_FORM, build_avalanche_stream, is_avalanche_name, parse_spec
 from streams.base import Stream
 from streams.cifar import load_cifar10, load_cifar100
 from streams.class_il import (
@@ -118,6 +120,39 @@ for _name, _base, _tasks in (
     )
 _TEXT = {"seq-agnews": "agnews", "seq-dbpedia": "dbpedia", "seq-yahooqa": "yahooqa"}
 
+# How `cfl-bench list streams` and error messages show the Avalanche form.
+AVALANCHE_STREAM_HELP = (
+    f"any Avalanche benchmark: {SPEC_FORM} (a callable returning a benchmark, given "
+    "n_experiences from --tasks, seed and dataset_root from --data-root when it names them); "
+    "all its experiences unless --tasks; class-IL or domain-IL from its class sets"
+)
+
+
+def stream_info(name: str) -> StreamInfo:
+    """What the CLI needs to know about stream ``name`` (native or ``avalanche:...``).
+
+    Avalanche benchmarks get defaults that fit any of them: an MLP (any input shape),
+    all of the benchmark's experiences (``default_tasks`` 0; the built stream's
+    ``num_tasks`` says how many), and the per-task Dirichlet split.
+    """
+    if name in STREAMS:
+        return STREAMS[name]
+    if is_avalanche_name(name):
+        module, factory = parse_spec(name)
+        return StreamInfo(
+            name=name,
+            description=f"Avalanche benchmark from {module}:{factory}",
+            default_model="mlp",
+            default_tasks=0,
+            default_partition="dirichlet",
+            needs_data_root=False,
+        )
+    raise UserError(
+        f"unknown stream {name!r}; choose one of {', '.join(sorted(STREAMS))}, or name an "
+        f"Avalanche benchmark as {SPEC_FORM}"
+    )
+
+
 # name → (loader, classes per task, mean, std)
 _CLASS_IL = {
     "seq-cifar10": (load_cifar10, 2, CIFAR10_MEAN, CIFAR10_STD),
@@ -143,9 +178,22 @@ def build_stream(
     train_size: int | None = None,
     test_size: int | None = None,
 ) -> Stream:
-    """Load the base data of stream ``name`` and wrap it as a stream on ``device``."""
-    if name not in STREAMS:
-        raise UserError(f"unknown stream {name!r}; choose one of {', '.join(sorted(STREAMS))}")
+    """Load the base data of stream ``name`` and wrap it as a stream on ``device``.
+
+    For ``avalanche:...`` names, ``num_tasks`` 0 takes all the benchmark's experiences and
+    ``download`` has no say (Avalanche's own benchmarks fetch missing files themselves).
+    """
+    stream_info(name)  # unknown names and malformed avalanche specs fail here, before loading
+    if is_avalanche_name(name):
+        return build_avalanche_stream(
+            name,
+            num_tasks=num_tasks,
+            seed=seed,
+            device=torch.device(device),
+            data_root=data_root,
+            train_size=train_size,
+            test_size=test_size,
+        )
     if name in _TEXT:
         if data_root is None:
             raise UserError(

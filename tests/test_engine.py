@@ -237,7 +237,7 @@ def test_task_independent_splits_are_drawn_once_and_shared() -> None:
     shared = plan_splits(stream, strategy, ShardPartitioner(), 4, 2, seed=0)
     assert shared[1] is shared[0]  # same labels, task-independent draw: reused
     fresh = plan_splits(stream, strategy, DirichletPartitioner(min_size=5), 4, 2, seed=0)
-    assert not all(torch.equal(a, b) for a, b in zip(fresh[0].parts, fresh[1].parts))
+    assert not all(torch.equal(a, b) for a, b in zip(fresh[0].parts, fresh[1].parts, strict=True))
     holdout = build_strategy("fedproj:public=holdout,public_size=50")
     held = plan_splits(stream, holdout, ShardPartitioner(), 4, 2, seed=0)
     assert held[0].held is not None and held[1].held is not None
