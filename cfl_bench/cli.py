@@ -218,6 +218,26 @@ def results_table(summary: dict[str, Any], stream: str, strategy: str) -> Table:
     return table
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@user_errors
+def sweep(
+    ctx: typer.Context,
+    config: Annotated[
+        str | None, typer.Option(help="sweep YAML: out, jobs, base: {...}, grid: {key: [...]}")
+    ] = None,
+    out: Annotated[str | None, typer.Option(help="sweep folder (one folder per run)")] = None,
+    jobs: Annotated[int | None, typer.Option(help="runs in parallel (default 1)")] = None,
+) -> None:
+    """Run a grid of runs; any `cfl-bench run` option may be repeated to add grid values
+    (--strategy der --strategy fedavg --seed 0 --seed 1), --set KEY=V1,V2 adds several.
+    Finished runs are skipped, interrupted or failed ones restarted; exit 1 if any failed."""
+    from cfl_bench.sweep.command import sweep as run_sweep
+
+    code = run_sweep(config, list(ctx.args), out, jobs)
+    if code:
+        raise typer.Exit(code)
+
+
 @app.command("clients")
 @user_errors
 def clients_cmd(
@@ -250,6 +270,26 @@ def clients_cmd(
         delay = [str(delays[k])] if delays else []
         table.add_row(str(k), *delay, *(str(row[c]) for c in classes), str(sum(row)))
     Console().print(table)
+
+
+@app.command("leaderboard")
+@user_errors
+def leaderboard_cmd(
+    run_dirs: Annotated[
+        list[str], typer.Argument(help="run directories, or folders holding them at any depth")
+    ],
+    out: Annotated[str, typer.Option(help="folder for leaderboard.csv and leaderboard.html")],
+    check: Annotated[
+        str | None,
+        typer.Option(help="targets CSV: metric, target, tolerance, selectors; exit 1 on a miss"),
+    ] = None,
+) -> None:
+    """Aggregate runs into leaderboard.csv + leaderboard.html (mean ± sample std over seeds)."""
+    from leaderboard.command import leaderboard_command
+
+    code = leaderboard_command(run_dirs, out, check)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command("list")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,7 +92,13 @@ def materialise(rows: list[Record]) -> pd.DataFrame:
     return pd.DataFrame(plain, columns=list(COLUMNS))
 
 
-def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = None) -> RunResult:
+def execute(
+    config: RunConfig,
+    on_round: Callable[[RoundReport], None] | None = None,
+    annotations: Mapping[str, object] | None = None,
+) -> RunResult:
+    """``annotations``: caller keys added to summary.json (the run's own keys win), so a
+    caller such as ``cfl-bench sweep`` can recognise its finished runs in one read."""
     strategy = build_strategy(config.strategy)
     info = stream_info(config.stream)
     config = dataclasses.replace(
@@ -221,6 +227,7 @@ def execute(config: RunConfig, on_round: Callable[[RoundReport], None] | None = 
             "config_hash": config_hash,
         }
     )
+    summary = {**(annotations or {}), **summary}
     run_dir.write_summary(summary)
     return RunResult(out, summary)
 

@@ -1,5 +1,20 @@
-"""Leaderboard: aggregation of run directories into CSV and a static HTML report.
+"""The leaderboard: a pure function of many run directories → ``leaderboard.csv`` + ``.html``.
 
-Not built yet (see the issue tracker); the run records it will read are defined in
-``cfl_bench.records``.
+Why a package of its own: aggregation, the CSV, the HTML report, its plots and the
+reproduction check each read the same run records but change for different reasons, so each
+lives in its own module (DESIGN.md §2: one concept per module):
+
+* :mod:`leaderboard.runs`      find and validate run directories → one row per run;
+* :mod:`leaderboard.aggregate` group by (protocol hash, strategy) → mean ± sample std;
+* :mod:`leaderboard.protocol`  one-line protocol summaries;
+* :mod:`leaderboard.table`     the CSV (fixed column schema, atomic write);
+* :mod:`leaderboard.plots`     matplotlib figures as deterministic inline SVG;
+* :mod:`leaderboard.html`      the self-contained, offline HTML report;
+* :mod:`leaderboard.page`      its template, CSS and table-sorting script;
+* :mod:`leaderboard.check`     compare leaderboard cells with a targets CSV;
+* :mod:`leaderboard.build`     the whole pipeline (what ``cfl-bench leaderboard`` calls);
+* :mod:`leaderboard.command`   the terminal side of the CLI command (rich tables, exit code).
+
+Importing this package imports nothing heavy: pandas and matplotlib are loaded by the
+modules that need them, so ``cfl-bench --help`` stays fast.
 """

@@ -1,0 +1,111 @@
+"""The glue behind ``cfl-bench sweep``: grid → checks → skip → run → table → exit code.
+
+Everything that can be refused is refused before anything is written: the grid (keys,
+values, ``validate`` on every point), then the names of every point that still has to run
+(strategy grammar, stream, model, partition — checked in a child of the preloaded fork
+server). Only then is the sweep folder touched. Exit codes: 0 when every run finished or
+diverged, 1 when any failed (or was busy in another sweep), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+
+from cfl_bench.errors import UserError
+from cfl_bench.sweep import ledger
+from cfl_bench.sweep.display import SweepProgress, announce_skipped, results_table
+from cfl_bench.sweep.grid import SweepSpec, build_spec, expand
+from cfl_bench.sweep.launcher import Launcher
+from cfl_bench.sweep.scheduler import PointState, run_points
+
+
+def sweep(
+    sweep_file: str | None,
+    args: list[str],
+    out: str | None = None,
+    jobs: int | None = None,
+    console: Console | None = None,
+) -> int:
+    """Run (or resume) a sweep; returns the exit code."""
+    console = console or Console()
+    spec = build_spec(sweep_file, args, out, jobs)
+    states = [PointState(p, spec.out) for p in expand(spec)]
+    if spec.out.exists() and not spec.out.is_dir():
+        raise UserError(f"--out '{spec.out}' is a file; give a folder for the sweep.")
+    for state in states:
+        if ledger.is_done(state.run_dir, state.point.request_hash):
+            state.absorb(ledger.read_summary(state.run_dir) or {})
+            state.skipped = True
+    todo = [s for s in states if not s.skipped]
+    launcher = Launcher()
+    if todo:
+        errors = launcher.check_names([s.point.request for s in todo])
+        for state, error in zip(todo, errors, strict=True):
+            if error:
+                raise UserError(
+                    f"grid point {state.point.index + 1} ({state.point.label()}): {error}"
+                )
+
+    prepare_folder(spec, states)
+    announce_skipped(console, states)
+
+    with SweepProgress(console, states) as progress:
+
+        def changed(state: PointState) -> None:
+            progress.changed(state)
+            write_manifest(spec, states)
+
+        run_points(states, spec.jobs, launcher, changed)
+    write_manifest(spec, states)
+    console.print(results_table(states))
+    return report(console, spec.out, states)
+
+
+def prepare_folder(spec: SweepSpec, states: list[PointState]) -> None:
+    """Bookkeeping folder, one rerunnable YAML per point to run, skip lines, manifest."""
+    (spec.out / ledger.BOOKKEEPING).mkdir(parents=True, exist_ok=True)
+    for state in states:
+        if state.skipped:
+            ledger.append_log(spec.out, "skip", state.point.name, status=state.status)
+            continue
+        header = (
+            f"# grid point {state.point.index + 1} of the sweep in {spec.out}; to rerun it alone:\n"
+            f"# cfl-bench run --config {state.yaml_path} "
+            f"--out {state.run_dir} --overwrite\n"
+        )
+        body = yaml.safe_dump(state.point.request, sort_keys=False)
+        ledger.atomic_write_text(state.yaml_path, header + body)
+    write_manifest(spec, states)
+
+
+def write_manifest(spec: SweepSpec, states: list[PointState]) -> None:
+    ledger.write_manifest(
+        spec.out,
+        {"out": str(spec.out), "jobs": spec.jobs, "axes": spec.axes, "points": len(states)},
+        (s.record() for s in states),
+    )
+
+
+def report(console: Console, out: Path, states: list[PointState]) -> int:
+    """The closing line, and the exit code it implies."""
+    counts = Counter(s.status for s in states)
+    skipped = sum(s.skipped for s in states)
+    parts = [f"{counts[k]} {k}" for k in ("finished", "diverged", "failed", "busy") if counts[k]]
+    console.print(
+        f"{len(states)} runs: {', '.join(parts)} ({skipped} skipped as already done); results in "
+        f"[bold]{out}[/] (sweep.json, sweep.log, one folder per run)",
+        highlight=False,
+    )
+    if counts["failed"] or counts["busy"]:
+        console.print(
+            "[red]some runs did not finish:[/] failed ones hold the reason in their "
+            "summary.json (and .sweep/<run>.log); busy ones run in another sweep. Rerun the "
+            "same sweep to retry them.",
+            highlight=False,
+        )
+        return 1
+    return 0

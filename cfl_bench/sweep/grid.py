@@ -1,0 +1,322 @@
+"""The sweep grid: which run configurations a sweep covers, in which order, under which names.
+
+A sweep file is YAML with four top-level keys (all optional)::
+
+    out: runs/sweep1            # the sweep folder; one sub-folder per grid point
+    jobs: 2                     # runs in parallel
+    base: {stream: rot-mnist, data_root: ../shared/data, tasks: 5, rounds_per_task: 3}
+    grid: {strategy: [fedavg, der, der+fedgp, agem+fedgp], seed: [0, 1], buffer_size: [200]}
+
+``base`` holds constant options, ``grid`` the axes (a scalar is a one-value axis). Their keys
+are `cfl-bench run` option names, with dashes or underscores, checked against ``RunConfig``
+like ``cfl-bench run --config``. ``out`` and ``overwrite`` are the sweep's business and cannot
+be grid options.
+
+On the command line every `cfl-bench run` option may be given, and repeated to add values
+to its axis (``--strategy fedavg --strategy der --seed 0 --seed 1``); ``--set KEY=V1,V2``
+adds several values at once (``strategy`` and ``partition`` values are never split on commas
+because their own grammar uses commas: repeat ``--set`` for them). Boolean options take the
+flag forms ``--download`` / ``--no-download`` (and ``--eval-task-end``) or
+``--set KEY=true,false``. A key given on the command line replaces that key's values from
+the file; ``--out`` and ``--jobs`` replace the file's ``out`` and ``jobs``.
+
+Order is deterministic: the cartesian product over the axes in the order they were given
+(file ``base`` keys, then file ``grid`` keys, then keys only on the command line in
+command-line order), the first axis varying slowest. Every point is checked with
+``config.validate`` here, before anything is written or run.
+
+A point's directory is ``<out>/<slug>-<hash8>``: the slug is readable
+(``stream_strategy_s<seed>`` plus every other axis with more than one value, sanitised like
+run directory names), and the hash is ``canonical_hash`` of the point's fully specified
+``RunConfig`` dict without ``out``/``overwrite`` — the *request*, known without building any
+stream, so the same request always lands in the same directory and can be skipped when done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import re
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cfl_bench.config import RunConfig, canonical_hash, field_names, validate
+from cfl_bench.errors import UserError
+
+SWEEP_FILE_KEYS = ("out", "jobs", "base", "grid")
+# Keys the sweep owns: every point writes to its own directory and never overwrites others.
+SWEEP_OWNED = frozenset({"out", "overwrite"})
+# Their values contain commas by grammar (der:alpha=0.5,..., dirichlet:alpha=1,min_size=5).
+UNSPLIT_KEYS = frozenset({"strategy", "partition"})
+# Command-line flags whose name is not --<field> / --no-<field> (as in `cfl-bench run`).
+FLAG_ALIASES: dict[str, tuple[str, bool]] = {"eval-task-end": ("eval_every_round", False)}
+NAME_KEYS = ("stream", "strategy", "seed")
+TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
+FALSE_WORDS = frozenset({"false", "no", "off", "0"})
+NULL_WORDS = frozenset({"null", "none"})
+
+Axes = dict[str, list[Any]]
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A sweep as asked for: its folder, its parallelism and its ordered axes."""
+
+    out: Path
+    jobs: int
+    axes: Axes
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One run of the sweep: its full request, the hash that identifies it, and its name."""
+
+    index: int
+    name: str
+    request: dict[str, Any]
+    request_hash: str
+    varying: dict[str, Any]
+
+    def label(self) -> str:
+        """The values that tell this point from its neighbours, for messages."""
+        shown = self.varying or {k: self.request[k] for k in NAME_KEYS}
+        return ", ".join(f"{k}={v}" for k, v in shown.items())
+
+
+def slug(text: str, limit: int = 80) -> str:
+    """Directory-safe text, sanitised by the same rule as run directory names."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:limit] or "run"
+
+
+def _kind(key: str) -> tuple[object, bool]:
+    """(base type, optional) of a RunConfig field, from its type hint (``int | None`` → int)."""
+    hint = typing.get_type_hints(RunConfig)[key]
+    args = typing.get_args(hint)
+    if not args:
+        return hint, False
+    return next(a for a in args if a is not type(None)), type(None) in args
+
+
+def _check_key(raw: object, where: str) -> str:
+    key = str(raw).replace("-", "_")
+    if key in SWEEP_OWNED:
+        raise UserError(
+            f"'{raw}' cannot be a sweep option ({where}); the sweep gives every point its own "
+            f"directory under the sweep folder (set it with --out or `out:`)."
+        )
+    if key not in field_names():
+        raise UserError(
+            f"unknown option '{raw}' ({where}); sweep options are the `cfl-bench run` options "
+            f"(see `cfl-bench run --help`)."
+        )
+    return key
+
+
+def coerce(key: str, raw: str, option: str) -> Any:
+    """A command-line string turned into the field's type, with a clear error if it is not."""
+    kind, optional = _kind(key)
+    text = raw.strip()
+    if optional and text.lower() in NULL_WORDS:
+        return None
+    if kind is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise UserError(f"{option} expects an integer, got {raw!r}.") from None
+    if kind is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise UserError(f"{option} expects a number, got {raw!r}.") from None
+    if kind is bool:
+        if text.lower() in TRUE_WORDS:
+            return True
+        if text.lower() in FALSE_WORDS:
+            return False
+        raise UserError(f"{option} expects true or false, got {raw!r}.")
+    return raw
+
+
+def _add(axes: Axes, key: str, values: list[Any], where: str) -> None:
+    axis = axes.setdefault(key, [])
+    for value in values:
+        if value in axis:
+            raise UserError(f"{where} lists {value!r} twice for '{key}'; give each value once.")
+        axis.append(value)
+
+
+def parse_cli(args: list[str]) -> Axes:
+    """Axes from repeated `cfl-bench run` options and ``--set KEY=V1,V2``, in the order given.
+
+    These arrive as the command's extra arguments (typer parses only --config, --out and
+    --jobs), so one parser sees every grid option and keeps command-line order.
+    """
+    axes: Axes = {}
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if not token.startswith("--") or token == "--":
+            raise UserError(
+                f"unexpected argument {token!r}; sweep options look like --strategy der or "
+                f"--set seed=0,1 (see `cfl-bench sweep --help`)."
+            )
+        name, eq, inline = token[2:].partition("=")
+        if name in FLAG_ALIASES or _is_flag(name):
+            if eq:
+                raise UserError(f"{token} is a flag and takes no value; write --{name} alone.")
+            key, flag = FLAG_ALIASES.get(name) or _flag(name)
+            _add(axes, key, [flag], "the command line")
+            i += 1
+            continue
+        if eq:
+            value, i = inline, i + 1
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value, i = args[i + 1], i + 2
+        else:
+            raise UserError(f"--{name} needs a value, e.g. --{name} VALUE.")
+        if name == "set":
+            key, values = parse_set(value)
+            _add(axes, key, values, "--set")
+        else:
+            key = _check_key(name, "command line")
+            _add(axes, key, [coerce(key, value, f"--{name}")], "the command line")
+    return axes
+
+
+def _is_flag(name: str) -> bool:
+    bare = name[3:] if name.startswith("no-") else name
+    key = bare.replace("-", "_")
+    return key in field_names() and key not in SWEEP_OWNED and _kind(key)[0] is bool
+
+
+def _flag(name: str) -> tuple[str, bool]:
+    if name.startswith("no-"):
+        return name[3:].replace("-", "_"), False
+    return name.replace("-", "_"), True
+
+
+def coerce_jobs(raw: object) -> int:
+    """``--jobs`` / ``jobs:`` as a positive integer."""
+    if isinstance(raw, str):
+        with contextlib.suppress(ValueError):
+            raw = int(raw.strip())
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw <= 0:
+        raise UserError(f"--jobs must be a positive integer, got {raw!r}.")
+    return raw
+
+
+def parse_set(text: str) -> tuple[str, list[Any]]:
+    """``KEY=V1,V2`` → (field, typed values)."""
+    raw_key, eq, rest = text.partition("=")
+    if not eq or not raw_key.strip() or not rest.strip():
+        raise UserError(f"--set {text!r} must look like KEY=VALUE or KEY=V1,V2 (e.g. seed=0,1).")
+    key = _check_key(raw_key.strip(), "--set")
+    parts = [rest] if key in UNSPLIT_KEYS else [p for p in rest.split(",") if p.strip()]
+    return key, [coerce(key, p, f"--set {key}") for p in parts]
+
+
+def load_sweep_file(path: str | Path) -> tuple[Axes, str | None, int | None]:
+    """Axes (``base`` keys first, then ``grid`` keys, file order), ``out`` and ``jobs``."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"sweep file '{p}' does not exist; pass the path of a YAML file.")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(
+            f"sweep file '{p}' is not valid YAML ({exc.__class__.__name__}); fix its syntax."
+        ) from None
+    if not isinstance(data, dict):
+        raise UserError(f"sweep file '{p}' must be a mapping with keys out, jobs, base, grid.")
+    unknown = sorted(str(k) for k in data if k not in SWEEP_FILE_KEYS)
+    if unknown:
+        raise UserError(
+            f"sweep file '{p}' has unknown key(s) {', '.join(unknown)}; a sweep file has out, "
+            f"jobs, base and grid (run options go under base or grid)."
+        )
+    axes: Axes = {}
+    for section in ("base", "grid"):
+        block = data.get(section) or {}
+        if not isinstance(block, dict):
+            raise UserError(f"'{section}' in sweep file '{p}' must be a mapping of options.")
+        for raw_key, raw_values in block.items():
+            key = _check_key(raw_key, f"{section} in '{p}'")
+            if key in axes:
+                raise UserError(
+                    f"'{key}' appears twice in sweep file '{p}' (base and grid or two "
+                    f"spellings); keep it in one place."
+                )
+            values = raw_values if section == "grid" and isinstance(raw_values, list) else None
+            if values is not None and not values:
+                raise UserError(f"grid key '{key}' in '{p}' has no values; list at least one.")
+            _add(axes, key, values if values is not None else [raw_values], f"'{p}'")
+    out = data.get("out")
+    jobs = data.get("jobs")
+    return axes, None if out is None else str(out), None if jobs is None else coerce_jobs(jobs)
+
+
+def build_spec(
+    sweep_file: str | None, args: list[str], out: str | None = None, jobs: int | None = None
+) -> SweepSpec:
+    """File < command line, per key; ``out``/``jobs`` (from --out/--jobs) win over the file."""
+    axes, file_out, file_jobs = load_sweep_file(sweep_file) if sweep_file else ({}, None, None)
+    for key, values in parse_cli(args).items():
+        axes[key] = values  # an existing key keeps its position in the product order
+    folder = out or file_out
+    if not folder:
+        raise UserError("the sweep needs a folder: pass --out DIR or set `out:` in the sweep file.")
+    if not axes:
+        raise UserError(
+            "the sweep grid is empty; give values with run options (--strategy der --seed 0 "
+            "--seed 1), --set KEY=V1,V2 or a `grid:` section in the sweep file."
+        )
+    chosen = jobs if jobs is not None else file_jobs
+    return SweepSpec(Path(folder), coerce_jobs(1 if chosen is None else chosen), axes)
+
+
+def expand(spec: SweepSpec) -> list[GridPoint]:
+    """Every point of the grid, validated, in product order."""
+    keys = list(spec.axes)
+    varying_keys = [k for k in keys if len(spec.axes[k]) > 1]
+    points: list[GridPoint] = []
+    for index, combo in enumerate(itertools.product(*(spec.axes[k] for k in keys))):
+        values = dict(zip(keys, combo, strict=True))
+        varying = {k: values[k] for k in varying_keys}
+        config = RunConfig(**values)
+        try:
+            validate(config)
+        except UserError as exc:
+            shown = ", ".join(f"{k}={v}" for k, v in (varying or values).items())
+            raise UserError(f"grid point {index + 1} ({shown}): {exc}") from None
+        request = {k: _normal(k, v) for k, v in config.to_dict().items() if k not in SWEEP_OWNED}
+        request_hash = canonical_hash(request)
+        points.append(
+            GridPoint(
+                index, point_name(request, varying, request_hash), request, request_hash, varying
+            )
+        )
+    return points
+
+
+def _normal(key: str, value: object) -> object:
+    """``lr: 1`` (YAML) and ``--lr 1`` (→ 1.0) are one request, so they hash alike."""
+    if _kind(key)[0] is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def point_name(request: dict[str, Any], varying: dict[str, Any], request_hash: str) -> str:
+    """``<stream>_<strategy>_s<seed>[_<key>-<value>...]-<hash8>``."""
+    parts = [str(request["stream"]), str(request["strategy"]), f"s{request['seed']}"]
+    parts += [f"{k}-{_text(v)}" for k, v in varying.items() if k not in NAME_KEYS]
+    return f"{slug('_'.join(parts))}-{request_hash[:8]}"
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "none" if value is None else str(value)

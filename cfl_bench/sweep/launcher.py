@@ -1,0 +1,84 @@
+"""How sweep children are started, and with how many torch threads.
+
+Why a fork server: importing the engine (torch, pandas, scikit-learn) takes seconds while a
+small run takes a fraction of that, so ``python -m cfl_bench.cli run`` per point would spend
+most of a sweep importing. ``multiprocessing``'s fork server is a fresh interpreter (started
+by exec, so nothing of the sweep's own state or threads is inherited) that imports the engine
+once and forks one child per run: each child is still its own process — its own crash, its
+own memory, real parallelism — but starts in milliseconds. The server never runs any torch
+computation, so forking it is safe for OpenMP.
+
+The server and its children stay in the sweep's process group (Ctrl-C reaches them all);
+each child kills itself the moment the sweep is gone and asks the kernel to SIGKILL it if the
+server goes (``worker.die_with_sweep``), and the server exits once the sweep and its children
+are gone: killing the sweep with SIGKILL leaves no run behind writing into a run directory.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from cfl_bench.sweep import worker
+
+PRELOAD = ["cfl_bench.sweep.worker", "cfl_bench.run"]
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_run(jobs: int, requested: int | None, cores: int | None = None) -> int:
+    """The grid's ``threads`` if it sets one, else the usable cores shared by the parallel
+    runs (at least 1): N runs with cores/N threads each keep the machine busy without
+    oversubscribing it."""
+    if requested is not None:
+        return requested
+    return max(1, (usable_cores() if cores is None else cores) // jobs)
+
+
+class Launcher:
+    """Starts run children (and the one-off name check) from the preloaded fork server."""
+
+    def __init__(self) -> None:
+        method = (
+            "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+        )
+        self.context: BaseContext = multiprocessing.get_context(method)
+        if method == "forkserver":
+            self.context.set_forkserver_preload(PRELOAD)
+
+    def start(self, job: worker.RunJob) -> BaseProcess:
+        process = self.context.Process(  # type: ignore[attr-defined]
+            target=worker.run_point, args=(job,), name=f"cfl-bench sweep {job.name}"
+        )
+        process.start()
+        return process
+
+    def check_names(self, requests: list[dict[str, Any]]) -> list[str | None]:
+        """One error message (or None) per request, from ``worker.check_names``."""
+        receiver, sender = self.context.Pipe(duplex=False)
+        process = self.context.Process(  # type: ignore[attr-defined]
+            target=worker.check_names, args=(requests, sender)
+        )
+        process.start()
+        sender.close()
+        try:
+            errors: list[str | None] | None = receiver.recv()
+        except EOFError:
+            errors = None
+        finally:
+            receiver.close()
+            process.join()
+        if errors is None:
+            raise RuntimeError(
+                f"the sweep's name check died with exit code {process.exitcode}; see above."
+            )
+        return errors

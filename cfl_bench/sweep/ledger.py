@@ -1,0 +1,172 @@
+"""What a sweep keeps on disk, and the rule that decides whether a point is already done.
+
+Layout of a sweep folder ``<out>``::
+
+    <out>/<slug>-<hash8>/        one run directory per grid point (written by `cfl-bench run`'s
+                                 engine; summary.json carries ``request_hash``)
+    <out>/sweep.json             manifest: every point, its directory, request and status
+    <out>/sweep.log              append-only: one line per start / finish / skip / failure
+    <out>/.sweep/<name>.yaml     the point's request, to rerun it alone with `cfl-bench run`
+    <out>/.sweep/<name>.log      the run child's stdout and stderr
+    <out>/.sweep/<name>.lock     flock'ed by the child while it runs the point
+
+The bookkeeping files live outside the run directories because ``RunDirectory.prepare``
+refuses a non-empty directory without ``config.json``, and a restarted point wipes its
+directory. **Skip rule**: a point is done exactly when its directory holds a ``summary.json``
+with status "finished" or "diverged" whose ``request_hash`` equals the point's; anything else
+(no summary, a failed one, another hash) is run again from scratch.
+
+The writers here are small on purpose: ``cfl_bench.records`` imports torch, and the sweep
+process must stay light (the engine lives in the children), so JSON and text files are
+written with the same temp + fsync + rename rule, locally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from cfl_bench.errors import UserError
+
+DONE_STATUSES = ("finished", "diverged")
+BOOKKEEPING = ".sweep"
+MANIFEST = "sweep.json"
+LOG = "sweep.log"
+# What a cfl-bench run directory may contain; anything else means it is not ours to wipe.
+RUN_FILES = frozenset({"config.json", "records.csv", "costs.csv", "summary.json"})
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Temp file in the same folder, fsync, rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        umask = os.umask(0)  # mkstemp's 0600 → the mode open() would give, like run files
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: object) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The run's summary.json, or None when absent or unreadable."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def is_done(run_dir: Path, request_hash: str) -> bool:
+    """The skip rule: a finished (or diverged) summary recorded for this very request."""
+    summary = read_summary(run_dir)
+    return (
+        summary is not None
+        and summary.get("status") in DONE_STATUSES
+        and summary.get("request_hash") == request_hash
+    )
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """Remove a previous attempt so the point restarts from scratch.
+
+    Only a directory holding nothing but run files is removed; anything else is refused
+    rather than deleted, because the sweep folder may be one the user shares with other work.
+    """
+    if not run_dir.exists():
+        return
+    if not run_dir.is_dir():
+        raise UserError(f"'{run_dir}' is a file; move it away so the sweep can use that name.")
+    foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in RUN_FILES)
+    foreign = [n for n in foreign if not (n.startswith(".") and n.endswith(".tmp"))]
+    if foreign:
+        raise UserError(
+            f"'{run_dir}' holds files a run does not write ({', '.join(foreign[:3])}); move "
+            f"them away so the sweep can restart this point."
+        )
+    shutil.rmtree(run_dir)
+
+
+def failed_summary(
+    request: dict[str, Any], request_hash: str, name: str, returncode: int | None, message: str
+) -> dict[str, Any]:
+    """What the leaderboard needs to list a run that never wrote its own summary."""
+    return {
+        "status": "failed",
+        "message": message,
+        "returncode": returncode,
+        "stream": request.get("stream"),
+        "strategy": request.get("strategy"),
+        "seed": request.get("seed"),
+        "request_hash": request_hash,
+        "sweep_point": name,
+    }
+
+
+def tail(path: Path, lines: int = 12, chars: int = 2000) -> str:
+    """The last lines of a child's log: where the reason of a failure is."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])[-chars:]
+
+
+def timestamp() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+def append_log(out: Path, event: str, name: str, **fields: object) -> None:
+    """One line ``time<TAB>sweep-pid<TAB>event<TAB>point<TAB>key=value ...`` in sweep.log.
+
+    One ``os.write`` on an O_APPEND descriptor: lines from concurrent sweeps never interleave
+    within a line, and a killed sweep leaves at most its last line missing, never a torn one
+    that could be misread.
+    """
+    extra = " ".join(f"{k}={v}" for k, v in fields.items())
+    line = f"{timestamp()}\t{os.getpid()}\t{event}\t{name}\t{extra}\n"
+    fd = os.open(out / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
+def read_log(out: Path) -> list[dict[str, Any]]:
+    """sweep.log parsed back: time, pid, event, point and the key=value fields."""
+    rows: list[dict[str, Any]] = []
+    with contextlib.suppress(FileNotFoundError):
+        for line in (out / LOG).read_text().splitlines():
+            parts = line.split("\t")
+            if len(parts) != 5:
+                continue
+            fields = dict(item.split("=", 1) for item in parts[4].split() if "=" in item)
+            rows.append(
+                {"time": parts[0], "pid": int(parts[1]), "event": parts[2], "point": parts[3]}
+                | fields
+            )
+    return rows
+
+
+def write_manifest(out: Path, spec: dict[str, Any], points: Iterable[dict[str, Any]]) -> None:
+    """``sweep.json``: the grid and every point's directory, request and status."""
+    atomic_write_json(
+        out / MANIFEST, {"sweep": spec, "updated": timestamp(), "points": list(points)}
+    )

@@ -1,0 +1,179 @@
+"""The loop that keeps ``jobs`` run children busy and records how each one ended.
+
+Why the sweep (not the child) writes the failed summary: a child that crashed, segfaulted or
+was killed for memory cannot write anything, so the parent turns "exited without a finished
+summary" into ``summary.json`` with status "failed", the exit code and the tail of the child's
+log — under the point's lock, so it never races another sweep that took the point over.
+A failing or diverging run never stops the sweep; Ctrl-C does: running children are killed,
+their points are marked interrupted and will restart from scratch next time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from cfl_bench.sweep import ledger, worker
+from cfl_bench.sweep.grid import GridPoint
+from cfl_bench.sweep.launcher import Launcher, threads_per_run
+
+TERMINAL = ("finished", "diverged", "failed", "busy")
+
+
+@dataclass
+class PointState:
+    """One grid point as this sweep sees it: where it runs and how it ended."""
+
+    point: GridPoint
+    out: Path
+    status: str = "pending"  # pending | running | finished | diverged | failed | busy | interrupted
+    skipped: bool = False  # done before this sweep started (or by another sweep meanwhile)
+    returncode: int | None = None
+    threads: int | None = None
+    wall_time_s: float | None = None
+    final_acc: float | None = None
+    message: str = ""
+    started: float | None = field(default=None, repr=False)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.out / self.point.name
+
+    @property
+    def log_path(self) -> Path:
+        return self.out / ledger.BOOKKEEPING / f"{self.point.name}.log"
+
+    @property
+    def yaml_path(self) -> Path:
+        return self.out / ledger.BOOKKEEPING / f"{self.point.name}.yaml"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.out / ledger.BOOKKEEPING / f"{self.point.name}.lock"
+
+    def absorb(self, summary: dict[str, Any]) -> None:
+        """Status and headline numbers from a summary.json."""
+        self.status = str(summary.get("status"))
+        acc = summary.get("Acc_T")
+        self.final_acc = float(acc) if isinstance(acc, (int, float)) else None
+        wall = summary.get("wall_time_s")
+        self.wall_time_s = float(wall) if isinstance(wall, (int, float)) else self.wall_time_s
+        self.message = str(summary.get("message") or "")
+
+    def record(self) -> dict[str, Any]:
+        """This point's entry in sweep.json."""
+        return {
+            "index": self.point.index,
+            "name": self.point.name,
+            "dir": self.point.name,
+            "request_hash": self.point.request_hash,
+            "varying": self.point.varying,
+            "request": self.point.request,
+            "status": self.status,
+            "skipped": self.skipped,
+            "returncode": self.returncode,
+            "threads": self.threads,
+            "wall_time_s": self.wall_time_s,
+            "Acc_T": self.final_acc,
+            "message": self.message,
+        }
+
+
+def run_points(
+    states: list[PointState],
+    jobs: int,
+    launcher: Launcher,
+    on_change: Callable[[PointState], None],
+) -> None:
+    """Run every pending point, at most ``jobs`` at a time, in grid order."""
+    queue = deque(s for s in states if s.status == "pending")
+    running: dict[int, tuple[PointState, BaseProcess]] = {}
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                state = queue.popleft()
+                process = start(state, jobs, launcher)
+                running[process.sentinel] = (state, process)
+                on_change(state)
+            for sentinel in wait(list(running), timeout=1.0):
+                state, process = running.pop(sentinel)  # type: ignore[index]
+                process.join()
+                settle(state, process.exitcode)
+                on_change(state)
+    except BaseException:
+        for state, process in running.values():
+            process.kill()
+            process.join()
+            state.status = "interrupted"
+            ledger.append_log(state.out, "interrupted", state.point.name, child=process.pid)
+            on_change(state)
+        raise
+
+
+def start(state: PointState, jobs: int, launcher: Launcher) -> BaseProcess:
+    point = state.point
+    state.threads = threads_per_run(jobs, point.request.get("threads"))
+    job = worker.RunJob(
+        name=point.name,
+        run_dir=state.run_dir,
+        lock_path=state.lock_path,
+        log_path=state.log_path,
+        request=point.request,
+        request_hash=point.request_hash,
+        threads=state.threads,
+    )
+    state.started = time.monotonic()
+    process = launcher.start(job)
+    state.status = "running"
+    ledger.append_log(state.out, "start", point.name, child=process.pid, threads=state.threads)
+    return process
+
+
+def settle(state: PointState, code: int | None) -> None:
+    """Turn a child's exit into the point's status (and, if it failed, its summary.json)."""
+    state.returncode = code
+    state.wall_time_s = time.monotonic() - (state.started or time.monotonic())
+    name = state.point.name
+    # The run's own summary is written last and wins over the exit code: a run that finished
+    # and then crashed in interpreter teardown is finished, not failed.
+    if ledger.is_done(state.run_dir, state.point.request_hash):
+        state.absorb(ledger.read_summary(state.run_dir) or {})
+        state.skipped = code in (worker.EXIT_ALREADY_DONE, worker.EXIT_BUSY)  # by another sweep
+        event = "skip" if state.skipped else "finish"
+        ledger.append_log(state.out, event, name, status=state.status, rc=code)
+        return
+    if code == worker.EXIT_BUSY:
+        state.status, state.message = "busy", "another sweep is running this point"
+        ledger.append_log(state.out, "busy", name, rc=code)
+        return
+    record_failure(state, code)
+
+
+def record_failure(state: PointState, code: int | None) -> None:
+    """summary.json with status "failed", written under the point's lock."""
+    reason = ledger.tail(state.log_path) or "the run exited without a summary"
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            reason += f"\n(killed by {signal.Signals(-code).name})"
+    state.status, state.message = "failed", reason
+    lock = worker.try_lock(state.lock_path)
+    if lock is None:  # another sweep took the point over the moment our child let go
+        state.status = "busy"
+        ledger.append_log(state.out, "busy", state.point.name, rc=code)
+        return
+    with lock:
+        summary = ledger.failed_summary(
+            state.point.request, state.point.request_hash, state.point.name, code, reason
+        )
+        summary["wall_time_s"] = state.wall_time_s
+        state.run_dir.mkdir(parents=True, exist_ok=True)
+        ledger.atomic_write_json(state.run_dir / "summary.json", summary)
+    ledger.append_log(state.out, "fail", state.point.name, rc=code)

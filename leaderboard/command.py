@@ -1,0 +1,161 @@
+"""The terminal side of ``cfl-bench leaderboard``: build, print a summary, run the checks.
+
+Why here and not in cfl_bench/cli.py: the CLI module stays a thin list of commands (and
+fast to import); this module owns what the leaderboard command prints and its exit code:
+0 = written (and every target met), 1 = a ``--check`` target was missed, 2 = bad input
+(raised as UserError, which the CLI turns into one line). Every string from the data is
+passed to rich as ``Text`` (never as markup), so a strategy called ``[bold]x`` prints as
+written.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from leaderboard.check import Outcome
+
+
+def _compact(row: pd.Series, metric: str, spec: str = ".2f", with_std: bool = False) -> str:
+    """``85.00±7.07`` (or the mean alone) — narrow enough for an 80-column terminal."""
+    mean, std = float(row[f"{metric}_mean"]), float(row[f"{metric}_std"])
+    if math.isnan(mean):
+        return "–"
+    if not with_std:
+        return format(mean, spec)
+    return f"{mean:{spec}}±{'–' if math.isnan(std) else format(std, spec)}"
+
+
+def _notes(row: pd.Series) -> str:
+    parts = [
+        f"{int(row[f'n_{s}'])} {s}"
+        for s in ("diverged", "failed", "incomplete")
+        if int(row[f"n_{s}"])
+    ]
+    if row["provenance_flag"]:
+        parts.append(str(row["provenance_flag"]))
+    return "; ".join(parts)
+
+
+def summary_tables(board: pd.DataFrame) -> list[Table]:
+    """One table per protocol, one line per strategy, narrow enough for an 80-column
+    terminal: Acc_T as mean ± sample std, Fgt_T and bytes as means (BWT, FWT, MD_T, wall
+    time and all deviations are in the CSV and HTML).
+    The task-IL and notes columns appear only when some row has them."""
+    from leaderboard.plots import human_bytes
+
+    tables = []
+    for protocol_hash, rows in board.groupby("protocol_hash", sort=False):
+        first = rows.iloc[0]
+        task_il = bool(rows["Acc_T_task_il_mean"].notna().any())
+        notes = [_notes(row) for _, row in rows.iterrows()]
+        table = Table(
+            title=Text(f"{first['stream']} · {first['scenario']} · protocol {protocol_hash}"),
+            caption=Text(str(first["protocol"])),
+            box=box.SIMPLE_HEAD,
+            caption_justify="left",
+        )
+        table.add_column("strategy", overflow="fold", min_width=10)
+        table.add_column("seeds", justify="right")
+        for name in ("Acc_T %", *(["task-IL %"] if task_il else []), "Fgt_T %", "bytes"):
+            table.add_column(name, justify="right", overflow="fold")
+        if any(notes):
+            table.add_column("notes", overflow="fold", style="yellow", min_width=12)
+        for (_, row), note in zip(rows.iterrows(), notes, strict=True):
+            bytes_mean = float(row["bytes_total_mean"])
+            cells = [
+                Text(str(row["strategy"])),
+                Text(str(row["n_seeds"])),
+                Text(_compact(row, "Acc_T", with_std=True)),
+                *([Text(_compact(row, "Acc_T_task_il", with_std=True))] if task_il else []),
+                Text(_compact(row, "Fgt_T")),
+                Text("–" if math.isnan(bytes_mean) else human_bytes(bytes_mean)),
+            ]
+            if any(notes):
+                cells.append(Text(note))
+            table.add_row(*cells)
+        tables.append(table)
+    return tables
+
+
+def problems_table(runs: pd.DataFrame) -> Table | None:
+    """Runs that did not finish (None when all did)."""
+    problems = runs[runs["status"] != "finished"]
+    if problems.empty:
+        return None
+    table = Table(title="runs not finished (kept out of the means)", box=box.SIMPLE_HEAD)
+    for name in ("run directory", "status", "message"):
+        table.add_column(name)
+    for _, run in problems.iterrows():
+        table.add_row(Text(str(run["path"])), Text(str(run["status"])), Text(str(run["message"])))
+    return table
+
+
+def misses_table(outcomes: Sequence[Outcome]) -> Table:
+    """The targets that were missed: where (line, row selectors), what was expected
+    (target ± tolerance), what was found and why it misses. Cells fold rather than being
+    cut, so a narrow terminal still shows every digit."""
+    missed = [o for o in outcomes if not o.met]
+    notes = any(o.target.note for o in missed)
+    table = Table(title="missed targets", box=box.SIMPLE_HEAD)
+    for name in ("line", "row", "metric", "expected", "value", "why", *(["note"] if notes else [])):
+        table.add_column(name, overflow="fold")
+    for o in missed:
+        t = o.target
+        table.add_row(
+            Text(str(t.line)),
+            Text(t.describe()),
+            Text(t.metric),
+            Text(f"{t.target:g} ± {t.tolerance:g}"),
+            Text("–" if o.value is None else f"{o.value:.6g}"),
+            Text(o.reason),
+            *([Text(t.note)] if notes else []),
+        )
+    return table
+
+
+def leaderboard_command(
+    run_dirs: Sequence[str], out: str, check: str | None, console: Console | None = None
+) -> int:
+    """Build the leaderboard, print it, run ``--check``; returns the exit code (0 or 1).
+
+    The targets file is read first, so a malformed one is refused (exit 2) before any work.
+    """
+    from leaderboard.build import build_leaderboard
+    from leaderboard.check import check_targets, read_targets
+
+    console = console or Console()
+    targets = read_targets(check) if check else None
+    result = build_leaderboard(run_dirs, out)
+    for table in summary_tables(result.board):
+        console.print(table)
+    if not len(result.board):
+        console.print("[yellow]no run could be placed in a leaderboard row[/]")
+    problems = problems_table(result.runs)
+    if problems is not None:
+        console.print(problems)
+    console.print(Text(f"leaderboard written to {result.csv_path} and {result.html_path}"))
+    if targets is None:
+        return 0
+    outcomes = check_targets(result.board, targets)
+    missed = sum(not o.met for o in outcomes)
+    if missed:
+        console.print(misses_table(outcomes))
+        console.print(
+            f"[bold red]check failed:[/] {missed} of {len(outcomes)} targets missed "
+            f"({escape(str(check))})",
+            highlight=False,
+        )
+        return 1
+    console.print(f"[green]check passed:[/] all {len(outcomes)} targets met", highlight=False)
+    return 0

@@ -1,0 +1,326 @@
+"""``leaderboard.html``: one self-contained, offline page rendered from the run records.
+
+Structure (in page order):
+
+* header — counts, how to read the numbers, links to every section;
+* one ``<section class="protocol">`` per protocol hash: the protocol in one line and in full
+  (JSON), a sortable table with one row per strategy (mean ± sample std over seeds), then
+  the figures — Acc_t and Fgt_t curves over tasks (plus task-IL curves on class-IL streams),
+  accuracy-matrix heat maps per strategy, memory drift MD_t per task, and accuracy against
+  total bytes communicated;
+* ``<section id="runs">`` — incomplete / failed / diverged / duplicate runs with their
+  messages, and (folded) every run;
+* ``<section id="provenance">`` — rows whose runs disagree on package versions or git
+  commit, and tables of commits, package version sets and machines with run counts.
+
+Safety: every string from run names, options or metadata is inserted by jinja2 with
+autoescaping (a strategy called ``<script>alert(1)</script>`` is shown as text); the
+figures are matplotlib SVG (escaped there, see :mod:`leaderboard.plots`). A Content
+Security Policy allows no network access at all and only the page's own script (by its
+sha256), so even a missed escape could not run injected script or fetch anything.
+Determinism: no clock, no random ids, fixed ordering — the same runs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+import re
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from leaderboard.aggregate import protocol_json, strategy_series
+from leaderboard.page import CSS, SORT_JS, TEMPLATE
+from leaderboard.plots import curves_svg, drift_svg, heatmaps_svg, human_bytes, scatter_svg
+from leaderboard.table import write_report_text
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+HTML_NAME = "leaderboard.html"
+#: Environment keys shown in the machines table (what config.json records).
+MACHINE_KEYS: tuple[str, ...] = ("python", "platform", "device", "cuda_device", "torch_threads")
+#: Human names of scenarios (anything else is shown as recorded).
+SCENARIOS = {"class-il": "class-IL", "domain-il": "domain-IL", "task-il": "task-IL"}
+
+
+def content_security_policy(script: str) -> str:
+    """No network, no plugins, no base/form tricks; styles inline; only our script."""
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+    return (
+        "default-src 'none'; "
+        f"script-src 'sha256-{digest}'; "
+        "style-src 'unsafe-inline'; "
+        "img-src 'none'; font-src 'none'; connect-src 'none'; "
+        "base-uri 'none'; form-action 'none'"
+    )
+
+
+def _finite(value: Any) -> bool:
+    return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def fmt_mean_std(mean: float, std: float, spec: str = ".2f") -> str:
+    """``60.00 ± 10.00``; ``60.00 ± –`` for one seed; ``–`` when there is no mean."""
+    if not _finite(mean):
+        return "–"
+    spread = format(std, spec) if _finite(std) else "–"
+    return f"{format(mean, spec)} ± {spread}"
+
+
+def _sort_key(value: float) -> str | None:
+    """The ``data-sort`` attribute of a numeric cell ("" = missing, sorted last)."""
+    return repr(float(value)) if _finite(value) else ""
+
+
+def _cell(
+    text: str, sort: str | None = None, cls: str = "", title: str = ""
+) -> dict[str, str | None]:
+    return {"text": text, "sort": sort, "cls": cls, "title": title}
+
+
+def _metric_cell(row: Any, metric: str, spec: str = ".2f") -> dict[str, str | None]:
+    mean, std = float(row[f"{metric}_mean"]), float(row[f"{metric}_std"])
+    return _cell(fmt_mean_std(mean, std, spec), _sort_key(mean), "num")
+
+
+def _bytes_cell(row: Any) -> dict[str, str | None]:
+    """Mean total bytes; the tooltip splits it into up / down and gives the sample std."""
+    mean, std = float(row["bytes_total_mean"]), float(row["bytes_total_std"])
+    if not _finite(mean):
+        return _cell("–", _sort_key(mean), "num")
+    up, down = float(row["bytes_up_mean"]), float(row["bytes_down_mean"])
+    title = f"up {human_bytes(up)}, down {human_bytes(down)}"
+    if _finite(std):
+        title += f"; sample std {std:.0f} B"
+    return _cell(human_bytes(mean), _sort_key(mean), "num", title)
+
+
+def _time_cell(row: Any) -> dict[str, str | None]:
+    mean, std = float(row["wall_time_s_mean"]), float(row["wall_time_s_std"])
+    text = "–" if not _finite(mean) else f"{fmt_mean_std(mean, std, '.1f')} s"
+    return _cell(text, _sort_key(mean), "num")
+
+
+def _notes(row: Any) -> str:
+    """Counts of runs kept out of the means, and the provenance flag."""
+    parts = [
+        f"{int(row[f'n_{s}'])} {s}"
+        for s in ("diverged", "failed", "incomplete")
+        if int(row[f"n_{s}"])
+    ]
+    if row["provenance_flag"]:
+        parts.append(str(row["provenance_flag"]))
+    return "; ".join(parts)
+
+
+def table_columns(task_il: bool, scenario_label: str) -> list[tuple[str, str, Callable[..., Any]]]:
+    """(header, tooltip, cell builder) for one protocol's table."""
+    acc = f"Acc_T {scenario_label} (%)" if scenario_label != "unknown" else "Acc_T (%)"
+    columns: list[tuple[str, str, Callable[..., Any]]] = [
+        ("strategy", "strategy composition", lambda r: _cell(str(r["strategy"]))),
+        (
+            "seeds",
+            "number of finished seeds (their list)",
+            lambda r: _cell(
+                f"{r['n_seeds']} ({r['seeds']})" if r["seeds"] else "0", str(int(r["n_seeds"]))
+            ),
+        ),
+        (acc, "final average accuracy", lambda r: _metric_cell(r, "Acc_T")),
+    ]
+    if task_il:
+        columns.append(
+            (
+                "Acc_T task-IL (%)",
+                "same runs, logits masked",
+                lambda r: _metric_cell(r, "Acc_T_task_il"),
+            )
+        )
+    columns.append(("Fgt_T (%)", "Chaudhry forgetting", lambda r: _metric_cell(r, "Fgt_T")))
+    if task_il:
+        columns.append(
+            ("Fgt_T task-IL (%)", "task-IL forgetting", lambda r: _metric_cell(r, "Fgt_T_task_il"))
+        )
+    columns += [
+        ("BWT (%)", "backward transfer", lambda r: _metric_cell(r, "BWT")),
+        ("FWT (%)", "forward transfer", lambda r: _metric_cell(r, "FWT")),
+        ("MD_T", "memory drift (mean KL, nats)", lambda r: _metric_cell(r, "MD_T", ".4f")),
+        ("bytes", "total bytes up + down (mean)", _bytes_cell),
+        ("wall time", "wall-clock time per run", _time_cell),
+        (
+            "notes",
+            "runs kept out of the means; provenance disagreements",
+            lambda r: _cell(_notes(r), None, "flag"),
+        ),
+    ]
+    return columns
+
+
+def _anchor(index: int, protocol_hash: str) -> str:
+    """An HTML id that is safe whatever the hash text is."""
+    return f"protocol-{index + 1}-" + re.sub(r"[^A-Za-z0-9_-]", "", protocol_hash)[:16]
+
+
+def protocol_sections(board: pd.DataFrame, runs: pd.DataFrame) -> list[dict[str, Any]]:
+    """The context of every protocol section: its table rows and its figures."""
+    from markupsafe import Markup
+
+    sections: list[dict[str, Any]] = []
+    order = list(dict.fromkeys(board["protocol_hash"]))
+    for index, protocol_hash in enumerate(order):
+        rows = board[board["protocol_hash"] == protocol_hash]
+        first = rows.iloc[0]
+        scenario = first["scenario"] if isinstance(first["scenario"], str) else None
+        label = SCENARIOS.get(scenario or "", scenario or "unknown")
+        task_il = bool(rows["Acc_T_task_il_mean"].notna().any()) or scenario == "class-il"
+        columns = table_columns(task_il, label)
+        protocol = next(
+            (p for p in runs.loc[runs["protocol_hash"] == protocol_hash, "protocol"] if p), {}
+        )
+        series = strategy_series(runs, rows)
+        prefix = f"fig{index + 1}"
+        figures = [
+            (curves_svg(series, f"{prefix}-curves"), "Acc_t and Fgt_t (%) after each task, mean "
+             "over seeds with a ±1 sample-std band."),
+            (curves_svg(series, f"{prefix}-curves-til", task_il=True) if task_il else None,
+             "Task-IL Acc_t and Fgt_t (%) (same runs, logits masked to each task's classes)."),
+            (heatmaps_svg(series, f"{prefix}-matrix"), "Accuracy matrix a[t][i] (%), mean over "
+             "seeds: row t = after training task t, column i = evaluated task (blank: not "
+             "measured)."),
+            (drift_svg(series, f"{prefix}-drift"), "Memory drift MD_t: mean KL between the "
+             "model's predictions right after each old task and after task t."),
+            (scatter_svg(series, f"{prefix}-scatter"), "Final accuracy Acc_T (± sample std) "
+             "against total bytes communicated (up + down)."),
+        ]  # fmt: skip
+        sections.append(
+            {
+                "anchor": _anchor(index, str(protocol_hash)),
+                "hash": str(protocol_hash),
+                "stream": str(first["stream"]),
+                "scenario_label": label,
+                "summary": str(first["protocol"]),
+                "protocol_json": protocol_json(protocol),
+                "columns": [{"label": c[0], "title": c[1]} for c in columns],
+                "rows": [[c[2](r) for c in columns] for _, r in rows.iterrows()],
+                "figures": [
+                    {"id": _figure_id(svg), "svg": Markup(svg), "caption": caption}
+                    for svg, caption in figures
+                    if svg is not None
+                ],
+            }
+        )
+    return sections
+
+
+def _figure_id(svg: str) -> str:
+    """The figure id that :func:`leaderboard.plots.to_svg` put into aria-labelledby."""
+    match = re.search(r'aria-labelledby="([^"]*)-t"', svg)
+    return match.group(1) if match else "figure"
+
+
+def _text(value: Any) -> str:
+    """A cell's text; None, NaN and pandas' NA read as empty."""
+    import pandas as pd
+
+    if value is None or (not isinstance(value, (str, dict, list)) and pd.isna(value)):
+        return ""
+    return str(value)
+
+
+def run_rows(runs: pd.DataFrame, problems_only: bool) -> list[dict[str, Any]]:
+    """Context rows for the runs tables (problems first by status, then all runs)."""
+    out = []
+    for _, r in runs.iterrows():
+        if problems_only and r["status"] == "finished":
+            continue
+        acc = float(r["Acc_T"])
+        out.append(
+            {
+                "path": r["path"],
+                "status": r["status"],
+                "stream": _text(r["stream"]),
+                "strategy": _text(r["strategy"]),
+                "seed": _text(r["seed"]),
+                "protocol_hash": _text(r["protocol_hash"]),
+                "message": r["message"],
+                "acc": f"{acc:.2f}" if _finite(acc) else "–",
+                "acc_sort": _sort_key(acc),
+                "git_commit": _text(r["git_commit"]) or "unknown",
+            }
+        )
+    return out
+
+
+def provenance_context(board: pd.DataFrame, runs: pd.DataFrame) -> dict[str, Any]:
+    """Flagged rows, and commits / package sets / machines with their run counts."""
+    flagged = [
+        {
+            "flag": r["provenance_flag"],
+            "strategy": r["strategy"],
+            "stream": r["stream"],
+            "hash": r["protocol_hash"],
+            "git_commit": r["git_commit"],
+            "packages": r["packages"],
+        }
+        for _, r in board.iterrows()
+        if r["provenance_flag"]
+    ]
+    commits = Counter("unknown" if c is None else str(c) for c in runs["git_commit"])
+    names = sorted({name for p in runs["packages"] for name in p})
+    package_sets = Counter(
+        tuple("?" if p.get(n) is None else str(p.get(n)) for n in names)
+        if p
+        else tuple("" for _ in names)
+        for p in runs["packages"]
+    )
+    machines = Counter(
+        tuple(_text(env.get(key)) for key in MACHINE_KEYS) for env in runs["environment"]
+    )
+    return {
+        "flagged": flagged,
+        "commits": [{"value": c, "count": n} for c, n in sorted(commits.items())],
+        "package_names": names,
+        "package_rows": [
+            {"versions": list(v), "count": n} for v, n in sorted(package_sets.items())
+        ],
+        "machine_keys": list(MACHINE_KEYS),
+        "machine_rows": [{"cells": list(v), "count": n} for v, n in sorted(machines.items())],
+    }
+
+
+def render_html(board: pd.DataFrame, runs: pd.DataFrame) -> str:
+    """The whole report as one HTML string (a pure function of its two frames)."""
+    import jinja2
+    from markupsafe import Markup
+
+    env = jinja2.Environment(
+        autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True
+    )
+    script = SORT_JS
+    problems = run_rows(runs, problems_only=True)
+    context = {
+        "csp": content_security_policy(script),
+        "css": Markup(CSS),
+        "script": Markup(script),
+        "counts": {
+            "runs": len(runs),
+            "protocols": board["protocol_hash"].nunique() if len(board) else 0,
+            "rows": len(board),
+            "problems": len(problems),
+        },
+        "protocols": protocol_sections(board, runs) if len(board) else [],
+        "problems": problems,
+        "all_runs": run_rows(runs, problems_only=False),
+        **provenance_context(board, runs),
+    }
+    return env.from_string(TEMPLATE).render(context)
+
+
+def write_board_html(board: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> Path:
+    """Write ``out_dir/leaderboard.html`` atomically; returns its path."""
+    path = out_dir / HTML_NAME
+    write_report_text(path, render_html(board, runs))
+    return path
