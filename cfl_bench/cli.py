@@ -227,13 +227,21 @@ def sweep(
     ] = None,
     out: Annotated[str | None, typer.Option(help="sweep folder (one folder per run)")] = None,
     jobs: Annotated[int | None, typer.Option(help="runs in parallel (default 1)")] = None,
+    leaderboard: Annotated[
+        bool,
+        typer.Option(
+            "--leaderboard/--no-leaderboard",
+            help="end by writing <out>/leaderboard/ (leaderboard.csv + leaderboard.html)",
+        ),
+    ] = True,
 ) -> None:
     """Run a grid of runs; any `cfl-bench run` option may be repeated to add grid values
     (--strategy der --strategy fedavg --seed 0 --seed 1), --set KEY=V1,V2 adds several.
-    Finished runs are skipped, interrupted or failed ones restarted; exit 1 if any failed."""
+    Finished runs are skipped, interrupted or failed ones restarted; exit 1 if any failed.
+    Ends with the leaderboard of the sweep's runs in <out>/leaderboard/."""
     from cfl_bench.sweep.command import sweep as run_sweep
 
-    code = run_sweep(config, list(ctx.args), out, jobs)
+    code = run_sweep(config, list(ctx.args), out, jobs, leaderboard=leaderboard)
     if code:
         raise typer.Exit(code)
 

@@ -424,3 +424,29 @@ def test_log_lines_parse_back(tmp_path: Path) -> None:
         (tmp_path / "mine").mkdir()
         (tmp_path / "mine" / "notes.txt").write_text("keep")
         ledger.clear_run_dir(tmp_path / "mine")
+
+
+def test_a_sweep_ends_with_the_leaderboard_of_its_runs(tmp_path: Path) -> None:
+    """The README's first command in miniature: strategies × 2 seeds → leaderboard files,
+    one row per strategy averaging both seeds; --no-leaderboard writes none."""
+    import pandas as pd
+
+    out = tmp_path / "sweep"
+    code, output = in_process(
+        "sweep", "--out", str(out), *TINY, "--threads", "1",
+        "--strategy", "fedavg", "--strategy", "der", "--seed", "0", "--seed", "1",
+    )  # fmt: skip
+    assert code == 0, output
+    board_dir = out / "leaderboard"
+    assert "leaderboard written to" in output and str(board_dir) in output.replace("\n", "")
+    board = pd.read_csv(board_dir / "leaderboard.csv")
+    assert sorted(board["strategy"]) == ["der", "fedavg"]
+    assert board["n_seeds"].tolist() == [2, 2] and set(board["seeds"]) == {"0 1"}
+    runs = summaries(out)
+    fedavg = [s["Acc_T"] for s in runs.values() if s["strategy"] == "fedavg"]
+    row = board[board["strategy"] == "fedavg"].iloc[0]
+    assert row["Acc_T_mean"] == pytest.approx(sum(fedavg) / 2)
+    assert (board_dir / "leaderboard.html").read_text().startswith("<!DOCTYPE html>")
+    other = tmp_path / "quiet"
+    code, _ = in_process("sweep", "--out", str(other), *TINY, "--threads", "1", "--no-leaderboard")
+    assert code == 0 and not (other / "leaderboard").exists()

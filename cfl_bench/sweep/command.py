@@ -22,6 +22,10 @@ from cfl_bench.sweep.grid import SweepSpec, build_spec, expand
 from cfl_bench.sweep.launcher import Launcher
 from cfl_bench.sweep.scheduler import PointState, run_points
 
+# Where a sweep writes the leaderboard of its runs (a folder without run records, so it
+# is never mistaken for a run by the leaderboard's directory search).
+LEADERBOARD = "leaderboard"
+
 
 def sweep(
     sweep_file: str | None,
@@ -29,8 +33,10 @@ def sweep(
     out: str | None = None,
     jobs: int | None = None,
     console: Console | None = None,
+    leaderboard: bool = True,
 ) -> int:
-    """Run (or resume) a sweep; returns the exit code."""
+    """Run (or resume) a sweep; returns the exit code. With ``leaderboard`` the sweep ends
+    by writing ``<out>/leaderboard/`` (CSV + HTML) over every run folder in ``<out>``."""
     console = console or Console()
     spec = build_spec(sweep_file, args, out, jobs)
     states = [PointState(p, spec.out) for p in expand(spec)]
@@ -62,7 +68,13 @@ def sweep(
         run_points(states, spec.jobs, launcher, changed)
     write_manifest(spec, states)
     console.print(results_table(states))
-    return report(console, spec.out, states)
+    code = report(console, spec.out, states)
+    if leaderboard and any(s.status in ("finished", "diverged") for s in states):
+        from leaderboard.command import leaderboard_command
+
+        board = leaderboard_command([str(spec.out)], str(spec.out / LEADERBOARD), None, console)
+        code = max(code, board)
+    return code
 
 
 def prepare_folder(spec: SweepSpec, states: list[PointState]) -> None:
