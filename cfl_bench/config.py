@@ -79,19 +79,27 @@ def field_names() -> set[str]:
     return {f.name for f in fields(RunConfig)}
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML config whose keys are RunConfig fields (dashes or underscores)."""
+def read_yaml_mapping(path: str | Path, kind: str, shape: str) -> dict[Any, Any]:
+    """The mapping in YAML file ``path``; ``kind`` names the file in errors ("config file"),
+    ``shape`` says what the mapping must hold."""
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"config file '{p}' does not exist; pass the path of a YAML file.")
+        raise UserError(f"{kind} '{p}' does not exist; pass the path of a YAML file.")
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
         raise UserError(
-            f"config file '{p}' is not valid YAML ({exc.__class__.__name__}); fix its syntax."
+            f"{kind} '{p}' is not valid YAML ({exc.__class__.__name__}); fix its syntax."
         ) from None
     if not isinstance(data, dict):
-        raise UserError(f"config file '{p}' must be a mapping of option names to values.")
+        raise UserError(f"{kind} '{p}' must be a mapping {shape}.")
+    return data
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config whose keys are RunConfig fields (dashes or underscores)."""
+    p = Path(path)
+    data = read_yaml_mapping(p, "config file", "of option names to values")
     normalised = {str(k).replace("-", "_"): v for k, v in data.items()}
     unknown = sorted(set(normalised) - field_names())
     if unknown:

@@ -17,48 +17,17 @@ import contextlib
 import csv
 import io
 import json
-import os
-import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import BinaryIO
 
 import torch
 
+from cfl_bench.atomic import atomic_write_json, atomic_write_text
 from cfl_bench.errors import UserError
 from cfl_bench.metrics import RECORD_COLUMNS
 
 # The tidy long-format columns are defined once, beside the metrics that read them.
 COLUMNS = RECORD_COLUMNS
-
-
-def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """``write`` into a temporary file in the same directory, fsync, then rename over
-    ``path``: readers see the old file or the whole new one, never a half-written one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        # mkstemp makes the file private (0600); results are meant to be shared, so give
-        # it the mode a plain open() would (0666 minus the umask).
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
-
-
-def atomic_write_json(path: Path, obj: object) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 def _plain(value: object) -> object:

@@ -214,3 +214,15 @@ def strategy_series(runs: pd.DataFrame, board_rows: pd.DataFrame) -> list[Strate
         series.bytes_total = (float(row["bytes_total_mean"]), float(row["bytes_total_std"]))
         out.append(series)
     return out
+
+
+def row_notes(row: Any) -> str:
+    """Counts of runs kept out of the means, and the provenance flag."""
+    parts = [
+        f"{int(row[f'n_{s}'])} {s}"
+        for s in ("diverged", "failed", "incomplete")
+        if int(row[f"n_{s}"])
+    ]
+    if row["provenance_flag"]:
+        parts.append(str(row["provenance_flag"]))
+    return "; ".join(parts)

@@ -36,29 +36,19 @@ def _compact(row: pd.Series, metric: str, spec: str = ".2f", with_std: bool = Fa
     return f"{mean:{spec}}±{'–' if math.isnan(std) else format(std, spec)}"
 
 
-def _notes(row: pd.Series) -> str:
-    parts = [
-        f"{int(row[f'n_{s}'])} {s}"
-        for s in ("diverged", "failed", "incomplete")
-        if int(row[f"n_{s}"])
-    ]
-    if row["provenance_flag"]:
-        parts.append(str(row["provenance_flag"]))
-    return "; ".join(parts)
-
-
 def summary_tables(board: pd.DataFrame) -> list[Table]:
     """One table per protocol, one line per strategy, narrow enough for an 80-column
     terminal: Acc_T as mean ± sample std, Fgt_T and bytes as means (BWT, FWT, MD_T, wall
     time and all deviations are in the CSV and HTML).
     The task-IL and notes columns appear only when some row has them."""
+    from leaderboard.aggregate import row_notes
     from leaderboard.plots import human_bytes
 
     tables = []
     for protocol_hash, rows in board.groupby("protocol_hash", sort=False):
         first = rows.iloc[0]
         task_il = bool(rows["Acc_T_task_il_mean"].notna().any())
-        notes = [_notes(row) for _, row in rows.iterrows()]
+        notes = [row_notes(row) for _, row in rows.iterrows()]
         table = Table(
             title=Text(f"{first['stream']} · {first['scenario']} · protocol {protocol_hash}"),
             caption=Text(str(first["protocol"])),

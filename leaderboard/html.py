@@ -32,10 +32,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from leaderboard.aggregate import protocol_json, strategy_series
+from cfl_bench.atomic import atomic_write_text
+from leaderboard.aggregate import protocol_json, row_notes, strategy_series
 from leaderboard.page import CSS, SORT_JS, TEMPLATE
 from leaderboard.plots import curves_svg, drift_svg, heatmaps_svg, human_bytes, scatter_svg
-from leaderboard.table import write_report_text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -105,18 +105,6 @@ def _time_cell(row: Any) -> dict[str, str | None]:
     return _cell(text, _sort_key(mean), "num")
 
 
-def _notes(row: Any) -> str:
-    """Counts of runs kept out of the means, and the provenance flag."""
-    parts = [
-        f"{int(row[f'n_{s}'])} {s}"
-        for s in ("diverged", "failed", "incomplete")
-        if int(row[f"n_{s}"])
-    ]
-    if row["provenance_flag"]:
-        parts.append(str(row["provenance_flag"]))
-    return "; ".join(parts)
-
-
 def table_columns(task_il: bool, scenario_label: str) -> list[tuple[str, str, Callable[..., Any]]]:
     """(header, tooltip, cell builder) for one protocol's table."""
     acc = f"Acc_T {scenario_label} (%)" if scenario_label != "unknown" else "Acc_T (%)"
@@ -153,7 +141,7 @@ def table_columns(task_il: bool, scenario_label: str) -> list[tuple[str, str, Ca
         (
             "notes",
             "runs kept out of the means; provenance disagreements",
-            lambda r: _cell(_notes(r), None, "flag"),
+            lambda r: _cell(row_notes(r), None, "flag"),
         ),
     ]
     return columns
@@ -322,5 +310,5 @@ def render_html(board: pd.DataFrame, runs: pd.DataFrame) -> str:
 def write_board_html(board: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> Path:
     """Write ``out_dir/leaderboard.html`` atomically; returns its path."""
     path = out_dir / HTML_NAME
-    write_report_text(path, render_html(board, runs))
+    atomic_write_text(path, render_html(board, runs))
     return path

@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cfl_bench.records import atomic_write_text
+from cfl_bench.atomic import atomic_write_text
 from leaderboard.aggregate import BOARD_COLUMNS
 
 if TYPE_CHECKING:
@@ -45,15 +45,8 @@ def board_csv(board: pd.DataFrame) -> str:
     return buffer.getvalue()
 
 
-def write_report_text(path: Path, text: str) -> None:
-    """Atomic write, then world-readable (0644): the temporary file behind the atomic rename
-    is created private (0600), but a leaderboard is meant to be shared and served."""
-    atomic_write_text(path, text)
-    path.chmod(0o644)
-
-
 def write_board_csv(board: pd.DataFrame, out_dir: Path) -> Path:
     """Write ``out_dir/leaderboard.csv`` atomically; returns its path."""
     path = out_dir / CSV_NAME
-    write_report_text(path, board_csv(board))
+    atomic_write_text(path, board_csv(board))
     return path

@@ -43,8 +43,8 @@ from typing import Any
 
 import torch
 
+from cfl_bench.atomic import atomic_write
 from cfl_bench.errors import UserError
-from cfl_bench.records import atomic_write
 
 INSTALL_HINT = 'pip install -e ".[text]"'
 

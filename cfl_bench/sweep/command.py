@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
+from cfl_bench.atomic import atomic_write_text
 from cfl_bench.errors import UserError
 from cfl_bench.sweep import ledger
 from cfl_bench.sweep.display import SweepProgress, announce_skipped, results_table
@@ -90,7 +91,7 @@ def prepare_folder(spec: SweepSpec, states: list[PointState]) -> None:
             f"--out {state.run_dir} --overwrite\n"
         )
         body = yaml.safe_dump(state.point.request, sort_keys=False)
-        ledger.atomic_write_text(state.yaml_path, header + body)
+        atomic_write_text(state.yaml_path, header + body)
     write_manifest(spec, states)
 
 

@@ -42,9 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from cfl_bench.config import RunConfig, canonical_hash, field_names, validate
+from cfl_bench.config import RunConfig, canonical_hash, field_names, read_yaml_mapping, validate
 from cfl_bench.errors import UserError
 
 SWEEP_FILE_KEYS = ("out", "jobs", "base", "grid")
@@ -222,16 +220,7 @@ def parse_set(text: str) -> tuple[str, list[Any]]:
 def load_sweep_file(path: str | Path) -> tuple[Axes, str | None, int | None]:
     """Axes (``base`` keys first, then ``grid`` keys, file order), ``out`` and ``jobs``."""
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"sweep file '{p}' does not exist; pass the path of a YAML file.")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise UserError(
-            f"sweep file '{p}' is not valid YAML ({exc.__class__.__name__}); fix its syntax."
-        ) from None
-    if not isinstance(data, dict):
-        raise UserError(f"sweep file '{p}' must be a mapping with keys out, jobs, base, grid.")
+    data = read_yaml_mapping(p, "sweep file", "with keys out, jobs, base, grid")
     unknown = sorted(str(k) for k in data if k not in SWEEP_FILE_KEYS)
     if unknown:
         raise UserError(

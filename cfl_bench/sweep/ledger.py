@@ -16,9 +16,8 @@ directory. **Skip rule**: a point is done exactly when its directory holds a ``s
 with status "finished" or "diverged" whose ``request_hash`` equals the point's; anything else
 (no summary, a failed one, another hash) is run again from scratch.
 
-The writers here are small on purpose: ``cfl_bench.records`` imports torch, and the sweep
-process must stay light (the engine lives in the children), so JSON and text files are
-written with the same temp + fsync + rename rule, locally.
+Files are written with ``cfl_bench.atomic`` (temp + fsync + rename), which imports no torch:
+the sweep process stays light, the engine lives in the children.
 """
 
 from __future__ import annotations
@@ -28,11 +27,11 @@ import datetime as dt
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from cfl_bench.atomic import atomic_write_json as write_json
 from cfl_bench.errors import UserError
 
 DONE_STATUSES = ("finished", "diverged")
@@ -43,26 +42,9 @@ LOG = "sweep.log"
 RUN_FILES = frozenset({"config.json", "records.csv", "costs.csv", "summary.json"})
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Temp file in the same folder, fsync, rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        umask = os.umask(0)  # mkstemp's 0600 → the mode open() would give, like run files
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def atomic_write_json(path: Path, obj: object) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    """Sweep records may hold paths; they are written as strings."""
+    write_json(path, obj, default=str)
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
