@@ -23,6 +23,7 @@ from tests.leaderboard_fixtures import (
     standard_runs,
     write_run,
 )
+from tests.sweep_helpers import TINY
 from tests.test_cli import in_process
 
 INJECTION = "<script>alert(1)</script>"
@@ -325,20 +326,7 @@ def test_missing_targets_file_exits_2(tmp_path: Path) -> None:
 
 def test_end_to_end_two_real_runs(tmp_path: Path) -> None:
     """Two real runs of the embedded default stream → the CSV row is their mean."""
-    tiny = [
-        "--tasks",
-        "2",
-        "--rounds-per-task",
-        "1",
-        "--train-size",
-        "300",
-        "--test-size",
-        "100",
-        "--probe-size",
-        "50",
-        "--threads",
-        "1",
-    ]
+    tiny = [*TINY, "--probe-size", "50", "--threads", "1"]
     summaries = []
     for seed in (0, 1):
         out = tmp_path / "runs" / f"s{seed}"
