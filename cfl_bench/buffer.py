@@ -110,6 +110,33 @@ class ReservoirBuffer:
         self.task[start:end] = task
         self.num_seen = end
 
+    def state_dict(self) -> dict[str, object]:
+        """Contents, counter and generator (for checkpoints)."""
+        return {
+            "x": self.x,
+            "y": self.y,
+            "logits": self.logits,
+            "task": self.task,
+            "num_seen": self.num_seen,
+            "generator": self.generator,
+        }
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Copy a saved state into the preallocated tensors (shapes must match)."""
+        for name in ("x", "y", "logits", "task"):
+            saved = state[name]
+            assert isinstance(saved, torch.Tensor)
+            target = getattr(self, name)
+            if saved.shape != target.shape:
+                raise ValueError(
+                    f"buffer {name} has shape {tuple(saved.shape)}, expected {tuple(target.shape)}"
+                )
+            target.copy_(saved)
+        self.num_seen = int(state["num_seen"])  # type: ignore[call-overload]
+        gen = state["generator"]
+        assert isinstance(gen, torch.Generator)
+        self.generator.set_state(gen.get_state())
+
     def sample(self, m: int) -> BufferDraw | None:
         """m distinct filled slots drawn uniformly (m = min(m, filled)); None when empty."""
         filled = self.filled

@@ -7,9 +7,13 @@ it and an explicit flag still wins.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
+import inspect
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -23,6 +27,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     no_args_is_help=True,
+    # Click's plain help wraps long help text instead of cutting it at 80 columns.
+    rich_markup_mode=None,
     help="cfl-bench: continual federated learning benchmarks.",
 )
 
@@ -37,106 +43,127 @@ def user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
-            Console(stderr=True).print(
-                f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True
-            )
+            print_error(str(exc))
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
 
 
-@app.command()
-@user_errors
-def run(
-    stream: Annotated[
-        str | None,
-        typer.Option(
-            help="stream name (see `cfl-bench list streams`), or "
-            "avalanche:package.module:factory for any Avalanche benchmark"
-        ),
-    ] = None,
-    strategy: Annotated[
-        str | None, typer.Option(help="composition, e.g. der:alpha=0.5+fedgp:gref_samples=all")
-    ] = None,
-    model: Annotated[str | None, typer.Option(help="model name (default: the stream's)")] = None,
-    tasks: Annotated[int | None, typer.Option(help="number of tasks")] = None,
-    rounds_per_task: Annotated[
-        int | None, typer.Option(help="communication rounds per task")
-    ] = None,
-    clients: Annotated[int | None, typer.Option(help="number of clients K")] = None,
-    participation: Annotated[
-        float | None, typer.Option(help="fraction of clients per round, in (0, 1]")
-    ] = None,
-    async_shift: Annotated[
-        int | None,
-        typer.Option(
-            help="asynchronous task boundaries: each client's are delayed by its own seeded "
-            "offset in [0, S] rounds; task t is evaluated when the last client has finished it"
-        ),
-    ] = None,
-    epochs: Annotated[int | None, typer.Option(help="local epochs per round")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="local batch size")] = None,
-    buffer_batch_size: Annotated[
-        int | None, typer.Option(help="buffer draw size (default: batch size)")
-    ] = None,
-    lr: Annotated[float | None, typer.Option(help="local SGD learning rate")] = None,
-    momentum: Annotated[float | None, typer.Option(help="local SGD momentum")] = None,
-    weight_decay: Annotated[float | None, typer.Option(help="local SGD weight decay")] = None,
-    buffer_size: Annotated[int | None, typer.Option(help="reservoir capacity M per client")] = None,
-    buffer_offer: Annotated[str | None, typer.Option(help="first_pass | every_step")] = None,
-    replay_augment: Annotated[
-        bool | None,
-        typer.Option(
-            "--replay-augment/--no-replay-augment",
-            help="re-apply train augmentation to replays (default: if the stream augments)",
-        ),
-    ] = None,
-    partition: Annotated[
-        str | None,
-        typer.Option(
-            help="shards | dirichlet | iid, options as name:key=value,... "
-            "(e.g. dirichlet:alpha=1,min_size=5; default: the stream's)"
-        ),
-    ] = None,
-    weighting: Annotated[
-        str | None, typer.Option(help="aggregation weights: samples | uniform")
-    ] = None,
-    train_size: Annotated[
-        int | None, typer.Option(help="use the first N training examples")
-    ] = None,
-    test_size: Annotated[int | None, typer.Option(help="use the first N test examples")] = None,
-    probe_size: Annotated[
-        int | None, typer.Option(help="probe examples per task for memory drift")
-    ] = None,
-    eval_every_round: Annotated[
-        bool | None, typer.Option("--eval-every-round/--eval-task-end", help="evaluation frequency")
-    ] = None,
-    seed: Annotated[int | None, typer.Option(help="run seed (explicit; default 0)")] = None,
-    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda")] = None,
-    threads: Annotated[
-        int | None, typer.Option(help="CPU threads for torch (default: torch's)")
-    ] = None,
-    data_root: Annotated[
-        str | None, typer.Option(help="folder holding MNIST/raw (torchvision layout)")
-    ] = None,
-    download: Annotated[
-        bool | None, typer.Option("--download/--no-download", help="fetch data with torchvision")
-    ] = None,
-    out: Annotated[str | None, typer.Option(help="run directory (default: runs/<slug>)")] = None,
-    overwrite: Annotated[
-        bool | None,
-        typer.Option("--overwrite/--no-overwrite", help="replace a finished run in --out"),
-    ] = None,
-    config: Annotated[str | None, typer.Option(help="YAML file with any of these options")] = None,
-) -> None:
-    """Run one (protocol, strategy, seed) and print its results table."""
-    values = dict(locals())  # first statement: exactly the options
+def run_parameters() -> list[inspect.Parameter]:
+    """The options of `cfl-bench run`, generated from the RunConfig declarations.
+
+    Every option defaults to "not given" (None) so a YAML file (``--config``) can set it and
+    an explicit flag still wins; ``--help`` shows the real default. Values arrive as text and
+    are parsed by ``cfl_bench.config.parse_text`` — the same strict parser the sweep uses —
+    so ``--lr inf`` and ``--clients 2.5`` get the same sentence everywhere.
+    """
+    from cfl_bench.config import RunConfig, flag_name, option_kind, option_specs
+
+    defaults = RunConfig()
+    params = []
+    for name, spec in option_specs().items():
+        kind, _ = option_kind(name)
+        default = getattr(defaults, name)
+        shown = spec.default_text or (
+            str(default).lower() if isinstance(default, bool) else str(default)
+        )
+        text = f"{spec.help} [default: {shown}]"
+        if kind is bool:
+            off = spec.flag_off or f"no-{name.replace('_', '-')}"
+            info = typer.Option(f"{flag_name(name)}/--{off}", help=text, show_default=False)
+            annotation: Any = Annotated[bool | None, info]
+        else:
+            metavar = "|".join(spec.choices) if spec.choices else METAVARS.get(kind, "TEXT")
+            info = typer.Option(flag_name(name), help=text, show_default=False, metavar=metavar)
+            annotation = Annotated[str | None, info]
+        params.append(inspect.Parameter(name, KEYWORD, default=None, annotation=annotation))
+    config_info = typer.Option(
+        "--config", help="YAML file with any of these options", metavar="FILE"
+    )
+    params.append(
+        inspect.Parameter(
+            "config", KEYWORD, default=None, annotation=Annotated[str | None, config_info]
+        )
+    )
+    return params
+
+
+KEYWORD = inspect.Parameter.KEYWORD_ONLY
+METAVARS: dict[type, str] = {int: "INTEGER", float: "NUMBER", str: "TEXT"}
+
+
+def run(**values: Any) -> None:
+    """Run one (protocol, strategy, seed) and print its results table.
+
+    Rerunning the same command into an unfinished run directory resumes it from its last
+    checkpoint (--restart starts over); Ctrl-C stops it with exit code 130.
+    """
     from cfl_bench.config import make_config
+    from cfl_bench.round_keeper import RunInterruptedError
     from cfl_bench.run import execute
 
     yaml_path = values.pop("config")
     cfg = make_config(values, yaml_path)
     console = Console()
+    try:
+        with (
+            stop_on_sigterm(),
+            round_display(console, f"{cfg.stream} · {cfg.strategy}") as on_round,
+        ):
+            result = execute(
+                cfg, on_round, notify=lambda text: console.print(text, highlight=False)
+            )
+    except RunInterruptedError as exc:
+        Console(stderr=True).print(f"[yellow]{escape_markup(str(exc))}[/]", soft_wrap=True)
+        raise typer.Exit(130) from None
+    console.print(
+        results_table(result.summary, cfg.stream, str(result.summary.get("strategy", cfg.strategy)))
+    )
+    status = result.summary.get("status")
+    if status != "finished":
+        console.print(f"[yellow]run {status}:[/] {result.summary.get('message', '')}")
+    console.print(f"results in [bold]{result.path}[/] (config.json, records.csv, summary.json)")
+
+
+def _install_run_command() -> None:
+    params = run_parameters()
+    run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in params}
+    app.command("run")(user_errors(run))
+
+
+_install_run_command()
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM (a batch scheduler's stop) ends a run like Ctrl-C: at once, resumable."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may install signal handlers
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def round_display(console: Console, title: str) -> Iterator[Callable[[Any], None]]:
+    """A live progress bar on a terminal; one plain line per round otherwise."""
+    from cfl_bench.progress import RoundLog
+
+    if not console.is_terminal:
+        yield RoundLog()
+        return
+    log = RoundLog()
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -146,28 +173,21 @@ def run(
         TextColumn("{task.fields[acc]}"),
         console=console,
         transient=False,
-        disable=not console.is_terminal,
     ) as progress:
-        bar = progress.add_task(f"{cfg.stream} · {cfg.strategy}", total=None, acc="")
+        bar = progress.add_task(title, total=None, acc="")
 
         def on_round(report: Any) -> None:
+            log.line(report)  # keeps the ETA clock consistent with the plain form
             acc = "" if report.latest_acc is None else f"Acc {report.latest_acc:.2f}%"
             progress.update(
                 bar,
                 total=report.total_rounds,
                 completed=report.round_index,
-                description=f"task {report.task + 1}",
+                description=f"task {report.task + 1}/{report.num_tasks}",
                 acc=acc,
             )
 
-        result = execute(cfg, on_round)
-    console.print(
-        results_table(result.summary, cfg.stream, str(result.summary.get("strategy", cfg.strategy)))
-    )
-    status = result.summary.get("status")
-    if status != "finished":
-        console.print(f"[yellow]run {status}:[/] {result.summary.get('message', '')}")
-    console.print(f"results in [bold]{result.path}[/] (config.json, records.csv, summary.json)")
+        yield on_round
 
 
 def _fmt(value: object, spec: str = ".2f") -> str:
@@ -253,18 +273,10 @@ def clients_cmd(
     task: Annotated[int, typer.Option(help="task number, 1-based")] = 1,
 ) -> None:
     """Print how many samples of each class every client holds in one task of a run."""
-    import json
-    from pathlib import Path
-
-    path = Path(run_dir) / "config.json"
-    if not path.is_file():
-        raise UserError(f"{path} does not exist; pass a run directory written by `cfl-bench run`.")
-    record = json.loads(path.read_text())
-    tables = record.get("client_class_counts") or {}
+    tables, offsets = read_class_tables(run_dir)
     if str(task) not in tables:
         raise UserError(f"the run has no task {task}; choose one of {', '.join(tables) or 'none'}.")
-    counts: list[list[int]] = tables[str(task)]
-    offsets: list[int] = (record.get("task_clock") or {}).get("offsets") or []
+    counts = tables[str(task)]
     delays = offsets if any(offsets) else []  # only shown for asynchronous boundaries
     classes = [c for c in range(len(counts[0])) if any(row[c] for row in counts)]
     table = Table(title=f"task {task}: samples per client and class", show_footer=True)
@@ -280,6 +292,55 @@ def clients_cmd(
     Console().print(table)
 
 
+def read_class_tables(run_dir: str) -> tuple[dict[str, list[list[int]]], list[int]]:
+    """The per-task client × class tables and the clients' task offsets of a run's
+    config.json, checked: a damaged directory gets one sentence, not a traceback."""
+    import json
+    from pathlib import Path
+
+    folder = Path(run_dir)
+    path = folder / "config.json"
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"'{folder}' is a file; pass a run directory written by `cfl-bench run`.")
+    if path.exists() and not path.is_file():
+        raise UserError(f"{path} is not a file; the run directory is damaged, so rerun that run.")
+    if not path.is_file():
+        raise UserError(f"{path} does not exist; pass a run directory written by `cfl-bench run`.")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(
+            f"{path} cannot be read as JSON ({type(exc).__name__}); the run directory is damaged, "
+            f"so rerun that run."
+        ) from None
+    damaged = UserError(
+        f"{path} has no valid client × class table; it was not written by this version of "
+        f"`cfl-bench run` or is damaged, so rerun that run."
+    )
+    tables = record.get("client_class_counts") if isinstance(record, dict) else None
+    if not isinstance(tables, dict) or not all(is_count_table(t) for t in tables.values()):
+        raise damaged
+    clock = record.get("task_clock") or {}
+    offsets = clock.get("offsets") if isinstance(clock, dict) else None
+    offsets = offsets or []
+    if not isinstance(offsets, list) or not all(type(o) is int for o in offsets):
+        raise damaged
+    sizes = {len(t) for t in tables.values()}
+    if offsets and sizes != {len(offsets)}:
+        raise damaged
+    return tables, offsets
+
+
+def is_count_table(table: object) -> bool:
+    """A non-empty K × C list of lists of non-negative ints with equal row lengths."""
+    if not isinstance(table, list) or not table:
+        return False
+    widths = {len(row) if isinstance(row, list) else -1 for row in table}
+    if len(widths) != 1 or widths == {-1} or widths == {0}:
+        return False
+    return all(type(v) is int and v >= 0 for row in table for v in row)
+
+
 @app.command("leaderboard")
 @user_errors
 def leaderboard_cmd(
@@ -291,11 +352,18 @@ def leaderboard_cmd(
         str | None,
         typer.Option(help="targets CSV: metric, target, tolerance, selectors; exit 1 on a miss"),
     ] = None,
+    std: Annotated[
+        str,
+        typer.Option(
+            help="std shown after ±: sample (ddof=1) or population (ddof=0, np.std as in FedGP)"
+        ),
+    ] = "sample",
 ) -> None:
-    """Aggregate runs into leaderboard.csv + leaderboard.html (mean ± sample std over seeds)."""
+    """Aggregate runs into leaderboard.csv + leaderboard.html (mean ± std over seeds: sample
+    by default, --std population for ddof=0)."""
     from leaderboard.command import leaderboard_command
 
-    code = leaderboard_command(run_dirs, out, check)
+    code = leaderboard_command(run_dirs, out, check, std=std)
     if code:
         raise typer.Exit(code)
 
@@ -365,13 +433,122 @@ def print_components(console: Console) -> None:
     )
 
 
-def main() -> None:
-    """Console-script entry point."""
+def click_exceptions() -> tuple[type[Exception], type[Exception] | None, type[Exception]]:
+    """(UsageError, NoArgsIsHelpError, Abort) of the Click that typer runs on: recent typer
+    vendors Click as ``typer._click``, older ones use the ``click`` package."""
     try:
-        app()
-    except KeyboardInterrupt:
+        from typer._click import exceptions
+        from typer.exceptions import Abort
+    except ImportError:  # typer < 0.20: the click package
+        from click import exceptions  # type: ignore[no-redef]
+
+        Abort = exceptions.Abort  # type: ignore[assignment,misc]
+    return exceptions.UsageError, getattr(exceptions, "NoArgsIsHelpError", None), Abort
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: Click's usage errors become one line and exit code 2,
+    like every other bad input; Ctrl-C exits 130."""
+    usage_error, no_args, abort = click_exceptions()
+    args = sys.argv[1:] if argv is None else argv
+    command = typer.main.get_command(app)
+    try:
+        refuse_repeated_options(args)
+        code = command.main(args=args, prog_name="cfl-bench", standalone_mode=False)
+    except UserError as exc:
+        print_error(str(exc))
+        code = 2
+    except usage_error as exc:
+        if no_args is not None and isinstance(exc, no_args):
+            print(exc.ctx.get_help() if exc.ctx else "")  # type: ignore[attr-defined]
+            code = 0
+        else:
+            print_error(usage_sentence(exc, args))
+            code = 2
+    except (KeyboardInterrupt, abort):
         Console(stderr=True).print("[yellow]interrupted[/]")
-        sys.exit(130)
+        code = 130
+    except OSError as exc:
+        if exc.errno not in (errno.EPIPE, errno.ENOSPC):
+            raise
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - nothing more can be written
+        with contextlib.suppress(OSError):
+            print_error(f"cannot write the output ({exc.strerror}).")
+        code = 1
+    sys.exit(code or 0)
+
+
+def usage_sentence(exc: Exception, args: list[str]) -> str:
+    """Click's usage error as one sentence with the command's help to read. Click's own
+    "Possible options" guess is replaced by a close match only (it suggested --out for
+    --bogus)."""
+    import difflib
+
+    ctx = getattr(exc, "ctx", None)
+    where = ctx.command_path if ctx is not None else "cfl-bench"
+    if where == "cfl-bench" and args and args[0] in COMMANDS:
+        where = f"cfl-bench {args[0]}"
+    name = getattr(exc, "option_name", None)
+    if name is not None and hasattr(exc, "possibilities"):
+        close = difflib.get_close_matches(name, list(exc.possibilities or []), n=1, cutoff=0.7)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        return f"no such option {name}{hint}; see `{where} --help`."
+    message = " ".join(exc.format_message().split()).rstrip(".")  # type: ignore[attr-defined]
+    return f"{message}; see `{where} --help`."
+
+
+COMMANDS = ("run", "sweep", "clients", "leaderboard", "list")
+
+
+def print_error(message: str) -> None:
+    Console(stderr=True).print(
+        f"[bold red]error:[/] {escape_markup(message)}", highlight=False, soft_wrap=True
+    )
+
+
+def refuse_repeated_options(args: list[str]) -> None:
+    """`cfl-bench run --lr 0.1 --lr 0.2` would silently keep the last value: refuse it. The
+    sweep's own options likewise (its grid options are meant to repeat)."""
+    if not args or args[0] not in ("run", "sweep"):
+        return
+    names = run_flag_fields() if args[0] == "run" else SWEEP_OWN_FLAGS
+    seen: set[str] = set()
+    for token in args[1:]:
+        if token == "--":
+            break
+        field = names.get(token.split("=", 1)[0])
+        if field is None:
+            continue
+        if field in seen:
+            raise UserError(f"{token.split('=', 1)[0]} is given twice; give it once.")
+        seen.add(field)
+
+
+SWEEP_OWN_FLAGS = {
+    "--out": "out",
+    "--jobs": "jobs",
+    "--config": "config",
+    "--leaderboard": "leaderboard",
+    "--no-leaderboard": "leaderboard",
+}
+
+
+def run_flag_fields() -> dict[str, str]:
+    """Every flag of `cfl-bench run` (both forms of booleans) → the option it sets."""
+    from cfl_bench.config import flag_name, option_kind, option_specs
+
+    flags = {"--config": "config"}
+    for name, spec in option_specs().items():
+        flags[flag_name(name)] = name
+        if option_kind(name)[0] is bool:
+            flags["--" + (spec.flag_off or "no-" + name.replace("_", "-"))] = name
+    return flags
+
+
+def escape_markup(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,20 @@
-"""Run configuration: defaults < YAML file < command line, validated before anything runs.
+"""Run configuration: every option declared once; defaults < YAML file < command line.
 
-Why one frozen dataclass: the fully resolved config is written to ``config.json`` and its
-protocol part is hashed, so two runs are comparable exactly when their protocol hashes match.
-The protocol is everything except the strategy, the seed and where/how it runs (device,
-paths, output), so a leaderboard row can average seeds of one protocol.
+Why one declaration per option: the CLI flags of ``cfl-bench run`` (and their ``--help``),
+the YAML schema of ``--config``, the grid keys of ``cfl-bench sweep``, validation and the
+``config`` block of ``config.json`` are all generated from the fields of :class:`RunConfig`
+and the :class:`OptionSpec` in each field's metadata. A new option is one field here; no
+parallel list can drift out of date.
+
+Types are strict wherever a value comes from: booleans are only ``true``/``false``, numbers
+are finite, integers are integers, strings are strings. A value of the wrong type (YAML
+``overwrite: "no"``, ``stream: 7``, ``lr: .inf``) is refused with one sentence instead of
+being coerced into something the user did not mean.
+
+The fully resolved config is written to ``config.json`` and its protocol part is hashed, so
+two runs are comparable exactly when their protocol hashes match. The protocol is every
+option whose spec says ``protocol=True``: everything except the strategy, the seed and
+where/how the run executes (device, threads, paths, output, checkpoints).
 """
 
 from __future__ import annotations
@@ -11,62 +22,231 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, fields
+import math
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from cfl_bench.errors import UserError
+from cfl_bench.text_values import FLOAT_TEXT, INT_TEXT
 
 BUFFER_OFFER = ("first_pass", "every_step")
 WEIGHTING = ("samples", "uniform")
 DEVICES = ("auto", "cpu", "cuda")
+# Words that mean "not set" where a value arrives as text in a sweep (``--set tasks=none``).
+NULL_WORDS = frozenset({"none", "null"})
+MAX_SEED = 2**63 - 1
 
-# Fields that do not change what is being measured.
-NON_PROTOCOL = frozenset(
-    {"strategy", "seed", "device", "threads", "data_root", "download", "out", "overwrite", "config"}
-)
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """What one run option is: its help, range, choices and role.
+
+    ``minimum``/``maximum`` bound numbers (inclusive unless ``*_exclusive``); ``choices``
+    lists the allowed strings; ``protocol`` says whether the value changes what is measured
+    (it then enters the protocol hash); ``flag_off`` names the negative flag of a boolean
+    (default ``no-<name>``); ``default_text`` is how ``--help`` shows a default that is
+    resolved later (e.g. "the stream's"); ``execution`` marks options that change how a run
+    executes but never its results (left out of a sweep point's identity while at default).
+    """
+
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    minimum_exclusive: bool = False
+    maximum_exclusive: bool = False
+    choices: tuple[str, ...] = ()
+    protocol: bool = True
+    flag_off: str | None = None
+    default_text: str | None = None
+    execution: bool = False
+
+
+def option(default: Any, help: str, **spec: Any) -> Any:
+    """A dataclass field carrying its :class:`OptionSpec`."""
+    return field(default=default, metadata={"option": OptionSpec(help=help, **spec)})
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    stream: str = "rot-digits"
-    strategy: str = "fedavg"
-    model: str | None = None  # None → the stream's default model
-    tasks: int | None = None  # None → the stream's default number of tasks
-    rounds_per_task: int | None = None  # None → the stream's default (20 for MNIST)
-    clients: int = 10
-    participation: float = 1.0
-    async_shift: int = 0  # per-client task-boundary delays in [0, S] rounds (TaskClock)
-    epochs: int | None = None  # None → the stream's default (1 for MNIST)
-    batch_size: int = 32
-    buffer_batch_size: int | None = None  # None → batch_size
-    lr: float | None = None  # None → the stream's default (0.01 for MNIST)
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    buffer_size: int = 200
-    buffer_offer: str = "first_pass"
-    replay_augment: bool | None = None  # None → on when the stream augments its train inputs
-    partition: str | None = None  # None → the stream's default partitioner
-    weighting: str = "samples"
-    train_size: int | None = None
-    test_size: int | None = None
-    probe_size: int = 500
-    eval_every_round: bool = False
-    seed: int = 0
-    device: str = "auto"
-    threads: int | None = None  # CPU intra-op threads; None → torch's default
-    data_root: str | None = None
-    download: bool = False
-    out: str | None = None
-    overwrite: bool = False
+    """One run's options. Field order is the order of ``--help`` and of ``config.json``."""
+
+    stream: str = option(
+        "rot-digits",
+        "stream name (see `cfl-bench list streams`), or avalanche:package.module:factory "
+        "for any Avalanche benchmark",
+    )
+    strategy: str = option(
+        "fedavg",
+        "composition, e.g. der:alpha=0.5+fedgp:gref_samples=all (see `cfl-bench list strategies`)",
+        protocol=False,
+    )
+    model: str | None = option(None, "model name", default_text="the stream's")
+    tasks: int | None = option(None, "number of tasks", minimum=1, default_text="the stream's")
+    rounds_per_task: int | None = option(
+        None, "communication rounds per task", minimum=1, default_text="the stream's"
+    )
+    clients: int = option(10, "number of clients K", minimum=1, maximum=100_000)
+    participation: float = option(
+        1.0,
+        "fraction of clients per round (at least one client)",
+        minimum=0,
+        minimum_exclusive=True,
+        maximum=1,
+    )
+    async_shift: int = option(
+        0,
+        "asynchronous task boundaries: each client's are delayed by its own seeded offset "
+        "in [0, S] rounds; task t is evaluated when the last client has finished it",
+        minimum=0,
+        maximum=100_000,
+    )
+    epochs: int | None = option(
+        None, "local epochs per round", minimum=1, default_text="the stream's"
+    )
+    batch_size: int = option(32, "local batch size", minimum=1, maximum=2**31 - 1)
+    buffer_batch_size: int | None = option(
+        None,
+        "examples drawn from the buffer per step (at most those stored)",
+        minimum=1,
+        maximum=2**31 - 1,
+        default_text="--batch-size",
+    )
+    lr: float | None = option(
+        None,
+        "local SGD learning rate",
+        minimum=0,
+        minimum_exclusive=True,
+        maximum=1000,
+        default_text="the stream's",
+    )
+    momentum: float = option(
+        0.0, "local SGD momentum", minimum=0, maximum=1, maximum_exclusive=True
+    )
+    weight_decay: float = option(0.0, "local SGD weight decay", minimum=0, maximum=1000)
+    buffer_size: int = option(200, "reservoir capacity M per client", minimum=1)
+    buffer_offer: str = option(
+        "first_pass",
+        "first_pass (FedGP code: each example offered once per task) | every_step (Mammoth)",
+        choices=BUFFER_OFFER,
+    )
+    replay_augment: bool | None = option(
+        None,
+        "re-apply the train augmentation to replays",
+        default_text="on if the stream augments",
+    )
+    partition: str | None = option(
+        None,
+        "shards | dirichlet | iid, options as name:key=value,... "
+        "(e.g. dirichlet:alpha=1,min_size=5)",
+        default_text="the stream's",
+    )
+    weighting: str = option("samples", "aggregation weights", choices=WEIGHTING)
+    train_size: int | None = option(
+        None, "use the first N training examples", minimum=1, default_text="all"
+    )
+    test_size: int | None = option(
+        None, "use the first N test examples", minimum=1, default_text="all"
+    )
+    probe_size: int = option(
+        500, "probe examples per task for memory drift (at most the test split)", minimum=1
+    )
+    eval_every_round: bool = option(
+        False,
+        "evaluate after every round instead of at task ends only",
+        flag_off="eval-task-end",
+    )
+    seed: int = option(0, "run seed", minimum=0, maximum=MAX_SEED, protocol=False)
+    device: str = option("auto", "where to run", choices=DEVICES, protocol=False)
+    threads: int | None = option(
+        None,
+        "CPU threads for torch",
+        minimum=1,
+        maximum=256,
+        protocol=False,
+        default_text="torch's",
+    )
+    data_root: str | None = option(
+        None,
+        "folder holding the datasets (MNIST/raw, FashionMNIST/raw, cifar-10-batches-py, "
+        "cifar-100-python, text/...; see the README's Data section)",
+        protocol=False,
+    )
+    download: bool = option(
+        False,
+        "fetch missing MNIST/CIFAR files with torchvision (needs network)",
+        protocol=False,
+    )
+    out: str | None = option(
+        None,
+        "run directory",
+        protocol=False,
+        default_text="runs/<stream>_<strategy>_s<seed>_<hash>",
+    )
+    overwrite: bool = option(
+        False,
+        "replace a finished run (or another configuration's run) in --out",
+        protocol=False,
+    )
+    restart: bool = option(
+        False,
+        "start an unfinished run in --out over instead of resuming it",
+        protocol=False,
+        execution=True,
+    )
+    checkpoint_every: int | None = option(
+        None,
+        "rounds between checkpoints; 0 = none",
+        minimum=0,
+        protocol=False,
+        execution=True,
+        default_text="every round while cheap",
+    )
+    keep_checkpoint: bool = option(
+        False,
+        "keep the last checkpoint when the run finishes",
+        protocol=False,
+        execution=True,
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def protocol(self) -> dict[str, Any]:
-        return {k: v for k, v in self.to_dict().items() if k not in NON_PROTOCOL}
+        specs = option_specs()
+        return {k: v for k, v in self.to_dict().items() if specs[k].protocol}
+
+
+@cache
+def option_specs() -> dict[str, OptionSpec]:
+    """Every run option's spec, in declaration order."""
+    return {f.name: f.metadata["option"] for f in fields(RunConfig)}
+
+
+@cache
+def option_kind(name: str) -> tuple[type, bool]:
+    """(base type, optional) of an option, from its annotation (``int | None`` → int, True)."""
+    hint = typing.get_type_hints(RunConfig)[name]
+    args = typing.get_args(hint)
+    if not args:
+        return hint, False
+    return next(a for a in args if a is not type(None)), type(None) in args
+
+
+def field_names() -> set[str]:
+    return set(option_specs())
+
+
+def non_protocol_names() -> frozenset[str]:
+    return frozenset(k for k, s in option_specs().items() if not s.protocol)
+
+
+def flag_name(name: str) -> str:
+    """``rounds_per_task`` → ``--rounds-per-task``."""
+    return "--" + name.replace("_", "-")
 
 
 def canonical_hash(obj: object, length: int = 12) -> str:
@@ -75,98 +255,244 @@ def canonical_hash(obj: object, length: int = 12) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:length]
 
 
-def field_names() -> set[str]:
-    return {f.name for f in fields(RunConfig)}
+# -- checking values ------------------------------------------------------------------------
+def describe_range(name: str) -> str:
+    """What an option accepts, in words: "a positive integer", "a finite number in (0, 1]"."""
+    spec = option_specs()[name]
+    kind, _ = option_kind(name)
+    if kind is bool:
+        return "true or false"
+    if spec.choices:
+        return "one of " + ", ".join(spec.choices)
+    if kind is str:
+        return "a non-empty text"
+    noun = "an integer" if kind is int else "a finite number"
+    low, high = spec.minimum, spec.maximum
+    if kind is int and low == 1 and high is None:
+        return "a positive integer"
+    if low is not None and high is not None:
+        left = "(" if spec.minimum_exclusive else "["
+        right = ")" if spec.maximum_exclusive else "]"
+        return f"{noun} in {left}{_num(low)}, {_num(high)}{right}"
+    if low is not None:
+        return f"{noun} {'>' if spec.minimum_exclusive else '≥'} {_num(low)}"
+    return noun
 
 
+def _num(value: float) -> str:
+    if float(value).is_integer():
+        whole = int(value)
+        if whole >= 2**31 and (whole + 1).bit_count() == 1:  # 2^63 − 1 reads better as such
+            return f"2^{(whole + 1).bit_length() - 1}−1"
+        return str(whole)
+    return str(value)
+
+
+def _shown(value: object) -> str:
+    """The offending value as the user wrote it, with its type when that is the problem."""
+    if isinstance(value, str):
+        return f"'{value}' (text)" if value else "an empty text"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, dict)):
+        return f"a {'list' if isinstance(value, list) else 'mapping'} ({value!r})"[:120]
+    return repr(value)
+
+
+def check_value(name: str, value: object, where: str = "") -> Any:
+    """``value`` if it is a valid ``name``; else a UserError naming option, value and range.
+
+    ``where`` prefixes the message with the value's origin (e.g. "config file 'x.yaml': ").
+    Integers given for float options become floats, so ``lr: 1`` and ``--lr 1`` are equal.
+    """
+    spec = option_specs()[name]
+    kind, optional = option_kind(name)
+    label = f"{where}{flag_name(name)}"
+    if value is None:
+        if optional:
+            return None
+        raise UserError(f"{label} must be {describe_range(name)}, got null; give a value.")
+
+    def refuse() -> UserError:
+        return UserError(f"{label} must be {describe_range(name)}, got {_shown(value)}.")
+
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise refuse()
+        return value
+    if kind is str:
+        if not isinstance(value, str) or not value.strip():
+            raise refuse()
+        if spec.choices and value not in spec.choices:
+            raise refuse()
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise refuse()
+    if kind is int and not isinstance(value, int):
+        raise refuse()
+    if kind is float:
+        if not math.isfinite(value):
+            raise refuse()
+        value = float(value)
+    if not _in_range(spec, value):
+        raise refuse()
+    return value
+
+
+def _in_range(spec: OptionSpec, value: float) -> bool:
+    if spec.minimum is not None and (
+        value < spec.minimum or (spec.minimum_exclusive and value == spec.minimum)
+    ):
+        return False
+    return spec.maximum is None or not (
+        value > spec.maximum or (spec.maximum_exclusive and value == spec.maximum)
+    )
+
+
+def parse_text(name: str, raw: str, where: str = "", allow_null: bool = False) -> Any:
+    """A value given as text (command line, sweep ``--set``) turned into the option's type.
+
+    Numbers must look like numbers (no ``inf``, ``nan``, ``1_000`` or hex); booleans are
+    ``true``/``false``; with ``allow_null`` the words none/null give "not set" (sweeps).
+    """
+    kind, optional = option_kind(name)
+    text = raw.strip()
+    label = f"{where}{flag_name(name)}"
+    if allow_null and optional and text.lower() in NULL_WORDS:
+        return None
+    value: object = raw
+    if kind is bool:
+        if text.lower() not in ("true", "false"):
+            raise UserError(f"{label} must be true or false, got '{raw}'.")
+        value = text.lower() == "true"
+    elif kind is int:
+        if not INT_TEXT.fullmatch(text):
+            raise UserError(f"{label} must be {describe_range(name)}, got '{raw}'.")
+        value = int(text)
+    elif kind is float:
+        if not FLOAT_TEXT.fullmatch(text):
+            raise UserError(f"{label} must be {describe_range(name)}, got '{raw}'.")
+        value = float(text)
+    return check_value(name, value, where)
+
+
+# -- YAML -----------------------------------------------------------------------------------
 def read_yaml_mapping(path: str | Path, kind: str, shape: str) -> dict[Any, Any]:
     """The mapping in YAML file ``path``; ``kind`` names the file in errors ("config file"),
-    ``shape`` says what the mapping must hold."""
+    ``shape`` says what the mapping must hold. Non-UTF-8 or binary files and duplicate keys
+    are refused: a key given twice would otherwise silently keep its last value."""
+    import yaml
+
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{kind} '{p}' is a directory, not a file; pass the path of a YAML file.")
     if not p.is_file():
         raise UserError(f"{kind} '{p}' does not exist; pass the path of a YAML file.")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise UserError(f"{kind} '{p}' cannot be read ({exc.strerror}); check it.") from None
+    if b"\x00" in raw:
+        raise UserError(f"{kind} '{p}' is a binary file, not YAML; pass a YAML text file.")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise UserError(
-            f"{kind} '{p}' is not valid YAML ({exc.__class__.__name__}); fix its syntax."
+            f"{kind} '{p}' is not UTF-8 text (byte {exc.start}); save it as UTF-8."
+        ) from None
+    try:
+        data = yaml.load(text, Loader=_strict_loader()) or {}
+    except _DuplicateKeyError as exc:
+        raise UserError(f"{kind} '{p}' gives key '{exc.key}' twice; keep one.") from None
+    except yaml.constructor.ConstructorError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UserError(
+            f"{kind} '{p}' uses a YAML tag this reader does not accept{at} (e.g. !!python); "
+            f"write plain values."
+        ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UserError(
+            f"{kind} '{p}' is not valid YAML{at} ({exc.__class__.__name__}); fix its syntax."
         ) from None
     if not isinstance(data, dict):
         raise UserError(f"{kind} '{p}' must be a mapping {shape}.")
     return data
 
 
+class _DuplicateKeyError(Exception):
+    def __init__(self, key: object) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+@cache
+def _strict_loader() -> type:
+    """A SafeLoader that refuses duplicate mapping keys."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+            seen: set[object] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if isinstance(key, typing.Hashable) and key in seen:
+                    raise _DuplicateKeyError(key)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
+
+
+def normalise_key(raw: object) -> str:
+    return str(raw).replace("-", "_")
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML config whose keys are RunConfig fields (dashes or underscores)."""
+    """Read a YAML config whose keys are run options (dashes or underscores), type-checked."""
     p = Path(path)
     data = read_yaml_mapping(p, "config file", "of option names to values")
-    normalised = {str(k).replace("-", "_"): v for k, v in data.items()}
-    unknown = sorted(set(normalised) - field_names())
-    if unknown:
-        raise UserError(
-            f"config file '{p}' has unknown key(s) {', '.join(unknown)}; valid keys are the "
-            f"`cfl-bench run` options."
-        )
-    return normalised
+    values: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = normalise_key(raw_key)
+        if key not in option_specs():
+            raise UserError(
+                f"config file '{p}' has unknown key '{raw_key}'; valid keys are the "
+                f"`cfl-bench run` options (see `cfl-bench run --help`)."
+            )
+        if key in values:
+            raise UserError(f"config file '{p}' gives '{key}' twice (two spellings); keep one.")
+        values[key] = check_value(key, value, f"config file '{p}': ")
+    return values
 
 
-def make_config(overrides: dict[str, Any], yaml_path: str | None = None) -> RunConfig:
-    """Defaults, then the YAML file, then explicit CLI values (None = not given)."""
+# -- building a config ----------------------------------------------------------------------
+def make_config(overrides: Mapping[str, Any], yaml_path: str | None = None) -> RunConfig:
+    """Defaults, then the YAML file, then explicit CLI values (None = not given).
+
+    CLI values may be text (parsed strictly) or already typed (boolean flags, Python callers).
+    """
     values: dict[str, Any] = {}
     if yaml_path:
         values.update(load_yaml(yaml_path))
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        config = RunConfig(**values)
-    except TypeError as exc:
-        raise UserError(f"invalid configuration: {exc}.") from None
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key not in option_specs():
+            raise UserError(f"unknown option '{key}'; see `cfl-bench run --help`.")
+        values[key] = (
+            parse_text(key, value)
+            if isinstance(value, str) and option_kind(key)[0] is not str
+            else check_value(key, value)
+        )
+    config = RunConfig(**values)
     validate(config)
     return config
 
 
-def validate(c: RunConfig) -> None:
-    """Refuse impossible numbers with one sentence naming the option and the fix."""
-    positive_ints = {
-        "clients": c.clients,
-        "batch-size": c.batch_size,
-        "buffer-size": c.buffer_size,
-        "probe-size": c.probe_size,
-    }
-    optional_ints = {
-        "tasks": c.tasks,
-        "rounds-per-task": c.rounds_per_task,
-        "epochs": c.epochs,
-        "buffer-batch-size": c.buffer_batch_size,
-        "train-size": c.train_size,
-        "threads": c.threads,
-        "test-size": c.test_size,
-    }
-    for name, value in {**positive_ints, **optional_ints}.items():
-        if value is None and name in optional_ints:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise UserError(f"--{name} must be a positive integer, got {value!r}.")
-    if isinstance(c.async_shift, bool) or not isinstance(c.async_shift, int) or c.async_shift < 0:
-        raise UserError(f"--async-shift must be an integer >= 0, got {c.async_shift!r}.")
-    if isinstance(c.participation, bool) or not isinstance(c.participation, (int, float)):
-        raise UserError(f"--participation must be a number in (0, 1], got {c.participation!r}.")
-    if not 0 < c.participation <= 1:
-        raise UserError(f"--participation must be in (0, 1], got {c.participation}.")
-    if c.lr is not None and (not isinstance(c.lr, (int, float)) or not c.lr > 0):
-        raise UserError(f"--lr must be a positive number, got {c.lr!r}.")
-    if not isinstance(c.momentum, (int, float)) or not 0 <= c.momentum < 1:
-        raise UserError(f"--momentum must be in [0, 1), got {c.momentum!r}.")
-    if not isinstance(c.weight_decay, (int, float)) or c.weight_decay < 0:
-        raise UserError(f"--weight-decay must be ≥ 0, got {c.weight_decay!r}.")
-    if not isinstance(c.seed, int) or isinstance(c.seed, bool) or c.seed < 0:
-        raise UserError(f"--seed must be a non-negative integer, got {c.seed!r}.")
-    if c.replay_augment is not None and not isinstance(c.replay_augment, bool):
-        raise UserError(f"replay_augment must be true or false, got {c.replay_augment!r}.")
-    choices = {
-        "buffer-offer": (c.buffer_offer, BUFFER_OFFER),
-        "weighting": (c.weighting, WEIGHTING),
-        "device": (c.device, DEVICES),
-    }
-    for name, (value, allowed) in choices.items():
-        if value not in allowed:
-            raise UserError(f"--{name} must be one of {', '.join(allowed)}, got {value!r}.")
+def validate(config: RunConfig) -> None:
+    """Check every option's type and range, then the relations between options."""
+    for name in option_specs():
+        check_value(name, getattr(config, name))

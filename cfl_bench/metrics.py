@@ -3,14 +3,18 @@
 Why pure functions: DESIGN.md §5 makes every reported number (Acc_t, forgetting, BWT, FWT,
 memory drift, client spread, bytes) a function of the tidy ``records`` table alone, so a
 summary can be recomputed, audited or re-derived under another convention from
-``records.csv`` without re-running anything. Definitions follow ``specs/metrics.md``; the
-formulas there are 1-based, the code here is 0-based.
+``records.csv`` without re-running anything. Definitions, with the exact matrix entries each
+metric reads, are in ``docs/metrics.md``; the formulas there are 1-based, the code here is
+0-based.
 
 Conventions:
 
 * ``a`` is a float array of shape ``(T, T)`` in percent; ``a[t, i]`` is the accuracy of the
   global model on task ``i``'s test split after training task ``t``. Unmeasured entries are
-  NaN.
+  NaN. The engine also measures ``a[t, t+1]`` at every task end, i.e. task t+1 *before* it
+  is trained; that entry exists for FWT only. Every other metric reads the lower triangle
+  (``i <= t``) alone, and forgetting's max reads rows ``s >= i`` only, so a pre-training
+  evaluation can never pose as an accuracy the model once had.
 * ``b`` is a length-``T`` array: accuracy of the untrained initial model on each task.
 * Missing *required* entries propagate as NaN instead of being skipped: averaging over only
   the entries that happen to exist would silently turn an incomplete evaluation into a
@@ -23,7 +27,6 @@ have torch installed.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,14 +78,6 @@ def _square(a: Any, name: str = "a") -> np.ndarray:
     return arr
 
 
-def _nanmax(values: np.ndarray) -> float:
-    """Max ignoring NaN, NaN if nothing was measured (without numpy's all-NaN warning,
-    which is expected here: tasks are not evaluated before they exist)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return float(np.nanmax(values)) if values.size else math.nan
-
-
 def average_accuracy(a: Any) -> np.ndarray:
     """Acc_t = mean of ``a[t, :t+1]`` for every t (FedGP's "average accuracy").
 
@@ -95,14 +90,22 @@ def average_accuracy(a: Any) -> np.ndarray:
 
 
 def forgetting(a: Any, *, include_current: bool = False) -> np.ndarray:
-    """Fgt_t for every t: mean over old tasks i < t of (best earlier accuracy − accuracy now).
+    """Fgt_t for every t: mean over old tasks i < t of (best accuracy since i was trained −
+    accuracy now).
 
-    With ``include_current=False`` (default, Chaudhry et al.) the best accuracy is taken over
-    evaluations s < t, so forgetting can be negative when an old task *improves* (backward
-    transfer shows up as negative forgetting). With ``include_current=True`` the max runs over
-    s ≤ t, as in the Mammoth / FedGP code; this clips every term at 0. Tables must say which
-    rule they use. The max ignores unmeasured (NaN) earlier entries, since a task is usually
-    not evaluated before it is trained; a missing current entry a[t, i] gives NaN.
+    The best accuracy of task i is the max of ``a[s, i]`` over rows ``i <= s < t``
+    (default, Chaudhry et al.), so forgetting can be negative when an old task *improves*
+    (backward transfer shows up as negative forgetting). With ``include_current=True`` the
+    max runs over ``i <= s <= t``, as in the Mammoth / FedGP code; this clips every term at 0.
+    Tables must say which rule they use.
+
+    Why the lower bound ``s >= i``: rows ``s < i`` hold evaluations of task i made *before*
+    it was trained (the engine measures ``a[i-1, i]`` for FWT). Such a number is not an
+    accuracy the model ever had on a learned task; letting it into the max inflated
+    forgetting whenever an untrained model happened to score higher than the trained one
+    (e.g. a domain-IL stream whose next task resembles the current one). Within that range
+    every entry is required: a missing ``a[s, i]`` or ``a[t, i]`` gives NaN, because a max
+    over fewer evaluations would silently report less forgetting.
 
     Returns a length-T array with NaN at t = 0 (nothing can have been forgotten yet).
     """
@@ -111,7 +114,8 @@ def forgetting(a: Any, *, include_current: bool = False) -> np.ndarray:
     out = np.full(T, np.nan)
     for t in range(1, T):
         stop = t + 1 if include_current else t
-        terms = [_nanmax(arr[:stop, i]) - arr[t, i] for i in range(t)]
+        # arr[i:stop, i] is never empty: i < t <= stop. np.max propagates NaN.
+        terms = [float(np.max(arr[i:stop, i])) - arr[t, i] for i in range(t)]
         out[t] = float(np.mean(terms))
     return out
 

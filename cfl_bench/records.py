@@ -1,113 +1,112 @@
-"""Run directories: ``config.json``, ``records.csv``, ``costs.csv``, ``summary.json``.
+"""The tidy record files of a run: ``records.csv`` and ``costs.csv``, appended round by round.
 
-Why these files and this order: ``config.json`` is written first, the tidy records as tasks
-finish, ``summary.json`` last; every file is written to a temporary name and renamed, so a
-killed run never leaves a half-written file, and a run is complete exactly when
-``summary.json`` exists with ``status`` "finished" (or "diverged") and the config hash of the
-directory's ``config.json``.
+Why appended as rounds finish: a run killed after an hour still shows its progress, and a
+resumed run continues the same files. Each checkpoint stores the files' byte lengths at that
+round end; resuming truncates them back to those lengths, so rows written after the last
+checkpoint (perhaps half a line when the process was killed mid-write) are dropped and
+written again — the finished file is byte-identical to an uninterrupted run's.
 
-``records.csv`` holds only deterministic measurements (same seed → identical file on CPU);
-wall time and memory live in ``costs.csv`` with the same columns, because time is never
-reproducible.
+``records.csv`` holds only deterministic measurements (same seed and thread count → identical
+file on CPU); wall time and memory live in ``costs.csv`` with the same columns, because time
+is never reproducible. Every value is written as the shortest text that reads back as the
+same double (``repr``), and read back exactly (see :func:`read_rows`), so the summary computed
+from the file equals the one computed from the values in memory.
 """
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
-import json
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import pandas as pd
 import torch
 
-from cfl_bench.atomic import atomic_write_json, atomic_write_text
-from cfl_bench.errors import UserError
+from cfl_bench.atomic import atomic_write_text
 from cfl_bench.metrics import RECORD_COLUMNS
 
 # The tidy long-format columns are defined once, beside the metrics that read them.
 COLUMNS = RECORD_COLUMNS
+RECORDS = "records.csv"
+COSTS = "costs.csv"
+
+# (round, trained_task, eval_task, scope, metric, value); value may be a 0-d tensor.
+Row = tuple[int, int, int, str, str, object]
 
 
-def _plain(value: object) -> object:
-    if isinstance(value, torch.Tensor):
-        return value.item()
-    return value
+def plain_rows(rows: Sequence[Row]) -> list[tuple[object, ...]]:
+    """Rows with tensor values turned into Python floats in one device→host transfer."""
+    tensor_pos = [i for i, r in enumerate(rows) if isinstance(r[5], torch.Tensor)]
+    values: list[object] = [r[5] for r in rows]
+    if tensor_pos:
+        stacked = torch.stack([rows[i][5].detach().float().cpu() for i in tensor_pos])  # type: ignore[union-attr]
+        for i, v in zip(tensor_pos, stacked.tolist(), strict=True):
+            values[i] = v
+    return [(*r[:5], v) for r, v in zip(rows, values, strict=True)]
 
 
 def format_value(value: object) -> str:
-    """Shortest text that reads back as the same float (repr), ints as ints."""
-    value = _plain(value)
-    if isinstance(value, bool):
-        return str(int(value))
-    if isinstance(value, int):
-        return str(value)
+    """Every value as a float's repr: the value column is numeric, so ints read as floats."""
+    if isinstance(value, torch.Tensor):
+        value = value.item()
     return repr(float(value))  # type: ignore[arg-type]
 
 
-def records_csv(rows: Iterable[tuple[object, ...]]) -> str:
+def csv_text(rows: Iterable[Sequence[object]], header: bool = False) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(COLUMNS)
+    if header:
+        writer.writerow(COLUMNS)
     for r in rows:
         writer.writerow([r[0], r[1], r[2], r[3], r[4], format_value(r[5])])
     return buf.getvalue()
 
 
-class RunDirectory:
-    """The on-disk home of one run."""
+def read_rows(path: Path) -> pd.DataFrame:
+    """A record file as written. Values go through Python's ``float``, which reads a repr
+    back exactly; pandas' own fast parser may round in the last digit (pandas < 3)."""
+    frame = pd.read_csv(path, converters={"value": float})
+    return frame.astype({"value": "float64"})
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
 
-    @property
-    def summary_path(self) -> Path:
-        return self.path / "summary.json"
+class RecordLog:
+    """The two record files of one run directory, opened for appending."""
 
-    @property
-    def config_path(self) -> Path:
-        return self.path / "config.json"
+    def __init__(self, directory: Path) -> None:
+        self.paths = {name: directory / name for name in (RECORDS, COSTS)}
 
-    def is_complete(self) -> bool:
-        try:
-            summary = json.loads(self.summary_path.read_text())
-        except (OSError, json.JSONDecodeError):
-            return False
-        return summary.get("status") in ("finished", "diverged")
+    def start(self) -> None:
+        """Fresh files holding only the header (any old content is replaced atomically)."""
+        for path in self.paths.values():
+            atomic_write_text(path, csv_text([], header=True))
 
-    def prepare(self, config_hash: str, overwrite: bool) -> None:
-        """Refuse to mix a new run into a directory holding something else."""
-        if self.path.exists() and not self.path.is_dir():
-            raise UserError(f"--out '{self.path}' is a file; give a directory path.")
-        if self.path.is_dir() and any(self.path.iterdir()):
-            old_hash = None
-            with contextlib.suppress(OSError, json.JSONDecodeError):
-                old_hash = json.loads(self.config_path.read_text()).get("config_hash")
-            if old_hash is None:
-                raise UserError(
-                    f"--out '{self.path}' exists and is not a cfl-bench run directory; "
-                    f"choose an empty or new directory."
-                )
-            if self.is_complete() and not overwrite:
-                raise UserError(
-                    f"--out '{self.path}' already holds a finished run; pass --overwrite to "
-                    f"replace it or choose another --out."
-                )
-            if old_hash != config_hash and not overwrite:
-                raise UserError(
-                    f"--out '{self.path}' holds an unfinished run of a different configuration; "
-                    f"pass --overwrite to replace it or choose another --out."
-                )
-            for name in ("summary.json", "records.csv", "costs.csv"):
-                (self.path / name).unlink(missing_ok=True)
-        self.path.mkdir(parents=True, exist_ok=True)
+    def append(self, records: Sequence[Row], costs: Sequence[Row]) -> None:
+        for name, rows in ((RECORDS, records), (COSTS, costs)):
+            if rows:
+                with open(self.paths[name], "a", encoding="utf-8", newline="") as fh:
+                    fh.write(csv_text(plain_rows(rows)))
 
-    def write_config(self, config: dict[str, object]) -> None:
-        atomic_write_json(self.config_path, config)
+    def sync(self) -> dict[str, int]:
+        """Flush both files to disk; their byte lengths (what a checkpoint remembers)."""
+        sizes = {}
+        for name, path in self.paths.items():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            sizes[name] = path.stat().st_size
+        return sizes
 
-    def write_records(self, rows: Iterable[tuple[object, ...]], name: str = "records.csv") -> None:
-        atomic_write_text(self.path / name, records_csv(rows))
+    def truncate(self, sizes: dict[str, int]) -> None:
+        """Cut both files back to the lengths a checkpoint recorded."""
+        for name, path in self.paths.items():
+            size = int(sizes[name])
+            if not path.is_file() or path.stat().st_size < size:
+                raise ValueError(f"{path} is shorter than at the checkpoint")
+            os.truncate(path, size)
 
-    def write_summary(self, summary: dict[str, object]) -> None:
-        atomic_write_json(self.summary_path, summary)
+    def read(self, name: str = RECORDS) -> pd.DataFrame:
+        return read_rows(self.paths[name])

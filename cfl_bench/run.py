@@ -8,8 +8,9 @@ directory is prepared only once the configuration is known to be runnable.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import re
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,24 +20,20 @@ import torch
 
 from cfl_bench import provenance
 from cfl_bench.config import RunConfig, canonical_hash
-from cfl_bench.engine.loop import (
-    Federation,
-    Record,
-    RoundReport,
-    RunOutcome,
-    Schedule,
-)
+from cfl_bench.engine.loop import Federation, RunOutcome, Schedule
 from cfl_bench.engine.splits import TaskSplit, plan_splits
 from cfl_bench.errors import UserError
 from cfl_bench.metrics import summarize
 from cfl_bench.models import MODELS, build_model
-from cfl_bench.records import COLUMNS, RunDirectory
+from cfl_bench.progress import RoundReport
 from cfl_bench.resources import cuda_peak_bytes, peak_rss_bytes
+from cfl_bench.round_keeper import RoundKeeper
+from cfl_bench.run_dir import RunDirectory, free_bytes, os_problem
 from cfl_bench.seeding import derive_seed
 from strategies.base import StrategyEnv
-from strategies.compose import build_strategy
+from strategies.compose import Strategy, build_strategy
 from streams.base import Stream
-from streams.partition import client_class_counts, partitioner_from_spec
+from streams.partition import Partitioner, client_class_counts, partitioner_from_spec
 from streams.registry import build_stream, stream_info
 
 
@@ -80,28 +77,28 @@ class RunResult:
     summary: dict[str, object]
 
 
-def materialise(rows: list[Record]) -> pd.DataFrame:
-    """Records with tensor values turned into floats in one device→host transfer."""
-    tensor_pos = [i for i, r in enumerate(rows) if isinstance(r[5], torch.Tensor)]
-    values: list[object] = [r[5] for r in rows]
-    if tensor_pos:
-        stacked = torch.stack([rows[i][5].detach().float().cpu() for i in tensor_pos])  # type: ignore[union-attr]
-        for i, v in zip(tensor_pos, stacked.tolist(), strict=True):
-            values[i] = v
-    plain = [(*r[:5], v) for r, v in zip(rows, values, strict=True)]
-    return pd.DataFrame(plain, columns=list(COLUMNS))
+@dataclass
+class RunPlan:
+    """A run as resolved before anything is written: what `execute` will run, and where."""
+
+    config: RunConfig
+    stream: Stream
+    strategy: Strategy
+    partitioner: Partitioner
+    device: torch.device
+    schedule: Schedule
+    model: torch.nn.Module
+    splits: dict[int, TaskSplit]
+    protocol_hash: str
+    config_hash: str
+    out: Path
+    resolved: dict[str, object]  # config.json
 
 
-def execute(
-    config: RunConfig,
-    on_round: Callable[[RoundReport], None] | None = None,
-    annotations: Mapping[str, object] | None = None,
-) -> RunResult:
-    """``annotations``: caller keys added to summary.json (the run's own keys win), so a
-    caller such as ``cfl-bench sweep`` can recognise its finished runs in one read."""
-    strategy = build_strategy(config.strategy)
+def resolve_defaults(config: RunConfig) -> RunConfig:
+    """Fill the options the stream decides (model, tasks, partition, rounds, epochs, lr)."""
     info = stream_info(config.stream)
-    config = dataclasses.replace(
+    return dataclasses.replace(
         config,
         model=config.model or info.default_model,
         tasks=config.tasks or info.default_tasks,
@@ -111,6 +108,43 @@ def execute(
         lr=config.lr or info.default_lr,
         buffer_batch_size=config.buffer_batch_size or config.batch_size,
     )
+
+
+def make_schedule(config: RunConfig, strategy: Strategy, num_tasks: int) -> Schedule:
+    rounds, epochs = resolved_int(config.rounds_per_task), resolved_int(config.epochs)
+    for component in strategy.all:
+        rounds, epochs = component.adjust_schedule(rounds, epochs)
+    return Schedule(
+        num_tasks=num_tasks,
+        rounds_per_task=rounds,
+        epochs=epochs,
+        num_clients=config.clients,
+        participation=config.participation,
+        batch_size=config.batch_size,
+        buffer_batch_size=resolved_int(config.buffer_batch_size),
+        buffer_size=config.buffer_size,
+        buffer_offer=config.buffer_offer,
+        replay_augment=bool(config.replay_augment),
+        weighting=config.weighting,
+        lr=float(config.lr or 0.0),
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        probe_size=config.probe_size,
+        eval_every_round=config.eval_every_round,
+        seed=config.seed,
+        async_shift=config.async_shift,
+    )
+
+
+def plan_run(config: RunConfig) -> RunPlan:
+    """Everything that can be refused from names, numbers and data, with nothing written.
+
+    Order matters for users: the strategy grammar, model and stream names are checked
+    before any data is loaded, and every task's split is drawn before the run directory
+    exists, so an impossible split is refused without writing anything.
+    """
+    strategy = build_strategy(config.strategy)
+    config = resolve_defaults(config)
     model_name = str(config.model)
     if model_name not in MODELS:
         raise UserError(
@@ -148,36 +182,11 @@ def execute(
             data_root=config.data_root,
         )
     )
-    rounds, epochs = resolved_int(config.rounds_per_task), resolved_int(config.epochs)
-    for component in strategy.all:
-        rounds, epochs = component.adjust_schedule(rounds, epochs)
-    schedule = Schedule(
-        num_tasks=num_tasks,
-        rounds_per_task=rounds,
-        epochs=epochs,
-        num_clients=config.clients,
-        participation=config.participation,
-        batch_size=config.batch_size,
-        buffer_batch_size=resolved_int(config.buffer_batch_size),
-        buffer_size=config.buffer_size,
-        buffer_offer=config.buffer_offer,
-        replay_augment=bool(config.replay_augment),
-        weighting=config.weighting,
-        lr=float(config.lr or 0.0),
-        momentum=config.momentum,
-        weight_decay=config.weight_decay,
-        probe_size=config.probe_size,
-        eval_every_round=config.eval_every_round,
-        seed=config.seed,
-        async_shift=config.async_shift,
-    )
+    schedule = make_schedule(config, strategy, num_tasks)
     torch.manual_seed(derive_seed(config.seed, "model-init"))
     model = build_model(model_name, stream.input_shape, stream.num_classes)
     # Dropout draws from torch's default generator; seed it explicitly for this run.
     torch.manual_seed(derive_seed(config.seed, "dropout"))
-
-    # Every task's split is drawn before the run directory exists: an impossible split is
-    # refused without writing anything, and config.json can show what each client holds.
     splits = plan_splits(stream, strategy, partitioner, config.clients, num_tasks, config.seed)
     protocol = {
         **config.protocol(),
@@ -195,8 +204,6 @@ def execute(
         else Path("runs")
         / slug(f"{config.stream}_{strategy.name}_s{config.seed}_{config_hash[:8]}")
     )
-    run_dir = RunDirectory(out)
-    run_dir.prepare(config_hash, config.overwrite)
     resolved = {
         "config": config.to_dict(),
         "protocol": protocol,
@@ -204,32 +211,184 @@ def execute(
         "config_hash": config_hash,
         "strategy": strategy.describe(),
         "stream": stream.describe(),
-        "schedule": {"rounds_per_task": rounds, "epochs": epochs},
+        "schedule": {"rounds_per_task": schedule.rounds_per_task, "epochs": schedule.epochs},
         "task_clock": schedule.clock().describe(),
         "client_class_counts": class_count_tables(stream, splits),
         "packages": provenance.package_versions(),
         "git_commit": provenance.git_commit(),
         "environment": provenance.environment(device),
     }
-    run_dir.write_config(resolved)
-
-    started = time.perf_counter()
-    federation = Federation(stream, partitioner, strategy, model, schedule, device, splits)
-    outcome = federation.run(on_round)
-    wall = time.perf_counter() - started
-    summary = write_results(run_dir, outcome, num_tasks, wall, device)
-    summary.update(
-        {
-            "stream": config.stream,
-            "strategy": strategy.name,
-            "seed": config.seed,
-            "protocol_hash": protocol_hash,
-            "config_hash": config_hash,
-        }
+    return RunPlan(
+        config,
+        stream,
+        strategy,
+        partitioner,
+        device,
+        schedule,
+        model,
+        splits,
+        protocol_hash,
+        config_hash,
+        out,
+        resolved,
     )
-    summary = {**(annotations or {}), **summary}
-    run_dir.write_summary(summary)
-    return RunResult(out, summary)
+
+
+def execute(
+    config: RunConfig,
+    on_round: Callable[[RoundReport], None] | None = None,
+    annotations: Mapping[str, object] | None = None,
+    notify: Callable[[str], None] | None = None,
+) -> RunResult:
+    """Run ``config`` into its run directory, resuming it from its checkpoint when the
+    directory holds an unfinished run of the same configuration.
+
+    ``annotations``: caller keys added to summary.json (the run's own keys win), so a
+    caller such as ``cfl-bench sweep`` can recognise its finished runs in one read.
+    ``notify`` receives one-line messages for the user (resuming, notes).
+    """
+    say = notify or (lambda _text: None)
+    plan = plan_run(config)
+    check_memory(plan)
+    note_threads(plan.config, say)
+    run_dir = RunDirectory(plan.out)
+    resume = run_dir.claim(
+        plan.config_hash,
+        overwrite=plan.config.overwrite,
+        restart=plan.config.restart,
+        preflight=lambda path: check_disk(plan, path),
+    )
+    with run_dir:
+        try:
+            summary = {**(annotations or {}), **run_in(run_dir, plan, resume, on_round, say)}
+            run_dir.write_summary(summary)
+        except OSError as exc:
+            raise UserError(
+                f"writing the run into '{plan.out}' failed ({os_problem(exc)}); fix that and "
+                f"rerun the same command to resume."
+            ) from None
+    return RunResult(plan.out, summary)
+
+
+def run_in(
+    run_dir: RunDirectory,
+    plan: RunPlan,
+    resume: bool,
+    on_round: Callable[[RoundReport], None] | None,
+    say: Callable[[str], None],
+) -> dict[str, object]:
+    """The federated run itself, with records appended and checkpoints written as it goes."""
+    config = plan.config
+    federation = Federation(
+        plan.stream,
+        plan.partitioner,
+        plan.strategy,
+        plan.model,
+        plan.schedule,
+        plan.device,
+        plan.splits,
+    )
+    keeper = RoundKeeper(
+        run_dir,
+        federation,
+        every=config.checkpoint_every,
+        fingerprint=fingerprint(plan),
+        keep_last=config.keep_checkpoint,
+    )
+    total = plan.schedule.clock().total_rounds
+    if resume:
+        try:
+            keeper.resume(plan.device, say)
+        except ValueError as exc:
+            raise UserError(
+                f"cannot resume the run in '{plan.out}': {exc}; pass --restart to start it over."
+            ) from None
+        say(f"resuming from round {keeper.saved_round} of {total}")
+    else:
+        run_dir.write_config(plan.resolved)
+        keeper.start_fresh()
+    try:
+        outcome = federation.run(on_round, keeper.round_end)
+    except KeyboardInterrupt:
+        raise keeper.interrupted(total) from None
+    keeper.finish(outcome)
+    summary = run_summary(keeper, outcome, plan)
+    return summary
+
+
+def fingerprint(plan: RunPlan) -> dict[str, object]:
+    """What must match for a checkpoint to be resumed (threads only draw a note)."""
+    return {
+        "config_hash": plan.config_hash,
+        "git_commit": plan.resolved["git_commit"],
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def check_memory(plan: RunPlan) -> None:
+    """Refuse replay buffers that cannot fit before allocating them (estimated bytes)."""
+    if not plan.strategy.needs_buffer:
+        return
+    stream, config = plan.stream, plan.config
+    row = 4 * math.prod(stream.input_shape) + 4 * stream.num_classes + 16
+    need = config.clients * (config.buffer_size + 1) * row
+    if plan.device.type == "cuda":
+        free = torch.cuda.mem_get_info(plan.device)[0]
+    else:
+        import psutil
+
+        free = psutil.virtual_memory().available
+    if need > 0.8 * free:
+        raise UserError(
+            f"the replay buffers need {gigabytes(need)} ({config.clients} clients × "
+            f"{config.buffer_size} examples × {row} bytes) but only {gigabytes(free)} of "
+            f"{'GPU ' if plan.device.type == 'cuda' else ''}memory is free; lower "
+            f"--buffer-size or --clients."
+        )
+
+
+def checkpoint_estimate(plan: RunPlan) -> int:
+    """An upper estimate of one checkpoint's size: buffers, a few models per client."""
+    stream, config = plan.stream, plan.config
+    model_bytes = 4 * sum(p.numel() for p in plan.model.parameters())
+    buffer = 0
+    if plan.strategy.needs_buffer:
+        row = 4 * math.prod(stream.input_shape) + 4 * stream.num_classes + 16
+        buffer = (config.buffer_size + 1) * row
+    return config.clients * (buffer + 2 * model_bytes) + 8 * model_bytes + 2**20
+
+
+def check_disk(plan: RunPlan, folder: Path) -> None:
+    """Refuse an --out whose disk cannot hold the run's files (checkpoints are written next
+    to the previous one before it is replaced, hence twice the estimate)."""
+    need = 2**20 if plan.config.checkpoint_every == 0 else 2 * checkpoint_estimate(plan)
+    free = free_bytes(folder)
+    if free < need:
+        raise UserError(
+            f"--out '{plan.out}' is on a disk with {megabytes(free)} free but the run needs "
+            f"about {megabytes(need)} for its files and checkpoints; free space, choose "
+            f"another --out or pass --checkpoint-every 0."
+        )
+
+
+def note_threads(config: RunConfig, say: Callable[[str], None]) -> None:
+    """More torch threads than cores makes OpenMP threads wait on each other: several times
+    slower, never faster (measured: 15× with 2000 threads on 2 cores)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if config.threads is not None and cores and config.threads > cores:
+        say(
+            f"note: --threads {config.threads} is more than the {cores} usable cores; "
+            f"this only slows the run down (try --threads {cores})."
+        )
+
+
+def gigabytes(n: float) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def megabytes(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
 
 
 def class_count_tables(stream: Stream, splits: dict[int, TaskSplit]) -> dict[str, object]:
@@ -252,24 +411,31 @@ def cost_total(costs: pd.DataFrame, metric: str) -> float | None:
     return float(values.sum()) if len(values) else None
 
 
-def write_results(
-    run_dir: RunDirectory, outcome: RunOutcome, num_tasks: int, wall: float, device: torch.device
-) -> dict[str, object]:
-    records = materialise(outcome.records)
-    costs = materialise(outcome.costs)
-    run_dir.write_records(records.itertuples(index=False, name=None))
-    run_dir.write_records(costs.itertuples(index=False, name=None), name="costs.csv")
-    summary: dict[str, object] = {
+def run_summary(keeper: RoundKeeper, outcome: RunOutcome, plan: RunPlan) -> dict[str, object]:
+    """summary.json, computed from the record files (the whole run, resumed or not)."""
+    records = keeper.log.read()
+    costs = keeper.log.read("costs.csv")
+    num_tasks = plan.schedule.num_tasks
+    return {
         "status": outcome.status,
         "message": outcome.message,
         **summarize(records, num_tasks),
-        "wall_time_s": wall,
+        "wall_time_s": keeper.elapsed(),
         "round_time_s_mean": cost_mean(costs, "round_time_s"),
         "train_time_s_total": cost_total(costs, "train_time_s"),
         "peak_rss_bytes": peak_rss_bytes(),
-        "cuda_peak_bytes": cuda_peak_bytes(device),
+        "cuda_peak_bytes": cuda_peak_bytes(plan.device),
         "buffer_bytes_per_client": outcome.buffer_bytes_per_client,
         "num_params": outcome.num_params,
         "bytes_by_payload": outcome.comm_by_payload,
+        "checkpoint": {
+            "written": keeper.checkpoints_written,
+            "seconds": keeper.checkpoint_seconds,
+            "bytes": keeper.checkpoint_bytes,
+        },
+        "stream": plan.config.stream,
+        "strategy": plan.strategy.name,
+        "seed": plan.config.seed,
+        "protocol_hash": plan.protocol_hash,
+        "config_hash": plan.config_hash,
     }
-    return summary

@@ -1,12 +1,20 @@
-"""Group runs by (protocol hash, strategy) → one leaderboard row: mean ± sample std over seeds.
+"""Group runs by (protocol hash, strategy) → one leaderboard row: mean ± std over seeds.
 
 Rules, and why:
 
-* Only ``finished`` runs enter means. A diverged run's numbers describe a broken model and
-  a failed or incomplete one has none; they are *counted* per row (``n_diverged``,
-  ``n_failed``, ``n_incomplete``) and listed in the report, never averaged.
-* Mean and **sample** standard deviation (``ddof=1``, specs/metrics.md asks to say which).
-  One seed gives no std (NaN: empty in the CSV, "–" in the HTML), never a misleading 0.
+* Only ``finished`` runs enter means. A diverged run's numbers describe a broken model, a
+  failed or incomplete one has none and a damaged one's cannot be trusted (its files were
+  edited or corrupted, see :mod:`leaderboard.runs`); they are *counted* per row
+  (``n_diverged``, ``n_failed``, ``n_incomplete``, ``n_damaged``) and listed in the report,
+  never averaged.
+* Mean and, by default, the **sample** standard deviation (``ddof=1``, the unbiased
+  estimate of the seed-to-seed spread); ``std="population"`` gives ``ddof=0`` instead
+  (``np.std``'s default, what FedGP's tables report), so numbers can be compared with such
+  papers like for like. Which one a board holds is never left implicit: the ``std_kind``
+  column, the HTML legends and the terminal caption all say it (docs/metrics.md).
+* One seed gives no std under either convention (NaN: empty in the CSV, "–" in the HTML
+  and the terminal), never a misleading 0: a single seed has no spread to report, and the
+  population formula's 0.0 would read as "perfectly reproducible".
 * A metric that a finished run lacks (null in its summary) makes the row's mean NaN rather
   than a mean over the seeds that happen to have it, which would mean something else.
 * Runs are averaged in (seed, path) order, so the float sums — hence the CSV bytes — do not
@@ -27,12 +35,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cfl_bench.errors import UserError
 from leaderboard.protocol import describe_protocol
-from leaderboard.runs import METRICS
+from leaderboard.runs import COUNTED_STATUSES, METRICS
 
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
+
+#: ``--std`` choices → (ddof, the ``std_kind`` text written to the CSV).
+STD_KINDS: dict[str, tuple[int, str]] = {
+    "sample": (1, "sample (ddof=1)"),
+    "population": (0, "population (ddof=0)"),
+}
+#: The default: the sample std, as the leaderboard always showed.
+DEFAULT_STD = "sample"
 
 #: Columns identifying a leaderboard row (targets files select rows with these).
 KEY_COLUMNS: tuple[str, ...] = ("protocol_hash", "stream", "scenario", "strategy")
@@ -41,10 +58,9 @@ BOARD_COLUMNS: tuple[str, ...] = (
     *KEY_COLUMNS,
     "n_seeds",
     "seeds",
+    "std_kind",
     *(f"{m}_{stat}" for m in METRICS for stat in ("mean", "std")),
-    "n_diverged",
-    "n_failed",
-    "n_incomplete",
+    *(f"n_{status}" for status in COUNTED_STATUSES),
     "protocol",
     "packages",
     "git_commit",
@@ -54,10 +70,25 @@ BOARD_COLUMNS: tuple[str, ...] = (
 NUMERIC_COLUMNS: tuple[str, ...] = (
     "n_seeds",
     *(f"{m}_{stat}" for m in METRICS for stat in ("mean", "std")),
-    "n_diverged",
-    "n_failed",
-    "n_incomplete",
+    *(f"n_{status}" for status in COUNTED_STATUSES),
 )
+
+
+def std_ddof(std: str) -> int:
+    """The ddof of a ``--std`` choice; a UserError (exit 2, one line) for anything else, so
+    a typo can never silently fall back to the other convention."""
+    if std not in STD_KINDS:
+        raise UserError(
+            f"--std {std!r} is not a standard-deviation kind; use 'sample' (ddof=1, the "
+            f"default) or 'population' (ddof=0, np.std over seeds, as FedGP reports)."
+        )
+    return STD_KINDS[std][0]
+
+
+def std_kind(std: str) -> str:
+    """The ``std_kind`` cell, e.g. ``sample (ddof=1)`` (validated like :func:`std_ddof`)."""
+    std_ddof(std)
+    return STD_KINDS[std][1]
 
 
 def packages_text(packages: dict[str, Any]) -> str:
@@ -90,15 +121,16 @@ def _first(values: pd.Series) -> Any:
     return present[0] if present else None
 
 
-def mean_std(values: pd.Series) -> tuple[float, float]:
-    """Mean and sample std (ddof=1); NaN if any value is NaN, std NaN below two values."""
+def mean_std(values: pd.Series | Sequence[float], ddof: int = 1) -> tuple[float, float]:
+    """Mean and std with the given ddof (1 = sample, 0 = population); NaN if any value is
+    NaN, std NaN below two values whatever the ddof (one seed has no spread)."""
     floats = [float(v) for v in values]
     if not floats or any(math.isnan(v) for v in floats):
         return math.nan, math.nan
     mean = math.fsum(floats) / len(floats)
     if len(floats) < 2:
         return mean, math.nan
-    variance = math.fsum((v - mean) ** 2 for v in floats) / (len(floats) - 1)
+    variance = math.fsum((v - mean) ** 2 for v in floats) / (len(floats) - ddof)
     return mean, math.sqrt(variance)
 
 
@@ -108,14 +140,18 @@ def finished_runs(group: pd.DataFrame) -> pd.DataFrame:
     return done.sort_values(["seed", "path"], kind="stable")
 
 
-def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
+def aggregate(runs: pd.DataFrame, std: str = DEFAULT_STD) -> pd.DataFrame:
     """The leaderboard: one row per (protocol hash, strategy), columns :data:`BOARD_COLUMNS`.
 
-    Runs without a protocol hash or strategy (a summary.json alone from a crashed sweep
-    member) cannot be placed in a row; they still appear in the report's runs section.
+    ``std`` picks the deviation in the ``*_std`` columns (``sample`` or ``population``, see
+    :data:`STD_KINDS`); every row's ``std_kind`` names it, so a CSV read on its own says
+    which convention it holds. Runs without a protocol hash or strategy (a summary.json
+    alone from a crashed sweep member) cannot be placed in a row; they still appear in the
+    report's runs section.
     """
     import pandas as pd
 
+    ddof, kind = std_ddof(std), std_kind(std)
     keyed = runs[runs["protocol_hash"].notna() & runs["strategy"].notna()]
     rows: list[dict[str, Any]] = []
     for (protocol_hash, strategy), group in keyed.groupby(["protocol_hash", "strategy"], sort=True):
@@ -129,10 +165,11 @@ def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
             "strategy": strategy,
             "n_seeds": len(done),
             "seeds": " ".join(str(int(s)) for s in done["seed"]),
+            "std_kind": kind,
         }
         for metric in METRICS:
-            row[f"{metric}_mean"], row[f"{metric}_std"] = mean_std(done[metric])
-        for status in ("diverged", "failed", "incomplete"):
+            row[f"{metric}_mean"], row[f"{metric}_std"] = mean_std(done[metric], ddof)
+        for status in COUNTED_STATUSES:
             row[f"n_{status}"] = int((group["status"] == status).sum())
         row["protocol"] = describe_protocol(protocol or {}, scenario)
         row.update(provenance(done if len(done) else group))
@@ -184,20 +221,25 @@ def _stack(values: Sequence[Any]) -> np.ndarray | None:
     return np.stack(arrays)
 
 
-def _curve_stats(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray] | None:
-    """Mean and sample std per task (std NaN for one seed), NaN entries kept as gaps."""
+def _curve_stats(values: Sequence[Any], ddof: int = 1) -> tuple[np.ndarray, np.ndarray] | None:
+    """Mean and std (the board's ddof) per task (std NaN for one seed, as in the table),
+    NaN entries kept as gaps."""
     import numpy as np
 
     stacked = _stack(values)
     if stacked is None:
         return None
     mean = stacked.mean(axis=0)
-    std = stacked.std(axis=0, ddof=1) if stacked.shape[0] > 1 else np.full_like(mean, np.nan)
+    std = stacked.std(axis=0, ddof=ddof) if stacked.shape[0] > 1 else np.full_like(mean, np.nan)
     return mean, std
 
 
-def strategy_series(runs: pd.DataFrame, board_rows: pd.DataFrame) -> list[StrategySeries]:
-    """One :class:`StrategySeries` per leaderboard row (same order), from the finished runs."""
+def strategy_series(
+    runs: pd.DataFrame, board_rows: pd.DataFrame, std: str = DEFAULT_STD
+) -> list[StrategySeries]:
+    """One :class:`StrategySeries` per leaderboard row (same order), from the finished runs;
+    the curves' bands use the same std kind as the table (``std``)."""
+    ddof = std_ddof(std)
     out: list[StrategySeries] = []
     for _, row in board_rows.iterrows():
         group = runs[
@@ -206,7 +248,7 @@ def strategy_series(runs: pd.DataFrame, board_rows: pd.DataFrame) -> list[Strate
         done = finished_runs(group)
         series = StrategySeries(strategy=str(row["strategy"]), n_seeds=len(done))
         for name in ("acc_t", "fgt_t", "md_t", "acc_task_il_t", "fgt_task_il_t"):
-            setattr(series, name, _curve_stats(list(done[name])))
+            setattr(series, name, _curve_stats(list(done[name]), ddof))
         for name in ("acc_matrix", "acc_task_il_matrix"):
             stacked = _stack(list(done[name]))
             setattr(series, name, None if stacked is None else stacked.mean(axis=0))
@@ -218,11 +260,7 @@ def strategy_series(runs: pd.DataFrame, board_rows: pd.DataFrame) -> list[Strate
 
 def row_notes(row: Any) -> str:
     """Counts of runs kept out of the means, and the provenance flag."""
-    parts = [
-        f"{int(row[f'n_{s}'])} {s}"
-        for s in ("diverged", "failed", "incomplete")
-        if int(row[f"n_{s}"])
-    ]
+    parts = [f"{int(row[f'n_{s}'])} {s}" for s in COUNTED_STATUSES if int(row[f"n_{s}"])]
     if row["provenance_flag"]:
         parts.append(str(row["provenance_flag"]))
     return "; ".join(parts)

@@ -2,7 +2,9 @@
 
 Why one function: the CLI, the tests and any script must produce exactly the same files
 from the same runs; :func:`build_leaderboard` is that single path. It is a pure function
-of the run records (no clock, no environment), and both files are written atomically.
+of the run records (no clock, no environment). Everything that can be refused is refused
+before anything is written, and both files are then written together (see
+:mod:`leaderboard.output`), so bad input leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -11,8 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from cfl_bench.errors import UserError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -28,20 +28,28 @@ class Leaderboard:
     html_path: Path
 
 
-def build_leaderboard(run_dirs: Sequence[str | Path], out_dir: str | Path) -> Leaderboard:
+def build_leaderboard(
+    run_dirs: Sequence[str | Path], out_dir: str | Path, std: str = "sample"
+) -> Leaderboard:
     """Load every run under ``run_dirs``, aggregate, write leaderboard.csv + .html in
-    ``out_dir`` (created if needed) and return both frames."""
-    from leaderboard.aggregate import aggregate
-    from leaderboard.html import write_board_html
-    from leaderboard.runs import load_runs
-    from leaderboard.table import write_board_csv
+    ``out_dir`` (created if needed) and return both frames.
 
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out '{out}' is a file; give a directory for the leaderboard files.")
-    runs = load_runs(run_dirs)
-    board = aggregate(runs)
-    out.mkdir(parents=True, exist_ok=True)
-    csv_path = write_board_csv(board, out)
-    html_path = write_board_html(board, runs, out)
+    Order, and why: ``std`` and ``--out`` are checked first (cheap, and a typo should not
+    wait for thousands of runs to load); then the run directories are found and ``--out``
+    is checked against them; both files are rendered in memory and only then written.
+    Damaged runs do not stop anything: they are listed (see :mod:`leaderboard.runs`)."""
+    from leaderboard.aggregate import aggregate, std_ddof
+    from leaderboard.html import HTML_NAME, render_html
+    from leaderboard.output import check_board_out, refuse_run_directory, write_board_files
+    from leaderboard.runs import find_run_dirs, load_found
+    from leaderboard.table import CSV_NAME, board_csv
+
+    std_ddof(std)
+    out = check_board_out(out_dir, (CSV_NAME, HTML_NAME))
+    found = find_run_dirs(run_dirs)
+    refuse_run_directory(out, found)
+    runs = load_found(found)
+    board = aggregate(runs, std)
+    files = {CSV_NAME: board_csv(board), HTML_NAME: render_html(board, runs, std)}
+    csv_path, html_path = write_board_files(out, files)
     return Leaderboard(runs=runs, board=board, csv_path=csv_path, html_path=html_path)

@@ -4,7 +4,8 @@ Why: a table of expected results (a paper's numbers, last release's numbers) bec
 — ``cfl-bench leaderboard runs/ --out lb --check targets.csv`` exits 0 when every target
 is met, 1 on any miss, 2 when the targets file itself is malformed.
 
-Targets file (CSV, UTF-8, a header row; blank lines and lines starting with ``#`` skipped):
+Targets file (CSV, UTF-8 with or without a byte-order mark, a header row; blank lines and
+lines starting with ``#`` skipped):
 
 =============== ==========================================================================
 column          meaning
@@ -14,7 +15,9 @@ stream          selects rows by stream name (exact)
 scenario        selects rows by scenario (``class-il``, ``domain-il``; exact)
 strategy        selects rows by strategy name (exact, e.g. ``der+fedgp``)
 metric          a numeric leaderboard.csv column (``Acc_T_mean``, ``Fgt_T_std``,
-                ``n_seeds``…); a bare metric name (``Acc_T``) means its ``_mean``
+                ``n_seeds``…); a bare metric name (``Acc_T``) means its ``_mean``;
+                ``*_std`` cells are of the kind chosen with ``--std`` (sample by
+                default, population for papers that report ``np.std``)
 target          the expected value (a number)
 tolerance       allowed absolute deviation, ≥ 0: met when |value − target| ≤ tolerance
 note            optional free text, shown next to a miss
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cfl_bench.errors import UserError
+from cfl_bench.run_dir import os_problem
 from leaderboard.aggregate import NUMERIC_COLUMNS
 from leaderboard.runs import METRICS
 
@@ -77,6 +81,8 @@ class Outcome:
 
 
 def _number(text: str, column: str, line: int, path: Path) -> float:
+    """A finite number: ``inf`` / ``nan`` would make a target that can never be met (or one
+    that is always met), which is no test at all."""
     try:
         value = float(text)
     except ValueError:
@@ -84,7 +90,10 @@ def _number(text: str, column: str, line: int, path: Path) -> float:
             f"{path} line {line}: {column} {text!r} is not a number; write a plain number."
         ) from None
     if not math.isfinite(value):
-        raise UserError(f"{path} line {line}: {column} must be finite; write a plain number.")
+        raise UserError(
+            f"{path} line {line}: {column} {text!r} is not a finite number; write a plain "
+            f"number such as 61.2."
+        )
     return value
 
 
@@ -98,15 +107,41 @@ def _metric_column(name: str, line: int, path: Path) -> str:
     return column
 
 
-def read_targets(path: str | Path) -> list[Target]:
-    """Parse and validate a targets file; any problem is a UserError (exit code 2)."""
-    path = Path(path)
+def _read_text(path: Path) -> str:
+    """The text of a targets file, or a UserError saying what the path is instead. A UTF-8
+    byte-order mark (spreadsheets write one) is dropped, so the first column keeps its name."""
     try:
-        text = path.read_text(encoding="utf-8")
+        if path.is_dir():
+            raise UserError(
+                f"targets file {path} is a directory, not a file; pass the path of a CSV file."
+            )
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise UserError(f"targets file {path} does not exist; pass the path of a CSV.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read targets file {path} ({exc}); save it as UTF-8 CSV.") from None
+    except OSError as exc:
+        raise UserError(
+            f"cannot read targets file {path} ({os_problem(exc)}); check its permissions or "
+            f"pass another file."
+        ) from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"targets file {path} is not UTF-8 text (byte {exc.start}); save it as a UTF-8 CSV."
+        ) from None
+
+
+def read_targets(path: str | Path) -> list[Target]:
+    """Parse and validate a targets file; any problem is a UserError (exit code 2)."""
+    if str(path) == "":  # Path("") would be the current folder
+        raise UserError("--check is empty; pass the path of a targets CSV file.")
+    path = Path(path)
+    text = _read_text(path)
+    if "\x00" in text:
+        raise UserError(
+            f"targets file {path} holds NUL bytes, so it is not a text CSV; pass a CSV file "
+            f"saved as UTF-8 text."
+        )
     numbered = [
         (number, line)
         for number, line in enumerate(text.splitlines(), start=1)
@@ -123,15 +158,21 @@ def read_targets(path: str | Path) -> list[Target]:
     allowed = (*SELECTORS, *REQUIRED, *OPTIONAL)
     unknown = [h for h in header if h not in allowed]
     missing = [h for h in REQUIRED if h not in header]
-    if (
-        unknown
-        or missing
-        or not any(h in SELECTORS for h in header)
-        or len(set(header)) < len(header)
-    ):
+    twice = sorted({h for h in header if header.count(h) > 1})
+    if unknown:
+        problem = f"{unknown[0]!r} is not a known column"
+    elif missing:
+        problem = f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing"
+    elif twice:
+        problem = f"{twice[0]!r} appears twice"
+    elif not any(h in SELECTORS for h in header):
+        problem = "no column selects leaderboard rows"
+    else:
+        problem = ""
+    if problem:
         raise UserError(
-            f"targets file {path} has columns {', '.join(header) or 'none'}; it needs "
-            f"metric, target, tolerance and at least one of {', '.join(SELECTORS)} "
+            f"targets file {path} has columns {', '.join(header) or 'none'}, so {problem}; it "
+            f"needs metric, target, tolerance and at least one of {', '.join(SELECTORS)} "
             f"(optional: note), each once."
         )
     targets: list[Target] = []
@@ -144,7 +185,10 @@ def read_targets(path: str | Path) -> list[Target]:
         record = dict(zip(header, (c.strip() for c in cells), strict=True))
         tolerance = _number(record["tolerance"], "tolerance", line, path)
         if tolerance < 0:
-            raise UserError(f"{path} line {line}: tolerance must be ≥ 0, not {tolerance}.")
+            raise UserError(
+                f"{path} line {line}: tolerance must be ≥ 0, not {tolerance:g}; write the "
+                f"allowed absolute deviation, e.g. 0.5."
+            )
         targets.append(
             Target(
                 line=line,

@@ -36,13 +36,17 @@ def _compact(row: pd.Series, metric: str, spec: str = ".2f", with_std: bool = Fa
     return f"{mean:{spec}}±{'–' if math.isnan(std) else format(std, spec)}"
 
 
-def summary_tables(board: pd.DataFrame) -> list[Table]:
+def summary_tables(board: pd.DataFrame, std: str = "sample") -> list[Table]:
     """One table per protocol, one line per strategy, narrow enough for an 80-column
-    terminal: Acc_T as mean ± sample std, Fgt_T and bytes as means (BWT, FWT, MD_T, wall
+    terminal: Acc_T as mean ± std, Fgt_T and bytes as means (BWT, FWT, MD_T, wall
     time and all deviations are in the CSV and HTML).
+    The caption names the std kind (``std``: sample or population), because "±" alone
+    does not say whether it is ddof=1 or ddof=0.
     The task-IL and notes columns appear only when some row has them."""
-    from leaderboard.aggregate import row_notes
+    from leaderboard.aggregate import row_notes, std_kind
     from leaderboard.plots import human_bytes
+
+    legend = f"mean ± std over the finished seeds, std_kind = {std_kind(std)}; – = one seed"
 
     tables = []
     for protocol_hash, rows in board.groupby("protocol_hash", sort=False):
@@ -51,7 +55,7 @@ def summary_tables(board: pd.DataFrame) -> list[Table]:
         notes = [row_notes(row) for _, row in rows.iterrows()]
         table = Table(
             title=Text(f"{first['stream']} · {first['scenario']} · protocol {protocol_hash}"),
-            caption=Text(str(first["protocol"])),
+            caption=Text(f"{first['protocol']}\n{legend}"),
             box=box.SIMPLE_HEAD,
             caption_justify="left",
         )
@@ -115,19 +119,28 @@ def misses_table(outcomes: Sequence[Outcome]) -> Table:
 
 
 def leaderboard_command(
-    run_dirs: Sequence[str], out: str, check: str | None, console: Console | None = None
+    run_dirs: Sequence[str],
+    out: str,
+    check: str | None,
+    console: Console | None = None,
+    std: str = "sample",
 ) -> int:
     """Build the leaderboard, print it, run ``--check``; returns the exit code (0 or 1).
 
-    The targets file is read first, so a malformed one is refused (exit 2) before any work.
+    ``std`` (``--std``) is ``sample`` (ddof=1, default) or ``population`` (ddof=0). It and
+    the targets file are checked first, so a bad value or a malformed file is refused
+    (exit 2) before any work. ``--check`` compares ``*_std`` targets with the std kind
+    chosen here.
     """
+    from leaderboard.aggregate import std_ddof
     from leaderboard.build import build_leaderboard
     from leaderboard.check import check_targets, read_targets
 
     console = console or Console()
-    targets = read_targets(check) if check else None
-    result = build_leaderboard(run_dirs, out)
-    for table in summary_tables(result.board):
+    std_ddof(std)
+    targets = read_targets(check) if check is not None else None  # "" is refused there
+    result = build_leaderboard(run_dirs, out, std)
+    for table in summary_tables(result.board, std):
         console.print(table)
     if not len(result.board):
         console.print("[yellow]no run could be placed in a leaderboard row[/]")

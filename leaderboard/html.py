@@ -4,12 +4,13 @@ Structure (in page order):
 
 * header — counts, how to read the numbers, links to every section;
 * one ``<section class="protocol">`` per protocol hash: the protocol in one line and in full
-  (JSON), a sortable table with one row per strategy (mean ± sample std over seeds), then
+  (JSON), a legend naming the std kind, a sortable table with one row per strategy
+  (mean ± std over seeds: sample by default, population with ``std="population"``), then
   the figures — Acc_t and Fgt_t curves over tasks (plus task-IL curves on class-IL streams),
   accuracy-matrix heat maps per strategy, memory drift MD_t per task, and accuracy against
   total bytes communicated;
-* ``<section id="runs">`` — incomplete / failed / diverged / duplicate runs with their
-  messages, and (folded) every run;
+* ``<section id="runs">`` — incomplete / failed / diverged / duplicate / damaged runs with
+  their messages, and (folded) every run;
 * ``<section id="provenance">`` — rows whose runs disagree on package versions or git
   commit, and tables of commits, package version sets and machines with run counts.
 
@@ -33,7 +34,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cfl_bench.atomic import atomic_write_text
-from leaderboard.aggregate import protocol_json, row_notes, strategy_series
+from leaderboard.aggregate import (
+    DEFAULT_STD,
+    protocol_json,
+    row_notes,
+    std_kind,
+    strategy_series,
+)
 from leaderboard.page import CSS, SORT_JS, TEMPLATE
 from leaderboard.plots import curves_svg, drift_svg, heatmaps_svg, human_bytes, scatter_svg
 
@@ -45,6 +52,13 @@ HTML_NAME = "leaderboard.html"
 MACHINE_KEYS: tuple[str, ...] = ("python", "platform", "device", "cuda_device", "torch_threads")
 #: Human names of scenarios (anything else is shown as recorded).
 SCENARIOS = {"class-il": "class-IL", "domain-il": "domain-IL", "task-il": "task-IL"}
+#: How the page names each std kind: (short word for captions and tooltips, full phrase
+#: for the header and the per-table legends). Why spelled out everywhere: a reader comparing
+#: with a paper must not have to guess whether ± is ddof=1 or ddof=0.
+STD_TEXT: dict[str, tuple[str, str]] = {
+    "sample": ("sample", "sample standard deviation (ddof = 1)"),
+    "population": ("population", "population standard deviation (ddof = 0, np.std)"),
+}
 
 
 def content_security_policy(script: str) -> str:
@@ -87,15 +101,15 @@ def _metric_cell(row: Any, metric: str, spec: str = ".2f") -> dict[str, str | No
     return _cell(fmt_mean_std(mean, std, spec), _sort_key(mean), "num")
 
 
-def _bytes_cell(row: Any) -> dict[str, str | None]:
-    """Mean total bytes; the tooltip splits it into up / down and gives the sample std."""
+def _bytes_cell(row: Any, kind: str = DEFAULT_STD) -> dict[str, str | None]:
+    """Mean total bytes; the tooltip splits it into up / down and gives the std (named)."""
     mean, std = float(row["bytes_total_mean"]), float(row["bytes_total_std"])
     if not _finite(mean):
         return _cell("–", _sort_key(mean), "num")
     up, down = float(row["bytes_up_mean"]), float(row["bytes_down_mean"])
     title = f"up {human_bytes(up)}, down {human_bytes(down)}"
     if _finite(std):
-        title += f"; sample std {std:.0f} B"
+        title += f"; {STD_TEXT[kind][0]} std {std:.0f} B"
     return _cell(human_bytes(mean), _sort_key(mean), "num", title)
 
 
@@ -105,8 +119,11 @@ def _time_cell(row: Any) -> dict[str, str | None]:
     return _cell(text, _sort_key(mean), "num")
 
 
-def table_columns(task_il: bool, scenario_label: str) -> list[tuple[str, str, Callable[..., Any]]]:
-    """(header, tooltip, cell builder) for one protocol's table."""
+def table_columns(
+    task_il: bool, scenario_label: str, std: str = DEFAULT_STD
+) -> list[tuple[str, str, Callable[..., Any]]]:
+    """(header, tooltip, cell builder) for one protocol's table; ``std`` names the std kind
+    in the bytes tooltip."""
     acc = f"Acc_T {scenario_label} (%)" if scenario_label != "unknown" else "Acc_T (%)"
     columns: list[tuple[str, str, Callable[..., Any]]] = [
         ("strategy", "strategy composition", lambda r: _cell(str(r["strategy"]))),
@@ -127,7 +144,13 @@ def table_columns(task_il: bool, scenario_label: str) -> list[tuple[str, str, Ca
                 lambda r: _metric_cell(r, "Acc_T_task_il"),
             )
         )
-    columns.append(("Fgt_T (%)", "Chaudhry forgetting", lambda r: _metric_cell(r, "Fgt_T")))
+    columns.append(
+        (
+            "Fgt_T (%)",
+            "Chaudhry forgetting: max over evaluations after each old task was trained",
+            lambda r: _metric_cell(r, "Fgt_T"),
+        )
+    )
     if task_il:
         columns.append(
             ("Fgt_T task-IL (%)", "task-IL forgetting", lambda r: _metric_cell(r, "Fgt_T_task_il"))
@@ -136,7 +159,7 @@ def table_columns(task_il: bool, scenario_label: str) -> list[tuple[str, str, Ca
         ("BWT (%)", "backward transfer", lambda r: _metric_cell(r, "BWT")),
         ("FWT (%)", "forward transfer", lambda r: _metric_cell(r, "FWT")),
         ("MD_T", "memory drift (mean KL, nats)", lambda r: _metric_cell(r, "MD_T", ".4f")),
-        ("bytes", "total bytes up + down (mean)", _bytes_cell),
+        ("bytes", "total bytes up + down (mean)", lambda r: _bytes_cell(r, std)),
         ("wall time", "wall-clock time per run", _time_cell),
         (
             "notes",
@@ -152,10 +175,14 @@ def _anchor(index: int, protocol_hash: str) -> str:
     return f"protocol-{index + 1}-" + re.sub(r"[^A-Za-z0-9_-]", "", protocol_hash)[:16]
 
 
-def protocol_sections(board: pd.DataFrame, runs: pd.DataFrame) -> list[dict[str, Any]]:
-    """The context of every protocol section: its table rows and its figures."""
+def protocol_sections(
+    board: pd.DataFrame, runs: pd.DataFrame, std: str = DEFAULT_STD
+) -> list[dict[str, Any]]:
+    """The context of every protocol section: its table rows and its figures (bands and
+    error bars use the same std kind as the table)."""
     from markupsafe import Markup
 
+    word = STD_TEXT[std][0]
     sections: list[dict[str, Any]] = []
     order = list(dict.fromkeys(board["protocol_hash"]))
     for index, protocol_hash in enumerate(order):
@@ -164,23 +191,25 @@ def protocol_sections(board: pd.DataFrame, runs: pd.DataFrame) -> list[dict[str,
         scenario = first["scenario"] if isinstance(first["scenario"], str) else None
         label = SCENARIOS.get(scenario or "", scenario or "unknown")
         task_il = bool(rows["Acc_T_task_il_mean"].notna().any()) or scenario == "class-il"
-        columns = table_columns(task_il, label)
+        columns = table_columns(task_il, label, std)
         protocol = next(
             (p for p in runs.loc[runs["protocol_hash"] == protocol_hash, "protocol"] if p), {}
         )
-        series = strategy_series(runs, rows)
+        series = strategy_series(runs, rows, std)
         prefix = f"fig{index + 1}"
         figures = [
             (curves_svg(series, f"{prefix}-curves"), "Acc_t and Fgt_t (%) after each task, mean "
-             "over seeds with a ±1 sample-std band."),
+             f"over seeds with a ±1 {word}-std band."),
             (curves_svg(series, f"{prefix}-curves-til", task_il=True) if task_il else None,
              "Task-IL Acc_t and Fgt_t (%) (same runs, logits masked to each task's classes)."),
             (heatmaps_svg(series, f"{prefix}-matrix"), "Accuracy matrix a[t][i] (%), mean over "
              "seeds: row t = after training task t, column i = evaluated task (blank: not "
-             "measured)."),
+             "measured). Cells right of the diagonal are tasks evaluated before they were "
+             "trained, for FWT only; no other metric reads them."),
             (drift_svg(series, f"{prefix}-drift"), "Memory drift MD_t: mean KL between the "
-             "model's predictions right after each old task and after task t."),
-            (scatter_svg(series, f"{prefix}-scatter"), "Final accuracy Acc_T (± sample std) "
+             "model's predictions right after each old task and after task t (mean over "
+             f"seeds, ±1 {word}-std band)."),
+            (scatter_svg(series, f"{prefix}-scatter"), f"Final accuracy Acc_T (± {word} std) "
              "against total bytes communicated (up + down)."),
         ]  # fmt: skip
         sections.append(
@@ -190,6 +219,7 @@ def protocol_sections(board: pd.DataFrame, runs: pd.DataFrame) -> list[dict[str,
                 "stream": str(first["stream"]),
                 "scenario_label": label,
                 "summary": str(first["protocol"]),
+                "legend": f"Cells: mean ± {STD_TEXT[std][1]} over the finished seeds.",
                 "protocol_json": protocol_json(protocol),
                 "columns": [{"label": c[0], "title": c[1]} for c in columns],
                 "rows": [[c[2](r) for c in columns] for _, r in rows.iterrows()],
@@ -218,6 +248,12 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+#: CSS class suffix of a status cell, where it differs from the status: a damaged run is
+#: shown in the failed style (red), so the page's CSS, and with it the bytes of every
+#: board without damaged runs, stay as they were.
+STATUS_STYLE: dict[str, str] = {"damaged": "failed"}
+
+
 def run_rows(runs: pd.DataFrame, problems_only: bool) -> list[dict[str, Any]]:
     """Context rows for the runs tables (problems first by status, then all runs)."""
     out = []
@@ -229,6 +265,7 @@ def run_rows(runs: pd.DataFrame, problems_only: bool) -> list[dict[str, Any]]:
             {
                 "path": r["path"],
                 "status": r["status"],
+                "status_style": STATUS_STYLE.get(r["status"], r["status"]),
                 "stream": _text(r["stream"]),
                 "strategy": _text(r["strategy"]),
                 "seed": _text(r["seed"]),
@@ -279,17 +316,27 @@ def provenance_context(board: pd.DataFrame, runs: pd.DataFrame) -> dict[str, Any
     }
 
 
-def render_html(board: pd.DataFrame, runs: pd.DataFrame) -> str:
-    """The whole report as one HTML string (a pure function of its two frames)."""
+def render_html(board: pd.DataFrame, runs: pd.DataFrame, std: str = DEFAULT_STD) -> str:
+    """The whole report as one HTML string (a pure function of its two frames and ``std``,
+    the std kind the board was aggregated with, which the header and legends name)."""
     import jinja2
     from markupsafe import Markup
 
     env = jinja2.Environment(
         autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True
     )
+    kind = std_kind(std)  # refuses an unknown kind before rendering anything
+    if len(board) and set(board["std_kind"]) != {kind}:
+        # The page would state one convention while its cells hold another.
+        raise ValueError(
+            f"the board holds std_kind {sorted(set(board['std_kind']))} but the page was "
+            f"asked to describe {kind!r}; aggregate and render with the same std"
+        )
     script = SORT_JS
     problems = run_rows(runs, problems_only=True)
     context = {
+        "std_kind": std,
+        "std_text": STD_TEXT[std][1],
         "csp": content_security_policy(script),
         "css": Markup(CSS),
         "script": Markup(script),
@@ -299,7 +346,8 @@ def render_html(board: pd.DataFrame, runs: pd.DataFrame) -> str:
             "rows": len(board),
             "problems": len(problems),
         },
-        "protocols": protocol_sections(board, runs) if len(board) else [],
+        "any_damaged": bool((runs["status"] == "damaged").any()),
+        "protocols": protocol_sections(board, runs, std) if len(board) else [],
         "problems": problems,
         "all_runs": run_rows(runs, problems_only=False),
         **provenance_context(board, runs),
@@ -307,8 +355,10 @@ def render_html(board: pd.DataFrame, runs: pd.DataFrame) -> str:
     return env.from_string(TEMPLATE).render(context)
 
 
-def write_board_html(board: pd.DataFrame, runs: pd.DataFrame, out_dir: Path) -> Path:
+def write_board_html(
+    board: pd.DataFrame, runs: pd.DataFrame, out_dir: Path, std: str = DEFAULT_STD
+) -> Path:
     """Write ``out_dir/leaderboard.html`` atomically; returns its path."""
     path = out_dir / HTML_NAME
-    atomic_write_text(path, render_html(board, runs))
+    atomic_write_text(path, render_html(board, runs, std))
     return path

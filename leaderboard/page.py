@@ -119,10 +119,13 @@ TEMPLATE = """<!DOCTYPE html>
 {{ counts.rows }} leaderboard row{{ "" if counts.rows == 1 else "s" }};
 {{ counts.problems }} run{{ "" if counts.problems == 1 else "s" }} not finished
 (see <a href="#runs">runs</a>).
-Values are mean ± sample standard deviation (ddof = 1) over the finished seeds; "–" where
-a single seed gives no deviation or a value is missing. Accuracies are the <em>final</em>
-evaluation (never the best round), in %. Fgt_T is Chaudhry's forgetting (max over earlier
-evaluations); the CSV also has the clipped Mammoth/FedGP rule (Fgt_T_clipped).</p>
+Values are mean ± <strong class="std-kind" data-std-kind="{{ std_kind }}">{{ std_text }}</strong>
+over the finished seeds (the CSV's std_kind column says the same); "–" where a single seed
+gives no deviation (under either convention: one seed has no spread) or a value is missing.
+Accuracies are the <em>final</em> evaluation (never the best round), in %. Fgt_T is
+Chaudhry's forgetting (for each old task, its best accuracy from the end of its own training
+up to the previous task, minus its accuracy now; evaluations made before a task was trained
+never count); the CSV also has the clipped Mammoth/FedGP rule (Fgt_T_clipped).</p>
 <nav><ul>
 {% for p in protocols %}
 <li><a href="#{{ p.anchor }}">{{ p.stream }} · {{ p.scenario_label }} ·
@@ -139,6 +142,7 @@ strateg{{ "y" if p.rows|length == 1 else "ies" }})</li>
 <h2>{{ p.stream }} · {{ p.scenario_label }} · protocol <span class="mono">{{ p.hash }}</span></h2>
 <p>{{ p.summary }}</p>
 <details><summary>full protocol</summary><pre>{{ p.protocol_json }}</pre></details>
+<p class="legend muted" data-std-kind="{{ std_kind }}">{{ p.legend }}</p>
 <div class="table-wrap">
 <table class="sortable leaderboard" data-protocol-hash="{{ p.hash }}">
 <thead><tr>
@@ -169,14 +173,14 @@ strateg{{ "y" if p.rows|length == 1 else "ies" }})</li>
 <h2>Runs not finished</h2>
 {% if problems %}
 <p>These runs are kept out of every mean; they are counted in the leaderboard's
-n_diverged / n_failed / n_incomplete columns.</p>
+n_diverged / n_failed / n_incomplete{{ " / n_damaged" if any_damaged else "" }} columns.</p>
 <div class="table-wrap">
 <table class="sortable problems">
 <thead><tr><th>run directory</th><th>status</th><th>stream</th><th>strategy</th>
 <th>seed</th><th>protocol</th><th>message</th></tr></thead>
 <tbody>
 {% for r in problems %}
-<tr><td class="mono">{{ r.path }}</td><td class="status-{{ r.status }}">{{ r.status }}</td>
+<tr><td class="mono">{{ r.path }}</td><td class="status-{{ r.status_style }}">{{ r.status }}</td>
 <td>{{ r.stream }}</td><td>{{ r.strategy }}</td><td class="num">{{ r.seed }}</td>
 <td class="mono">{{ r.protocol_hash }}</td><td class="message">{{ r.message }}</td></tr>
 {% endfor %}
@@ -193,7 +197,7 @@ n_diverged / n_failed / n_incomplete columns.</p>
 <th>protocol</th><th>Acc_T (%)</th><th>git commit</th></tr></thead>
 <tbody>
 {% for r in all_runs %}
-<tr><td class="mono">{{ r.path }}</td><td class="status-{{ r.status }}">{{ r.status }}</td>
+<tr><td class="mono">{{ r.path }}</td><td class="status-{{ r.status_style }}">{{ r.status }}</td>
 <td>{{ r.strategy }}</td><td class="num">{{ r.seed }}</td>
 <td class="mono">{{ r.protocol_hash }}</td>
 <td class="num"{% if r.acc_sort is not none %} data-sort="{{ r.acc_sort }}"{% endif %}>

@@ -128,7 +128,8 @@ def _task_axis(ax: Axes, tasks: int) -> None:
 
 
 def _draw_band(ax: Axes, x: Sequence[int], stats: Any, index: int, label: str) -> None:
-    """Mean line with markers and a ±1 sample-std band where the std exists."""
+    """Mean line with markers and a ±1 std band where the std exists (the std kind of the
+    leaderboard, sample or population, already applied in ``stats``)."""
     import numpy as np
 
     mean, std = stats
@@ -145,9 +146,9 @@ def _legend(fig: Figure, count: int) -> None:
 def curves_svg(
     series: Sequence[StrategySeries], figure_id: str, *, task_il: bool = False
 ) -> str | None:
-    """Acc_t and Fgt_t over tasks, one line per strategy (mean over seeds, ±1 std band) —
-    the two panels of FedGP's figures. ``task_il`` draws the task-IL versions; None when no
-    strategy has the curve."""
+    """Acc_t and Fgt_t over tasks, one line per strategy (mean over seeds, ±1 std band of
+    the leaderboard's std kind) — the two panels of FedGP's figures. ``task_il`` draws the
+    task-IL versions; None when no strategy has the curve."""
     acc_key, fgt_key = ("acc_task_il_t", "fgt_task_il_t") if task_il else ("acc_t", "fgt_t")
     with _style(figure_id):
         fig = _new_figure(8.0, 3.4)
@@ -260,8 +261,9 @@ def human_bytes(value: float) -> str:
 
 
 def scatter_svg(series: Sequence[StrategySeries], figure_id: str) -> str | None:
-    """Final accuracy Acc_T (± sample std) against total bytes communicated, one point per
-    strategy; log-scaled bytes when they span more than a factor of 20."""
+    """Final accuracy Acc_T (± std of the leaderboard's kind) against total bytes
+    communicated, one point per strategy; log-scaled bytes when they span more than a
+    factor of 20."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     points = [

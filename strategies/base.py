@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from cfl_bench.errors import UserError
+from cfl_bench.text_values import finite_float, quoted, strict_int
 
 if TYPE_CHECKING:
     from cfl_bench.engine.context import ClientState, ServerState, StepContext, Upload
@@ -51,7 +52,13 @@ class Role(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Option:
-    """One named, typed option of a component, e.g. ``der:alpha=0.5``."""
+    """One named, typed option of a component, e.g. ``der:alpha=0.5``.
+
+    ``parse`` receives the value with surrounding whitespace already removed by the grammar
+    and refuses anything else with ``ValueError("must be …")``: the clause says what the
+    value must be, and ``convert`` turns it into the one-line refusal
+    ``option der:alpha must be a finite number ≥ 0, got 'inf'.``
+    """
 
     name: str
     default: object
@@ -60,55 +67,68 @@ class Option:
     choices: tuple[str, ...] = ()
 
     def convert(self, component: str, raw: str) -> object:
+        """The typed value of ``raw``, or a ``UserError`` naming the option and the rule."""
+        where = f"option {component}:{self.name}"
         if self.choices and raw not in self.choices:
-            raise UserError(
-                f"option {component}:{self.name} must be one of {', '.join(self.choices)}, "
-                f"not '{raw}'."
-            )
+            raise UserError(f"{where} must be one of {', '.join(self.choices)}, got {quoted(raw)}.")
         try:
             return self.parse(raw)
         except (TypeError, ValueError) as exc:
-            raise UserError(f"option {component}:{self.name}={raw} is invalid: {exc}.") from None
+            clause = " ".join(str(exc).split()).rstrip(".")  # always one line
+            if not clause.startswith("must "):  # a parser that did not follow the convention
+                clause = f"has an invalid value ({clause or type(exc).__name__})"
+            raise UserError(f"{where} {clause}, got {quoted(raw)}.") from None
 
 
 def non_negative_float(raw: str) -> float:
-    value = float(raw)
-    if not value >= 0:
-        raise ValueError("it must be a number ≥ 0")
+    """A weight or tolerance: finite and ≥ 0 (0 switches the term off)."""
+    must = "must be a finite number ≥ 0"
+    value = finite_float(raw, must)
+    if value < 0:
+        raise ValueError(must)
     return value
 
 
 def positive_int(raw: str) -> int:
-    value = int(raw)
+    """A count (samples, epochs, rounds): a plain decimal integer ≥ 1."""
+    must = "must be a positive integer"
+    value = strict_int(raw, must)
     if value <= 0:
-        raise ValueError("it must be a positive integer")
+        raise ValueError(must)
     return value
 
 
 def boolean(raw: str) -> bool:
-    lowered = raw.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
+    """Only ``true``/``false`` (any case): why no yes/on/1 — one spelling per value keeps
+    canonical names, sweep directories and protocol hashes unambiguous."""
+    lowered = raw.lower()
+    if lowered == "true":
         return True
-    if lowered in ("0", "false", "no", "off"):
+    if lowered == "false":
         return False
-    raise ValueError("it must be true or false")
+    raise ValueError("must be true or false")
 
 
 def text(raw: str) -> str:
+    """A word checked against the option's ``choices`` by ``Option.convert``."""
     return raw
 
 
 def unit_fraction(raw: str) -> float:
-    value = float(raw)
+    """A fraction of something that must not be empty: finite, in (0, 1]."""
+    must = "must be a fraction in (0, 1]"
+    value = finite_float(raw, must, bounded=True)
     if not 0 < value <= 1:
-        raise ValueError("it must be a fraction in (0, 1]")
+        raise ValueError(must)
     return value
 
 
 def positive_float(raw: str) -> float:
-    value = float(raw)
-    if not value > 0:
-        raise ValueError("it must be a number > 0")
+    """A rate or temperature: finite and > 0 (0 would divide by zero or never move)."""
+    must = "must be a finite number > 0"
+    value = finite_float(raw, must)
+    if value <= 0:
+        raise ValueError(must)
     return value
 
 
@@ -141,6 +161,9 @@ class Component:
     transform_order: ClassVar[int] = 100
     # Position among the server hooks after aggregation (ifa 20 before fedgp 80).
     server_order: ClassVar[int] = 50
+    # Instance attributes that change during a run and must survive a checkpoint (tensors,
+    # generators, numbers and containers of them); everything else is rebuilt by setup().
+    state_attributes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, values: dict[str, object] | None = None) -> None:
         resolved = {opt.name: opt.default for opt in self.options}
@@ -177,6 +200,19 @@ class Component:
         Folded into the protocol hash, so runs whose clients hold different data are never
         ranked as if they shared a protocol."""
         return {}
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, object]:
+        """The server-side state a checkpoint keeps (per-client state lives in
+        ``ClientState.extras`` and is saved with the client)."""
+        return {name: getattr(self, name) for name in self.state_attributes}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        missing = set(self.state_attributes) - set(state)
+        if missing:
+            raise ValueError(f"{self.name} checkpoint lacks {', '.join(sorted(missing))}")
+        for name in self.state_attributes:
+            setattr(self, name, state[name])
 
     # -- data ---------------------------------------------------------------------------------
     def on_task_start(self, server: ServerState, task: int, holdout: torch.Tensor | None) -> None:

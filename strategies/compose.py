@@ -3,21 +3,40 @@
 Syntax (documented in the README)::
 
     strategy  := component ("+" component)*
-    component := name [":" key "=" value ("," key "=" value)*]
+    component := name [":" option ("," option)*]
+    option    := key "=" value
 
-e.g. ``der:alpha=0.5+fedgp:gref_samples=all,gref_mode=eval``. Without a learner the
-default ``fedavg`` learner is implied (``fedgp`` ≡ ``fedavg+fedgp``). Validation refuses
-unknown names and options, duplicates, two learners, and components whose requirements the
-stream does not meet — before any data is loaded.
+e.g. ``der:alpha=0.5+fedgp:gref_samples=all,gref_mode=eval``. Names are case-insensitive
+(``DER`` ≡ ``der``); keys and choice values are not. Whitespace around every token is
+ignored. A ``+`` is a sign, not a separator, where a number needs one: right after ``=``
+(``der:alpha=+0.5``) or in an exponent (``fedproj:distill_lr=1e+3``), followed by a digit or
+``.`` — component names never start with one, so this is unambiguous, and canonical names
+such as ``fedprox:mu=1e+20`` parse back. Numbers are plain decimals (see
+``strategies.base.finite_float``). Without a learner the default ``fedavg`` learner is implied
+(``fedgp`` ≡ ``fedavg+fedgp``).
+
+Validation refuses, each with one sentence naming the fix: empty pieces (``der+``, ``+der``,
+``der++fedgp``, ``der:``, ``der:alpha=1,``), a second ``:`` or ``=``, unknown names and
+options, options given twice, components given twice, two learners, two aggregators, and
+components whose requirements the stream does not meet — before any data is loaded. Why
+empty pieces are refused rather than skipped: they are where something was meant to be
+written (an unset shell variable in ``der:alpha=1,$MORE``), and a run that silently drops it
+would be recorded as if the user had asked for the defaults.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from cfl_bench.errors import UserError
-from strategies.base import Component, Learner, Role, StrategyEnv
+from strategies.base import Component, Learner, Role, StrategyEnv, quoted
 from strategies.registry import component_classes
+
+# "+" separates components unless it is a number's sign: directly after "=" or after a digit
+# and an exponent letter ("1e+3"), and directly before a digit or ".".
+_SEPARATOR = re.compile(r"(?<!=)(?<![0-9][eE])\+|\+(?![0-9.])")
+_COUNT_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
 
 
 @dataclass(frozen=True)
@@ -33,34 +52,132 @@ def parse_strategy(text: str) -> list[ComponentSpec]:
         raise UserError(
             "the strategy is empty; give one like 'der+fedgp' (see `cfl-bench list strategies`)."
         )
+    parts = [part.strip() for part in _SEPARATOR.split(text.strip())]
+    if not any(parts):
+        raise UserError(
+            f"strategy {quoted(text)} names no component; give one like 'der+fedgp' "
+            f"(see `cfl-bench list strategies`)."
+        )
     specs: list[ComponentSpec] = []
-    for part in text.strip().split("+"):
-        part = part.strip()
-        name, _, opt_text = part.partition(":")
-        name = name.strip().lower()
-        if not name:
-            raise UserError(f"strategy '{text}' has an empty component; write names joined by '+'.")
-        cls = classes.get(name)
-        if cls is None:
-            raise UserError(
-                f"unknown strategy component '{name}'; choose from: {', '.join(sorted(classes))}."
-            )
-        by_name = {o.name: o for o in cls.options}
-        values: dict[str, object] = {}
-        for item in filter(None, (s.strip() for s in opt_text.split(","))):
-            key, eq, raw = item.partition("=")
-            key = key.strip()
-            if not eq:
-                raise UserError(
-                    f"option '{item}' of '{name}' needs a value; write {name}:{key}=VALUE."
-                )
-            option = by_name.get(key)
-            if option is None:
-                known = ", ".join(sorted(by_name)) or "none"
-                raise UserError(f"unknown option '{key}' for '{name}'; its options are: {known}.")
-            values[key] = option.convert(name, raw.strip())
-        specs.append(ComponentSpec(name, values))
+    for index, part in enumerate(parts):
+        if not part:
+            raise UserError(_empty_component(text, index, len(parts)))
+        specs.append(_parse_component(part, classes))
     return specs
+
+
+def _empty_component(text: str, index: int, count: int) -> str:
+    """Say where the empty component is: a leading, trailing or doubled ``+``."""
+    if index == 0:
+        return (
+            f"strategy {quoted(text)} has an empty component before its first '+'; "
+            f"remove the leading '+'."
+        )
+    if index == count - 1:
+        return (
+            f"strategy {quoted(text)} has an empty component after its last '+'; "
+            f"remove the trailing '+' or add a component after it."
+        )
+    return (
+        f"strategy {quoted(text)} has an empty component between two '+'; "
+        f"write one '+' between components."
+    )
+
+
+def _parse_component(part: str, classes: dict[str, type[Component]]) -> ComponentSpec:
+    """One ``name[:key=value,...]`` piece (already stripped, never empty)."""
+    raw_name, colon, opt_text = part.partition(":")
+    name = raw_name.strip().lower()
+    if not name:
+        raise UserError(
+            f"component {quoted(part)} has no name before ':'; write the component first, "
+            f"e.g. der:alpha=0.5."
+        )
+    cls = classes.get(name)
+    if cls is None:
+        raise UserError(_unknown_component(raw_name.strip(), bool(colon), classes))
+    if not colon:
+        return ComponentSpec(name, {})
+    by_name = {o.name: o for o in cls.options}
+    if not by_name:
+        raise UserError(
+            f"component '{name}' takes no options; drop {quoted(':' + opt_text)} after it."
+        )
+    example = f"{name}:{cls.options[0].name}=VALUE"
+    if not opt_text.strip():
+        raise UserError(
+            f"component '{name}' has ':' but no options after it; drop the ':' or write "
+            f"options like {example}."
+        )
+    if ":" in opt_text:
+        raise UserError(
+            f"component '{name}' has more than one ':'; write all its options after a single "
+            f"':', separated by commas, e.g. {example}."
+        )
+    values: dict[str, object] = {}
+    for item in (s.strip() for s in opt_text.split(",")):
+        if not item:
+            raise UserError(
+                f"component '{name}' has an empty option in {quoted(opt_text.strip())}; "
+                f"separate options with single commas and drop leading or trailing ones."
+            )
+        key, eq, raw = (s.strip() for s in item.partition("="))
+        option = by_name.get(key)
+        if not key:
+            raise UserError(
+                f"option {quoted(item)} of '{name}' has no name before '='; name one of its "
+                f"options ({', '.join(by_name)}), e.g. {name}:{cls.options[0].name}{item}."
+            )
+        if option is None:
+            raise UserError(_unknown_option(name, key, bool(eq), classes))
+        if not eq:
+            raise UserError(f"option '{key}' of '{name}' needs a value; write {name}:{key}=VALUE.")
+        if not raw:
+            raise UserError(
+                f"option {name}:{key} has no value after '='; write {name}:{key}=VALUE."
+            )
+        if "=" in raw:
+            raise UserError(
+                f"option {quoted(item)} of '{name}' has more than one '='; write one '=' "
+                f"between the option's name and its value."
+            )
+        if key in values:
+            raise UserError(f"option '{key}' of '{name}' is given twice; give it once.")
+        values[key] = option.convert(name, raw)
+    return ComponentSpec(name, values)
+
+
+def _unknown_component(raw_name: str, has_colon: bool, classes: dict[str, type[Component]]) -> str:
+    """The refusal for a name that is no component, with the likely slip when there is one."""
+    choose = f"choose from: {', '.join(sorted(classes))}"
+    if "=" in raw_name and not has_colon:  # der:alpha=1+beta=2 → the piece "beta=2"
+        return (
+            f"{quoted(raw_name)} is not a strategy component; options follow their component's "
+            f"':' and are separated by ',' (e.g. derpp:alpha=0.1,beta=0.5), not '+'."
+        )
+    if "," in raw_name:  # der,fedgp
+        return (
+            f"{quoted(raw_name)} is not a strategy component; join components with '+' "
+            f"(e.g. der+fedgp), or {choose}."
+        )
+    return f"unknown strategy component {quoted(raw_name.lower())}; {choose}."
+
+
+def _unknown_option(
+    name: str, key: str, has_value: bool, classes: dict[str, type[Component]]
+) -> str:
+    """The refusal for a key the component lacks, pointing at its owner when it has one."""
+    if not has_value and key.lower() in classes:  # der:fedgp — a component, not an option
+        return (
+            f"'{key.lower()}' is a strategy component, not an option of '{name}'; join "
+            f"components with '+', e.g. {name}+{key.lower()}."
+        )
+    known = ", ".join(o.name for o in classes[name].options)
+    message = f"unknown option {quoted(key)} for '{name}'; its options are: {known}"
+    owners = [n for n, c in classes.items() if n != name and key in {o.name for o in c.options}]
+    if owners:  # stated, not prescribed: adding the owner may itself be refused (two learners)
+        message += f" ('{key}' is an option of {' and '.join(owners)})"
+    return message + "."
 
 
 @dataclass
@@ -154,14 +271,15 @@ def build_strategy(text: str) -> Strategy:
     seen: set[str] = set()
     for spec in specs:
         if spec.name in seen:
-            raise UserError(f"'{spec.name}' appears twice in strategy '{text}'; use it once.")
+            raise UserError(f"'{spec.name}' appears twice in strategy {quoted(text)}; use it once.")
         seen.add(spec.name)
     learners = [s for s in specs if issubclass(classes[s.name], Learner)]
     if len(learners) > 1:
-        names = " and ".join(s.name for s in learners)
+        count = _COUNT_WORDS.get(len(learners), str(len(learners)))
+        names = ", ".join(s.name for s in learners[:-1]) + f" and {learners[-1].name}"
         raise UserError(
-            f"strategy '{text}' has two local learners ({names}); keep exactly one learner "
-            f"and add components such as fedgp."
+            f"strategy {quoted(text)} has {count} local learners ({names}); keep exactly one "
+            f"learner and add components such as fedgp."
         )
     learner_spec = learners[0] if learners else ComponentSpec("fedavg", {})
     learner = classes[learner_spec.name](learner_spec.options)
@@ -171,7 +289,7 @@ def build_strategy(text: str) -> Strategy:
     aggregators = [c.name for c in others if Role.AGGREGATOR in c.roles]
     if len(aggregators) > 1:
         raise UserError(
-            f"strategy '{text}' overrides aggregation twice ({' and '.join(aggregators)}); "
+            f"strategy {quoted(text)} overrides aggregation twice ({' and '.join(aggregators)}); "
             f"keep at most one aggregator."
         )
     return Strategy(learner, others)

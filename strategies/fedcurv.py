@@ -76,6 +76,14 @@ class FedCurv(Component):
     name: ClassVar[str] = "fedcurv"
     roles: ClassVar[frozenset[Role]] = frozenset({Role.LOSS_TERM, Role.COMMUNICATION})
     summary: ClassVar[str] = "Fisher-weighted penalty towards the other clients' parameters"
+    # The sums sent with the next broadcast and the clients they include (own u_k, v_k are
+    # per-client state in ClientState.extras).
+    state_attributes: ClassVar[tuple[str, ...]] = (
+        "sums",
+        "contributors",
+        "_next",
+        "_next_contributors",
+    )
     paper: ClassVar[str] = "Shoham et al., 2019 (FedCurv)"
     options: ClassVar[tuple[Option, ...]] = (
         Option("lam", 1.0, "penalty weight λ", non_negative_float),

@@ -29,6 +29,7 @@ import torch
 from torch.nn import functional as F
 
 from cfl_bench.engine.context import tensor_bytes
+from cfl_bench.errors import UserError
 from strategies.base import Component, Option, Role, StrategyEnv, boolean, positive_int, text
 from strategies.projection import project_conflicting_
 
@@ -37,9 +38,14 @@ if TYPE_CHECKING:
 
 
 def gref_samples(raw: str) -> int | str:
-    if raw.strip().lower() == "all":
+    """``all`` (any case: the whole buffer, the authors' setting) or a positive sample count;
+    the refusal names both forms, not just the integer one."""
+    if raw.lower() == "all":
         return "all"
-    return positive_int(raw)
+    try:
+        return positive_int(raw)
+    except ValueError:
+        raise ValueError("must be a positive integer or 'all'") from None
 
 
 class FedGP(Component):
@@ -55,6 +61,7 @@ class FedGP(Component):
     transform_order: ClassVar[int] = 30
     # Last server hook: g_ref must be taken at the final θ_g (after distillation, IFA resets).
     server_order: ClassVar[int] = 80
+    state_attributes: ClassVar[tuple[str, ...]] = ("gref", "gref_sq")
     options: ClassVar[tuple[Option, ...]] = (
         Option(
             "gref_samples", 32, "buffer samples per client for g_ref (int or 'all')", gref_samples
@@ -77,9 +84,18 @@ class FedGP(Component):
         self.gref_sq: torch.Tensor | None = None
 
     def adjust_schedule(self, rounds_per_task: int, epochs: int) -> tuple[int, int]:
-        if self.values["equal_comm"]:
-            return max(1, rounds_per_task // 2), epochs * 2
-        return rounds_per_task, epochs
+        """equal_comm: half the rounds, twice the epochs — the same local computation with
+        half the exchanges. Only an even number of rounds halves exactly; anything else
+        would silently change the computation being compared, so it is refused."""
+        if not self.values["equal_comm"]:
+            return rounds_per_task, epochs
+        if rounds_per_task % 2:
+            raise UserError(
+                f"fedgp:equal_comm halves the rounds per task, which needs an even "
+                f"--rounds-per-task; got {rounds_per_task}, so use {rounds_per_task + 1} or "
+                f"{max(2, rounds_per_task - 1)}."
+            )
+        return rounds_per_task // 2, epochs * 2
 
     def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
         return {} if self.gref is None else {"fedgp.gref": self.gref}

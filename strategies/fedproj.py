@@ -191,6 +191,15 @@ class FedProj(Component):
     paper: ClassVar[str] = "Chunduru, Morafah et al. 2025 (FedProj)"
     requires: ClassVar[frozenset[str]] = frozenset({"class_logits"})
     transform_order: ClassVar[int] = 20
+    # The public memory grows with every task's holdout; the ensemble is next round's memory.
+    state_attributes: ClassVar[tuple[str, ...]] = (
+        "public_x",
+        "z_ens",
+        "teacher",
+        "_logit_sum",
+        "_logit_count",
+        "_distill_gen",
+    )
     options: ClassVar[tuple[Option, ...]] = (
         Option(
             "public",

@@ -33,7 +33,14 @@ if TYPE_CHECKING:
 
 
 def generation_length(raw: str) -> int | None:
-    return None if raw.strip().lower() in ("task", "auto") else positive_int(raw)
+    """Rounds per generation, or ``task``/``auto`` (any case: None = one task's rounds); the
+    refusal names every accepted form, not just the integer one."""
+    if raw.lower() in ("task", "auto"):
+        return None
+    try:
+        return positive_int(raw)
+    except ValueError:
+        raise ValueError("must be a positive integer, 'task' or 'auto'") from None
 
 
 def later_layers_start(slices: tuple[ParamSlice, ...], rho: float) -> int:
@@ -69,6 +76,7 @@ class IFA(Component):
     summary: ClassVar[str] = "reset a ρ fraction of θ_g at every generation end"
     paper: ClassVar[str] = '"Forget to Generalize: Iterative Adaptation" (IFA), 2026'
     server_order: ClassVar[int] = 20
+    state_attributes: ClassVar[tuple[str, ...]] = ("initial", "start", "resets")
     options: ClassVar[tuple[Option, ...]] = (
         Option(
             "mode",

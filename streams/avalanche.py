@@ -68,6 +68,7 @@ import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,11 @@ from torch.utils.data._utils.collate import default_collate
 from cfl_bench.errors import UserError
 from cfl_bench.seeding import derive_seed
 from streams.base import Stream, TaskData
+from streams.datafiles import (
+    check_data_root,
+    classify_download_failure,
+    leftovers_removed_on_failure,
+)
 
 AVALANCHE_PREFIX = "avalanche:"
 SPEC_FORM = "avalanche:package.module:factory"
@@ -289,6 +295,14 @@ def load_benchmark(
     """The benchmark named by ``name`` and the keyword arguments its factory was given."""
     _check_num_tasks(num_tasks)
     module_name, attribute = parse_spec(name)
+    if data_root is not None:
+        # A folder that does not exist yet is fine (Avalanche's benchmarks download into
+        # it); a file, or a path through one, can never work.
+        check_data_root(
+            data_root,
+            holds="the benchmark's data (the factory receives it as dataset_root)",
+            may_create=True,
+        )
     _require_avalanche()
     with _cwd_on_path():
         target = _resolve(module_name, attribute)
@@ -307,15 +321,12 @@ def load_benchmark(
         kwargs = _accepted_kwargs(target, offered, f"{module_name}:{attribute}")
         with _seeded_global_rngs(derive_seed(seed, "stream", "avalanche", name)):
             try:
-                benchmark = target(**kwargs)
+                with _leftovers_removed(data_root):
+                    benchmark = target(**kwargs)
             except UserError:
                 raise
             except Exception as exc:
-                raise UserError(
-                    f"Avalanche factory {module_name}:{attribute} failed "
-                    f"({type(exc).__name__}: {_one_line(exc)}); fix its arguments or data "
-                    f"(the adapter passed {_kwargs_text(kwargs)})"
-                ) from exc
+                raise _factory_error(f"{module_name}:{attribute}", exc, kwargs, data_root) from exc
     if not _is_benchmark(benchmark):
         raise UserError(
             f"Avalanche factory {module_name}:{attribute} returned a "
@@ -323,6 +334,45 @@ def load_benchmark(
             "make it return an Avalanche benchmark"
         )
     return benchmark, kwargs
+
+
+def _leftovers_removed(data_root: str | None) -> contextlib.AbstractContextManager[None]:
+    """Remove what a failing factory newly created directly under ``--data-root``.
+
+    Why: Avalanche's benchmarks download into ``dataset_root``; an offline attempt leaves
+    empty dataset folders or half-written archives that make the next run believe the data
+    is there. Only new top-level entries (or the folder itself, when the factory created
+    it) are removed; nothing that existed before is touched.
+    """
+    if data_root is None:
+        return contextlib.nullcontext()
+    root = Path(data_root)
+    return leftovers_removed_on_failure(root, [root], depth=1)
+
+
+def _factory_error(
+    label: str, exc: Exception, kwargs: dict[str, object], data_root: str | None
+) -> UserError:
+    """One sentence for a failing factory; a failed download says so instead of blaming
+    the factory's arguments."""
+    kind, detail = classify_download_failure(exc)
+    where = f"into {data_root}" if data_root is not None else "into its dataset folder"
+    by_hand = f"copy the benchmark's files {where} by hand"
+    if kind == "offline":
+        return UserError(
+            f"Avalanche factory {label} failed to download its data: no network connection "
+            f"({detail}); {by_hand} or run with network"
+        )
+    if kind in ("connection", "http"):
+        what = "the network connection failed" if kind == "connection" else "the server answered"
+        return UserError(
+            f"Avalanche factory {label} failed to download its data: {what} ({detail}); "
+            f"{by_hand} or try again"
+        )
+    return UserError(
+        f"Avalanche factory {label} failed ({type(exc).__name__}: {_one_line(exc)}); fix its "
+        f"arguments or data (the adapter passed {_kwargs_text(kwargs)})"
+    )
 
 
 def _require_avalanche() -> None:
@@ -502,9 +552,15 @@ def _materialise(experience: object, what: str) -> _Split:
             f"{what} has no dataset (a {type(experience).__name__}); the adapter needs "
             "supervised experiences of (input, label) samples"
         )
-    if callable(getattr(dataset, "eval", None)):
-        dataset = dataset.eval()  # deterministic preprocessing, see the module docstring
-    total = len(dataset)
+    try:
+        if callable(getattr(dataset, "eval", None)):
+            dataset = dataset.eval()  # deterministic preprocessing, see the module docstring
+        total = len(dataset)
+    except Exception as exc:  # an iterable-only dataset, or a broken eval() of the benchmark
+        raise UserError(
+            f"{what} has a dataset of unknown size ({type(exc).__name__}: {_one_line(exc)}); "
+            "the adapter needs map-style datasets with a length"
+        ) from exc
     if total == 0:
         raise UserError(f"{what} is empty; every experience needs train and test samples")
     xs: list[torch.Tensor] = []
@@ -528,7 +584,13 @@ def _materialise(experience: object, what: str) -> _Split:
             f"reading {what} failed ({type(exc).__name__}: {_one_line(exc)}); give its "
             "dataset a transform that returns tensors (e.g. ToTensor)"
         ) from exc
-    x, y = torch.cat(xs), torch.cat(ys)
+    try:
+        x, y = torch.cat(xs), torch.cat(ys)
+    except RuntimeError as exc:  # batches of different input shapes or label layouts
+        raise UserError(
+            f"{what} yields inputs of different shapes ({_one_line(exc)}); give its dataset "
+            "a transform that makes every input the same shape (e.g. Resize)"
+        ) from exc
     if not x.is_floating_point():
         raise UserError(
             f"{what} yields {x.dtype} inputs; add a transform that returns float tensors "

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from cfl_bench.errors import UserError
+from streams.datafiles import check_data_root, data_file, fetch_quietly, one_line, read_error
 from streams.images import ImageSplits
 
 CHANNELS, HEIGHT, WIDTH = 3, 32, 32
@@ -47,6 +48,7 @@ class CifarLayout:
     names_key: str
     num_classes: int
     torchvision_class: str
+    archive: str  # the file torchvision downloads into <root> before extracting it
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -66,6 +68,7 @@ LAYOUTS: dict[str, CifarLayout] = {
         names_key="label_names",
         num_classes=10,
         torchvision_class="CIFAR10",
+        archive="cifar-10-python.tar.gz",
     ),
     "cifar100": CifarLayout(
         name="cifar100",
@@ -78,6 +81,7 @@ LAYOUTS: dict[str, CifarLayout] = {
         names_key="fine_label_names",
         num_classes=100,
         torchvision_class="CIFAR100",
+        archive="cifar-100-python.tar.gz",
     ),
 }
 
@@ -94,10 +98,20 @@ def cifar_dir(root: str | Path, which: str) -> Path:
     return Path(root) / layout(which).folder
 
 
+def layout_hint(which: str) -> str:
+    """What ``--data-root`` must hold for ``which``, as messages say it."""
+    return f"{layout(which).folder}/ (the extracted python-pickle archive)"
+
+
 def cifar_present(root: str | Path, which: str) -> bool:
-    """Whether every file of ``which`` exists (say nothing yet about whether they are good)."""
+    """Whether every file of ``which`` exists (say nothing yet about whether they are good).
+
+    Anything but a file in a file's place (a directory, a dangling link) is a UserError
+    here already, so ``--download`` never tries to write over it.
+    """
+    spec = layout(which)
     folder = cifar_dir(root, which)
-    return all((folder / name).is_file() for name in layout(which).files)
+    return all(data_file(folder / name, title=spec.title, root=root) for name in spec.files)
 
 
 def load_cifar10(root: str | Path, *, download: bool) -> ImageSplits:
@@ -119,6 +133,7 @@ def load_cifar(root: str | Path, which: str, *, download: bool) -> ImageSplits:
     mismatched class-name list is reported now rather than when names are first shown.
     """
     spec = layout(which)
+    check_data_root(root, holds=layout_hint(which), download_hint=True, may_create=download)
     if download and not cifar_present(root, which):
         _download(root, spec)
     train_x, train_y = _read_split(root, spec, spec.train_files)
@@ -142,6 +157,7 @@ def cifar_class_names(root: str | Path, which: str) -> list[str]:
     and reading it catches a folder whose meta does not match the label count.
     """
     spec = layout(which)
+    check_data_root(root, holds=layout_hint(which), download_hint=True)
     path = _require(root, spec, spec.meta_file)
     entry = _entry(_load_pickle(path, spec), spec.names_key, path, spec)
     if not isinstance(entry, (list, tuple)) or not all(isinstance(n, (bytes, str)) for n in entry):
@@ -152,7 +168,10 @@ def cifar_class_names(root: str | Path, which: str) -> list[str]:
             f"{spec.num_classes}; it belongs to another dataset, so copy the right "
             f"{spec.meta_file} or re-run with --download"
         )
-    return [n.decode("utf-8") if isinstance(n, bytes) else n for n in entry]
+    try:
+        return [n.decode("utf-8") if isinstance(n, bytes) else n for n in entry]
+    except UnicodeDecodeError as exc:
+        raise _not_cifar(path, spec, f"a class name is not UTF-8 text: {exc}") from exc
 
 
 def read_cifar_batch(path: Path, which: str) -> tuple[np.ndarray, np.ndarray]:
@@ -213,14 +232,8 @@ def _require(root: str | Path, spec: CifarLayout, name: str) -> Path:
     """Locate a file or explain exactly where it should be."""
     folder = Path(root) / spec.folder
     path = folder / name
-    if path.is_file():
+    if data_file(path, title=spec.title, root=root) is not None:
         return path
-    if not Path(root).is_dir():
-        raise UserError(
-            f"{spec.title} data folder {root} does not exist; pass --data-root pointing at a "
-            f"folder that holds {spec.folder}/ (the extracted python-pickle archive), or pass "
-            "--download"
-        )
     if Path(root).name == spec.folder and (Path(root) / name).is_file():
         raise UserError(
             f"{spec.title} data folder {root} is the dataset folder itself; pass its parent "
@@ -243,9 +256,9 @@ def _load_pickle(path: Path, spec: CifarLayout) -> dict[str, Any]:
         with path.open("rb") as f:
             obj = pickle.load(f, encoding="bytes")  # trusted: see the module docstring
     except OSError as exc:
-        raise UserError(f"{spec.title} file {path} cannot be read ({exc}); check it") from exc
+        raise read_error(path, spec.title, exc) from exc
     except Exception as exc:  # UnpicklingError, EOFError, ValueError, ... all mean "bad file"
-        raise _not_cifar(path, spec, f"{type(exc).__name__}: {exc}") from exc
+        raise _not_cifar(path, spec, f"{type(exc).__name__}: {one_line(exc, 120)}") from exc
     if not isinstance(obj, dict):
         raise _not_cifar(path, spec, f"it holds a {type(obj).__name__}, not a dict")
     return {k.decode("latin-1") if isinstance(k, bytes) else str(k): v for k, v in obj.items()}
@@ -275,16 +288,27 @@ def _torchvision_dataset_class(name: str) -> type:
 
 
 def _download(root: str | Path, spec: CifarLayout) -> None:
-    """Fetch and extract the official archive into ``root``; any failure is a user error.
+    """Fetch and extract the official archive into ``root``, quietly; failure is one UserError.
 
     One call suffices: the archive holds both splits and the meta file, in our layout.
+    torchvision writes the archive beside the folder it extracts; on failure whatever it
+    created of either (or of ``root`` itself) is removed (see ``fetch_quietly``).
     """
-    try:
+    folder = Path(root) / spec.folder
+
+    def fetch() -> None:
         Path(root).mkdir(parents=True, exist_ok=True)
         dataset_class = _torchvision_dataset_class(spec.torchvision_class)
         dataset_class(str(root), train=True, download=True)
-    except Exception as exc:  # network, HTTP, checksum and import errors all mean the same
-        raise UserError(
-            f"downloading {spec.title} into {Path(root) / spec.folder} failed "
-            f"({type(exc).__name__}: {exc}); extract the python-pickle archive there manually"
-        ) from exc
+
+    fetch_quietly(
+        fetch,
+        title=spec.title,
+        root=Path(root),
+        into=folder,
+        watched=[folder, Path(root) / spec.archive],
+        by_hand=(
+            f"copy {', '.join(spec.files)} into {folder} by hand (the extracted python-pickle "
+            f"layout <root>/{spec.folder}/)"
+        ),
+    )

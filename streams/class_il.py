@@ -29,6 +29,50 @@ CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
 CROP_PADDING = 4
 
 
+def check_class_tasks(
+    name: str, num_tasks: object, classes_per_task: int, num_classes: int
+) -> None:
+    """Refuse a number of tasks the classes cannot fill, naming the allowed range.
+
+    Why a function of its own: the registry and the text stream call it before any data
+    is read or any text encoded, so ``--tasks 8`` on a 7-task stream fails in milliseconds
+    rather than after minutes of loading.
+    """
+    available = num_classes // classes_per_task
+    if isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 1:
+        raise UserError(
+            f"number of tasks must be a positive integer, got {num_tasks!r}; use --tasks 1 "
+            f"to {available} for stream {name!r}"
+        )
+    if num_tasks > available:
+        raise UserError(
+            f"stream {name!r} has {available} tasks of {classes_per_task} classes, so --tasks "
+            f"{num_tasks} is too many; use --tasks {available} or fewer"
+        )
+
+
+def check_tasks_have_data(
+    name: str, num_tasks: int, classes_per_task: int, train_y: torch.Tensor, test_y: torch.Tensor
+) -> None:
+    """Refuse a task whose classes have no train or no test examples in the loaded data.
+
+    Why: such a task would otherwise fail much later with a partitioner message about
+    clients, or silently score NaN accuracy; the cause is the data (a subset without those
+    classes, or a --train-size/--test-size prefix too short to reach them).
+    """
+    for split, labels in (("train", train_y), ("test", test_y)):
+        present = set(labels.unique().tolist()) if labels.numel() else set()
+        for t in range(num_tasks):
+            classes = range(t * classes_per_task, (t + 1) * classes_per_task)
+            if present.isdisjoint(classes):
+                fewer = f", or --tasks {t}" if t else ""
+                raise UserError(
+                    f"stream {name!r} has no {split} examples of task {t}'s classes "
+                    f"{classes.start}..{classes.stop - 1}; use data that holds them (a larger "
+                    f"--{split}-size if you set one){fewer}"
+                )
+
+
 class ClassSplitStream(Stream):
     """Class-IL over any labelled tensors: task t = classes [t·c, (t+1)·c), natural order.
 
@@ -49,14 +93,8 @@ class ClassSplitStream(Stream):
         test_y: torch.Tensor,
         device: torch.device,
     ) -> None:
-        available = num_classes // classes_per_task
-        if isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 1:
-            raise UserError(f"number of tasks must be a positive integer, got {num_tasks!r}")
-        if num_tasks > available:
-            raise UserError(
-                f"stream {name!r} has {available} tasks of {classes_per_task} classes; "
-                f"use --tasks {available} or fewer."
-            )
+        check_class_tasks(name, num_tasks, classes_per_task, num_classes)
+        check_tasks_have_data(name, num_tasks, classes_per_task, train_y, test_y)
         self.name = name
         self.num_tasks = num_tasks
         self.num_classes = num_classes

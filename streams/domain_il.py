@@ -27,6 +27,18 @@ from streams.transforms import permute_pixels, rotate_batch
 MAX_ANGLE = 180.0
 
 
+def check_domain_tasks(name: str, num_tasks: object) -> None:
+    """Refuse a number of tasks below one (any positive count has its own transforms).
+
+    A function of its own so the registry can call it before MNIST is read.
+    """
+    if isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 1:
+        raise UserError(
+            f"number of tasks must be a positive integer, got {num_tasks!r}; use --tasks 1 "
+            f"or more for stream {name!r}"
+        )
+
+
 class DomainILStream(Stream, abc.ABC):
     """Shared machinery: same labels for every task, a per-task transform of the pixels."""
 
@@ -35,8 +47,13 @@ class DomainILStream(Stream, abc.ABC):
     def __init__(
         self, images: ImageSplits, *, name: str, num_tasks: int, device: torch.device
     ) -> None:
-        if isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 1:
-            raise UserError(f"number of tasks must be a positive integer, got {num_tasks!r}")
+        check_domain_tasks(name, num_tasks)
+        for split in ("train", "test"):
+            if getattr(images, f"{split}_y").numel() == 0:
+                raise UserError(
+                    f"stream {name!r} has no {split} images in its {images.name} data (the "
+                    f"{split} files hold 0 examples); use the full {images.name} files"
+                )
         self.name = name
         self.num_tasks = num_tasks
         self.num_classes = images.num_classes

@@ -54,8 +54,8 @@ class ImageSplits:
         Why a prefix and not a sample: fast tests and smoke runs need a subset that is
         identical on every machine and for every seed, so it can be part of the protocol.
         """
-        train_n = _checked_size("train_size", train_size, self.train_x.shape[0], self.name)
-        test_n = _checked_size("test_size", test_size, self.test_x.shape[0], self.name)
+        train_n = checked_size("train_size", train_size, self.train_x.shape[0], self.name)
+        test_n = checked_size("test_size", test_size, self.test_x.shape[0], self.name)
         # Copies, so a small prefix does not keep the whole base split alive.
         return dataclasses.replace(
             self,
@@ -76,8 +76,11 @@ class ImageSplits:
         )
 
 
-def _checked_size(option: str, value: int | None, available: int, dataset: str) -> int:
-    """Resolve an optional prefix size, rejecting impossible values with a clear message."""
+def checked_size(option: str, value: int | None, available: int, dataset: str) -> int:
+    """Resolve an optional prefix size, rejecting impossible values with a clear message.
+
+    Public because the text streams cut their prefixes with the same rule and wording.
+    """
     if value is None:
         return available
     if isinstance(value, bool) or not isinstance(value, int):

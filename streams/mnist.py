@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from cfl_bench.errors import UserError
+from streams.datafiles import check_data_root, data_file, fetch_quietly, one_line, read_bytes
 from streams.idx import IdxFormatError, parse_images, parse_labels
 
 DATASETS = ("MNIST", "FashionMNIST")
@@ -31,14 +32,25 @@ def raw_dir(root: str | Path, dataset: str) -> Path:
     return Path(root) / dataset / "raw"
 
 
+def layout_hint(dataset: str) -> str:
+    """What ``--data-root`` must hold for ``dataset``, as messages say it."""
+    return f"{dataset}/raw/*-ubyte.gz (torchvision layout)"
+
+
 def split_present(root: str | Path, dataset: str, split: str) -> bool:
-    """Whether both files (images and labels) of ``split`` exist, gzipped or not."""
-    return all(_find(root, dataset, stem) is not None for stem in _stems(split))
+    """Whether something is in place of both files (images and labels) of ``split``.
+
+    Something, not necessarily a good file: a directory or a dangling link where a file
+    should be counts as present, so that reading it reports the real problem rather than
+    "missing" (and ``--download`` does not try to write over it).
+    """
+    return all(_locate(root, dataset, stem) is not None for stem in _stems(split))
 
 
 def load_idx_split(root: str | Path, dataset: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Read one split: uint8 images (N, 28, 28) and int64 labels (N,)."""
     _check_dataset(dataset)
+    check_data_root(root, holds=layout_hint(dataset))
     images_stem, labels_stem = _stems(split)
     images_path = _require(root, dataset, images_stem)
     labels_path = _require(root, dataset, labels_stem)
@@ -62,14 +74,16 @@ def load_mnist(
     train files may be absent (the shared offline copy only has the test split, used as
     public/proxy data); then the train tensors are empty. ``download=True`` fetches files
     through torchvision only when a required file is missing, so an existing offline copy
-    is never re-downloaded.
+    is never re-downloaded; ``root`` itself is checked first, so a file given as
+    ``--data-root`` is reported as such before anything is read or fetched.
     """
     _check_dataset(which)
+    check_data_root(root, holds=layout_hint(which), download_hint=True, may_create=download)
     train_optional = which != "MNIST"
     required = ["test"] if train_optional else ["train", "test"]
     if download and not all(split_present(root, which, s) for s in required):
         _download(root, which)
-    if train_optional and not _any_file(root, which, "train"):
+    if train_optional and not _any_present(root, which, "train"):
         train_x = torch.empty((0, *IMAGE_SHAPE), dtype=torch.uint8)
         train_y = torch.empty((0,), dtype=torch.int64)
     else:
@@ -91,30 +105,31 @@ def _check_dataset(dataset: str) -> None:
         raise UserError(f"unknown IDX dataset {dataset!r}; use one of {', '.join(DATASETS)}")
 
 
-def _find(root: str | Path, dataset: str, stem: str) -> Path | None:
-    """The gzipped file if present (the pristine download), else the uncompressed one."""
+def _locate(root: str | Path, dataset: str, stem: str) -> Path | None:
+    """The first of ``<stem>.gz`` (the pristine download) and ``<stem>`` that is there.
+
+    Whatever is there decides: a regular file is returned, anything else (a directory, a
+    dangling link, a pipe, a file in place of the raw folder) is a UserError saying what
+    it is; None only when nothing at all is in place.
+    """
     folder = raw_dir(root, dataset)
     for name in (f"{stem}.gz", stem):
-        if (folder / name).is_file():
-            return folder / name
+        path = data_file(folder / name, title=dataset, root=root)
+        if path is not None:
+            return path
     return None
 
 
-def _any_file(root: str | Path, dataset: str, split: str) -> bool:
-    return any(_find(root, dataset, stem) is not None for stem in _stems(split))
+def _any_present(root: str | Path, dataset: str, split: str) -> bool:
+    """Whether anything is in place of either file of ``split`` (then both must be good)."""
+    return any(_locate(root, dataset, stem) is not None for stem in _stems(split))
 
 
 def _require(root: str | Path, dataset: str, stem: str) -> Path:
     """Locate a file or explain exactly where it should be."""
-    path = _find(root, dataset, stem)
+    path = _locate(root, dataset, stem)
     if path is not None:
         return path
-    if not Path(root).is_dir():
-        raise UserError(
-            f"{dataset} data folder {root} does not exist; pass --data-root pointing at a "
-            f"folder that holds {dataset}/raw/ with the four *-ubyte.gz files (torchvision "
-            "layout), or pass --download"
-        )
     folder = raw_dir(root, dataset)
     if Path(root).name == dataset and (Path(root) / "raw").is_dir():
         raise UserError(
@@ -129,18 +144,21 @@ def _require(root: str | Path, dataset: str, stem: str) -> Path:
 
 def _parse(path: Path, dataset: str, parse: Callable[[bytes], np.ndarray]) -> np.ndarray:
     """Read, decompress and parse one file, turning every failure into advice."""
+    data = read_bytes(path, dataset)
     try:
-        data = path.read_bytes()
         if path.suffix == ".gz":
             data = gzip.decompress(data)
         return parse(data)
     except (EOFError, gzip.BadGzipFile, zlib.error, IdxFormatError) as exc:
         raise UserError(
-            f"{dataset} file {path} is truncated or corrupt ({exc}); delete it and re-run "
-            "with --download or copy a good copy"
+            f"{dataset} file {path} is truncated or corrupt ({one_line(exc)}); delete it and "
+            "re-run with --download or copy a good copy"
         ) from exc
-    except OSError as exc:
-        raise UserError(f"{dataset} file {path} cannot be read ({exc}); check it") from exc
+    except MemoryError as exc:
+        raise UserError(
+            f"{dataset} file {path} decompresses to more than this machine's memory; it is "
+            "not an IDX file, so delete it and re-run with --download or copy a good copy"
+        ) from exc
 
 
 def _torchvision_dataset_class(dataset: str) -> type:
@@ -151,14 +169,27 @@ def _torchvision_dataset_class(dataset: str) -> type:
 
 
 def _download(root: str | Path, dataset: str) -> None:
-    """Fetch the raw files into the torchvision layout; any failure is a user-facing error."""
+    """Fetch the raw files into the torchvision layout, quietly; failure is one UserError.
+
+    torchvision writes ``<root>/<dataset>/raw/*`` (the .gz files and their uncompressed
+    copies); on failure what it created there is removed (see ``fetch_quietly``).
+    """
     folder = raw_dir(root, dataset)
-    try:
+    names = [f"{stem}.gz" for split in SPLITS for stem in _stems(split)]
+
+    def fetch() -> None:
         dataset_class = _torchvision_dataset_class(dataset)
         for train in (True, False):
             dataset_class(str(root), train=train, download=True)
-    except Exception as exc:  # network, HTTP, checksum and import errors all mean the same
-        raise UserError(
-            f"downloading {dataset} into {folder} failed ({type(exc).__name__}: {exc}); "
-            "place the four *-ubyte.gz files there manually (torchvision layout)"
-        ) from exc
+
+    fetch_quietly(
+        fetch,
+        title=dataset,
+        root=Path(root),
+        into=folder,
+        watched=[Path(root) / dataset],
+        by_hand=(
+            f"copy the four files {', '.join(names)} into {folder} by hand (torchvision "
+            f"layout <root>/{dataset}/raw/)"
+        ),
+    )

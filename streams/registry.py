@@ -17,6 +17,8 @@ import torch
 from cfl_bench.errors import UserError
 from streams.avalanche import SPEC_FORM, build_avalanche_stream, is_avalanche_name, parse_spec
 from streams.base import Stream
+from streams.cifar import layout as cifar_layout
+from streams.cifar import layout_hint as cifar_layout_hint
 from streams.cifar import load_cifar10, load_cifar100
 from streams.class_il import (
     CIFAR10_MEAN,
@@ -24,10 +26,13 @@ from streams.class_il import (
     CIFAR100_MEAN,
     CIFAR100_STD,
     ClassILStream,
+    check_class_tasks,
 )
+from streams.datafiles import check_data_root
 from streams.digits import digits_images
-from streams.domain_il import DomainILStream, PermutedStream, RotatedStream
-from streams.images import ImageSplits
+from streams.domain_il import DomainILStream, PermutedStream, RotatedStream, check_domain_tasks
+from streams.images import ImageSplits, checked_size
+from streams.mnist import layout_hint as mnist_layout_hint
 from streams.mnist import load_mnist
 
 # The embedded digits have ~140 training images per client (40× fewer than MNIST); a few
@@ -119,6 +124,12 @@ for _name, _base, _tasks in (
         default_lr=0.1,
     )
 _TEXT = {"seq-agnews": "agnews", "seq-dbpedia": "dbpedia", "seq-yahooqa": "yahooqa"}
+# What --data-root must hold for each text stream, as messages say it.
+_TEXT_HOLDS = {
+    "seq-agnews": "text/agnews-subset/train.json and test.json",
+    "seq-dbpedia": "text/dbpedia-test/test.json",
+    "seq-yahooqa": "yahoo_answers_csv/train.csv and test.csv",
+}
 
 # How `cfl-bench list streams` and error messages show the Avalanche form.
 AVALANCHE_STREAM_HELP = (
@@ -153,10 +164,10 @@ def stream_info(name: str) -> StreamInfo:
     )
 
 
-# name → (loader, classes per task, mean, std)
+# name → (loader, CIFAR layout, classes per task, mean, std)
 _CLASS_IL = {
-    "seq-cifar10": (load_cifar10, 2, CIFAR10_MEAN, CIFAR10_STD),
-    "seq-cifar100": (load_cifar100, 10, CIFAR100_MEAN, CIFAR100_STD),
+    "seq-cifar10": (load_cifar10, "cifar10", 2, CIFAR10_MEAN, CIFAR10_STD),
+    "seq-cifar100": (load_cifar100, "cifar100", 10, CIFAR100_MEAN, CIFAR100_STD),
 }
 
 _STREAM_TYPES: dict[str, type[DomainILStream]] = {
@@ -194,30 +205,27 @@ def build_stream(
             train_size=train_size,
             test_size=test_size,
         )
+    # Cheap checks first: a bad --data-root or --tasks is refused before any file is read,
+    # downloaded or encoded.
     if name in _TEXT:
         if data_root is None:
             raise UserError(
                 f"stream {name!r} needs its text files: pass --data-root pointing at the "
                 "folder that holds text/ (or yahoo_answers_csv/ for seq-yahooqa)"
             )
-        from streams.text import load_text_dataset
-        from streams.text_stream import EmbeddedTextStream
-
-        texts = load_text_dataset(_TEXT[name], data_root)
-        if train_size is not None or test_size is not None:
-            texts = texts.head(
-                train_size or len(texts.train_texts), test_size or len(texts.test_texts)
-            )
-        return EmbeddedTextStream(
-            texts, name=name, num_tasks=num_tasks, device=torch.device(device)
-        )
+        check_data_root(data_root, holds=_TEXT_HOLDS[name])
+        return _text_stream(name, num_tasks, device, data_root, train_size, test_size)
     if name in _CLASS_IL:
-        loader, per_task, mean, std = _CLASS_IL[name]
+        loader, which, per_task, mean, std = _CLASS_IL[name]
         if data_root is None:
             raise UserError(
                 f"stream {name!r} needs CIFAR: pass --data-root pointing at the folder that "
                 "holds the python-pickle layout, or add --download to fetch it there"
             )
+        check_data_root(
+            data_root, holds=cifar_layout_hint(which), download_hint=True, may_create=download
+        )
+        check_class_tasks(name, num_tasks, per_task, cifar_layout(which).num_classes)
         images = loader(Path(data_root), download=download).head(train_size, test_size)
         return ClassILStream(
             images,
@@ -229,11 +237,35 @@ def build_stream(
             device=torch.device(device),
         )
     load = _base_loader(name, data_root=data_root, download=download)
+    check_domain_tasks(name, num_tasks)
     images = load().head(train_size, test_size)
     stream_type = _STREAM_TYPES[name]
     return stream_type(
         images, name=name, num_tasks=num_tasks, seed=seed, device=torch.device(device)
     )
+
+
+def _text_stream(
+    name: str,
+    num_tasks: int,
+    device: torch.device,
+    data_root: str,
+    train_size: int | None,
+    test_size: int | None,
+) -> Stream:
+    """Check --tasks, read a text dataset, cut its prefixes and embed it (imported lazily:
+    the encoder stack is only needed here)."""
+    from streams.text import CLASS_NAMES, load_text_dataset
+    from streams.text_stream import CLASSES_PER_TASK, EmbeddedTextStream
+
+    check_class_tasks(name, num_tasks, CLASSES_PER_TASK, len(CLASS_NAMES[_TEXT[name]]))
+    texts = load_text_dataset(_TEXT[name], data_root)
+    if train_size is not None or test_size is not None:
+        texts = texts.head(
+            checked_size("train_size", train_size, len(texts.train_texts), texts.name),
+            checked_size("test_size", test_size, len(texts.test_texts), texts.name),
+        )
+    return EmbeddedTextStream(texts, name=name, num_tasks=num_tasks, device=torch.device(device))
 
 
 def _base_loader(name: str, *, data_root: str | None, download: bool) -> Callable[[], ImageSplits]:
@@ -245,6 +277,9 @@ def _base_loader(name: str, *, data_root: str | None, download: bool) -> Callabl
             f"stream {name!r} needs MNIST: pass --data-root pointing at a folder that holds "
             "MNIST/raw/*-ubyte.gz (torchvision layout), or add --download to fetch it there"
         )
+    check_data_root(
+        data_root, holds=mnist_layout_hint("MNIST"), download_hint=True, may_create=download
+    )
     return lambda: _mnist_images(Path(data_root), download=download)
 
 

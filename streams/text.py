@@ -35,6 +35,7 @@ import csv
 import functools
 import hashlib
 import json
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ import torch
 
 from cfl_bench.atomic import atomic_write
 from cfl_bench.errors import UserError
+from streams.datafiles import check_data_root, data_file, one_line, read_bytes, read_error
 
 INSTALL_HINT = 'pip install -e ".[text]"'
 
@@ -146,15 +148,14 @@ def _norm(name: str) -> str:
 
 
 def _text_file(root: str | Path, rel: str, title: str) -> Path:
-    """Locate ``<root>/<rel>`` or explain exactly where it should be."""
+    """Locate ``<root>/<rel>`` or explain exactly where it should be.
+
+    A directory (or anything but a file) in its place is reported as such, not as missing.
+    """
+    check_data_root(root, holds=rel)
     path = Path(root) / rel
-    if path.is_file():
+    if data_file(path, title=title, root=root) is not None:
         return path
-    if not Path(root).is_dir():
-        raise UserError(
-            f"{title} data folder {root} does not exist; pass --data-root pointing at the "
-            f"folder that holds {rel}"
-        )
     raise UserError(f"{title} file {path} is missing; put the {title} file at {path}")
 
 
@@ -171,14 +172,22 @@ def read_labelled_json(
     names the file and the offending entry.
     """
     fix = 'fix or replace the file (a JSON list of {"label": ..., "sentence": "..."})'
+    raw = read_bytes(path, title)
+    if not raw.strip():
+        raise UserError(f"{title} file {path} is empty; {fix}")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{title} file {path} is not valid UTF-8 JSON ({exc}); {fix}") from exc
-    except OSError as exc:
-        raise UserError(f"{title} file {path} cannot be read ({exc}); check it") from exc
+        # utf-8-sig: a byte-order mark (as some Windows editors write) is not an error.
+        data = json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{title} file {path} is not UTF-8 text ({one_line(exc)}); {fix}") from exc
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{title} file {path} is not valid JSON ({one_line(exc)}); {fix}") from exc
+    except ValueError as exc:  # Python refuses integers of more than 4300 digits
+        raise UserError(f"{title} file {path} holds a number too long to read; {fix}") from exc
+    except RecursionError as exc:
+        raise UserError(f"{title} file {path} is nested too deeply to be this JSON; {fix}") from exc
     if not isinstance(data, list) or not data:
-        kind = "an empty list" if data == [] else type(data).__name__
+        kind = "an empty list" if data == [] else f"a JSON {_json_kind(data)}"
         raise UserError(f"{title} file {path} holds {kind}, not a non-empty list; {fix}")
     by_name = {_norm(n): i for i, n in enumerate(class_names)}
     by_name.update(aliases or {})
@@ -207,12 +216,19 @@ def read_labelled_json(
             index = by_name[_norm(label)]
         else:
             raise UserError(
-                f"{title} file {path} entry {i} has label {label!r}, which is neither an int "
-                f"in 0..{len(class_names) - 1} nor one of {', '.join(class_names)}; {fix}"
+                f"{title} file {path} entry {i} has label {one_line(repr(label), 60)}, which is "
+                f"neither an int in 0..{len(class_names) - 1} nor one of "
+                f"{', '.join(class_names)}; {fix}"
             )
         texts.append(sentence)
         labels.append(index)
     return texts, torch.tensor(labels, dtype=torch.int64)
+
+
+def _json_kind(value: object) -> str:
+    """The JSON name of a decoded value's type (object, not dict), for messages."""
+    names = {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
 
 
 def load_agnews(root: str | Path) -> TextSplits:
@@ -279,8 +295,11 @@ def read_yahoo_csv(path: Path) -> tuple[list[str], torch.Tensor]:
     )
     texts: list[str] = []
     labels: list[int] = []
+    if data_file(path, title="Yahoo! Answers", root=Path(path.anchor)) is None:
+        raise UserError(f"Yahoo! Answers file {path} is missing; put it there ({fix})")
     try:
-        with path.open(newline="", encoding="utf-8") as handle:
+        # utf-8-sig: a byte-order mark would otherwise glue itself to the first class id.
+        with path.open(newline="", encoding="utf-8-sig") as handle:
             for row_no, row in enumerate(csv.reader(handle), start=1):
                 if len(row) != len(YAHOO_COLUMNS):
                     raise UserError(
@@ -293,37 +312,48 @@ def read_yahoo_csv(path: Path) -> tuple[list[str], torch.Tensor]:
                         f"Yahoo! Answers file {path} row {row_no} has class {raw_class[:30]!r}, "
                         f"not an integer; {fix}"
                     )
-                label = int(raw_class)
-                if not 1 <= label <= len(YAHOO_CLASSES):
+                # Compared as text first: Python refuses int() of thousands of digits.
+                digits = raw_class.lstrip("0") or "0"
+                if len(digits) > 2 or not 1 <= int(digits) <= len(YAHOO_CLASSES):
                     raise UserError(
-                        f"Yahoo! Answers file {path} row {row_no} has class {label}, outside "
-                        f"1..{len(YAHOO_CLASSES)}; {fix}"
+                        f"Yahoo! Answers file {path} row {row_no} has class "
+                        f"{one_line(digits, 30)}, outside 1..{len(YAHOO_CLASSES)}; {fix}"
                     )
+                label = int(digits)
                 texts.append(_yahoo_text(row[1], row[2], row[3]))
                 labels.append(label - 1)
-    except (csv.Error, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
         raise UserError(
-            f"Yahoo! Answers file {path} is not valid UTF-8 CSV ({exc}); {fix}"
+            f"Yahoo! Answers file {path} is not UTF-8 text ({one_line(exc)}); {fix}"
+        ) from exc
+    except csv.Error as exc:
+        raise UserError(
+            f"Yahoo! Answers file {path} is not valid CSV ({one_line(exc)}); {fix}"
         ) from exc
     except OSError as exc:
-        raise UserError(f"Yahoo! Answers file {path} cannot be read ({exc}); check it") from exc
+        raise read_error(path, "Yahoo! Answers", exc) from exc
     if not texts:
         raise UserError(f"Yahoo! Answers file {path} is empty; {fix}")
     return texts, torch.tensor(labels, dtype=torch.int64)
 
 
 def yahoo_csv_present(root: str | Path) -> bool:
-    """Whether the CSV layout is (at least partly) there, so it, not the hub, is used."""
-    folder = Path(root) / YAHOO_CSV_DIR
-    return any((folder / f"{s}.csv").exists() for s in ("train", "test"))
+    """Whether the CSV layout is (at least partly) there, so it, not the hub, is used.
+
+    Anything named ``yahoo_answers_csv`` counts (even a file, or a folder with a directory
+    named train.csv): then the CSV loader reports what is wrong with it, instead of a hub
+    download failing for a reason that has nothing to do with the user's files.
+    """
+    return os.path.lexists(Path(root) / YAHOO_CSV_DIR)
 
 
 def load_yahoo_csv(root: str | Path) -> TextSplits:
     """Yahoo! Answers from ``<root>/yahoo_answers_csv/{train,test}.csv`` (10 classes)."""
+    check_data_root(root, holds=f"{YAHOO_CSV_DIR}/train.csv and test.csv")
     splits = {}
     for split in ("train", "test"):
         path = Path(root) / YAHOO_CSV_DIR / f"{split}.csv"
-        if not path.is_file():
+        if data_file(path, title="Yahoo! Answers", root=root) is None:
             raise UserError(
                 f"Yahoo! Answers file {path} is missing; put the original train.csv and "
                 f"test.csv (class,title,content,answer) under {path.parent}"
@@ -372,6 +402,7 @@ def load_yahoo(root: str | Path) -> TextSplits:
     Why the CSV comes first: it works offline and is what the original release ships. A
     broken CSV is reported as such (we do not silently fall back to the network).
     """
+    check_data_root(root, holds=f"{YAHOO_CSV_DIR}/train.csv and test.csv")
     if yahoo_csv_present(root):
         return load_yahoo_csv(root)
     both_ways = (
@@ -390,16 +421,24 @@ def load_yahoo(root: str | Path) -> TextSplits:
         raise UserError(
             f"Yahoo! Answers is not under {Path(root) / YAHOO_CSV_DIR} and loading "
             f"{YAHOO_HF_NAME!r} from Hugging Face failed ({type(exc).__name__}: "
-            f"{str(exc)[:200]}); {both_ways}"
+            f"{one_line(exc)}); {both_ways}"
         ) from exc
     try:
         return _yahoo_from_hf(dataset)
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(
             f"Hugging Face dataset {YAHOO_HF_NAME!r} does not have the expected splits/fields "
-            f"({type(exc).__name__}: {exc}); {both_ways}"
+            f"({type(exc).__name__}: {one_line(exc)}); {both_ways}"
         ) from exc
 
+
+# Class names of each dataset, known before any file is read (the registry checks --tasks
+# against them before loading).
+CLASS_NAMES: dict[str, tuple[str, ...]] = {
+    "agnews": AGNEWS_CLASSES,
+    "dbpedia": DBPEDIA_CLASSES,
+    "yahooqa": YAHOO_CLASSES,
+}
 
 LOADERS: dict[str, Callable[[str | Path], TextSplits]] = {
     "agnews": load_agnews,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from streams.class_il import ClassSplitStream
+from streams.class_il import ClassSplitStream, check_class_tasks, check_tasks_have_data
 from streams.text import DEFAULT_ENCODER, TextSplits, embedded_splits
 
 CLASSES_PER_TASK = 2
@@ -40,6 +40,9 @@ class EmbeddedTextStream(ClassSplitStream):
         device: torch.device,
         encoder: str = DEFAULT_ENCODER,
     ) -> None:
+        # Before encoding: a task count the classes cannot fill must not cost an encoder run.
+        check_class_tasks(name, num_tasks, CLASSES_PER_TASK, splits.num_classes)
+        check_tasks_have_data(name, num_tasks, CLASSES_PER_TASK, splits.train_y, splits.test_y)
         train_x, train_y, test_x, test_y = embedded_splits(
             splits, encoder=encoder, cache_dir=embedding_cache_dir(), device="cpu"
         )

@@ -1,9 +1,10 @@
 """Hand-made run directories with known numbers, for the leaderboard (and sweep) tests.
 
 Why hand-made: aggregation is checked against numbers a reader can verify by hand (seeds
-0, 1, 2 with Acc_T 50, 60, 70 → mean 60, sample std 10), which real runs cannot give. The
-files have the layout ``cfl-bench run`` writes (config.json first, summary.json last; see
-cfl_bench/run.py), with hashes computed the same way, so the loader sees realistic input.
+0, 1, 2 with Acc_T 50, 60, 70 → mean 60, sample std 10, population std sqrt(200/3) ≈
+8.1650), which real runs cannot give. The files have the layout ``cfl-bench run`` writes
+(config.json first, summary.json last; see cfl_bench/run.py), with hashes computed the same
+way, so the loader sees realistic input.
 A ``failed`` summary is written the way the sweep runner records a crashed run: status,
 message and identity keys only, no metrics.
 """
@@ -66,9 +67,11 @@ def protocol(stream: str = "rot-digits", **changes: Any) -> dict[str, Any]:
     return base
 
 
-def accuracy_matrix(acc_final: float, tasks: int) -> list[list[float | None]]:
+def accuracy_matrix(acc_final: float, tasks: int, drop: float = 10.0) -> list[list[float | None]]:
     """a[t][i]: the last row is all ``acc_final`` (so Acc_T = acc_final), earlier rows are
-    ``acc_final + 10`` on seen tasks and 10 on the next task (the FWT entry), null above."""
+    ``acc_final + drop`` on seen tasks (so Fgt_T = drop, BWT = -drop) and 10 on the next task
+    (the FWT entry), null above. The leaderboard re-derives forgetting from this matrix, so
+    the summary's forgetting keys must agree with it."""
     rows: list[list[float | None]] = []
     for t in range(tasks):
         row: list[float | None] = [None] * tasks
@@ -76,7 +79,7 @@ def accuracy_matrix(acc_final: float, tasks: int) -> list[list[float | None]]:
             if t == tasks - 1 and i <= t:
                 row[i] = acc_final
             elif i <= t:
-                row[i] = acc_final + 10.0
+                row[i] = acc_final + drop
             elif i == t + 1:
                 row[i] = 10.0
         rows.append(row)
@@ -110,7 +113,7 @@ def summary_metrics(acc_final: float, tasks: int, task_il: bool = False) -> dict
         "bytes_by_payload": {"up:model": 1000, "down:model": 3000},
     }
     if task_il:
-        til = accuracy_matrix(acc_final + 20.0, tasks)
+        til = accuracy_matrix(acc_final + 20.0, tasks, drop=5.0)
         til_t = [sum(v for v in til[t][: t + 1] if v is not None) / (t + 1) for t in range(tasks)]
         out.update(
             {

@@ -26,7 +26,14 @@ TINY = [
 ]
 # Fields of summary.json that measure time or memory, never reproducible.
 UNREPRODUCIBLE = frozenset(
-    {"wall_time_s", "round_time_s_mean", "train_time_s_total", "peak_rss_bytes", "cuda_peak_bytes"}
+    {
+        "wall_time_s",
+        "round_time_s_mean",
+        "train_time_s_total",
+        "peak_rss_bytes",
+        "cuda_peak_bytes",
+        "checkpoint",
+    }
 )
 
 

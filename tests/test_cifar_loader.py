@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import pickle
 import shutil
 from pathlib import Path
@@ -137,7 +138,9 @@ def test_tiny_trees_with_bytes_and_str_keys(tmp_path: Path) -> None:
 
 
 def test_missing_root_gives_advice(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match=r"does not exist; pass --data-root.*--download"):
+    with pytest.raises(
+        UserError, match=r"--data-root '.*nowhere' does not exist; pass.*--download"
+    ):
         load_cifar10(tmp_path / "nowhere", download=False)
 
 
@@ -247,10 +250,14 @@ def test_unknown_dataset_name(tmp_path: Path) -> None:
 def test_download_failure_is_a_user_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     class Offline:
         def __init__(self, root: str, *, train: bool, download: bool) -> None:
-            raise OSError("network unreachable")
+            raise OSError(errno.ENETUNREACH, "Network is unreachable")
 
     monkeypatch.setattr(cifar, "_torchvision_dataset_class", lambda name: Offline)
-    with pytest.raises(UserError, match=r"downloading CIFAR-10 into .* failed.*manually"):
+    with pytest.raises(
+        UserError,
+        match=r"downloading CIFAR-10 into .* failed: no network "
+        r"connection \(Network is unreachable\).*by hand",
+    ):
         load_cifar10(tmp_path, download=True)
 
 

@@ -144,7 +144,7 @@ def test_build_by_name_and_describe() -> None:
         "per_task": True,
     }
     json.dumps(described)
-    with pytest.raises(UserError, match="bad options"):
+    with pytest.raises(UserError, match="unknown option 'beta' for partition 'dirichlet'"):
         build_partitioner("dirichlet", beta=0.5)
 
 

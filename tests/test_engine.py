@@ -96,7 +96,7 @@ def test_diverging_run_is_recorded_as_diverged(tmp_path: Path) -> None:
             "tasks": 2,
             "rounds_per_task": 2,
             "clients": 4,
-            "lr": 1e30,
+            "lr": 1000.0,
             "out": str(tmp_path / "r"),
         }
     )

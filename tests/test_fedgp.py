@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.nn import functional as F
 
+from cfl_bench.errors import UserError
 from strategies.fedgp import FedGP
 from tests.helpers import buffer_with, client, env, linear_model, server, step
 
@@ -85,4 +87,7 @@ def test_gref_interval_keeps_stale_reference() -> None:
 
 def test_equal_comm_halves_rounds_doubles_epochs() -> None:
     assert FedGP({"equal_comm": True}).adjust_schedule(20, 1) == (10, 2)
+    for odd in (1, 5):  # halving would change the local computation: refused
+        with pytest.raises(UserError, match="needs an even --rounds-per-task"):
+            FedGP({"equal_comm": True}).adjust_schedule(odd, 1)
     assert FedGP().adjust_schedule(20, 1) == (20, 1)

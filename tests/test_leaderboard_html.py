@@ -14,7 +14,8 @@ import matplotlib
 import numpy as np
 import pytest
 
-from leaderboard.aggregate import StrategySeries, aggregate
+from cfl_bench.errors import UserError
+from leaderboard.aggregate import StrategySeries, aggregate, strategy_series
 from leaderboard.html import render_html
 from leaderboard.plots import curves_svg, heatmaps_svg, scatter_svg
 from leaderboard.runs import load_runs
@@ -114,6 +115,64 @@ def test_structure(html: str) -> None:
     # class-IL protocol has task-IL columns and figures, domain-IL ones do not
     assert html.count("Acc_T task-IL (%)") == 1 and html.count("task-IL average accuracy") == 1
     assert html.count("<svg") == 3 * 4 + 1  # curves, matrices, drift, scatter (+ task-IL)
+
+
+def test_header_and_legends_name_the_sample_std(html: str) -> None:
+    page = Page(html)
+    header = flat(re.sub(r"<[^>]+>", "", html.split("<nav>")[0]))
+    assert "mean ± sample standard deviation (ddof = 1) over the finished seeds" in header
+    assert "std_kind" in header  # points to the CSV column saying the same
+    legends = [a for t, a in page.tags if t == "p" and "legend" in (a.get("class") or "")]
+    assert [a["data-std-kind"] for a in legends] == ["sample"] * 3  # one per protocol table
+    assert html.count("Cells: mean ± sample standard deviation (ddof = 1)") == 3
+    assert "±1 sample-std band" in html and "(± sample std)" in html
+    assert "population" not in html
+    # the heat map caption says what the cells right of the diagonal are for
+    assert "evaluated before they were trained, for FWT only" in flat(html)
+
+
+@pytest.fixture(scope="module")
+def population_html(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = standard_runs(tmp_path_factory.mktemp("runs"))
+    runs = load_runs([root])
+    return render_html(aggregate(runs, "population"), runs, "population")
+
+
+def test_population_std_page(population_html: str) -> None:
+    html = population_html
+    text = flat(re.sub(r"<[^>]+>", "", html))
+    assert "mean ± population standard deviation (ddof = 0, np.std) over the finished" in text
+    for wrong in ("sample std", "sample-std", "sample standard", "ddof = 1"):
+        assert wrong not in text
+    page = Page(html)
+    boards = page.table("leaderboard")
+    assert boards[1][1][2] == "60.00 ± 8.16"  # 50, 60, 70: sqrt(200 / 3)
+    assert boards[1][0][2] == "85.00 ± 5.00"  # 80, 90
+    assert boards[0][0][2] == "30.00 ± –"  # one seed: no deviation under population std either
+    assert html.count("Cells: mean ± population standard deviation (ddof = 0, np.std)") == 3
+    assert "±1 population-std band" in html and "(± population std)" in html
+    assert 'title="up 1 KB, down 3 KB; population std 0 B"' in html
+
+
+def test_curve_bands_follow_the_std_kind(tmp_path: Path) -> None:
+    runs = load_runs([standard_runs(tmp_path)])
+    for kind, ddof in (("sample", 1), ("population", 0)):
+        board = aggregate(runs, kind)
+        fedavg = board[(board.strategy == "fedavg") & (board.n_seeds == 3)]
+        (series,) = strategy_series(runs, fedavg, kind)
+        assert series.acc_t is not None
+        finals = np.array([[60.0, 60.0, 50.0], [70.0, 70.0, 60.0], [80.0, 80.0, 70.0]])
+        # Acc_t of the fixture runs (acc 50, 60, 70): [acc+10, acc+10, acc]
+        np.testing.assert_allclose(series.acc_t[1], finals.std(axis=0, ddof=ddof), atol=1e-12)
+        assert series.acc_final[1] == float(fedavg.Acc_T_std.iloc[0])
+    with pytest.raises(UserError, match="bogus"):
+        render_html(aggregate(runs), runs, "bogus")
+    with pytest.raises(ValueError, match="same std"):  # the text must match the cells
+        render_html(aggregate(runs), runs, "population")
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
 
 
 def test_svg_ids_are_unique_and_resolve(html: str) -> None:

@@ -1,7 +1,10 @@
 """Tests for cfl_bench.metrics against hand-computed values.
 
 Why hand-computed: the metrics define what the leaderboard means, so each test pins a number
-worked out on paper from specs/metrics.md rather than re-deriving it with the same code.
+worked out on paper from the definitions (docs/metrics.md) rather than re-deriving it with the
+same code. Several matrices carry deliberately *high* entries above the diagonal (task i
+evaluated before it was trained, which the engine records for FWT): any metric other than
+FWT that read them would change its value, so the tests catch such a leak.
 """
 
 from __future__ import annotations
@@ -28,12 +31,29 @@ from cfl_bench.metrics import (
 
 NAN = math.nan
 
-# The worked example of specs/metrics.md (T = 3, values in %).
+# The worked example of docs/metrics.md (T = 3, values in %).
 WORKED = np.array(
     [
         [90.0, NAN, NAN],
         [70.0, 85.0, NAN],
         [60.0, 75.0, 80.0],
+    ]
+)
+# Its second example: the same lower triangle plus the pre-training evaluations the engine
+# makes for FWT. a[0][1] = 95 was measured before task 1 (0-based) was trained.
+WORKED_FWT = np.array(
+    [
+        [90.0, 95.0, NAN],
+        [70.0, 85.0, 40.0],
+        [60.0, 75.0, 80.0],
+    ]
+)
+# An old task that improves, under a wall of 99s above the diagonal.
+IMPROVES_HIGH = np.array(
+    [
+        [50.0, 99.0, 99.0],
+        [40.0, 80.0, 99.0],
+        [60.0, 70.0, 75.0],
     ]
 )
 
@@ -103,6 +123,102 @@ def test_forgetting_rules_differ_when_old_task_improves() -> None:
     assert backward_transfer(rising) == pytest.approx(20.0)
 
 
+def test_forgetting_ignores_evaluations_before_training() -> None:
+    """The bug: a[0][1] = 95 (task 1 before training) entered the max → Fgt_3 = 25."""
+    chaudhry = forgetting(WORKED_FWT)
+    assert math.isnan(chaudhry[0])
+    # t=1: 90 - 70 = 20. t=2: task 0: max(90, 70) - 60 = 30; task 1: max(85) - 75 = 10.
+    np.testing.assert_allclose(chaudhry[1:], [20.0, 20.0])
+    assert chaudhry[2] != pytest.approx(25.0)  # the leaky value: (30 + (95 - 75)) / 2
+    clipped = forgetting(WORKED_FWT, include_current=True)
+    # t=1: max(90, 70) - 70 = 20. t=2: task 0: max(90, 70, 60) - 60 = 30;
+    # task 1: max(85, 75) - 75 = 10; mean 20 (leaky: max(95, 85, 75) - 75 = 20 → 25).
+    np.testing.assert_allclose(clipped[1:], [20.0, 20.0])
+    # Identical to the matrix without the pre-training entries.
+    np.testing.assert_array_equal(chaudhry, forgetting(WORKED))
+    np.testing.assert_array_equal(clipped, forgetting(WORKED, include_current=True))
+
+
+def test_forgetting_rules_differ_under_a_high_upper_triangle() -> None:
+    chaudhry = forgetting(IMPROVES_HIGH)
+    # t=1: 50 - 40 = 10. t=2: ((max(50, 40) - 60) + (80 - 70)) / 2 = (-10 + 10) / 2 = 0
+    # (leaky: (-10 + (99 - 70)) / 2 = 9.5).
+    np.testing.assert_allclose(chaudhry[1:], [10.0, 0.0])
+    clipped = forgetting(IMPROVES_HIGH, include_current=True)
+    # t=1: max(50, 40) - 40 = 10. t=2: ((max(50, 40, 60) - 60) + (max(80, 70) - 70)) / 2
+    # = (0 + 10) / 2 = 5 (leaky: (0 + 29) / 2 = 14.5).
+    np.testing.assert_allclose(clipped[1:], [10.0, 5.0])
+
+
+@pytest.mark.parametrize("fill", [99.0, 100.0, 0.0, -1e9])
+def test_upper_triangle_changes_nothing_but_fwt(fill: float) -> None:
+    """Whatever sits above the diagonal, only FWT (which is defined on a[i-1][i]) moves."""
+    for base in (WORKED, IMPROVES_HIGH):
+        lower = np.where(np.tril(np.ones_like(base)) > 0, base, NAN)
+        filled = np.where(np.isnan(lower), fill, lower)
+        np.testing.assert_array_equal(average_accuracy(filled), average_accuracy(lower))
+        for rule in (False, True):
+            np.testing.assert_array_equal(
+                forgetting(filled, include_current=rule), forgetting(lower, include_current=rule)
+            )
+        assert backward_transfer(filled) == backward_transfer(lower)
+        np.testing.assert_array_equal(memory_drift(filled), memory_drift(lower))
+        b = np.array([1.0, 2.0, 3.0])
+        assert forward_transfer(filled, b) == pytest.approx(((fill - 2.0) + (fill - 3.0)) / 2)
+
+
+def _reference_metrics(a: list[list[float]], b: list[float]) -> dict[str, list[float] | float]:
+    """The definitions, written out with loops over 0-based indices (no numpy slicing), so a
+    slicing mistake in the library cannot be repeated here."""
+    size = len(a)
+    acc = [sum(a[t][i] for i in range(t + 1)) / (t + 1) for t in range(size)]
+    fgt: list[float] = [NAN]
+    fgt_clipped: list[float] = [NAN]
+    for t in range(1, size):
+        terms, clipped_terms = [], []
+        for i in range(t):
+            best_before = max(a[s][i] for s in range(i, t))  # s from i: after training i
+            best_incl = max(a[s][i] for s in range(i, t + 1))
+            terms.append(best_before - a[t][i])
+            clipped_terms.append(best_incl - a[t][i])
+        fgt.append(sum(terms) / t)
+        fgt_clipped.append(sum(clipped_terms) / t)
+    last = size - 1
+    bwt = sum(a[last][i] - a[i][i] for i in range(last)) / last
+    fwt = sum(a[i - 1][i] - b[i] for i in range(1, size)) / (size - 1)
+    return {"acc": acc, "fgt": fgt, "fgt_clipped": fgt_clipped, "bwt": bwt, "fwt": fwt}
+
+
+def _leaky_forgetting(a: np.ndarray) -> float:
+    """Fgt_T as the suite computed it before the fix (max over every earlier row), used
+    only to prove that the random matrices below would have caught the bug."""
+    last = a.shape[0] - 1
+    return float(np.mean([np.nanmax(a[:last, i]) - a[last, i] for i in range(last)]))
+
+
+def test_random_matrices_match_the_reference() -> None:
+    """200 random matrices, lower triangle in [0, 90], every entry above the diagonal in
+    [95, 100]: any read of a pre-training evaluation raises a max and changes the result."""
+    rng = np.random.default_rng(20240611)
+    leaks_visible = 0
+    for _ in range(200):
+        size = int(rng.integers(2, 8))
+        a = np.triu(rng.uniform(95.0, 100.0, (size, size)), k=1)
+        a += np.tril(rng.uniform(0.0, 90.0, (size, size)))
+        b = rng.uniform(0.0, 20.0, size)
+        ref = _reference_metrics(a.tolist(), b.tolist())
+        np.testing.assert_allclose(average_accuracy(a), ref["acc"], rtol=0, atol=1e-9)
+        np.testing.assert_allclose(forgetting(a), ref["fgt"], rtol=0, atol=1e-9)
+        np.testing.assert_allclose(
+            forgetting(a, include_current=True), ref["fgt_clipped"], rtol=0, atol=1e-9
+        )
+        assert backward_transfer(a) == pytest.approx(ref["bwt"], abs=1e-9)
+        assert forward_transfer(a, b) == pytest.approx(ref["fwt"], abs=1e-9)
+        if size > 2:  # from T = 3 on, a[i-1][i] with i < T-1 sits inside the max's rows
+            leaks_visible += _leaky_forgetting(a) != pytest.approx(forgetting(a)[-1])
+    assert leaks_visible > 100  # the test has teeth: the old rule fails on these matrices
+
+
 def test_missing_required_entry_propagates_nan() -> None:
     a = WORKED.copy()
     a[2, 1] = NAN
@@ -110,6 +226,19 @@ def test_missing_required_entry_propagates_nan() -> None:
     assert math.isnan(forgetting(a)[2])
     assert math.isnan(backward_transfer(a))
     assert average_accuracy(a)[1] == pytest.approx(77.5)
+    # An entry inside the max's rows (s >= i) is required too: a max over fewer evaluations
+    # would report less forgetting than happened.
+    gap = np.array(
+        [
+            [90.0, NAN, NAN, NAN],
+            [NAN, 85.0, NAN, NAN],
+            [60.0, 75.0, 80.0, NAN],
+            [50.0, 70.0, 78.0, 88.0],
+        ]
+    )
+    fgt = forgetting(gap)
+    assert math.isnan(fgt[1]) and math.isnan(fgt[2]) and math.isnan(fgt[3])
+    assert math.isnan(forgetting(gap, include_current=True)[3])
 
 
 def test_forward_transfer_hand_made() -> None:
@@ -331,6 +460,54 @@ def test_summarize_all_keys() -> None:
     # Pure function of the records: row order does not matter.
     shuffled = _run_records().sample(frac=1.0, random_state=0)
     assert summarize(shuffled, num_tasks=3) == s
+
+
+# Task-IL matrix of the records test below: task 0 improves at the end (rules differ), and
+# the pre-training entries a[0][1], a[1][2] are 99, above everything that was trained.
+TASK_IL_FWT = np.array(
+    [
+        [50.0, 99.0, NAN],
+        [40.0, 80.0, 99.0],
+        [60.0, 70.0, 75.0],
+    ]
+)
+
+
+def _records_with_pre_training_rows() -> pd.DataFrame:
+    """A 3-task run as the engine records it: the initial model on every task (trained_task
+    = -1), a mid-task evaluation round per task (100 everywhere, must be ignored), and at each
+    task end tasks 0..t+1, i.e. including task t+1 before it is trained."""
+    rows: list[dict[str, Any]] = []
+    for i, (b, b_til) in enumerate(zip([10.0, 12.0, 8.0], [50.0, 50.0, 50.0], strict=True)):
+        rows += [_rec(0, -1, i, "acc", b), _rec(0, -1, i, "acc_task_il", b_til)]
+    for t in range(3):
+        end = 2 * t + 2
+        for i in range(min(t + 1, 2) + 1):
+            rows += [_rec(end - 1, t, i, "acc", 100.0), _rec(end - 1, t, i, "acc_task_il", 100.0)]
+            rows.append(_rec(end, t, i, "acc", float(WORKED_FWT[t, i])))
+            rows.append(_rec(end, t, i, "acc_task_il", float(TASK_IL_FWT[t, i])))
+    return _frame(rows)
+
+
+def test_summarize_ignores_pre_training_rows() -> None:
+    s = summarize(_records_with_pre_training_rows(), num_tasks=3)
+    assert s["acc_matrix"] == [[90.0, 95.0, None], [70.0, 85.0, 40.0], [60.0, 75.0, 80.0]]
+    # class-IL: the spec's second example. Fgt_3 = ((90-60) + (85-75)) / 2 = 20, not 25.
+    assert s["fgt_acc_t"][0] is None and s["fgt_acc_t"][1:] == pytest.approx([20.0, 20.0])
+    assert s["fgt_acc_T"] == pytest.approx(20.0) and s["Fgt_T"] == s["fgt_acc_T"]
+    # clipped: ((max(90,70,60) - 60) + (max(85,75) - 75)) / 2 = 20 (leaky: 25).
+    assert s["fgt_clipped_acc_T"] == pytest.approx(20.0) and s["Fgt_T_clipped"] == 20.0
+    assert s["Acc_T"] == pytest.approx(215.0 / 3)
+    assert s["BWT"] == pytest.approx(-20.0)  # ((60-90) + (75-85)) / 2
+    assert s["FWT"] == pytest.approx(((95.0 - 12.0) + (40.0 - 8.0)) / 2)  # reads a[i-1][i]
+    # task-IL: Chaudhry t=1: 50-40 = 10; t=2: ((50-60) + (80-70)) / 2 = 0 (leaky: 9.5).
+    assert s["fgt_acc_task_il_t"][1:] == pytest.approx([10.0, 0.0])
+    assert s["fgt_acc_task_il_T"] == pytest.approx(0.0)
+    # clipped: ((max(50,40,60) - 60) + (max(80,70) - 70)) / 2 = 5 (leaky: 14.5).
+    assert s["fgt_clipped_acc_task_il_T"] == pytest.approx(5.0)
+    assert s["acc_task_il_T"] == pytest.approx((60.0 + 70.0 + 75.0) / 3)
+    assert s["bwt_acc_task_il"] == pytest.approx(0.0)  # ((60-50) + (70-80)) / 2
+    assert s["fwt_acc_task_il"] == pytest.approx(((99.0 - 50.0) + (99.0 - 50.0)) / 2)
 
 
 def test_summarize_unfinished_run_and_missing_extras() -> None:

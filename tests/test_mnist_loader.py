@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import struct
 from pathlib import Path
@@ -153,10 +154,14 @@ def test_gz_is_preferred_over_uncompressed(tmp_path: Path) -> None:
 def test_download_failure_is_a_user_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     class Offline:
         def __init__(self, root: str, *, train: bool, download: bool) -> None:
-            raise OSError("network unreachable")
+            raise OSError(errno.ENETUNREACH, "Network is unreachable")
 
     monkeypatch.setattr(mnist, "_torchvision_dataset_class", lambda dataset: Offline)
-    with pytest.raises(UserError, match=r"downloading MNIST into .* failed.*manually"):
+    with pytest.raises(
+        UserError,
+        match=r"downloading MNIST into .* failed: no network "
+        r"connection \(Network is unreachable\).*by hand",
+    ):
         load_mnist(tmp_path, download=True)
 
 

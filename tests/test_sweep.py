@@ -148,9 +148,13 @@ def test_point_names_are_stable_distinct_readable_and_hash_the_request(tmp_path:
     ("args", "sweep_file", "fragment"),
     [
         (["--seed", "0", "--bogus", "1"], None, "unknown option 'bogus'"),
-        (["--seed", "0", "--seed", "-1"], None, "grid point 2 (seed=-1): --seed must be"),
-        (["--set", "clients=4,0"], None, "grid point 2 (clients=0): --clients must be a positive"),
-        (["--tasks", "two"], None, "--tasks expects an integer, got 'two'"),
+        (
+            ["--seed", "0", "--seed", "-1"],
+            None,
+            "--seed must be an integer in [0, 2^63−1], got -1.",
+        ),
+        (["--set", "clients=4,0"], None, "--clients must be an integer in [1, 100000], got 0."),
+        (["--tasks", "two"], None, "--tasks must be a positive integer, got 'two'."),
         (["--seed", "0", "--jobs", "0"], None, "--jobs must be a positive integer, got 0"),
         ([], None, "the sweep grid is empty"),
         (["--seed", "0", "--seed", "0"], None, "lists 0 twice"),
@@ -167,7 +171,7 @@ def test_point_names_are_stable_distinct_readable_and_hash_the_request(tmp_path:
         ([], "base: {seed: 1}\ngrid: {seed: [0]}\n", "'seed' appears twice"),
         ([], "grid: {out: [x]}\n", "'out' cannot be a sweep option"),
         ([], "grid: {seed: [0\n", "is not valid YAML"),
-        ([], "grid: {lr: [0.1, -1]}\n", "grid point 2 (lr=-1): --lr must be a positive number"),
+        ([], "grid: {lr: [0.1, -1]}\n", "--lr must be a finite number in (0, 1000], got -1."),
     ],
 )
 def test_bad_input_exits_2_before_anything_is_written(
@@ -292,19 +296,42 @@ def test_a_child_killed_by_a_signal_is_recorded_failed(tmp_path: Path) -> None:
     assert (summary["seed"], summary["request_hash"]) == (3, point.request_hash)
 
 
-def test_a_point_locked_by_another_sweep_is_reported_busy(tmp_path: Path) -> None:
+def test_a_point_locked_by_another_sweep_is_waited_for_not_left_busy(tmp_path: Path) -> None:
+    """The other sweep lets go of the point without finishing it (e.g. it was killed): this
+    sweep's child, which waited on the lock, runs the point; nothing ends up "busy"."""
     out = tmp_path / "sweep"
     args = ["--seed", "5", "--threads", "1", *TINY]
     (point,) = expand(build_spec(None, args, str(out)))
     lock = worker.try_lock(out / ledger.BOOKKEEPING / f"{point.name}.lock")
     assert lock is not None
+    log = out / ledger.BOOKKEEPING / f"{point.name}.log"
     with lock:
-        code, output = in_process("sweep", "--out", str(out), *args)
-    assert code == 1 and "1 busy" in output, output
-    assert not (out / point.name).exists()
-    assert events(out, "busy") == {point.name: 1}
-    code, _ = in_process("sweep", "--out", str(out), *args)  # lock released: runs
-    assert code == 0 and ledger.is_done(out / point.name, point.request_hash)
+        sweep = subprocess.Popen(sweep_command(out, *args), stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while "waiting for it" not in (log.read_text() if log.exists() else ""):
+            assert sweep.poll() is None and time.monotonic() < deadline, "no child waited"
+            time.sleep(0.05)
+    output, _ = sweep.communicate(timeout=300)
+    assert sweep.returncode == 0, output
+    assert ledger.is_done(out / point.name, point.request_hash)
+    manifest = json.loads((out / ledger.MANIFEST).read_text())
+    assert [p["status"] for p in manifest["points"]] == ["finished"]
+
+
+def test_two_concurrent_sweeps_share_the_points_and_leave_none_busy(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    args = ["--seed", "0", "--seed", "1", "--seed", "2", "--threads", "1", *TINY]
+    sweeps = [
+        subprocess.Popen(sweep_command(out, *args), stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    for sweep in sweeps:
+        output, _ = sweep.communicate(timeout=300)
+        assert sweep.returncode == 0, output
+    manifest = json.loads((out / ledger.MANIFEST).read_text())
+    assert {p["status"] for p in manifest["points"]} == {"finished"}
+    finishes = events(out, "finish")
+    assert sorted(finishes.values()) == [1, 1, 1]  # every point ran exactly once
 
 
 def test_an_interrupted_run_directory_is_restarted_from_scratch(tmp_path: Path) -> None:
@@ -408,6 +435,34 @@ def test_sigkilled_sweep_resumes_without_running_anything_twice(tmp_path: Path) 
         ).read_bytes()
 
 
+def test_a_point_killed_mid_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    args = ["--seed", "3", "--threads", "1", "--checkpoint-every", "1", "--tasks", "2"]
+    args += ["--rounds-per-task", "30", "--train-size", "300", "--test-size", "100"]
+    out = tmp_path / "killed"
+    (point,) = expand(build_spec(None, args, str(out)))
+    log = out / ledger.BOOKKEEPING / f"{point.name}.log"
+    first = subprocess.Popen(sweep_command(out, *args), stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while "round 5/" not in (log.read_text() if log.exists() else ""):
+        assert first.poll() is None and time.monotonic() < deadline, "the run ended too soon"
+        time.sleep(0.01)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    time.sleep(0.5)  # the run child dies with the sweep (watchdog)
+    assert (out / point.name / "checkpoint.pt").exists()
+    second = subprocess.run(sweep_command(out, *args), capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "resuming from round" in log.read_text()
+    reference = tmp_path / "reference"
+    code, output = in_process("sweep", "--out", str(reference), *args)
+    assert code == 0, output
+    name = point.name
+    assert (out / name / "records.csv").read_bytes() == (
+        reference / name / "records.csv"
+    ).read_bytes()
+    assert comparable(summaries(out)[name]) == comparable(summaries(reference)[name])
+
+
 def _running(process: psutil.Process) -> bool:
     try:
         return process.status() != psutil.STATUS_ZOMBIE
@@ -423,7 +478,7 @@ def test_log_lines_parse_back(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="holds files a run does not write"):
         (tmp_path / "mine").mkdir()
         (tmp_path / "mine" / "notes.txt").write_text("keep")
-        ledger.clear_run_dir(tmp_path / "mine")
+        ledger.check_run_dir(tmp_path / "mine")
 
 
 def test_a_sweep_ends_with_the_leaderboard_of_its_runs(tmp_path: Path) -> None:

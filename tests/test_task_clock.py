@@ -144,4 +144,4 @@ def test_cli_records_the_offsets_and_prints_them(tmp_path: Path) -> None:
     code, output = in_process("clients", str(out), "--task", "1")
     assert code == 0 and ("delay" in output) == any(clock.offsets)
     code, output = in_process("run", "--async-shift", "-1", "--out", str(tmp_path / "bad"))
-    assert code == 2 and "--async-shift must be an integer >= 0" in output
+    assert code == 2 and "--async-shift must be an integer in [0, 100000], got -1." in output

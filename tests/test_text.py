@@ -94,8 +94,8 @@ def test_json_int_and_aliased_labels(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ('[{"label": 0, "sentence": "a"', "not valid UTF-8 JSON"),
-        ({"label": 0, "sentence": "a"}, "holds dict, not a non-empty list"),
+        ('[{"label": 0, "sentence": "a"', "is not valid JSON"),
+        ({"label": 0, "sentence": "a"}, "holds a JSON object, not a non-empty list"),
         ([], "holds an empty list"),
         ([{"label": 0}], "entry 0 .* not an object with 'label' and 'sentence'"),
         ([{"label": 0, "sentence": "a"}, "oops"], "entry 1 "),
@@ -117,7 +117,7 @@ def test_bad_json_is_user_error(tmp_path: Path, content: Any, message: str) -> N
 def test_missing_json_is_user_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"DBpedia file .*dbpedia-test/test.json is missing"):
         load_dbpedia(tmp_path)
-    with pytest.raises(UserError, match=r"data folder .* does not exist"):
+    with pytest.raises(UserError, match=r"--data-root '.*nowhere' does not exist"):
         load_agnews(tmp_path / "nowhere")
 
 
@@ -209,7 +209,7 @@ def test_yahoo_csv_empty_and_non_utf8(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"train\.csv is empty"):
         load_yahoo_csv(tmp_path)
     (folder / "train.csv").write_bytes(b'"1","\xff\xfe","c","a"\n')
-    with pytest.raises(UserError, match="not valid UTF-8 CSV"):
+    with pytest.raises(UserError, match="is not UTF-8 text"):
         load_yahoo_csv(tmp_path)
 
 

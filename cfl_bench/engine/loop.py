@@ -20,6 +20,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.nn import functional as F
@@ -39,6 +40,7 @@ from cfl_bench.engine.optim import FlatSGD
 from cfl_bench.engine.splits import TaskSplit, plan_task_split
 from cfl_bench.engine.task_clock import TaskClock
 from cfl_bench.flat import FlatModel
+from cfl_bench.progress import RoundReport
 from cfl_bench.seeding import generator
 from strategies.compose import Strategy
 from streams.base import Stream, TaskData
@@ -80,16 +82,6 @@ class Schedule:
         return TaskClock.draw(
             self.num_tasks, self.rounds_per_task, self.num_clients, self.async_shift, self.seed
         )
-
-
-@dataclass
-class RoundReport:
-    """What the progress display is told after each round."""
-
-    round_index: int
-    total_rounds: int
-    task: int
-    latest_acc: float | None
 
 
 @dataclass
@@ -168,6 +160,8 @@ class Federation:
         self.live_tasks: dict[int, TaskData] = {}
         self.eval_sets: list[EvalSet] = []
         self.reference_log_probs: dict[int, torch.Tensor] = {}
+        # Mean accuracy over the seen tasks at the latest evaluation (progress display).
+        self.latest_acc: float | None = None
 
     def _make_buffer(self, k: int) -> ReservoirBuffer:
         s = self.schedule
@@ -180,15 +174,26 @@ class Federation:
         )
 
     # -- the run ----------------------------------------------------------------------------------
-    def run(self, on_round: Callable[[RoundReport], None] | None = None) -> RunOutcome:
+    def run(
+        self,
+        on_round: Callable[[RoundReport], None] | None = None,
+        on_round_end: Callable[[RunOutcome], None] | None = None,
+    ) -> RunOutcome:
+        """Run the remaining rounds: all of them, or those after a loaded checkpoint.
+
+        ``on_round_end`` sees the outcome after every completed round, when the federation's
+        state is exactly what :meth:`state_dict` would save (records flushed, checkpoints).
+        """
         s, clock, server = self.schedule, self.clock, self.server
         out = RunOutcome(num_params=self.model.num_params)
         if self.clients[0].buffer is not None:
             out.buffer_bytes_per_client = self.clients[0].buffer.nbytes
         self._prepare_eval_sets()
-        self._evaluate(out, round_index=0, trained_task=-1, upto=s.num_tasks - 1, drift=False)
-        latest: float | None = None
-        for g in range(clock.total_rounds):
+        if server.round_index == 0:
+            self._evaluate(out, round_index=0, trained_task=-1, upto=s.num_tasks - 1, drift=False)
+        else:
+            self._restore_shards(server.round_index)
+        for g in range(server.round_index, clock.total_rounds):
             started = time.perf_counter()
             t = clock.global_task(g)
             server.task, server.round_in_task = t, g - clock.task_start(t)
@@ -214,20 +219,103 @@ class Federation:
             self._record_buffer_drift(out, ri, t)
             if server.is_task_end or s.eval_every_round:
                 upto = min(t + 1, s.num_tasks - 1)
-                latest = self._evaluate(out, ri, t, upto=upto, drift=server.is_task_end)
+                self.latest_acc = self._evaluate(out, ri, t, upto=upto, drift=server.is_task_end)
             self._end_client_tasks(clock.ending_tasks(g))
             out.costs += [
                 (ri, t, -1, "global", "round_time_s", time.perf_counter() - started),
                 (ri, t, -1, "global", "train_time_s", train_seconds),
             ]
+            if on_round_end is not None:
+                on_round_end(out)
             if on_round is not None:
-                on_round(RoundReport(ri, clock.total_rounds, t, latest))
+                on_round(RoundReport(ri, clock.total_rounds, t, s.num_tasks, self.latest_acc))
         out.status = "finished"
         return self._finish(out)
 
     def _finish(self, out: RunOutcome) -> RunOutcome:
         out.comm_by_payload = dict(self.server.comm.by_payload)
         return out
+
+    # -- state (checkpoints) ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the next round needs, at a round end: the global model, every client
+        (generator, buffer, task, component state), every component's server state, every
+        random generator, the traffic counters and the memory-drift references. Client data
+        is not saved: it is a deterministic gather of the stream's task data (see
+        :meth:`_restore_shards`)."""
+        server = self.server
+        return {
+            "round_index": server.round_index,
+            "version": server.version,
+            "global_params": server.global_params,
+            "global_buffers": server.global_buffers,
+            "comm_by_payload": dict(server.comm.by_payload),
+            # Integer module buffers (BatchNorm's num_batches_tracked) live outside the flat
+            # vectors and persist across rounds.
+            "module_int_buffers": {
+                name: b
+                for name, b in self.model.module.named_buffers()
+                if not b.is_floating_point()
+            },
+            "server_rng": self.server_rng,
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(self.device)
+            if self.device.type == "cuda"
+            else None,
+            "started_tasks": self.started_tasks,
+            "reference_log_probs": self.reference_log_probs,
+            "latest_acc": self.latest_acc,
+            "clients": [client_state_dict(c) for c in self.clients],
+            "components": {c.name: c.state_dict() for c in self.strategy.all},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put the federation back where :meth:`state_dict` found it; :meth:`run` then goes
+        on with the next round."""
+        server = self.server
+        server.round_index = int(state["round_index"])
+        server.version = int(state["version"])
+        server.global_params = state["global_params"]
+        server.global_buffers = state["global_buffers"]
+        server.comm.by_payload = dict(state["comm_by_payload"])
+        buffers = dict(self.model.module.named_buffers())
+        with torch.no_grad():
+            for name, value in state["module_int_buffers"].items():
+                buffers[name].copy_(value)
+        self.server_rng.set_state(state["server_rng"].get_state())
+        torch.set_rng_state(state["torch_rng"].cpu())
+        if state["cuda_rng"] is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), self.device)
+        self.started_tasks = set(state["started_tasks"])
+        self.reference_log_probs = dict(state["reference_log_probs"])
+        self.latest_acc = state["latest_acc"]
+        for client, saved in zip(self.clients, state["clients"], strict=True):
+            load_client_state(client, saved)
+        components = state["components"]
+        if sorted(components) != sorted(c.name for c in self.strategy.all):
+            raise ValueError("the checkpoint was written for another strategy")
+        for component in self.strategy.all:
+            component.load_state_dict(components[component.name])
+
+    def _restore_shards(self, next_round: int) -> None:
+        """Give every client the training data it held at the end of round ``next_round``−1.
+
+        A client's data is its part of the task's deterministic tensors (plus the older tasks'
+        parts for learners that keep history), so it is rebuilt instead of checkpointed.
+        """
+        held = {c.index: self.clock.client_task(c.index, next_round - 1) for c in self.clients}
+        history = self.strategy.learner.needs_history
+        self.shards = {}
+        for t in range(max(held.values()) + 1):
+            clients = [
+                c for c in self.clients if held[c.index] == t or (history and held[c.index] > t)
+            ]
+            if not clients:
+                continue
+            task = self.stream.task(t)
+            parts = self._split(t).parts
+            for client in clients:
+                self._assign_shard(client, t, task.train_x, task.train_y, parts)
 
     # -- data -------------------------------------------------------------------------------------
     def _prepare_eval_sets(self) -> None:
@@ -490,3 +578,25 @@ class Federation:
                     mean_kl(stored, current),
                 )
             )
+
+
+def client_state_dict(client: ClientState) -> dict[str, Any]:
+    """One client's persistent state (its data excepted: see ``Federation._restore_shards``)."""
+    return {
+        "generator": client.generator,
+        "task": client.task,
+        "tasks_started": client.tasks_started,
+        "model_version": client.model_version,
+        "extras": client.extras,
+        "buffer": None if client.buffer is None else client.buffer.state_dict(),
+    }
+
+
+def load_client_state(client: ClientState, state: dict[str, Any]) -> None:
+    client.generator.set_state(state["generator"].get_state())
+    client.task = int(state["task"])
+    client.tasks_started = set(state["tasks_started"])
+    client.model_version = int(state["model_version"])
+    client.extras = dict(state["extras"])
+    if client.buffer is not None:
+        client.buffer.load_state_dict(state["buffer"])

@@ -37,25 +37,32 @@ from __future__ import annotations
 import contextlib
 import itertools
 import re
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cfl_bench.config import RunConfig, canonical_hash, field_names, read_yaml_mapping, validate
+from cfl_bench.config import (
+    RunConfig,
+    canonical_hash,
+    check_value,
+    field_names,
+    option_kind,
+    option_specs,
+    parse_text,
+    read_yaml_mapping,
+    validate,
+)
 from cfl_bench.errors import UserError
 
 SWEEP_FILE_KEYS = ("out", "jobs", "base", "grid")
-# Keys the sweep owns: every point writes to its own directory and never overwrites others.
-SWEEP_OWNED = frozenset({"out", "overwrite"})
+# Keys the sweep owns: every point writes to its own directory, never overwrites others and
+# resumes an interrupted point from its checkpoint.
+SWEEP_OWNED = frozenset({"out", "overwrite", "restart"})
 # Their values contain commas by grammar (der:alpha=0.5,..., dirichlet:alpha=1,min_size=5).
 UNSPLIT_KEYS = frozenset({"strategy", "partition"})
 # Command-line flags whose name is not --<field> / --no-<field> (as in `cfl-bench run`).
 FLAG_ALIASES: dict[str, tuple[str, bool]] = {"eval-task-end": ("eval_every_round", False)}
 NAME_KEYS = ("stream", "strategy", "seed")
-TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
-FALSE_WORDS = frozenset({"false", "no", "off", "0"})
-NULL_WORDS = frozenset({"null", "none"})
 
 Axes = dict[str, list[Any]]
 
@@ -90,15 +97,6 @@ def slug(text: str, limit: int = 80) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:limit] or "run"
 
 
-def _kind(key: str) -> tuple[object, bool]:
-    """(base type, optional) of a RunConfig field, from its type hint (``int | None`` → int)."""
-    hint = typing.get_type_hints(RunConfig)[key]
-    args = typing.get_args(hint)
-    if not args:
-        return hint, False
-    return next(a for a in args if a is not type(None)), type(None) in args
-
-
 def _check_key(raw: object, where: str) -> str:
     key = str(raw).replace("-", "_")
     if key in SWEEP_OWNED:
@@ -114,29 +112,10 @@ def _check_key(raw: object, where: str) -> str:
     return key
 
 
-def coerce(key: str, raw: str, option: str) -> Any:
-    """A command-line string turned into the field's type, with a clear error if it is not."""
-    kind, optional = _kind(key)
-    text = raw.strip()
-    if optional and text.lower() in NULL_WORDS:
-        return None
-    if kind is int:
-        try:
-            return int(text)
-        except ValueError:
-            raise UserError(f"{option} expects an integer, got {raw!r}.") from None
-    if kind is float:
-        try:
-            return float(text)
-        except ValueError:
-            raise UserError(f"{option} expects a number, got {raw!r}.") from None
-    if kind is bool:
-        if text.lower() in TRUE_WORDS:
-            return True
-        if text.lower() in FALSE_WORDS:
-            return False
-        raise UserError(f"{option} expects true or false, got {raw!r}.")
-    return raw
+def coerce(key: str, raw: str) -> Any:
+    """A command-line string turned into the option's type by the one strict parser of
+    ``cfl_bench.config`` (``none``/``null`` unset an optional option)."""
+    return parse_text(key, raw, allow_null=True)
 
 
 def _add(axes: Axes, key: str, values: list[Any], where: str) -> None:
@@ -163,6 +142,9 @@ def parse_cli(args: list[str]) -> Axes:
                 f"--set seed=0,1 (see `cfl-bench sweep --help`)."
             )
         name, eq, inline = token[2:].partition("=")
+        bare = name[3:] if name.startswith("no-") else name
+        if bare.replace("-", "_") in SWEEP_OWNED:
+            _check_key(bare, "command line")  # refused with the reason
         if name in FLAG_ALIASES or _is_flag(name):
             if eq:
                 raise UserError(f"{token} is a flag and takes no value; write --{name} alone.")
@@ -181,14 +163,14 @@ def parse_cli(args: list[str]) -> Axes:
             _add(axes, key, values, "--set")
         else:
             key = _check_key(name, "command line")
-            _add(axes, key, [coerce(key, value, f"--{name}")], "the command line")
+            _add(axes, key, [coerce(key, value)], "the command line")
     return axes
 
 
 def _is_flag(name: str) -> bool:
     bare = name[3:] if name.startswith("no-") else name
     key = bare.replace("-", "_")
-    return key in field_names() and key not in SWEEP_OWNED and _kind(key)[0] is bool
+    return key in field_names() and key not in SWEEP_OWNED and option_kind(key)[0] is bool
 
 
 def _flag(name: str) -> tuple[str, bool]:
@@ -213,8 +195,13 @@ def parse_set(text: str) -> tuple[str, list[Any]]:
     if not eq or not raw_key.strip() or not rest.strip():
         raise UserError(f"--set {text!r} must look like KEY=VALUE or KEY=V1,V2 (e.g. seed=0,1).")
     key = _check_key(raw_key.strip(), "--set")
-    parts = [rest] if key in UNSPLIT_KEYS else [p for p in rest.split(",") if p.strip()]
-    return key, [coerce(key, p, f"--set {key}") for p in parts]
+    parts = [rest] if key in UNSPLIT_KEYS else rest.split(",")
+    if any(not part.strip() for part in parts):
+        raise UserError(
+            f"--set {text!r} has an empty value; separate values with single commas "
+            f"(e.g. {raw_key.strip()}=0,1)."
+        )
+    return key, [coerce(key, p) for p in parts]
 
 
 def load_sweep_file(path: str | Path) -> tuple[Axes, str | None, int | None]:
@@ -242,10 +229,17 @@ def load_sweep_file(path: str | Path) -> tuple[Axes, str | None, int | None]:
             values = raw_values if section == "grid" and isinstance(raw_values, list) else None
             if values is not None and not values:
                 raise UserError(f"grid key '{key}' in '{p}' has no values; list at least one.")
-            _add(axes, key, values if values is not None else [raw_values], f"'{p}'")
+            where = f"{section} in sweep file '{p}': "
+            checked = [check_value(key, v, where) for v in (values or [raw_values])]
+            _add(axes, key, checked, f"'{p}'")
     out = data.get("out")
+    if out is not None and (not isinstance(out, str) or not out.strip()):
+        raise UserError(
+            f"'out' in sweep file '{p}' must be a folder path (text), got {out!r}; write e.g. "
+            f"out: runs/sweep1."
+        )
     jobs = data.get("jobs")
-    return axes, None if out is None else str(out), None if jobs is None else coerce_jobs(jobs)
+    return axes, out, None if jobs is None else coerce_jobs(jobs)
 
 
 def build_spec(
@@ -281,7 +275,7 @@ def expand(spec: SweepSpec) -> list[GridPoint]:
         except UserError as exc:
             shown = ", ".join(f"{k}={v}" for k, v in (varying or values).items())
             raise UserError(f"grid point {index + 1} ({shown}): {exc}") from None
-        request = {k: _normal(k, v) for k, v in config.to_dict().items() if k not in SWEEP_OWNED}
+        request = point_request(config)
         request_hash = canonical_hash(request)
         points.append(
             GridPoint(
@@ -291,11 +285,17 @@ def expand(spec: SweepSpec) -> list[GridPoint]:
     return points
 
 
-def _normal(key: str, value: object) -> object:
-    """``lr: 1`` (YAML) and ``--lr 1`` (→ 1.0) are one request, so they hash alike."""
-    if _kind(key)[0] is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    return value
+def point_request(config: RunConfig) -> dict[str, Any]:
+    """What identifies a point: every option but the sweep's own; options that only change
+    how a run executes (checkpoints) count only when set, so adding such an option to the
+    suite never renames the points of existing sweeps."""
+    defaults = RunConfig()
+    specs = option_specs()
+    return {
+        k: v
+        for k, v in config.to_dict().items()
+        if k not in SWEEP_OWNED and not (specs[k].execution and v == getattr(defaults, k))
+    }
 
 
 def point_name(request: dict[str, Any], varying: dict[str, Any], request_hash: str) -> str:

@@ -14,7 +14,8 @@ The bookkeeping files live outside the run directories because ``RunDirectory.pr
 refuses a non-empty directory without ``config.json``, and a restarted point wipes its
 directory. **Skip rule**: a point is done exactly when its directory holds a ``summary.json``
 with status "finished" or "diverged" whose ``request_hash`` equals the point's; anything else
-(no summary, a failed one, another hash) is run again from scratch.
+(no summary, a failed one, another hash) is run again — resumed from its checkpoint when an
+interrupted attempt of the same configuration left one, from scratch otherwise.
 
 Files are written with ``cfl_bench.atomic`` (temp + fsync + rename), which imports no torch:
 the sweep process stays light, the engine lives in the children.
@@ -26,7 +27,6 @@ import contextlib
 import datetime as dt
 import json
 import os
-import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ BOOKKEEPING = ".sweep"
 MANIFEST = "sweep.json"
 LOG = "sweep.log"
 # What a cfl-bench run directory may contain; anything else means it is not ours to wipe.
-RUN_FILES = frozenset({"config.json", "records.csv", "costs.csv", "summary.json"})
+RUN_FILES = frozenset({"config.json", "records.csv", "costs.csv", "checkpoint.pt", "summary.json"})
 
 
 def atomic_write_json(path: Path, obj: object) -> None:
@@ -66,11 +66,11 @@ def is_done(run_dir: Path, request_hash: str) -> bool:
     )
 
 
-def clear_run_dir(run_dir: Path) -> None:
-    """Remove a previous attempt so the point restarts from scratch.
+def check_run_dir(run_dir: Path) -> None:
+    """Refuse to run a point whose directory holds files a run does not write.
 
-    Only a directory holding nothing but run files is removed; anything else is refused
-    rather than deleted, because the sweep folder may be one the user shares with other work.
+    The run itself replaces or resumes what it wrote; anything else is refused rather than
+    deleted, because the sweep folder may be one the user shares with other work.
     """
     if not run_dir.exists():
         return
@@ -81,9 +81,8 @@ def clear_run_dir(run_dir: Path) -> None:
     if foreign:
         raise UserError(
             f"'{run_dir}' holds files a run does not write ({', '.join(foreign[:3])}); move "
-            f"them away so the sweep can restart this point."
+            f"them away so the sweep can run this point."
         )
-    shutil.rmtree(run_dir)
 
 
 def failed_summary(

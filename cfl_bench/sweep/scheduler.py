@@ -5,7 +5,8 @@ was killed for memory cannot write anything, so the parent turns "exited without
 summary" into ``summary.json`` with status "failed", the exit code and the tail of the child's
 log — under the point's lock, so it never races another sweep that took the point over.
 A failing or diverging run never stops the sweep; Ctrl-C does: running children are killed,
-their points are marked interrupted and will restart from scratch next time.
+their points are marked interrupted and resume from their last checkpoint next time. A point
+another sweep took over is waited for at the end, so no point stays "busy" once both end.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ def run_points(
                 process.join()
                 settle(state, process.exitcode)
                 on_change(state)
+        wait_for_busy(states, on_change)
     except BaseException:
         for state, process in running.values():
             process.kill()
@@ -146,13 +148,9 @@ def settle(state: PointState, code: int | None) -> None:
     # and then crashed in interpreter teardown is finished, not failed.
     if ledger.is_done(state.run_dir, state.point.request_hash):
         state.absorb(ledger.read_summary(state.run_dir) or {})
-        state.skipped = code in (worker.EXIT_ALREADY_DONE, worker.EXIT_BUSY)  # by another sweep
+        state.skipped = code == worker.EXIT_ALREADY_DONE  # done by another sweep
         event = "skip" if state.skipped else "finish"
         ledger.append_log(state.out, event, name, status=state.status, rc=code)
-        return
-    if code == worker.EXIT_BUSY:
-        state.status, state.message = "busy", "another sweep is running this point"
-        ledger.append_log(state.out, "busy", name, rc=code)
         return
     record_failure(state, code)
 
@@ -177,3 +175,22 @@ def record_failure(state: PointState, code: int | None) -> None:
         state.run_dir.mkdir(parents=True, exist_ok=True)
         ledger.atomic_write_json(state.run_dir / "summary.json", summary)
     ledger.append_log(state.out, "fail", state.point.name, rc=code)
+
+
+def wait_for_busy(states: list[PointState], on_change: Callable[[PointState], None]) -> None:
+    """Points another sweep took over: wait for its run to end, then take its outcome."""
+    for state in states:
+        if state.status != "busy":
+            continue
+        lock = worker.try_lock(state.lock_path, wait=True)
+        assert lock is not None
+        with lock:
+            summary = ledger.read_summary(state.run_dir)
+        if ledger.is_done(state.run_dir, state.point.request_hash):
+            state.absorb(summary or {})
+            state.skipped = True
+            ledger.append_log(state.out, "skip", state.point.name, status=state.status)
+        else:
+            state.status = "failed"
+            state.message = str((summary or {}).get("message") or "failed in another sweep")
+        on_change(state)

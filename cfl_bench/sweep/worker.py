@@ -15,11 +15,13 @@ Kill safety, in order, before the child touches the run directory:
    sweep died before the child started). ``PR_SET_PDEATHSIG = SIGKILL`` covers the server's
    death as well. So ``kill -9`` of the sweep leaves no run writing into a run directory.
 2. An exclusive ``flock`` on ``<out>/.sweep/<name>.lock``, held until the child exits (the
-   kernel releases it even on SIGKILL): two sweeps never run the same point at once; the
-   second one's child exits with ``EXIT_BUSY`` and the sweep reports the point as busy.
+   kernel releases it even on SIGKILL): two sweeps never run the same point at once. A child
+   that finds the point locked waits for the other sweep's run to end, then applies the skip
+   rule — so when both sweeps end, neither reports the point as busy.
 3. Under the lock, the skip rule is checked again (another sweep may have finished the
-   point meanwhile → ``EXIT_ALREADY_DONE``), then a previous attempt is wiped and the run
-   starts from scratch.
+   point meanwhile → ``EXIT_ALREADY_DONE``); otherwise the run starts, resuming from the
+   point's checkpoint when an earlier attempt was interrupted (``cfl-bench run``'s own rule:
+   same configuration, a checkpoint, no summary), from scratch otherwise.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ from cfl_bench.errors import UserError
 from cfl_bench.sweep import ledger
 
 EXIT_USER_ERROR = 2  # the run refused its input (as `cfl-bench run` exits 2)
-EXIT_BUSY = 75  # EX_TEMPFAIL: another sweep holds the point's lock
 EXIT_ALREADY_DONE = 76  # another sweep finished the point between our check and our lock
 PR_SET_PDEATHSIG = 1
 
@@ -88,12 +89,13 @@ def redirect_output(log_path: Path) -> None:
     os.close(fd)
 
 
-def try_lock(lock_path: Path) -> IO[bytes] | None:
-    """The point's lock file, exclusively locked; None when another process holds it."""
+def try_lock(lock_path: Path, wait: bool = False) -> IO[bytes] | None:
+    """The point's lock file, exclusively locked; None when another process holds it (with
+    ``wait``, block until it lets go instead)."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     handle = open(lock_path, "ab")  # noqa: SIM115 - held open until the process exits
     try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
         handle.close()
         return None
@@ -105,19 +107,20 @@ def run_point(job: RunJob) -> None:
 
     0: the run finished or diverged (summary.json written by the engine, with the request
     hash); 2: the run refused its input; 1: any other exception (traceback in the log);
-    ``EXIT_BUSY`` / ``EXIT_ALREADY_DONE`` as documented above.
+    ``EXIT_ALREADY_DONE`` as documented above.
     """
     die_with_sweep()
     redirect_output(job.log_path)
     lock = try_lock(job.lock_path)
     if lock is None:
-        print(f"{job.name} is being run by another sweep", file=sys.stderr)
-        sys.exit(EXIT_BUSY)
+        print(f"{job.name} is being run by another sweep; waiting for it", flush=True)
+        lock = try_lock(job.lock_path, wait=True)
+        assert lock is not None
     with contextlib.closing(lock):
         if ledger.is_done(job.run_dir, job.request_hash):
             sys.exit(EXIT_ALREADY_DONE)
         try:
-            ledger.clear_run_dir(job.run_dir)
+            ledger.check_run_dir(job.run_dir)
             summary = _execute(job)
         except UserError as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
@@ -127,24 +130,21 @@ def run_point(job: RunJob) -> None:
 
 def _execute(job: RunJob) -> dict[str, object]:
     from cfl_bench.config import RunConfig
+    from cfl_bench.progress import RoundLog
     from cfl_bench.run import execute
 
-    config = RunConfig(**{**job.request, "out": str(job.run_dir), "threads": job.threads})
+    # overwrite: a leftover of another request (e.g. a renamed protocol) is replaced; a run
+    # of this very configuration resumes from its checkpoint.
+    values = {**job.request, "out": str(job.run_dir), "threads": job.threads, "overwrite": True}
+    config = RunConfig(**values)
     print(f"running {job.name} with {job.threads} thread(s)", flush=True)
     result = execute(
         config,
-        on_round=_print_round,
+        on_round=RoundLog(),  # one line per round in the point's log: tail -f follows it
         annotations={"request_hash": job.request_hash, "sweep_point": job.name},
+        notify=lambda text: print(text, flush=True),
     )
     return result.summary
-
-
-def _print_round(report: Any) -> None:
-    """One line per round in the point's log, so a long run can be followed with tail -f."""
-    acc = "" if report.latest_acc is None else f" Acc {report.latest_acc:.2f}%"
-    print(
-        f"round {report.round_index}/{report.total_rounds} task {report.task + 1}{acc}", flush=True
-    )
 
 
 def check_names(requests: list[dict[str, Any]], conn: Connection) -> None:
@@ -169,6 +169,11 @@ def name_error(request: dict[str, Any]) -> str | None:
     try:
         build_strategy(str(request["strategy"]))
         info = stream_info(str(request["stream"]))
+        if info.needs_data_root and not request.get("data_root"):
+            raise UserError(
+                f"stream '{info.name}' needs its data; pass --data-root (see the README's "
+                f"Data section)."
+            )
         model = request.get("model") or info.default_model
         if model not in MODELS:
             raise UserError(f"unknown model '{model}'; choose one of: {', '.join(sorted(MODELS))}.")
