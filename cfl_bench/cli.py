@@ -14,7 +14,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -22,6 +22,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cfl_bench.errors import UserError
+
+if TYPE_CHECKING:
+    from cfl_bench.config import RunConfig
 
 app = typer.Typer(
     add_completion=False,
@@ -93,17 +96,20 @@ METAVARS: dict[type, str] = {int: "INTEGER", float: "NUMBER", str: "TEXT"}
 
 
 def run(**values: Any) -> None:
-    """Run one (protocol, strategy, seed) and print its results table.
+    """Run one (protocol, strategy, seed) and print its results.
 
     Rerunning the same command into an unfinished run directory resumes it from its last
     checkpoint (--restart starts over); Ctrl-C stops it with exit code 130.
     """
     from cfl_bench.config import make_config
-    from cfl_bench.round_keeper import RunInterruptedError
-    from cfl_bench.run import execute
 
     yaml_path = values.pop("config")
     cfg = make_config(values, yaml_path)
+    check_names(cfg)
+    # The engine (torch, pandas) only once every name and number is known to be good.
+    from cfl_bench.round_keeper import RunInterruptedError
+    from cfl_bench.run import execute
+
     console = Console()
     try:
         with (
@@ -123,6 +129,25 @@ def run(**values: Any) -> None:
     if status != "finished":
         console.print(f"[yellow]run {status}:[/] {result.summary.get('message', '')}")
     console.print(f"results in [bold]{result.path}[/] (config.json, records.csv, summary.json)")
+
+
+def check_names(config: RunConfig) -> None:
+    """Refuse what ``cfl_bench.run.plan_run`` would refuse from names alone: the strategy,
+    stream and model names in its order, a stream's missing ``--data-root``, the partition.
+
+    Why here: the engine imports torch, which takes seconds, and a misspelled name or a
+    forgotten --data-root should be answered at once. Every check here is torch-free.
+    """
+    from cfl_bench.model_catalogue import check_model_name
+    from strategies.compose import build_strategy
+    from streams.catalogue import require_data_root, stream_info
+    from streams.partition_spec import parse_partition_spec
+
+    build_strategy(config.strategy)
+    info = stream_info(config.stream)
+    check_model_name(config.model or info.default_model)
+    require_data_root(config.stream, config.data_root)
+    parse_partition_spec(config.partition or info.default_partition)
 
 
 def _install_run_command() -> None:
@@ -206,35 +231,33 @@ def human_bytes(n: object) -> str:
 
 
 def results_table(summary: dict[str, Any], stream: str, strategy: str) -> Table:
-    """The headline metrics; for class-IL streams one row per accuracy kind — class-IL
-    (argmax over all classes) and task-IL (logits masked to the task's classes), one run."""
-    table = Table(title=f"{stream} · {strategy}")
+    """The headline metrics of one run, one metric per line.
+
+    Why stacked: one row of eight metrics needed more than 80 columns and rich cut the
+    numbers (``-10.…``); a line per metric is about 40 columns wide whatever the values, so
+    nothing is ever cut. On class-IL streams the accuracy metrics have a second value
+    column, task-IL (logits masked to the task's classes) beside class-IL (argmax over all
+    classes); memory drift, bytes and time belong to the run and fill the first column only.
+    """
     task_il = summary.get("acc_task_il_T") is not None
-    if task_il:
-        table.add_column("", no_wrap=True)
-    for col in ("Acc_T %", "Fgt_T %", "BWT %", "FWT %", "MD_T", "bytes up", "bytes down", "time"):
-        table.add_column(col, justify="right")
-    label = ["class-IL"] if task_il else []
-    table.add_row(
-        *label,
-        _fmt(summary.get("Acc_T")),
-        _fmt(summary.get("Fgt_T")),
-        _fmt(summary.get("BWT")),
-        _fmt(summary.get("FWT")),
-        _fmt(summary.get("MD_T"), ".4f"),
-        human_bytes(summary.get("bytes_up_total")),
-        human_bytes(summary.get("bytes_down_total")),
-        f"{summary.get('wall_time_s', 0.0):.1f} s",
+    table = Table(title=f"{stream} · {strategy}")
+    table.add_column("metric", overflow="fold")
+    for name in ("class-IL", "task-IL") if task_il else ("value",):
+        table.add_column(name, justify="right", overflow="fold")
+    accuracy = (
+        ("Acc_T %", "Acc_T", "acc_task_il_T"),
+        ("Fgt_T %", "Fgt_T", "fgt_acc_task_il_T"),
+        ("BWT %", "BWT", "bwt_acc_task_il"),
+        ("FWT %", "FWT", "fwt_acc_task_il"),
     )
-    if task_il:
-        table.add_row(
-            "task-IL",
-            _fmt(summary.get("acc_task_il_T")),
-            _fmt(summary.get("fgt_acc_task_il_T")),
-            _fmt(summary.get("bwt_acc_task_il")),
-            _fmt(summary.get("fwt_acc_task_il")),
-            *([""] * 4),
-        )
+    for label, key, task_il_key in accuracy:
+        task_il_cell = [_fmt(summary.get(task_il_key))] if task_il else []
+        table.add_row(label, _fmt(summary.get(key)), *task_il_cell)
+    blank = [""] if task_il else []
+    table.add_row("MD_T", _fmt(summary.get("MD_T"), ".4f"), *blank)
+    table.add_row("bytes up", human_bytes(summary.get("bytes_up_total")), *blank)
+    table.add_row("bytes down", human_bytes(summary.get("bytes_down_total")), *blank)
+    table.add_row("time", f"{summary.get('wall_time_s', 0.0):.1f} s", *blank)
     return table
 
 
@@ -255,9 +278,12 @@ def sweep(
         ),
     ] = True,
 ) -> None:
-    """Run a grid of runs; any `cfl-bench run` option may be repeated to add grid values
+    """Run a grid of runs, then write their leaderboard.
+
+    Any `cfl-bench run` option may be repeated to add grid values
     (--strategy der --strategy fedavg --seed 0 --seed 1), --set KEY=V1,V2 adds several.
-    Finished runs are skipped, interrupted or failed ones restarted; exit 1 if any failed.
+    Finished runs are skipped, interrupted ones resume from their last checkpoint, failed
+    ones run again; exit 1 if any failed.
     Ends with the leaderboard of the sweep's runs in <out>/leaderboard/."""
     from cfl_bench.sweep.command import sweep as run_sweep
 
@@ -272,7 +298,10 @@ def clients_cmd(
     run_dir: Annotated[str, typer.Argument(help="a run directory (holds config.json)")],
     task: Annotated[int, typer.Option(help="task number, 1-based")] = 1,
 ) -> None:
-    """Print how many samples of each class every client holds in one task of a run."""
+    """Print a run's samples per client and class in one task.
+
+    How many samples of each class every client holds in that task (and each client's
+    delay under --async-shift)."""
     tables, offsets = read_class_tables(run_dir)
     if str(task) not in tables:
         raise UserError(f"the run has no task {task}; choose one of {', '.join(tables) or 'none'}.")
@@ -347,7 +376,13 @@ def leaderboard_cmd(
     run_dirs: Annotated[
         list[str], typer.Argument(help="run directories, or folders holding them at any depth")
     ],
-    out: Annotated[str, typer.Option(help="folder for leaderboard.csv and leaderboard.html")],
+    out: Annotated[
+        str | None,
+        typer.Option(
+            help="folder for leaderboard.csv and leaderboard.html "
+            "[default: <first RUN_DIR>/leaderboard]"
+        ),
+    ] = None,
     check: Annotated[
         str | None,
         typer.Option(help="targets CSV: metric, target, tolerance, selectors; exit 1 on a miss"),
@@ -359,8 +394,10 @@ def leaderboard_cmd(
         ),
     ] = "sample",
 ) -> None:
-    """Aggregate runs into leaderboard.csv + leaderboard.html (mean ± std over seeds: sample
-    by default, --std population for ddof=0)."""
+    """Aggregate runs into leaderboard.csv and leaderboard.html.
+
+    One row per (protocol, strategy): mean ± std over seeds (sample by default, --std
+    population for ddof=0). Without --out the files go to <first RUN_DIR>/leaderboard/."""
     from leaderboard.command import leaderboard_command
 
     code = leaderboard_command(run_dirs, out, check, std=std)
@@ -368,46 +405,93 @@ def leaderboard_cmd(
         raise typer.Exit(code)
 
 
+@app.command("report")
+@user_errors
+def report_cmd(
+    run_dir: Annotated[
+        str, typer.Argument(help="a run directory (holds config.json and records.csv)")
+    ],
+    out: Annotated[
+        str | None,
+        typer.Option(help="the HTML file to write [default: RUN_DIR/report.html]"),
+    ] = None,
+) -> None:
+    """Write one run's self-contained HTML report.
+
+    For a single run, finished or not: curves, accuracy matrix, memory drift, per-round loss
+    and bytes, clients, configuration."""
+    from leaderboard.report import report_command
+
+    report_command(run_dir, out)
+
+
 @app.command("list")
 @user_errors
 def list_cmd(
     what: Annotated[str, typer.Argument(help="streams | strategies | models | partitions")],
 ) -> None:
-    """List streams, strategy components (roles, options, papers), models or partitions."""
+    """List streams, strategy components, models or partitions."""
     console = Console()
     if what == "streams":
-        from streams.registry import AVALANCHE_STREAM_HELP, STREAMS
-
-        table = Table("stream", "default model", "tasks", "partition", "description")
-        for info in STREAMS.values():
-            table.add_row(
-                info.name,
-                info.default_model,
-                str(info.default_tasks),
-                info.default_partition,
-                info.description,
-            )
-        table.add_row(
-            "avalanche:package.module:factory", "mlp", "all", "dirichlet", AVALANCHE_STREAM_HELP
-        )
-    elif what == "strategies":
+        print_streams(console)
+        return
+    if what == "strategies":
         print_components(console)
         return
-    elif what == "models":
-        from cfl_bench.models import MODELS
+    if what == "models":
+        from cfl_bench.model_catalogue import MODEL_DESCRIPTIONS
 
-        table = Table("model", "description")
-        for info in MODELS.values():
-            table.add_row(info.name, info.description)
+        table = listing_table("model", "description")
+        for name, description in MODEL_DESCRIPTIONS.items():
+            table.add_row(name, description)
     elif what == "partitions":
-        from streams.partition import PARTITIONERS
+        from streams.partition_spec import PARTITIONERS
 
-        table = Table("partition", "description")
+        table = listing_table("partition", "description")
         for name, text in PARTITIONERS.items():
             table.add_row(name, text)
     else:
         raise UserError(f"cannot list '{what}'; choose streams, strategies, models or partitions.")
     console.print(table)
+
+
+def listing_table(*headers: str) -> Table:
+    """A listing whose cells wrap, and fold a word longer than their column, instead of
+    ending in "…": a listing is read for its text, at any terminal width."""
+    table = Table()
+    for header in headers:
+        table.add_column(header, overflow="fold")
+    return table
+
+
+def print_streams(console: Console) -> None:
+    """One block per stream: name and description, its defaults, and the data it needs and
+    where it goes under --data-root. Blocks rather than a table: six columns at 80 columns
+    left the descriptions a word per line."""
+    from rich.markup import escape
+    from rich.padding import Padding
+
+    from streams.catalogue import AVALANCHE_FORM, AVALANCHE_STREAM_HELP, STREAMS
+
+    def block(name: str, description: str, defaults: str, data: str) -> None:
+        console.print(f"[bold]{escape(name)}[/]", highlight=False)
+        for line in (description, f"defaults: {defaults}", f"data: {data}"):
+            console.print(Padding(escape(line), (0, 0, 0, 4), expand=False), highlight=False)
+
+    for info in STREAMS.values():
+        block(
+            info.name,
+            info.description,
+            f"model {info.default_model}, {info.default_tasks} tasks, "
+            f"partition {info.default_partition}",
+            info.data_line(),
+        )
+    block(
+        AVALANCHE_FORM,
+        AVALANCHE_STREAM_HELP,
+        "model mlp, all its experiences, partition dirichlet",
+        "the benchmark's own (--data-root is its dataset_root when the factory takes one)",
+    )
 
 
 def print_components(console: Console) -> None:
@@ -497,7 +581,7 @@ def usage_sentence(exc: Exception, args: list[str]) -> str:
     return f"{message}; see `{where} --help`."
 
 
-COMMANDS = ("run", "sweep", "clients", "leaderboard", "list")
+COMMANDS = ("run", "sweep", "clients", "leaderboard", "report", "list")
 
 
 def print_error(message: str) -> None:

@@ -24,7 +24,7 @@ import hashlib
 import json
 import math
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cache
 from pathlib import Path
@@ -32,6 +32,7 @@ from typing import Any
 
 from cfl_bench.errors import UserError
 from cfl_bench.text_values import FLOAT_TEXT, INT_TEXT
+from cfl_bench.trackers import parse_trackers
 
 BUFFER_OFFER = ("first_pass", "every_step")
 WEIGHTING = ("samples", "uniform")
@@ -50,7 +51,9 @@ class OptionSpec:
     (it then enters the protocol hash); ``flag_off`` names the negative flag of a boolean
     (default ``no-<name>``); ``default_text`` is how ``--help`` shows a default that is
     resolved later (e.g. "the stream's"); ``execution`` marks options that change how a run
-    executes but never its results (left out of a sweep point's identity while at default).
+    executes but never its results (left out of a sweep point's identity while at default);
+    ``grammar`` checks a text value beyond its type (raising ValueError("must …")) and
+    ``grammar_text`` says in words what it accepts.
     """
 
     help: str
@@ -63,6 +66,8 @@ class OptionSpec:
     flag_off: str | None = None
     default_text: str | None = None
     execution: bool = False
+    grammar: Callable[[str], object] | None = None
+    grammar_text: str = ""
 
 
 def option(default: Any, help: str, **spec: Any) -> Any:
@@ -163,11 +168,13 @@ class RunConfig:
     device: str = option("auto", "where to run", choices=DEVICES, protocol=False)
     threads: int | None = option(
         None,
-        "CPU threads for torch",
+        "CPU threads for torch; by default chosen from the model's size, the usable cores "
+        "and the load: 1 for small models or a busy machine, else the free cores (recorded "
+        "in config.json; a resumed run keeps its checkpoint's count)",
         minimum=1,
         maximum=256,
         protocol=False,
-        default_text="torch's",
+        default_text="automatic",
     )
     data_root: str | None = option(
         None,
@@ -210,6 +217,16 @@ class RunConfig:
         "keep the last checkpoint when the run finishes",
         protocol=False,
         execution=True,
+    )
+    log: str | None = option(
+        None,
+        "mirror the per-round records to experiment trackers, offline, inside the run "
+        "directory: tensorboard, mlflow or tensorboard,mlflow",
+        protocol=False,
+        execution=True,
+        default_text="none",
+        grammar=parse_trackers,
+        grammar_text="tensorboard, mlflow or tensorboard,mlflow",
     )
 
     def to_dict(self) -> dict[str, Any]:
@@ -265,7 +282,7 @@ def describe_range(name: str) -> str:
     if spec.choices:
         return "one of " + ", ".join(spec.choices)
     if kind is str:
-        return "a non-empty text"
+        return spec.grammar_text or "a non-empty text"
     noun = "an integer" if kind is int else "a finite number"
     low, high = spec.minimum, spec.maximum
     if kind is int and low == 1 and high is None:
@@ -325,6 +342,11 @@ def check_value(name: str, value: object, where: str = "") -> Any:
             raise refuse()
         if spec.choices and value not in spec.choices:
             raise refuse()
+        if spec.grammar is not None:
+            try:
+                spec.grammar(value)
+            except ValueError:
+                raise refuse() from None
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise refuse()

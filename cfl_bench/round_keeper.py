@@ -15,14 +15,14 @@ bounds the overhead at about 1 / AUTO_RATIO (5 %). The policy never changes resu
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from cfl_bench.engine import checkpoint
 from cfl_bench.engine.loop import Federation, RunOutcome
-from cfl_bench.records import RecordLog
+from cfl_bench.records import RecordLog, plain_rows
 from cfl_bench.run_dir import RunDirectory
 
 AUTO_RATIO = 20.0
@@ -41,8 +41,11 @@ class RoundKeeper:
         every: int | None,
         fingerprint: dict[str, Any],
         keep_last: bool,
+        observers: Sequence[Callable[[list[tuple[object, ...]]], None]] = (),
     ) -> None:
         self.run_dir = run_dir
+        # Called with each round's records as plain rows once they are on disk (trackers).
+        self.observers = list(observers)
         self.federation = federation
         self.every = every
         self.fingerprint = fingerprint
@@ -62,8 +65,15 @@ class RoundKeeper:
     def start_fresh(self) -> None:
         self.log.start()
 
-    def resume(self, device: torch.device, notify: Callable[[str], None]) -> None:
-        """Load the directory's checkpoint into the federation; ValueError if unusable."""
+    def resume(
+        self, device: torch.device, notify: Callable[[str], None], *, adopt_threads: bool = False
+    ) -> None:
+        """Load the directory's checkpoint into the federation; ValueError if unusable.
+
+        ``adopt_threads`` (no ``--threads`` given): the thread count was chosen automatically
+        from the machine's load, which may have changed since the checkpoint; records are
+        byte-identical only for the same count, so the checkpoint's count is used instead.
+        """
         state = checkpoint.load(self.run_dir.checkpoint_path, device)
         saved = state.get("fingerprint", {})
         for key in ("config_hash", "git_commit", "torch"):
@@ -72,7 +82,17 @@ class RoundKeeper:
                     f"the checkpoint was written with another {key.replace('_', ' ')} "
                     f"({saved.get(key)} vs {self.fingerprint.get(key)})"
                 )
-        if saved.get("threads") != self.fingerprint.get("threads"):
+        saved_threads, chosen = saved.get("threads"), self.fingerprint.get("threads")
+        if adopt_threads and isinstance(saved_threads, int) and saved_threads >= 1:
+            if saved_threads != chosen:
+                torch.set_num_threads(saved_threads)
+                self.fingerprint["threads"] = saved_threads
+                notify(
+                    f"note: using the checkpoint's {saved_threads} thread(s) instead of the "
+                    f"automatic choice of {chosen}, so the records match an uninterrupted run "
+                    f"(--threads N sets the count)."
+                )
+        elif saved_threads != chosen:
             notify(
                 f"note: the checkpoint was written with {saved.get('threads')} thread(s), this "
                 f"process uses {self.fingerprint.get('threads')}; records will differ in the "
@@ -92,8 +112,12 @@ class RoundKeeper:
 
     def flush(self, out: RunOutcome) -> None:
         records, costs = self.flushed
-        self.log.append(out.records[records:], out.costs[costs:])
+        rows = plain_rows(out.records[records:])
+        self.log.append(rows, out.costs[costs:])
         self.flushed = (len(out.records), len(out.costs))
+        for observer in self.observers:
+            if rows:
+                observer(rows)
 
     def _due(self) -> bool:
         round_index = self.federation.server.round_index

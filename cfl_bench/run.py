@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from cfl_bench import provenance
+from cfl_bench import cost, provenance
 from cfl_bench.config import RunConfig, canonical_hash
 from cfl_bench.engine.loop import Federation, RunOutcome, Schedule
 from cfl_bench.engine.splits import TaskSplit, plan_splits
@@ -30,6 +30,14 @@ from cfl_bench.resources import cuda_peak_bytes, peak_rss_bytes
 from cfl_bench.round_keeper import RoundKeeper
 from cfl_bench.run_dir import RunDirectory, free_bytes, os_problem
 from cfl_bench.seeding import derive_seed
+from cfl_bench.threads import (
+    ThreadsChoice,
+    choose_threads,
+    current_load,
+    forward_flops,
+    usable_cores,
+)
+from cfl_bench.trackers import Tracker, check_available, open_trackers, parse_trackers
 from strategies.base import StrategyEnv
 from strategies.compose import Strategy, build_strategy
 from streams.base import Stream
@@ -45,19 +53,43 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def configure_cpu(device: torch.device, threads: int | None) -> None:
-    """Process-wide CPU settings for a run.
+def configure_cpu(
+    device: torch.device,
+    threads: int | None,
+    model: torch.nn.Module | None = None,
+    input_shape: tuple[int, ...] | None = None,
+) -> ThreadsChoice | None:
+    """Process-wide CPU settings for a run; returns the thread choice when one was made.
 
     Flush-to-zero: non-IID clients push the logits of absent classes far down, their softmax
     underflows into denormal floats, and denormal arithmetic is ~10-100× slower on x86.
     Values below 1.2e-38 become 0 — far below any quantity the metrics can see. This only
-    reaches the calling thread; torch's OpenMP workers keep denormals, which is why
-    ``--threads 1`` can be faster for small models (measured in bench/throughput.py).
+    reaches the calling thread; torch's OpenMP workers keep denormals.
+
+    Threads: ``threads`` when given; otherwise, with the model known, the measured rule of
+    ``cfl_bench.threads`` (1 thread for small models or a busy machine — torch's default of
+    one per core made small runs several times slower; bench/threads.py). Without a model
+    torch's default is left alone (benchmarks that set their own).
     """
     if device.type == "cpu":
         torch.set_flush_denormal(True)
-    if threads is not None:
-        torch.set_num_threads(threads)
+    if threads is None and model is None:
+        return None
+    flops = None
+    if threads is None and model is not None and input_shape is not None:
+        flops = model_flops(model, input_shape)
+    choice = choose_threads(threads, flops, usable_cores(), current_load())
+    torch.set_num_threads(choice.threads)
+    return choice
+
+
+def model_flops(model: torch.nn.Module, input_shape: tuple[int, ...]) -> int | None:
+    """Forward FLOPs a sample, or None for a model the counter cannot run (then the rule
+    treats it as small: one thread is never several times slower)."""
+    try:
+        return forward_flops(model, input_shape)
+    except Exception:  # any model: a failed count must never stop the run
+        return None
 
 
 def resolved_int(value: int | None) -> int:
@@ -152,39 +184,13 @@ def plan_run(config: RunConfig) -> RunPlan:
         )
     partitioner = partitioner_from_spec(str(config.partition))
     device = resolve_device(config.device)
-    configure_cpu(device, config.threads)
+    stream, config = load_stream(config, device)
     num_tasks = resolved_int(config.tasks)
-    stream = build_stream(
-        config.stream,
-        num_tasks=num_tasks,
-        seed=config.seed,
-        device=device,
-        data_root=config.data_root,
-        download=config.download,
-        train_size=config.train_size,
-        test_size=config.test_size,
-    )
-    if num_tasks == 0:  # the stream's own count (all of an Avalanche benchmark's experiences)
-        num_tasks = stream.num_tasks
-        config = dataclasses.replace(config, tasks=num_tasks)
-    if config.replay_augment is None:  # resolved here so the protocol records the value
-        config = dataclasses.replace(config, replay_augment=stream.augments)
-    strategy.setup(
-        StrategyEnv(
-            stream_name=stream.name,
-            scenario=stream.scenario,
-            num_classes=stream.num_classes,
-            num_tasks=num_tasks,
-            device=device,
-            seed=config.seed,
-            batch_size=config.batch_size,
-            input_shape=tuple(stream.input_shape),
-            data_root=config.data_root,
-        )
-    )
+    strategy.setup(strategy_env(config, stream, device))
     schedule = make_schedule(config, strategy, num_tasks)
     torch.manual_seed(derive_seed(config.seed, "model-init"))
     model = build_model(model_name, stream.input_shape, stream.num_classes)
+    threads = configure_cpu(device, config.threads, model, tuple(stream.input_shape))
     # Dropout draws from torch's default generator; seed it explicitly for this run.
     torch.manual_seed(derive_seed(config.seed, "dropout"))
     splits = plan_splits(stream, strategy, partitioner, config.clients, num_tasks, config.seed)
@@ -214,9 +220,7 @@ def plan_run(config: RunConfig) -> RunPlan:
         "schedule": {"rounds_per_task": schedule.rounds_per_task, "epochs": schedule.epochs},
         "task_clock": schedule.clock().describe(),
         "client_class_counts": class_count_tables(stream, splits),
-        "packages": provenance.package_versions(),
-        "git_commit": provenance.git_commit(),
-        "environment": provenance.environment(device),
+        **provenance_record(device, threads),
     }
     return RunPlan(
         config,
@@ -232,6 +236,53 @@ def plan_run(config: RunConfig) -> RunPlan:
         out,
         resolved,
     )
+
+
+def load_stream(config: RunConfig, device: torch.device) -> tuple[Stream, RunConfig]:
+    """The stream, and the config with what only the stream knows filled in (the task count
+    of an Avalanche benchmark, whether replays are augmented) so the protocol records it."""
+    num_tasks = resolved_int(config.tasks)
+    stream = build_stream(
+        config.stream,
+        num_tasks=num_tasks,
+        seed=config.seed,
+        device=device,
+        data_root=config.data_root,
+        download=config.download,
+        train_size=config.train_size,
+        test_size=config.test_size,
+    )
+    if num_tasks == 0:  # the stream's own count (all of an Avalanche benchmark's experiences)
+        config = dataclasses.replace(config, tasks=stream.num_tasks)
+    if config.replay_augment is None:
+        config = dataclasses.replace(config, replay_augment=stream.augments)
+    return stream, config
+
+
+def strategy_env(config: RunConfig, stream: Stream, device: torch.device) -> StrategyEnv:
+    return StrategyEnv(
+        stream_name=stream.name,
+        scenario=stream.scenario,
+        num_classes=stream.num_classes,
+        num_tasks=resolved_int(config.tasks),
+        device=device,
+        seed=config.seed,
+        batch_size=config.batch_size,
+        input_shape=tuple(stream.input_shape),
+        data_root=config.data_root,
+    )
+
+
+def provenance_record(device: torch.device, threads: ThreadsChoice | None) -> dict[str, object]:
+    """Packages, git commit and machine (with the thread choice) for config.json."""
+    environment = provenance.environment(device)
+    if threads is not None:
+        environment["threads_choice"] = threads.record()
+    return {
+        "packages": provenance.package_versions(),
+        "git_commit": provenance.git_commit(),
+        "environment": environment,
+    }
 
 
 def execute(
@@ -250,6 +301,8 @@ def execute(
     say = notify or (lambda _text: None)
     plan = plan_run(config)
     check_memory(plan)
+    if plan.config.log:
+        check_available(parse_trackers(plan.config.log))
     note_threads(plan.config, say)
     run_dir = RunDirectory(plan.out)
     resume = run_dir.claim(
@@ -277,8 +330,15 @@ def run_in(
     on_round: Callable[[RoundReport], None] | None,
     say: Callable[[str], None],
 ) -> dict[str, object]:
-    """The federated run itself, with records appended and checkpoints written as it goes."""
+    """The federated run itself, with records appended and checkpoints written as it goes.
+
+    A fresh run first says its size and estimated duration (``cost.announce``, before the
+    federation touches the model; recorded as config.json's ``cost_estimate``); a resumed
+    one says where it resumes instead.
+    """
     config = plan.config
+    if not resume:
+        plan.resolved["cost_estimate"] = cost.announce(plan, say)
     federation = Federation(
         plan.stream,
         plan.partitioner,
@@ -288,17 +348,19 @@ def run_in(
         plan.device,
         plan.splits,
     )
+    trackers = open_run_trackers(plan, run_dir)
     keeper = RoundKeeper(
         run_dir,
         federation,
         every=config.checkpoint_every,
         fingerprint=fingerprint(plan),
         keep_last=config.keep_checkpoint,
+        observers=[tracker.log for tracker in trackers],
     )
     total = plan.schedule.clock().total_rounds
     if resume:
         try:
-            keeper.resume(plan.device, say)
+            keeper.resume(plan.device, say, adopt_threads=config.threads is None)
         except ValueError as exc:
             raise UserError(
                 f"cannot resume the run in '{plan.out}': {exc}; pass --restart to start it over."
@@ -309,11 +371,26 @@ def run_in(
         keeper.start_fresh()
     try:
         outcome = federation.run(on_round, keeper.round_end)
+        keeper.finish(outcome)
     except KeyboardInterrupt:
         raise keeper.interrupted(total) from None
-    keeper.finish(outcome)
-    summary = run_summary(keeper, outcome, plan)
-    return summary
+    finally:
+        for tracker in trackers:
+            tracker.close()
+    return run_summary(keeper, outcome, plan)
+
+
+def open_run_trackers(plan: RunPlan, run_dir: RunDirectory) -> list[Tracker]:
+    """The trackers --log asks for, given the run's protocol, strategy and seed as params."""
+    if not plan.config.log:
+        return []
+    params = {
+        **plan.resolved["protocol"],  # type: ignore[dict-item]
+        "strategy": plan.strategy.name,
+        "seed": plan.config.seed,
+        "protocol_hash": plan.protocol_hash,
+    }
+    return open_trackers(parse_trackers(plan.config.log), run_dir.path, params)
 
 
 def fingerprint(plan: RunPlan) -> dict[str, object]:

@@ -38,6 +38,9 @@ CONFIG = "config.json"
 SUMMARY = "summary.json"
 CHECKPOINT = "checkpoint.pt"
 RUN_FILES = ("config.json", "records.csv", "costs.csv", "checkpoint.pt", "summary.json")
+# What --log trackers write into a run directory (cfl_bench.trackers): kept when a run
+# resumes, removed with the run files when it starts over.
+TRACKER_OUTPUTS = ("tensorboard", "mlflow.db", "mlruns")
 DONE = ("finished", "diverged")
 
 
@@ -206,7 +209,7 @@ class RunDirectory:
             foreign = [
                 p.name
                 for p in self.path.iterdir()
-                if p.name not in RUN_FILES and not is_temporary(p.name)
+                if p.name not in RUN_FILES + TRACKER_OUTPUTS and not is_temporary(p.name)
             ]
             if foreign or self.config_path.exists():
                 raise UserError(
@@ -229,13 +232,17 @@ class RunDirectory:
             and not restart
             and self.checkpoint_path.is_file()
         )
-        self._remove((SUMMARY,) if resume else RUN_FILES)
+        self._remove((SUMMARY,) if resume else RUN_FILES + TRACKER_OUTPUTS)
         return resume
 
     def _remove(self, names: tuple[str, ...]) -> None:
         """The named run files, and temporary files a killed atomic write left behind."""
         for name in names:
-            (self.path / name).unlink(missing_ok=True)
+            target = self.path / name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            else:
+                target.unlink(missing_ok=True)
         for p in self.path.iterdir():
             if is_temporary(p.name) and p.is_file():
                 p.unlink(missing_ok=True)

@@ -14,6 +14,9 @@ from __future__ import annotations
 import math
 import re
 import sys
+from collections.abc import Callable, Sequence
+
+from cfl_bench.errors import UserError
 
 FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 INT_TEXT = re.compile(r"[+-]?[0-9]+", re.ASCII)
@@ -56,3 +59,122 @@ def strict_int(raw: str, must: str) -> int:
     except ValueError:  # longer than Python's int parsing limit (4300 digits by default)
         limit = getattr(sys, "get_int_max_str_digits", lambda: 4300)()
         raise ValueError(f"{must} of at most {limit} digits") from None
+
+
+# -- bounded values: each raises ValueError("must …"), which callers turn into one sentence --
+def non_negative_float(raw: str) -> float:
+    """A weight or tolerance: finite and ≥ 0 (0 switches the term off)."""
+    must = "must be a finite number ≥ 0"
+    value = finite_float(raw, must)
+    if value < 0:
+        raise ValueError(must)
+    return value
+
+
+def positive_float(raw: str) -> float:
+    """A rate, temperature or concentration: finite and > 0 (0 would divide by zero or
+    never move)."""
+    must = "must be a finite number > 0"
+    value = finite_float(raw, must)
+    if value <= 0:
+        raise ValueError(must)
+    return value
+
+
+def unit_fraction(raw: str) -> float:
+    """A fraction of something that must not be empty: finite, in (0, 1]."""
+    must = "must be a fraction in (0, 1]"
+    value = finite_float(raw, must, bounded=True)
+    if not 0 < value <= 1:
+        raise ValueError(must)
+    return value
+
+
+def positive_int(raw: str) -> int:
+    """A count (samples, epochs, rounds, shards): a plain decimal integer ≥ 1."""
+    must = "must be a positive integer"
+    value = strict_int(raw, must)
+    if value <= 0:
+        raise ValueError(must)
+    return value
+
+
+def non_negative_int(raw: str) -> int:
+    """A lower bound that may be switched off: a plain decimal integer ≥ 0."""
+    must = "must be an integer ≥ 0"
+    value = strict_int(raw, must)
+    if value < 0:
+        raise ValueError(must)
+    return value
+
+
+def boolean(raw: str) -> bool:
+    """Only ``true``/``false`` (any case): one spelling per value keeps canonical names,
+    sweep directories and protocol hashes unambiguous."""
+    lowered = raw.lower()
+    if lowered == "true":
+        return True
+    if lowered == "false":
+        return False
+    raise ValueError("must be true or false")
+
+
+# -- name:key=value,... ----------------------------------------------------------------------
+def split_options(
+    kind: str,
+    name: str,
+    opt_text: str,
+    keys: Sequence[str],
+    unknown: Callable[[str, bool], str],
+) -> dict[str, str]:
+    """The raw ``key=value`` pairs written after ``name:`` — the grammar strategy components
+    and partitions share — with every malformed piece refused in one sentence.
+
+    ``kind`` names what ``name`` is in messages ("component", "partition"); ``keys`` are
+    its option names; ``unknown(key, has_value)`` words the refusal of a key that is not one
+    of them (the caller knows the likely slip). Values are returned stripped, unconverted.
+    """
+    label = f"{kind} '{name}'"
+    if not keys:
+        raise UserError(f"{label} takes no options; drop {quoted(':' + opt_text)} after it.")
+    example = f"{name}:{keys[0]}=VALUE"
+    if not opt_text.strip():
+        raise UserError(
+            f"{label} has ':' but no options after it; drop the ':' or write options like "
+            f"{example}."
+        )
+    if ":" in opt_text:
+        raise UserError(
+            f"{label} has more than one ':'; write all its options after a single ':', "
+            f"separated by commas, e.g. {example}."
+        )
+    values: dict[str, str] = {}
+    for item in (piece.strip() for piece in opt_text.split(",")):
+        if not item:
+            raise UserError(
+                f"{label} has an empty option in {quoted(opt_text.strip())}; separate options "
+                f"with single commas and drop leading or trailing ones."
+            )
+        key, eq, raw = (part.strip() for part in item.partition("="))
+        if not key:
+            raise UserError(
+                f"option {quoted(item)} of {label} has no name before '='; name one of its "
+                f"options ({', '.join(keys)}), e.g. {example}."
+            )
+        if key not in keys:
+            raise UserError(unknown(key, bool(eq)))
+        if not eq:
+            raise UserError(f"option '{key}' of {label} needs a value; write {name}:{key}=VALUE.")
+        if not raw:
+            raise UserError(
+                f"option {name}:{key} has no value after '='; write {name}:{key}=VALUE."
+            )
+        if "=" in raw:
+            raise UserError(
+                f"option {quoted(item)} of {label} has more than one '='; write one '=' between "
+                f"each option's name and value and separate options with commas, e.g. {example}."
+            )
+        if key in values:
+            raise UserError(f"option '{key}' of {label} is given twice; give it once.")
+        values[key] = raw
+    return values

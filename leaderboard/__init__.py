@@ -16,7 +16,11 @@ lives in its own module (DESIGN.md §2: one concept per module):
 * :mod:`leaderboard.check`     compare leaderboard cells with a targets CSV;
 * :mod:`leaderboard.output`    checks on ``--out`` and writing both files all-or-nothing;
 * :mod:`leaderboard.build`     the whole pipeline (what ``cfl-bench leaderboard`` calls);
-* :mod:`leaderboard.command`   the terminal side of the CLI command (rich tables, exit code).
+* :mod:`leaderboard.command`   the terminal side of the CLI command (rich tables, exit code);
+* :mod:`leaderboard.report`    ``cfl-bench report``: the same kind of page for one run, from
+  :mod:`leaderboard.run_data` (one run directory read and checked, unfinished runs too),
+  :mod:`leaderboard.report_plots` (per-round, per-client and client × class figures) and
+  :mod:`leaderboard.report_page` (its template).
 
 Importing this package imports nothing heavy: pandas and matplotlib are loaded by the
 modules that need them, so ``cfl-bench --help`` stays fast.

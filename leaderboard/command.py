@@ -11,7 +11,9 @@ written.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich import box
@@ -19,6 +21,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+
+from cfl_bench.errors import UserError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -118,9 +122,31 @@ def misses_table(outcomes: Sequence[Outcome]) -> Table:
     return table
 
 
+def default_out(run_dirs: Sequence[str]) -> str:
+    """Where the leaderboard goes without ``--out``: ``<first RUN_DIR>/leaderboard``.
+
+    Why the first argument: it is usually the folder of a sweep or of several runs, and the
+    board then sits beside the runs it summarizes (as a sweep's own leaderboard does). A
+    run directory itself is refused, as an ``--out`` inside one would be; an argument that
+    is no folder gets the sentence ``RUN_DIRS`` problems always get.
+    """
+    from leaderboard.runs import CONFIG, SUMMARY, find_run_dirs
+
+    if not run_dirs or not os.path.isdir(run_dirs[0]):
+        find_run_dirs(run_dirs[:1])  # refuses: no arguments, or one that is not a folder
+    first = Path(run_dirs[0])
+    for name in (CONFIG, SUMMARY):
+        if os.path.lexists(first / name):
+            raise UserError(
+                f"'{first}' is a run directory (it holds {name}), so the leaderboard cannot "
+                f"go inside it; pass --out with a folder outside the run directories."
+            )
+    return str(first / "leaderboard")
+
+
 def leaderboard_command(
     run_dirs: Sequence[str],
-    out: str,
+    out: str | None,
     check: str | None,
     console: Console | None = None,
     std: str = "sample",
@@ -130,7 +156,7 @@ def leaderboard_command(
     ``std`` (``--std``) is ``sample`` (ddof=1, default) or ``population`` (ddof=0). It and
     the targets file are checked first, so a bad value or a malformed file is refused
     (exit 2) before any work. ``--check`` compares ``*_std`` targets with the std kind
-    chosen here.
+    chosen here. ``out`` None means :func:`default_out`.
     """
     from leaderboard.aggregate import std_ddof
     from leaderboard.build import build_leaderboard
@@ -139,7 +165,7 @@ def leaderboard_command(
     console = console or Console()
     std_ddof(std)
     targets = read_targets(check) if check is not None else None  # "" is refused there
-    result = build_leaderboard(run_dirs, out, std)
+    result = build_leaderboard(run_dirs, default_out(run_dirs) if out is None else out, std)
     for table in summary_tables(result.board, std):
         console.print(table)
     if not len(result.board):

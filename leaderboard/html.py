@@ -77,12 +77,18 @@ def _finite(value: Any) -> bool:
     return value is not None and isinstance(value, (int, float)) and math.isfinite(value)
 
 
+#: Between "±" and the deviation: a no-break space, so a narrow column breaks a cell only
+#: before the "±" (mean on one line, "± std" on the next), never between "±" and its number.
+NBSP = "\u00a0"
+
+
 def fmt_mean_std(mean: float, std: float, spec: str = ".2f") -> str:
-    """``60.00 ± 10.00``; ``60.00 ± –`` for one seed; ``–`` when there is no mean."""
+    """``60.00 ± 10.00``; ``60.00 ± –`` for one seed; ``–`` when there is no mean. The
+    space after ``±`` is a no-break space (see :data:`NBSP`)."""
     if not _finite(mean):
         return "–"
     spread = format(std, spec) if _finite(std) else "–"
-    return f"{format(mean, spec)} ± {spread}"
+    return f"{format(mean, spec)} ±{NBSP}{spread}"
 
 
 def _sort_key(value: float) -> str | None:
@@ -115,18 +121,19 @@ def _bytes_cell(row: Any, kind: str = DEFAULT_STD) -> dict[str, str | None]:
 
 def _time_cell(row: Any) -> dict[str, str | None]:
     mean, std = float(row["wall_time_s_mean"]), float(row["wall_time_s_std"])
-    text = "–" if not _finite(mean) else f"{fmt_mean_std(mean, std, '.1f')} s"
+    text = "–" if not _finite(mean) else f"{fmt_mean_std(mean, std, '.1f')}{NBSP}s"
     return _cell(text, _sort_key(mean), "num")
 
 
 def table_columns(
-    task_il: bool, scenario_label: str, std: str = DEFAULT_STD
+    task_il: bool, scenario_label: str, std: str = DEFAULT_STD, notes: bool = True
 ) -> list[tuple[str, str, Callable[..., Any]]]:
     """(header, tooltip, cell builder) for one protocol's table; ``std`` names the std kind
-    in the bytes tooltip."""
+    in the bytes tooltip. ``notes=False`` leaves out the notes column (no row has any): an
+    empty column only took width from the numbers on class-IL streams."""
     acc = f"Acc_T {scenario_label} (%)" if scenario_label != "unknown" else "Acc_T (%)"
     columns: list[tuple[str, str, Callable[..., Any]]] = [
-        ("strategy", "strategy composition", lambda r: _cell(str(r["strategy"]))),
+        ("strategy", "strategy composition", lambda r: _cell(str(r["strategy"]), cls="name")),
         (
             "seeds",
             "number of finished seeds (their list)",
@@ -161,12 +168,15 @@ def table_columns(
         ("MD_T", "memory drift (mean KL, nats)", lambda r: _metric_cell(r, "MD_T", ".4f")),
         ("bytes", "total bytes up + down (mean)", lambda r: _bytes_cell(r, std)),
         ("wall time", "wall-clock time per run", _time_cell),
-        (
-            "notes",
-            "runs kept out of the means; provenance disagreements",
-            lambda r: _cell(row_notes(r), None, "flag"),
-        ),
     ]
+    if notes:
+        columns.append(
+            (
+                "notes",
+                "runs kept out of the means; provenance disagreements",
+                lambda r: _cell(row_notes(r), None, "flag"),
+            )
+        )
     return columns
 
 
@@ -191,7 +201,8 @@ def protocol_sections(
         scenario = first["scenario"] if isinstance(first["scenario"], str) else None
         label = SCENARIOS.get(scenario or "", scenario or "unknown")
         task_il = bool(rows["Acc_T_task_il_mean"].notna().any()) or scenario == "class-il"
-        columns = table_columns(task_il, label, std)
+        notes = any(row_notes(r) for _, r in rows.iterrows())
+        columns = table_columns(task_il, label, std, notes)
         protocol = next(
             (p for p in runs.loc[runs["protocol_hash"] == protocol_hash, "protocol"] if p), {}
         )
@@ -224,7 +235,7 @@ def protocol_sections(
                 "columns": [{"label": c[0], "title": c[1]} for c in columns],
                 "rows": [[c[2](r) for c in columns] for _, r in rows.iterrows()],
                 "figures": [
-                    {"id": _figure_id(svg), "svg": Markup(svg), "caption": caption}
+                    {"id": figure_id_of(svg), "svg": Markup(svg), "caption": caption}
                     for svg, caption in figures
                     if svg is not None
                 ],
@@ -233,7 +244,7 @@ def protocol_sections(
     return sections
 
 
-def _figure_id(svg: str) -> str:
+def figure_id_of(svg: str) -> str:
     """The figure id that :func:`leaderboard.plots.to_svg` put into aria-labelledby."""
     match = re.search(r'aria-labelledby="([^"]*)-t"', svg)
     return match.group(1) if match else "figure"

@@ -83,9 +83,12 @@ def _missing_folders(out: Path) -> list[Path]:
     return missing[::-1]
 
 
-def write_board_files(out: Path, files: Mapping[str, str]) -> list[Path]:
+def write_board_files(
+    out: Path, files: Mapping[str, str], what: str = "the leaderboard"
+) -> list[Path]:
     """Write every ``name → text`` of ``files`` into ``out`` (created if needed), all or
-    nothing as far as the file system allows; returns the paths written.
+    nothing as far as the file system allows; returns the paths written. ``what`` names the
+    files in the error sentence (``cfl-bench report`` writes "the report" with it).
 
     Each file is first written atomically (fsync, see :mod:`cfl_bench.atomic`) under a
     hidden staging name in ``out``, then all are renamed into place. On an OSError the
@@ -112,7 +115,6 @@ def write_board_files(out: Path, files: Mapping[str, str]) -> list[Path]:
             with contextlib.suppress(OSError):
                 folder.rmdir()
         raise UserError(
-            f"cannot write the leaderboard to --out '{out}' ({os_problem(exc)}); choose "
-            f"another folder."
+            f"cannot write {what} to --out '{out}' ({os_problem(exc)}); choose another folder."
         ) from None
     return [final for _, final in staged]

@@ -15,7 +15,8 @@ from __future__ import annotations
 CSS = """
 :root { --fg: #1d232b; --muted: #5b6570; --line: #d5dae0; --head: #eef1f4; --warn: #9a5b00;
         --bad: #a4262c; font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; }
-body { color: var(--fg); margin: 0 auto; max-width: 1200px; padding: 1rem 1.5rem 3rem;
+body { color: var(--fg); margin: 0 auto; max-width: 1280px; padding: 1rem 1.25rem 3rem;
+       box-sizing: border-box;
        line-height: 1.45; font-size: 15px; }
 h1 { font-size: 1.6rem; margin-bottom: 0.2rem; }
 h2 { font-size: 1.3rem; margin-top: 2.5rem; border-bottom: 2px solid var(--line);
@@ -30,6 +31,12 @@ table { border-collapse: collapse; margin: 0.6rem 0; font-size: 0.88rem; }
 th, td { border: 1px solid var(--line); padding: 0.25rem 0.5rem; vertical-align: top; }
 th { background: var(--head); text-align: left; white-space: nowrap; }
 td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
+table.leaderboard th { white-space: normal; vertical-align: bottom; min-width: 3.5rem; }
+table.leaderboard { font-size: 0.85rem; }
+table.leaderboard th, table.leaderboard td { padding: 0.25rem 0.4rem; }
+table.leaderboard td.num { white-space: normal; }
+td.name, td.path, td.flag { overflow-wrap: anywhere; }
+td.flag { min-width: 6rem; }
 table.sortable th { cursor: pointer; user-select: none; }
 table.sortable th::after { content: " \\2195"; color: #9aa3ad; }
 table.sortable th[aria-sort="ascending"]::after { content: " \\25B2"; color: var(--fg); }
@@ -37,7 +44,7 @@ table.sortable th[aria-sort="descending"]::after { content: " \\25BC"; color: va
 td.flag, span.flag { color: var(--warn); }
 td.status-failed, td.status-diverged { color: var(--bad); font-weight: 600; }
 td.status-incomplete, td.status-duplicate { color: var(--warn); font-weight: 600; }
-.table-wrap { overflow-x: auto; }
+.table-wrap { overflow-x: auto; max-width: 100%; }
 td.message { white-space: pre-wrap; max-width: 40rem; }
 .figures { display: flex; flex-wrap: wrap; gap: 0.5rem 2rem; align-items: flex-start; }
 figure { margin: 1rem 0; flex: 0 1 auto; max-width: 100%; }
@@ -117,8 +124,12 @@ TEMPLATE = """<!DOCTYPE html>
 <p class="lead">{{ counts.runs }} run director{{ "y" if counts.runs == 1 else "ies" }},
 {{ counts.protocols }} protocol{{ "" if counts.protocols == 1 else "s" }},
 {{ counts.rows }} leaderboard row{{ "" if counts.rows == 1 else "s" }};
+{% if problems %}
 {{ counts.problems }} run{{ "" if counts.problems == 1 else "s" }} not finished
-(see <a href="#runs">runs</a>).
+(see <a href="#runs">runs not finished</a>).
+{% else %}
+all {{ counts.runs }} run{{ "" if counts.runs == 1 else "s" }} finished.
+{% endif %}
 Values are mean ± <strong class="std-kind" data-std-kind="{{ std_kind }}">{{ std_text }}</strong>
 over the finished seeds (the CSV's std_kind column says the same); "–" where a single seed
 gives no deviation (under either convention: one seed has no spread) or a value is missing.
@@ -132,7 +143,10 @@ never count); the CSV also has the clipped Mammoth/FedGP rule (Fgt_T_clipped).</
 <span class="mono">{{ p.hash }}</span></a> ({{ p.rows|length }}
 strateg{{ "y" if p.rows|length == 1 else "ies" }})</li>
 {% endfor %}
+{% if problems %}
 <li><a href="#runs">Runs not finished</a></li>
+{% endif %}
+<li><a href="#all-runs">All runs</a></li>
 <li><a href="#provenance">Provenance</a></li>
 </ul></nav>
 </header>
@@ -169,9 +183,9 @@ strateg{{ "y" if p.rows|length == 1 else "ies" }})</li>
 </div>
 </section>
 {% endfor %}
+{% if problems %}
 <section id="runs">
 <h2>Runs not finished</h2>
-{% if problems %}
 <p>These runs are kept out of every mean; they are counted in the leaderboard's
 n_diverged / n_failed / n_incomplete{{ " / n_damaged" if any_damaged else "" }} columns.</p>
 <div class="table-wrap">
@@ -180,25 +194,28 @@ n_diverged / n_failed / n_incomplete{{ " / n_damaged" if any_damaged else "" }} 
 <th>seed</th><th>protocol</th><th>message</th></tr></thead>
 <tbody>
 {% for r in problems %}
-<tr><td class="mono">{{ r.path }}</td><td class="status-{{ r.status_style }}">{{ r.status }}</td>
-<td>{{ r.stream }}</td><td>{{ r.strategy }}</td><td class="num">{{ r.seed }}</td>
+<tr><td class="mono path">{{ r.path }}</td>
+<td class="status-{{ r.status_style }}">{{ r.status }}</td>
+<td>{{ r.stream }}</td><td class="name">{{ r.strategy }}</td><td class="num">{{ r.seed }}</td>
 <td class="mono">{{ r.protocol_hash }}</td><td class="message">{{ r.message }}</td></tr>
 {% endfor %}
 </tbody>
 </table>
 </div>
-{% else %}
-<p>All {{ counts.runs }} runs finished.</p>
+</section>
 {% endif %}
-<details><summary>all {{ counts.runs }} runs</summary>
+<section id="all-runs">
+<h2>All runs</h2>
+<details><summary>all {{ counts.runs }} run{{ "" if counts.runs == 1 else "s" }}</summary>
 <div class="table-wrap">
 <table class="sortable all-runs">
 <thead><tr><th>run directory</th><th>status</th><th>strategy</th><th>seed</th>
 <th>protocol</th><th>Acc_T (%)</th><th>git commit</th></tr></thead>
 <tbody>
 {% for r in all_runs %}
-<tr><td class="mono">{{ r.path }}</td><td class="status-{{ r.status_style }}">{{ r.status }}</td>
-<td>{{ r.strategy }}</td><td class="num">{{ r.seed }}</td>
+<tr><td class="mono path">{{ r.path }}</td>
+<td class="status-{{ r.status_style }}">{{ r.status }}</td>
+<td class="name">{{ r.strategy }}</td><td class="num">{{ r.seed }}</td>
 <td class="mono">{{ r.protocol_hash }}</td>
 <td class="num"{% if r.acc_sort is not none %} data-sort="{{ r.acc_sort }}"{% endif %}>
 {{ r.acc }}</td><td class="mono">{{ r.git_commit }}</td></tr>

@@ -24,7 +24,7 @@ import io
 import math
 import re
 import textwrap
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +51,7 @@ _TAG = re.compile(r"<[^<>]*>")
 
 
 @contextmanager
-def _style(figure_id: str) -> Iterator[None]:
+def figure_style(figure_id: str) -> Iterator[None]:
     import matplotlib
 
     with matplotlib.rc_context({**STYLE, "svg.hashsalt": f"cfl-bench-{figure_id}"}):
@@ -65,6 +65,93 @@ def color(index: int) -> tuple[float, float, float]:
 
     colors = matplotlib.colormaps["tab10"].colors  # type: ignore[attr-defined]
     return tuple(colors[index % len(colors)])  # type: ignore[return-value]
+
+
+#: Marker and line style cycles: with colour they give every strategy of a protocol a look of
+#: its own, so two series with (nearly) equal values stay distinguishable where they overlap
+#: (and for readers who cannot tell the tab10 colours apart).
+MARKERS: tuple[str, ...] = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
+LINESTYLES: tuple[str, ...] = ("-", "--", "-.", ":")
+#: Largest sideways shift of a series on a per-task axis (in task units), and the step
+#: between neighbours: enough to separate equal points, far from the next task's tick.
+DODGE_SPREAD = 0.24
+DODGE_STEP = 0.08
+
+
+def series_style(index: int) -> dict[str, Any]:
+    """Colour, marker and line style of the index-th series (the same in every figure)."""
+    return {
+        "color": color(index),
+        "marker": MARKERS[index % len(MARKERS)],
+        "linestyle": LINESTYLES[index % len(LINESTYLES)],
+    }
+
+
+def dodge(index: int, count: int) -> float:
+    """Sideways offset of the index-th of ``count`` series on a per-task axis. Why: with
+    equal values (two strategies with the same memory drift, one seed each) the later line
+    would hide the earlier one completely; a small offset keeps every marker in view."""
+    if count <= 1:
+        return 0.0
+    step = min(DODGE_STEP, DODGE_SPREAD / (count - 1))
+    return (index - (count - 1) / 2) * step
+
+
+def padded_limits(
+    values: Iterable[float],
+    *,
+    min_span: float,
+    bounds: tuple[float, float] = (-math.inf, math.inf),
+    include: Sequence[float] = (),
+) -> tuple[float, float] | None:
+    """Y limits covering the finite ``values`` (and ``include``) with a 6 % margin, at least
+    ``min_span`` wide (a single point gets a span of its own size, at least 1) and inside
+    ``bounds``; None when there is nothing to cover.
+
+    Why: matplotlib's autoscaling zooms in on whatever range the data has, so one seed with
+    values 9.9, 10.0, 10.1 gets an axis 9.6–10.4 that makes noise look like a trend. A
+    minimum span (20 points for accuracies, 10 for forgetting) and the metric's possible
+    range keep axes honest and comparable between figures.
+    """
+    points = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    points += [float(v) for v in include]
+    if not points:
+        return None
+    low, high = min(points), max(points)
+    margin = 0.06 * (high - low)
+    low, high = low - margin, high + margin
+    # a single value (or none but ``include``) still gets a range around it
+    span = min_span if min_span > 0 or high > low else max(abs(high), 1.0)
+    if high - low < span:
+        middle = (low + high) / 2
+        low, high = middle - span / 2, middle + span / 2
+    if low < bounds[0]:
+        low, high = bounds[0], min(bounds[1], high + bounds[0] - low)
+    if high > bounds[1]:
+        low, high = max(bounds[0], low - (high - bounds[1])), bounds[1]
+    return low, high
+
+
+def set_ylimits(
+    ax: Axes,
+    values: Iterable[float],
+    *,
+    min_span: float,
+    bounds: tuple[float, float] = (-math.inf, math.inf),
+    include: Sequence[float] = (),
+) -> None:
+    """Apply :func:`padded_limits` to ``ax`` (left to matplotlib when nothing is finite)."""
+    limits = padded_limits(values, min_span=min_span, bounds=bounds, include=include)
+    if limits is not None:
+        ax.set_ylim(*limits)
+
+
+#: Possible ranges of the plotted metrics (accuracies are %, forgetting a difference of two).
+PERCENT_RANGE = (0.0, 100.0)
+DIFFERENCE_RANGE = (-100.0, 100.0)
+#: Minimum y span of accuracy and forgetting axes, in percentage points.
+ACC_MIN_SPAN = 20.0
+FGT_MIN_SPAN = 10.0
 
 
 def plain_label(text: str, width: int = 0) -> str:
@@ -98,7 +185,7 @@ def to_svg(fig: Figure, figure_id: str) -> str:
 
     _no_math(fig)
     buffer = io.StringIO()
-    with _style(figure_id):
+    with figure_style(figure_id):
         FigureCanvasSVG(fig).print_svg(buffer, metadata={"Date": None})
     text = buffer.getvalue()
     text = text[text.index("<svg") :]
@@ -109,38 +196,84 @@ def to_svg(fig: Figure, figure_id: str) -> str:
     )
 
 
-def _new_figure(width: float, height: float) -> Figure:
+def new_figure(width: float, height: float, layout: str = "constrained") -> Figure:
+    """A pyplot-free figure. ``layout="compressed"`` is for grids of fixed-aspect panels
+    (heat maps): the constrained layout sizes such panels before their aspect shrinks them,
+    which pushed the panel titles and the top row out of the figure."""
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(width, height), layout="constrained")
+    return Figure(figsize=(width, height), layout=layout)
 
 
-def _tasks(n: int) -> list[int]:
+def tasks_1based(n: int) -> list[int]:
+    """Task numbers as shown to readers: 1..n."""
     return list(range(1, n + 1))
 
 
-def _task_axis(ax: Axes, tasks: int) -> None:
+def task_axis(ax: Axes, tasks: int) -> None:
     """Integer task ticks 1..T with a little room, whatever points happen to be drawn (a
     one-point curve would otherwise get fractional autoscaled ticks)."""
     if tasks:
-        ax.set_xticks(_tasks(tasks))
-        ax.set_xlim(0.7, tasks + 0.3)
+        ax.set_xticks(tasks_1based(tasks))
+        ax.set_xlim(0.6, tasks + 0.4)
 
 
-def _draw_band(ax: Axes, x: Sequence[int], stats: Any, index: int, label: str) -> None:
+def draw_band(
+    ax: Axes, x: Sequence[float], stats: Any, index: int, label: str, shift: float = 0.0
+) -> None:
     """Mean line with markers and a ±1 std band where the std exists (the std kind of the
-    leaderboard, sample or population, already applied in ``stats``)."""
+    leaderboard, sample or population, already applied in ``stats``), in the index-th
+    series style, shifted sideways by ``shift`` task units (see :func:`dodge`)."""
     import numpy as np
 
     mean, std = stats
-    ax.plot(x, mean, marker="o", markersize=3.5, linewidth=1.4, color=color(index), label=label)
+    xs = np.asarray(x, dtype=float) + shift
+    style = series_style(index)
+    ax.plot(xs, mean, markersize=4, linewidth=1.4, label=label, **style)
     if np.isfinite(std).any():
-        ax.fill_between(x, mean - std, mean + std, color=color(index), alpha=0.15, linewidth=0)
+        ax.fill_between(xs, mean - std, mean + std, color=style["color"], alpha=0.15, linewidth=0)
 
 
-def _legend(fig: Figure, count: int) -> None:
-    if count:
-        fig.legend(loc="outside lower center", ncols=min(count, 3), frameon=False)
+def band_values(stats: Any) -> list[float]:
+    """Every value a band plot reaches (mean ± std where the std exists), for the limits."""
+    import numpy as np
+
+    mean, std = (np.asarray(v, dtype=float) for v in stats)
+    spread = np.where(np.isfinite(std), std, 0.0)
+    return [*(mean - spread).tolist(), *(mean + spread).tolist()]
+
+
+def no_value(ax: Axes, text: str) -> None:
+    """Say in an empty panel why it is empty (instead of bare axes that look broken)."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="#5b6570")
+
+
+#: Width of one legend character and of a legend entry's handle and gaps (inches, at the
+#: legend's 8 pt): generous, so an estimate never lets a legend outgrow its figure.
+LEGEND_CHAR_IN = 0.072
+LEGEND_ENTRY_IN = 0.6
+
+
+def legend_columns(labels: Sequence[str], width: float, most: int = 3) -> int:
+    """How many legend columns fit ``width`` inches: long strategy names (a composition
+    with options easily has 60 characters) get one column, short ones up to ``most``.
+    Why: a legend wider than its figure is cut off at the figure's edge."""
+    if not labels:
+        return 1
+    longest = max(len(line) for label in labels for line in label.split("\n"))
+    column = longest * LEGEND_CHAR_IN + LEGEND_ENTRY_IN
+    return max(1, min(len(labels), most, int(0.95 * width // column)))
+
+
+def figure_legend(fig: Figure, count: int) -> None:
+    """One legend below all panels, with as many columns as fit the figure's width."""
+    if not count:
+        return
+    labels: list[str] = []
+    for ax in fig.axes:
+        labels += [label for label in ax.get_legend_handles_labels()[1] if label not in labels]
+    ncols = legend_columns(labels, fig.get_figwidth())
+    fig.legend(loc="outside lower center", ncols=ncols, frameon=False)
 
 
 def curves_svg(
@@ -148,53 +281,72 @@ def curves_svg(
 ) -> str | None:
     """Acc_t and Fgt_t over tasks, one line per strategy (mean over seeds, ±1 std band of
     the leaderboard's std kind) — the two panels of FedGP's figures. ``task_il`` draws the
-    task-IL versions; None when no strategy has the curve."""
+    task-IL versions; None when no strategy has the curve. Series are dodged sideways and
+    styled apart so equal curves stay visible; the y ranges have a minimum span."""
     acc_key, fgt_key = ("acc_task_il_t", "fgt_task_il_t") if task_il else ("acc_t", "fgt_t")
-    with _style(figure_id):
-        fig = _new_figure(8.0, 3.4)
+    drawn = [(i, s) for i, s in enumerate(series) if getattr(s, acc_key) is not None]
+    if not drawn:
+        return None
+    with figure_style(figure_id):
+        fig = new_figure(8.0, 3.4)
         acc_ax, fgt_ax = fig.subplots(1, 2)
-        drawn = 0
-        for index, s in enumerate(series):
+        acc_values: list[float] = []
+        fgt_values: list[float] = []
+        for order, (index, s) in enumerate(drawn):
             acc, fgt = getattr(s, acc_key), getattr(s, fgt_key)
-            if acc is None:
-                continue
+            shift = dodge(order, len(drawn))
             label = plain_label(s.strategy, 40)
-            _draw_band(acc_ax, _tasks(len(acc[0])), acc, index, label)
+            draw_band(acc_ax, tasks_1based(len(acc[0])), acc, index, label, shift)
+            acc_values += band_values(acc)
             if fgt is not None:
-                x = _tasks(len(fgt[0]))
-                _draw_band(fgt_ax, x[1:], (fgt[0][1:], fgt[1][1:]), index, "_nolegend_")
-            drawn += 1
-        if not drawn:
-            return None
+                x = tasks_1based(len(fgt[0]))
+                tail = (fgt[0][1:], fgt[1][1:])
+                draw_band(fgt_ax, x[1:], tail, index, "_nolegend_", shift)
+                fgt_values += band_values(tail)
         kind = "task-IL " if task_il else ""
         acc_ax.set(xlabel="task t", ylabel=f"{kind}Acc_t (%)", title=f"{kind}average accuracy")
         fgt_ax.set(xlabel="task t", ylabel=f"{kind}Fgt_t (%)", title=f"{kind}forgetting")
-        tasks = max(len(getattr(s, acc_key)[0]) for s in series if getattr(s, acc_key))
+        set_ylimits(acc_ax, acc_values, min_span=ACC_MIN_SPAN, bounds=PERCENT_RANGE)
+        set_ylimits(
+            fgt_ax, fgt_values, min_span=FGT_MIN_SPAN, bounds=DIFFERENCE_RANGE, include=(0.0,)
+        )
+        if not any(math.isfinite(v) for v in fgt_values):
+            no_value(fgt_ax, "no value yet: forgetting starts at task 2")
+        tasks = max(len(getattr(s, acc_key)[0]) for _, s in drawn)
         for ax in (acc_ax, fgt_ax):
-            _task_axis(ax, tasks)
-        _legend(fig, drawn)
+            task_axis(ax, tasks)
+        figure_legend(fig, len(drawn))
         return to_svg(fig, figure_id)
 
 
 def drift_svg(series: Sequence[StrategySeries], figure_id: str) -> str | None:
-    """Memory drift MD_t over tasks t ≥ 2 per strategy; None when no run recorded it."""
+    """Memory drift MD_t over tasks t ≥ 2 per strategy; None when no run recorded it.
+    Strategies with (nearly) equal drift — der and der+fedgp often are — are told apart by
+    marker, line style and a small sideways offset; the axis starts at 0 (KL ≥ 0)."""
     import numpy as np
 
-    with _style(figure_id):
-        fig = _new_figure(5.6, 3.4)
+    drawn = [
+        (i, s)
+        for i, s in enumerate(series)
+        if s.md_t is not None and np.isfinite(s.md_t[0][1:]).any()
+    ]
+    if not drawn:
+        return None
+    with figure_style(figure_id):
+        fig = new_figure(5.6, 3.4)
         ax = fig.subplots()
-        drawn = 0
-        for index, s in enumerate(series):
-            if s.md_t is None or not np.isfinite(s.md_t[0][1:]).any():
-                continue
-            x = _tasks(len(s.md_t[0]))
-            _draw_band(ax, x[1:], (s.md_t[0][1:], s.md_t[1][1:]), index, plain_label(s.strategy))
-            drawn += 1
-        if not drawn:
-            return None
+        values: list[float] = []
+        for order, (index, s) in enumerate(drawn):
+            assert s.md_t is not None
+            x = tasks_1based(len(s.md_t[0]))
+            tail = (s.md_t[0][1:], s.md_t[1][1:])
+            label = plain_label(s.strategy, 40)
+            draw_band(ax, x[1:], tail, index, label, dodge(order, len(drawn)))
+            values += band_values(tail)
         ax.set(xlabel="task t", ylabel="MD_t (mean KL, nats)", title="memory drift")
-        _task_axis(ax, max(len(s.md_t[0]) for s in series if s.md_t is not None))
-        _legend(fig, drawn)
+        set_ylimits(ax, values, min_span=0.0, bounds=(0.0, math.inf), include=(0.0,))
+        task_axis(ax, max(len(s.md_t[0]) for _, s in drawn if s.md_t is not None))
+        figure_legend(fig, len(drawn))
         return to_svg(fig, figure_id)
 
 
@@ -202,20 +354,27 @@ def heatmaps_svg(
     series: Sequence[StrategySeries], figure_id: str, *, key: str = "acc_matrix"
 ) -> str | None:
     """The mean accuracy matrix a[t][i] of each strategy as a heat map (rows: after
-    training task t; columns: evaluated task i; blank = not measured). Cells are vector
-    quads (pcolormesh), not ``imshow``'s embedded PNG, so the page holds no image data."""
+    training task t; columns: evaluated task i; blank = not measured)."""
+    panels = [(s.strategy, getattr(s, key)) for s in series if getattr(s, key) is not None]
+    return matrix_panels_svg(panels, figure_id)
+
+
+def matrix_panels_svg(panels: Sequence[tuple[str, Any]], figure_id: str) -> str | None:
+    """Accuracy matrices as titled heat-map panels, three per row, one shared colour bar
+    (0–100 %); None without panels. Cells are vector quads (pcolormesh), not ``imshow``'s
+    embedded PNG, so the page holds no image data. The compressed layout keeps titles and
+    the top row inside the figure (see :func:`new_figure`)."""
     import numpy as np
 
-    matrices = [(s.strategy, getattr(s, key)) for s in series if getattr(s, key) is not None]
-    if not matrices:
+    if not panels:
         return None
-    with _style(figure_id):
-        ncols = min(3, len(matrices))
-        nrows = math.ceil(len(matrices) / ncols)
-        fig = _new_figure(2.9 * ncols + 0.8, 2.7 * nrows + 0.2)
+    with figure_style(figure_id):
+        ncols = min(3, len(panels))
+        nrows = math.ceil(len(panels) / ncols)
+        fig = new_figure(2.9 * ncols + 0.8, 2.9 * nrows + 0.3, layout="compressed")
         axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
         image = None
-        for ax, (name, matrix) in zip(axes, matrices, strict=False):
+        for ax, (name, matrix) in zip(axes, panels, strict=False):
             size = matrix.shape[0]
             edges = np.arange(size + 1) - 0.5
             image = ax.pcolormesh(
@@ -224,8 +383,9 @@ def heatmaps_svg(
             ax.set_aspect("equal")
             ax.invert_yaxis()
             ax.set_title(plain_label(name, 28))
-            ax.set_xticks(range(size), [str(t) for t in _tasks(size)])
-            ax.set_yticks(range(size), [str(t) for t in _tasks(size)])
+            ticks = range(size) if size <= 12 else range(0, size, max(1, size // 10))
+            ax.set_xticks(list(ticks), [str(t + 1) for t in ticks])
+            ax.set_yticks(list(ticks), [str(t + 1) for t in ticks])
             ax.set_xlabel("evaluated task i")
             ax.set_ylabel("after task t")
             ax.grid(False)
@@ -241,7 +401,7 @@ def heatmaps_svg(
                             fontsize=7,
                             color="black" if value > 60 else "white",
                         )
-        for ax in axes[len(matrices) :]:
+        for ax in axes[len(panels) :]:
             ax.set_axis_off()
         if image is not None:
             bar = fig.colorbar(image, ax=list(axes), shrink=0.8, label="accuracy (%)")
@@ -260,11 +420,21 @@ def human_bytes(value: float) -> str:
     return f"{size:.3g} TB"
 
 
+#: Sideways distance (points) between scatter markers that share the same byte count.
+SCATTER_DODGE_PT = 7.0
+
+
 def scatter_svg(series: Sequence[StrategySeries], figure_id: str) -> str | None:
     """Final accuracy Acc_T (± std of the leaderboard's kind) against total bytes
     communicated, one point per strategy; log-scaled bytes when they span more than a
-    factor of 20."""
+    factor of 20.
+
+    Names go in a legend below the axes rather than next to the points: labels beside the
+    markers collided with the error bars and with each other (strategies without extra
+    payloads send exactly the same bytes). Such points are shifted a few points sideways
+    (a display offset, so the byte axis stays exact) and differ in marker and colour."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.transforms import offset_copy
 
     points = [
         (index, s)
@@ -275,30 +445,38 @@ def scatter_svg(series: Sequence[StrategySeries], figure_id: str) -> str | None:
     ]
     if not points:
         return None
-    with _style(figure_id):
-        fig = _new_figure(5.6, 3.6)
+    with figure_style(figure_id):
+        names = [plain_label(s.strategy, 40) for _, s in points]
+        rows = sum(n.count("\n") + 1 for n in names) / legend_columns(names, 5.6)
+        fig = new_figure(5.6, 3.4 + 0.2 * math.ceil(rows))
         ax = fig.subplots()
+        sizes = [s.bytes_total[0] for _, s in points]
+        same: dict[float, list[int]] = {}
         for index, s in points:
+            same.setdefault(s.bytes_total[0], []).append(index)
+        reach: list[float] = []
+        for index, s in points:
+            group = same[s.bytes_total[0]]
+            shift = (group.index(index) - (len(group) - 1) / 2) * SCATTER_DODGE_PT
             err = s.acc_final[1] if math.isfinite(s.acc_final[1]) else None
+            style = series_style(index)
             ax.errorbar(
                 s.bytes_total[0],
                 s.acc_final[0],
                 yerr=err,
-                fmt="o",
-                color=color(index),
+                fmt=style["marker"],
+                color=style["color"],
                 capsize=3,
                 markersize=5,
+                label=plain_label(s.strategy, 40),
+                transform=offset_copy(ax.transData, fig=fig, x=shift, units="points"),
             )
-            ax.annotate(
-                plain_label(s.strategy, 30),
-                (s.bytes_total[0], s.acc_final[0]),
-                textcoords="offset points",
-                xytext=(5, 4),
-                fontsize=7.5,
-            )
-        sizes = [s.bytes_total[0] for _, s in points]
+            reach += [s.acc_final[0] - (err or 0.0), s.acc_final[0] + (err or 0.0)]
         if max(sizes) / min(sizes) > 20:
             ax.set_xscale("log")
+            ax.margins(x=0.25)
+        else:  # from zero: ratios of byte counts stay readable, nothing zooms on noise
+            ax.set_xlim(0, max(sizes) * 1.15)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: human_bytes(v)))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set(
@@ -306,5 +484,6 @@ def scatter_svg(series: Sequence[StrategySeries], figure_id: str) -> str | None:
             ylabel="Acc_T (%)",
             title="accuracy vs communication",
         )
-        ax.margins(x=0.25, y=0.15)
+        set_ylimits(ax, reach, min_span=ACC_MIN_SPAN, bounds=PERCENT_RANGE)
+        figure_legend(fig, len(points))
         return to_svg(fig, figure_id)

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-import torch
-from torch.nn import functional as F
-
 from strategies.base import Learner, Option, StrategyEnv, text
 from strategies.projection import conflict_coefficient
 
 if TYPE_CHECKING:
+    import torch
+
     from cfl_bench.engine.context import ClientState, StepContext
     from cfl_bench.flat import FlatModel
 
@@ -48,6 +47,9 @@ class AGEM(Learner):
         self._scratch: torch.Tensor | None = None
 
     def refine_grad(self, step: StepContext) -> None:
+        import torch
+        from torch.nn import functional as F
+
         buffer = step.client.buffer
         if buffer is None or buffer.filled == 0:
             return
@@ -69,6 +71,8 @@ class AGEM(Learner):
 
     def on_task_end(self, client: ClientState, task: int, model: FlatModel) -> None:
         """task_end fill: M/T random examples of the finished task join the episodic memory."""
+        import torch
+
         buffer = client.buffer
         if (
             self.fill != "task_end"

@@ -22,6 +22,11 @@ it follows; the engine calls only the hooks below, in the order DESIGN.md §3 fi
 
 State lives in explicit objects: per-client state in ``ClientState.extras[component]`` and
 server state on the component instance (one instance per run); nothing is global.
+
+Component modules import torch (and the engine modules that import it) inside the functions
+that compute, never at module top: the grammar (``strategies.compose``) and `cfl-bench list
+strategies` read only the declarations above, so a misspelled strategy is refused without
+paying torch's seconds-long import.
 """
 
 from __future__ import annotations
@@ -31,12 +36,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-import torch
-
 from cfl_bench.errors import UserError
-from cfl_bench.text_values import finite_float, quoted, strict_int
+from cfl_bench.text_values import (  # noqa: F401 - the option parsers components use
+    boolean,
+    finite_float,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    quoted,
+    strict_int,
+    unit_fraction,
+)
 
 if TYPE_CHECKING:
+    import torch
+
     from cfl_bench.engine.context import ClientState, ServerState, StepContext, Upload
     from cfl_bench.flat import FlatModel
 
@@ -48,6 +62,9 @@ class Role(str, enum.Enum):
     AGGREGATOR = "aggregator"
     SCHEDULE = "server schedule"
     COMMUNICATION = "communication"
+
+
+AUTO = "auto"  # the written value of an option resolved from the stream at setup
 
 
 @dataclass(frozen=True)
@@ -65,9 +82,18 @@ class Option:
     help: str
     parse: Callable[[str], object]
     choices: tuple[str, ...] = ()
+    # How a parsed value is written back in the strategy's canonical name; it must parse
+    # to the same value (e.g. ifa's generation None → "task").
+    show: Callable[[object], str] = lambda value: AUTO if value is None else str(value)
 
     def convert(self, component: str, raw: str) -> object:
-        """The typed value of ``raw``, or a ``UserError`` naming the option and the rule."""
+        """The typed value of ``raw``, or a ``UserError`` naming the option and the rule.
+
+        An option whose default is None is resolved at setup from the stream (``der:alpha``,
+        ``fedproj:public_size``); ``auto`` names that default explicitly, as the listing
+        shows it."""
+        if self.default is None and raw == AUTO:
+            return None
         where = f"option {component}:{self.name}"
         if self.choices and raw not in self.choices:
             raise UserError(f"{where} must be one of {', '.join(self.choices)}, got {quoted(raw)}.")
@@ -80,56 +106,9 @@ class Option:
             raise UserError(f"{where} {clause}, got {quoted(raw)}.") from None
 
 
-def non_negative_float(raw: str) -> float:
-    """A weight or tolerance: finite and ≥ 0 (0 switches the term off)."""
-    must = "must be a finite number ≥ 0"
-    value = finite_float(raw, must)
-    if value < 0:
-        raise ValueError(must)
-    return value
-
-
-def positive_int(raw: str) -> int:
-    """A count (samples, epochs, rounds): a plain decimal integer ≥ 1."""
-    must = "must be a positive integer"
-    value = strict_int(raw, must)
-    if value <= 0:
-        raise ValueError(must)
-    return value
-
-
-def boolean(raw: str) -> bool:
-    """Only ``true``/``false`` (any case): why no yes/on/1 — one spelling per value keeps
-    canonical names, sweep directories and protocol hashes unambiguous."""
-    lowered = raw.lower()
-    if lowered == "true":
-        return True
-    if lowered == "false":
-        return False
-    raise ValueError("must be true or false")
-
-
 def text(raw: str) -> str:
     """A word checked against the option's ``choices`` by ``Option.convert``."""
     return raw
-
-
-def unit_fraction(raw: str) -> float:
-    """A fraction of something that must not be empty: finite, in (0, 1]."""
-    must = "must be a fraction in (0, 1]"
-    value = finite_float(raw, must, bounded=True)
-    if not 0 < value <= 1:
-        raise ValueError(must)
-    return value
-
-
-def positive_float(raw: str) -> float:
-    """A rate or temperature: finite and > 0 (0 would divide by zero or never move)."""
-    must = "must be a finite number > 0"
-    value = finite_float(raw, must)
-    if value <= 0:
-        raise ValueError(must)
-    return value
 
 
 @dataclass(frozen=True)
@@ -265,6 +244,8 @@ class Learner(Component):
 
     def loss(self, step: StepContext) -> torch.Tensor:
         """Forward the batch, store logits in ``step.outputs``, return the base loss."""
+        import torch
+
         step.outputs = step.model.module(step.x)
         return torch.nn.functional.cross_entropy(step.outputs, step.y)
 

@@ -26,10 +26,12 @@ would be recorded as if the user had asked for the defaults.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
 from cfl_bench.errors import UserError
+from cfl_bench.text_values import split_options
 from strategies.base import Component, Learner, Role, StrategyEnv, quoted
 from strategies.registry import component_classes
 
@@ -99,51 +101,14 @@ def _parse_component(part: str, classes: dict[str, type[Component]]) -> Componen
     if not colon:
         return ComponentSpec(name, {})
     by_name = {o.name: o for o in cls.options}
-    if not by_name:
-        raise UserError(
-            f"component '{name}' takes no options; drop {quoted(':' + opt_text)} after it."
-        )
-    example = f"{name}:{cls.options[0].name}=VALUE"
-    if not opt_text.strip():
-        raise UserError(
-            f"component '{name}' has ':' but no options after it; drop the ':' or write "
-            f"options like {example}."
-        )
-    if ":" in opt_text:
-        raise UserError(
-            f"component '{name}' has more than one ':'; write all its options after a single "
-            f"':', separated by commas, e.g. {example}."
-        )
-    values: dict[str, object] = {}
-    for item in (s.strip() for s in opt_text.split(",")):
-        if not item:
-            raise UserError(
-                f"component '{name}' has an empty option in {quoted(opt_text.strip())}; "
-                f"separate options with single commas and drop leading or trailing ones."
-            )
-        key, eq, raw = (s.strip() for s in item.partition("="))
-        option = by_name.get(key)
-        if not key:
-            raise UserError(
-                f"option {quoted(item)} of '{name}' has no name before '='; name one of its "
-                f"options ({', '.join(by_name)}), e.g. {name}:{cls.options[0].name}{item}."
-            )
-        if option is None:
-            raise UserError(_unknown_option(name, key, bool(eq), classes))
-        if not eq:
-            raise UserError(f"option '{key}' of '{name}' needs a value; write {name}:{key}=VALUE.")
-        if not raw:
-            raise UserError(
-                f"option {name}:{key} has no value after '='; write {name}:{key}=VALUE."
-            )
-        if "=" in raw:
-            raise UserError(
-                f"option {quoted(item)} of '{name}' has more than one '='; write one '=' "
-                f"between the option's name and its value."
-            )
-        if key in values:
-            raise UserError(f"option '{key}' of '{name}' is given twice; give it once.")
-        values[key] = option.convert(name, raw)
+    raw_values = split_options(
+        "component",
+        name,
+        opt_text,
+        list(by_name),
+        lambda key, has_value: _unknown_option(name, key, has_value, classes),
+    )
+    values = {key: by_name[key].convert(name, raw) for key, raw in raw_values.items()}
     return ComponentSpec(name, values)
 
 
@@ -160,7 +125,9 @@ def _unknown_component(raw_name: str, has_colon: bool, classes: dict[str, type[C
             f"{quoted(raw_name)} is not a strategy component; join components with '+' "
             f"(e.g. der+fedgp), or {choose}."
         )
-    return f"unknown strategy component {quoted(raw_name.lower())}; {choose}."
+    guess = difflib.get_close_matches(raw_name.lower(), list(classes), n=1)
+    hint = f" (did you mean '{guess[0]}'?)" if guess else ""
+    return f"unknown strategy component {quoted(raw_name.lower())}; {choose}{hint}."
 
 
 def _unknown_option(
@@ -230,7 +197,8 @@ class Strategy:
         """Canonical name: components in written order, non-default options spelled out."""
         parts = []
         for c in self.all:
-            opts = ",".join(f"{k}={c.values[k]}" for k in sorted(c.explicit))
+            shows = {o.name: o.show for o in c.options}
+            opts = ",".join(f"{k}={shows[k](c.values[k])}" for k in sorted(c.explicit))
             parts.append(f"{c.name}:{opts}" if opts else c.name)
         return "+".join(parts)
 

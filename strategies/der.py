@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-import torch
-from torch.nn import functional as F
-
 from strategies.base import Learner, Option, StrategyEnv, non_negative_float
 
 if TYPE_CHECKING:
+    import torch
+
     from cfl_bench.engine.context import StepContext
 
 
@@ -30,6 +29,8 @@ def is_mnist_like(stream_name: str) -> bool:
 
 def der_logit_loss(outputs: torch.Tensor, stored_logits: torch.Tensor) -> torch.Tensor:
     """The DER replay term before weighting: mean squared error over batch × outputs."""
+    from torch.nn import functional as F
+
     return F.mse_loss(outputs, stored_logits)
 
 

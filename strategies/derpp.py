@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-import torch
-from torch.nn import functional as F
-
 from strategies.base import Learner, Option, StrategyEnv, non_negative_float
 from strategies.der import der_logit_loss
 
 if TYPE_CHECKING:
+    import torch
+
     from cfl_bench.engine.context import StepContext
 
 
@@ -37,6 +36,8 @@ class DERPP(Learner):
         self.beta = float(str(self.values["beta"]))
 
     def loss(self, step: StepContext) -> torch.Tensor:
+        from torch.nn import functional as F
+
         loss = super().loss(step)
         buffer = step.client.buffer
         if buffer is None or buffer.filled == 0:

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-import torch
-from torch.nn import functional as F
-
 from strategies.base import Learner
 
 if TYPE_CHECKING:
+    import torch
+
     from cfl_bench.engine.context import StepContext
 
 
@@ -30,6 +29,8 @@ class ER(Learner):
     needs_buffer: ClassVar[bool] = True
 
     def loss(self, step: StepContext) -> torch.Tensor:
+        from torch.nn import functional as F
+
         loss = super().loss(step)
         buffer = step.client.buffer
         if buffer is not None and buffer.filled > 0:

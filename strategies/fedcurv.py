@@ -25,10 +25,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, ClassVar
 
-import torch
-from torch.nn import functional as F
-
-from cfl_bench.seeding import generator
 from strategies.base import (
     Component,
     Option,
@@ -39,6 +35,8 @@ from strategies.base import (
 )
 
 if TYPE_CHECKING:
+    import torch
+
     from cfl_bench.engine.context import ClientState, ServerState, StepContext, Upload
     from cfl_bench.flat import FlatModel
 
@@ -47,6 +45,9 @@ def diagonal_fisher(
     model: FlatModel, x: torch.Tensor, y: torch.Tensor, batch_size: int
 ) -> torch.Tensor:
     """Mean over batches of (∇ mean CE of the batch)², at the model's current parameters."""
+    import torch
+    from torch.nn import functional as F
+
     fisher = torch.zeros_like(model.grads)
     batches = 0
     for start in range(0, y.shape[0], batch_size):
@@ -67,6 +68,8 @@ def curvature_penalty_(
     lam: float,
 ) -> torch.Tensor:
     """Add 2λ[θ⊙U' − V'] to ``grads``; return λ·Σ[θ²⊙U' − 2θ⊙V'] (U' = U − u_k, V' = V − v_k)."""
+    import torch
+
     inner = params * others_u - others_v
     grads.add_(inner, alpha=2.0 * lam)
     return lam * (torch.dot(params, inner) - torch.dot(params, others_v))
@@ -110,6 +113,8 @@ class FedCurv(Component):
         return {"fedcurv.U": self.sums[0], "fedcurv.V": self.sums[1]}
 
     def on_client_start(self, client: ClientState, server: ServerState) -> None:
+        import torch
+
         if self.sums is None:
             self._others = None
             return
@@ -129,6 +134,10 @@ class FedCurv(Component):
         return curvature_penalty_(step.model.grads, step.model.params, others_u, others_v, self.lam)
 
     def after_local(self, client: ClientState, upload: Upload, server: ServerState) -> None:
+        import torch
+
+        from cfl_bench.seeding import generator
+
         if client.train_x is None or client.train_y is None or client.num_samples == 0:
             return
         state = client.state_for(self.name)

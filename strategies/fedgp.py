@@ -25,15 +25,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-import torch
-from torch.nn import functional as F
-
-from cfl_bench.engine.context import tensor_bytes
 from cfl_bench.errors import UserError
 from strategies.base import Component, Option, Role, StrategyEnv, boolean, positive_int, text
 from strategies.projection import project_conflicting_
 
 if TYPE_CHECKING:
+    import torch
+
     from cfl_bench.engine.context import ClientState, ServerState, StepContext
 
 
@@ -105,6 +103,8 @@ class FedGP(Component):
             project_conflicting_(step.model.grads, self.gref, self.gref_sq)
 
     def after_aggregate(self, server: ServerState) -> None:
+        import torch
+
         interval = int(str(self.values["gref_interval"]))
         if self.gref is not None and server.round_index % interval != 0:
             return
@@ -124,6 +124,11 @@ def reference_gradient(
     server: ServerState, clients: list[ClientState], samples: object, *, train_mode: bool
 ) -> torch.Tensor:
     """Mean over ``clients`` of ∇ CE on their buffer samples at the global model θ_g."""
+    import torch
+    from torch.nn import functional as F
+
+    from cfl_bench.engine.context import tensor_bytes
+
     model = server.model
     model.load(server.global_params, server.global_buffers)
     model.module.train(train_mode)

@@ -22,15 +22,14 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, ClassVar
 
-import torch
-from torch.nn import functional as F
-
 from cfl_bench.errors import UserError
-from cfl_bench.flat import FlatModel
 from strategies.base import Component, Option, Role, StrategyEnv, non_negative_float, positive_float
 
 if TYPE_CHECKING:
+    import torch
+
     from cfl_bench.engine.context import ClientState, ServerState, StepContext
+    from cfl_bench.flat import FlatModel
 
 
 def drop_true_class(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -40,6 +39,8 @@ def drop_true_class(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     boolean mask: masked indexing must count the kept entries on the host, a device sync at
     every local step on a GPU.
     """
+    import torch
+
     rows, classes = logits.shape
     cols = torch.arange(classes - 1, device=logits.device).expand(rows, -1)
     cols = cols + (cols >= labels.unsqueeze(1)).long()
@@ -50,6 +51,8 @@ def not_true_distillation(
     logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor, tau: float
 ) -> torch.Tensor:
     """τ² · KL(softmax(z̃_g/τ) ‖ softmax(z̃/τ)) with batchmean reduction."""
+    from torch.nn import functional as F
+
     student = F.log_softmax(drop_true_class(logits, labels) / tau, dim=1)
     teacher = F.log_softmax(drop_true_class(teacher_logits, labels) / tau, dim=1)
     return tau * tau * F.kl_div(student, teacher, reduction="batchmean", log_target=True)
@@ -77,6 +80,8 @@ class FedNTD(Component):
         self.teacher: FlatModel | None = None
 
     def on_client_start(self, client: ClientState, server: ServerState) -> None:
+        from cfl_bench.flat import FlatModel
+
         if self.teacher is None:
             self.teacher = FlatModel(copy.deepcopy(server.model.module))
             self.teacher.module.eval()
@@ -84,6 +89,8 @@ class FedNTD(Component):
         self.teacher.load(server.global_params, server.global_buffers)
 
     def loss_term(self, step: StepContext) -> torch.Tensor | None:
+        import torch
+
         if self.beta == 0 or self.teacher is None or step.outputs is None:
             return None
         with torch.no_grad():

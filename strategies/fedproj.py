@@ -41,12 +41,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-import torch
-from torch.nn import functional as F
-
-from cfl_bench.engine.evaluation import predict_logits
 from cfl_bench.errors import UserError
-from cfl_bench.seeding import generator
 from strategies.base import (
     Component,
     Option,
@@ -58,9 +53,10 @@ from strategies.base import (
     text,
 )
 from strategies.projection import conflict_coefficient
-from streams.mnist import load_idx_split, split_present
 
 if TYPE_CHECKING:
+    import torch
+
     from cfl_bench.engine.context import ClientState, ServerState, StepContext, Upload
     from cfl_bench.flat import FlatModel
 
@@ -92,6 +88,11 @@ def load_fashion_public(
     Only the test split is read: the shared offline copy has nothing else, and a public
     set never needs labels.
     """
+    import torch
+
+    from cfl_bench.seeding import generator
+    from streams.mnist import load_idx_split, split_present
+
     if tuple(input_shape) != FASHION_SHAPE:
         shape = "×".join(str(d) for d in input_shape)
         raise UserError(
@@ -119,11 +120,15 @@ def load_fashion_public(
 
 def teacher_log_probs(z_ens: torch.Tensor, temperature: float) -> torch.Tensor:
     """log σ(Z_ens/T), computed once per round instead of at every local step."""
+    from torch.nn import functional as F
+
     return F.log_softmax(z_ens.float() / temperature, dim=1)
 
 
 def kl_to_teacher(logits: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
     """KL(σ(Z_ens/T) ‖ σ(f/T)), batchmean, given the teacher's log-probabilities."""
+    from torch.nn import functional as F
+
     student = F.log_softmax(logits / temperature, dim=1)
     return F.kl_div(student, teacher, reduction="batchmean", log_target=True)
 
@@ -158,6 +163,8 @@ def distill(
     zeroed through the flat vector: ``Optimizer.zero_grad`` would set each ``param.grad`` to
     None and break the views into ``model.grads``.
     """
+    import torch
+
     module = model.module
     was_training = module.training
     module.train()
@@ -224,6 +231,8 @@ class FedProj(Component):
     )
 
     def setup(self, env: StrategyEnv) -> None:
+        from cfl_bench.seeding import generator
+
         public = resolve_public(str(self.values["public"]), env.input_shape)
         self.values["public"] = public  # the run's config records the resolved choice
         self.public = public
@@ -277,6 +286,8 @@ class FedProj(Component):
         Z_ens keeps covering only the examples it was computed on; the new slice gets
         ensemble logits at the end of this task's first round.
         """
+        import torch
+
         if self.public != "holdout" or holdout is None or holdout.shape[0] == 0:
             return
         part = holdout.to(device=self.device, dtype=torch.float32)
@@ -288,6 +299,8 @@ class FedProj(Component):
 
     # -- local step ---------------------------------------------------------------------------
     def transform_grad(self, step: StepContext) -> None:
+        import torch
+
         if self.teacher is None or self.public_x is None:
             return
         grads = step.model.grads
@@ -305,6 +318,10 @@ class FedProj(Component):
     def _memory_batch(self, client: ClientState, size: int) -> torch.Tensor:
         """``size`` distinct indices among the public examples Z_ens covers, drawn from the
         client's own generator so the draws do not depend on other clients or components."""
+        import torch
+
+        from cfl_bench.seeding import generator
+
         assert self.teacher is not None
         state = client.state_for(STATE_KEY)
         gen = state.get("generator")
@@ -317,6 +334,8 @@ class FedProj(Component):
     # -- client → server ----------------------------------------------------------------------
     def after_local(self, client: ClientState, upload: Upload, server: ServerState) -> None:
         """The local model (loaded in ``server.model``) labels the whole public set."""
+        from cfl_bench.engine.evaluation import predict_logits
+
         if self.public_x is None or self.public_x.shape[0] == 0:
             return
         logits = predict_logits(server.model.module, self.public_x)  # eval, mode restored

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-import torch
-
 from strategies.base import Component, Option, Role, StrategyEnv, non_negative_float
 
 if TYPE_CHECKING:
+    import torch
+
     from cfl_bench.engine.context import StepContext
 
 
@@ -25,6 +25,8 @@ def proximal_penalty_(
     grads: torch.Tensor, params: torch.Tensor, anchor: torch.Tensor, mu: float
 ) -> torch.Tensor:
     """Add μ(θ − θ_g) to ``grads`` in place; return (μ/2)‖θ − θ_g‖² as a 0-d tensor."""
+    import torch
+
     diff = params - anchor
     grads.add_(diff, alpha=mu)
     return 0.5 * mu * torch.dot(diff, diff)

@@ -7,11 +7,12 @@ tasks accumulate). Not a continual method — the reference that bounds them.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from strategies.base import Learner
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Ideal(Learner):
@@ -23,5 +24,7 @@ class Ideal(Learner):
     def training_data(
         self, shards: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch
+
         xs, ys = zip(*shards, strict=True)
         return torch.cat(xs), torch.cat(ys)

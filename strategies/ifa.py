@@ -22,12 +22,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-import torch
-
-from cfl_bench.seeding import generator
 from strategies.base import Component, Option, Role, StrategyEnv, positive_int, text, unit_fraction
 
 if TYPE_CHECKING:
+    import torch
+
     from cfl_bench.engine.context import ServerState
     from cfl_bench.flat import ParamSlice
 
@@ -66,6 +65,10 @@ def later_layers_start(slices: tuple[ParamSlice, ...], rho: float) -> int:
 
 def random_selection(num_params: int, rho: float, seed: int, index: int) -> torch.Tensor:
     """round(ρ·P) distinct flat indices (at least one), seeded per generation."""
+    import torch
+
+    from cfl_bench.seeding import generator
+
     count = max(1, round(rho * num_params))
     return torch.randperm(num_params, generator=generator(seed, "ifa", index))[:count]
 
@@ -91,6 +94,7 @@ class IFA(Component):
             "task",
             "rounds per generation ('task' = the rounds of one task)",
             generation_length,
+            show=lambda value: "task" if value is None else str(value),
         ),
         Option(
             "reset_to",

@@ -3,18 +3,24 @@
     g̃ = g − (g·r / r·r) · r    only where g·r < 0
 
 Written with ``torch.where`` so it never reads a tensor value on the host (no device sync
-per step). ``min_norm_sq`` is FedProj's ε: no projection when ‖r‖² ≤ ε.
+per step). ``min_norm_sq`` is FedProj's ε: no projection when ‖r‖² ≤ ε. torch is imported
+inside the functions, as in every strategy module (see ``strategies.base``).
 """
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def conflict_coefficient(
     g: torch.Tensor, ref: torch.Tensor, ref_sq: torch.Tensor | None = None, min_norm_sq: float = 0.0
 ) -> torch.Tensor:
     """(g·r / r·r) where g conflicts with r (and ‖r‖² > min_norm_sq), else 0 — a 0-d tensor."""
+    import torch
+
     dot = torch.dot(g, ref)
     if ref_sq is None:
         ref_sq = torch.dot(ref, ref)

@@ -9,6 +9,7 @@ materialising the transform) and for a JSON description that enters the protocol
 from __future__ import annotations
 
 import abc
+import hashlib
 import operator
 from dataclasses import dataclass
 
@@ -61,8 +62,12 @@ class Stream(abc.ABC):
     def protocol_fields(self) -> dict[str, object]:
         """What identifies the stream's data beyond its name and the run options, and does
         not depend on the seed (seed-derived parameters such as rotation angles stay out, so
-        the seeds of one protocol average together). Native streams need nothing here: the
-        name and the options fix their data. Adapters of external data override it."""
+        the seeds of one protocol average together).
+
+        Streams that read files say which data they read (sizes and a content digest, see
+        :func:`data_identity`): the name and the options do not fix it — a CIFAR subset and
+        the full CIFAR, or two different subsets, must never share a leaderboard row.
+        """
         return {}
 
     def _task_index(self, t: int) -> int:
@@ -79,3 +84,26 @@ class Stream(abc.ABC):
                 f"{self.num_tasks} tasks; use 0..{self.num_tasks - 1}"
             )
         return index
+
+
+Column = torch.Tensor | list[str]
+
+
+def data_identity(
+    base: str, train: tuple[Column, ...], test: tuple[Column, ...]
+) -> dict[str, object]:
+    """{base, sizes, sha256} of a stream's base data: the digest covers every column's dtype,
+    shape and bytes (tensors) or every text (text streams), so runs on different data never
+    get the same protocol hash. Seed-independent by construction (base data, not tasks)."""
+    digest = hashlib.sha256()
+    for column in (*train, *test):
+        if isinstance(column, torch.Tensor):
+            array = column.detach().cpu().contiguous()
+            digest.update(f"{array.dtype}{tuple(array.shape)}".encode())
+            digest.update(array.numpy().tobytes())
+        else:
+            digest.update(f"{len(column)} texts".encode())
+            for text in column:
+                digest.update(text.encode("utf-8", "surrogatepass") + b"\x00")
+    sizes = {"train": len(train[0]), "test": len(test[0])}
+    return {"base": base, "sizes": sizes, "sha256": digest.hexdigest()}

@@ -21,9 +21,7 @@ belong here: a partitioner only says *what* data a client holds within one task.
 from __future__ import annotations
 
 import abc
-import difflib
 import math
-from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
@@ -31,7 +29,14 @@ import torch
 
 from cfl_bench.errors import UserError
 from cfl_bench.seeding import derive_seed, generator
-from cfl_bench.text_values import finite_float, quoted, strict_int
+from cfl_bench.text_values import quoted
+from streams.partition_spec import (  # noqa: F401 - re-exported: the partition names
+    OPTION_PARSERS,
+    PARTITIONERS,
+    parse_partition_spec,
+    unknown_option,
+    unknown_partition,
+)
 
 
 class Partitioner(abc.ABC):
@@ -254,14 +259,6 @@ _PARTITIONER_TYPES: dict[str, type[Partitioner]] = {
     DirichletPartitioner.name: DirichletPartitioner,
 }
 
-PARTITIONERS: dict[str, str] = {
-    "shards": "sort by label, cut into equal shards, each client gets shards_per_client "
-    "(default 2) at random; drawn once for all tasks (FedGP MNIST split)",
-    "iid": "uniformly random near-equal split; drawn once for all tasks",
-    "dirichlet": "per-class Dir(alpha) label skew (default alpha 0.3), N/K balancing cap, "
-    "redrawn until every client has min_size (default 10); drawn afresh per task",
-}
-
 
 def build_partitioner(name: str, **options: object) -> Partitioner:
     """Construct a partitioner by name from already typed option values.
@@ -272,8 +269,8 @@ def build_partitioner(name: str, **options: object) -> Partitioner:
     constructors.
     """
     if name not in _PARTITIONER_TYPES:
-        raise UserError(_unknown_partition(name, has_colon=False))
-    parsers = _OPTION_PARSERS[name]
+        raise UserError(unknown_partition(name, has_colon=False))
+    parsers = OPTION_PARSERS[name]
     for key in options:
         if not parsers:
             raise UserError(
@@ -281,7 +278,7 @@ def build_partitioner(name: str, **options: object) -> Partitioner:
                 f"build it with no options."
             )
         if key not in parsers:
-            raise UserError(_unknown_option(name, key))
+            raise UserError(unknown_option(name, key))
     return _PARTITIONER_TYPES[name](**options)
 
 
@@ -298,165 +295,8 @@ def partitioner_from_spec(spec: str) -> Partitioner:
     ``dirichlet:alpha=1,$MORE``) or a duplicate whose last value silently wins would record
     a run under a protocol the user did not ask for.
     """
-    name, options = _parse_partition_spec(spec)
+    name, options = parse_partition_spec(spec)
     return _PARTITIONER_TYPES[name](**options)
-
-
-def _parse_partition_spec(spec: str) -> tuple[str, dict[str, object]]:
-    """The partition's name and its converted option values; every refusal is one line."""
-    text = spec.strip()
-    if not text:
-        raise UserError(
-            "the partition is empty; give one like 'dirichlet' or 'dirichlet:alpha=1,min_size=5' "
-            "(see `cfl-bench list partitions`)."
-        )
-    raw_name, colon, opt_text = text.partition(":")
-    name = raw_name.strip()
-    if not name:
-        raise UserError(
-            f"partition {quoted(text)} has no name before ':'; write the partition first, "
-            f"e.g. dirichlet:alpha=1."
-        )
-    if name not in _PARTITIONER_TYPES:
-        raise UserError(_unknown_partition(name, has_colon=bool(colon)))
-    if not colon:
-        return name, {}
-    parsers = _OPTION_PARSERS[name]
-    if not parsers:
-        raise UserError(
-            f"partition '{name}' takes no options; drop {quoted(':' + opt_text)} after it."
-        )
-    example = f"{name}:{next(iter(parsers))}=VALUE"
-    if not opt_text.strip():
-        raise UserError(
-            f"partition '{name}' has ':' but no options after it; drop the ':' or write "
-            f"options like {example}."
-        )
-    if ":" in opt_text:
-        raise UserError(
-            f"partition '{name}' has more than one ':'; write all its options after a single "
-            f"':', separated by commas, e.g. {example}."
-        )
-    values: dict[str, object] = {}
-    for item in (piece.strip() for piece in opt_text.split(",")):
-        if not item:
-            raise UserError(
-                f"partition '{name}' has an empty option in {quoted(opt_text.strip())}; "
-                f"separate options with single commas and drop leading or trailing ones."
-            )
-        key, eq, raw = (part.strip() for part in item.partition("="))
-        if not key:
-            raise UserError(
-                f"option {quoted(item)} of partition '{name}' has no name before '='; name one "
-                f"of its options ({', '.join(parsers)}), e.g. {name}:{next(iter(parsers))}=VALUE."
-            )
-        if key not in parsers:
-            raise UserError(_unknown_option(name, key))
-        if not eq:
-            raise UserError(
-                f"option '{key}' of partition '{name}' needs a value; write {name}:{key}=VALUE."
-            )
-        if not raw:
-            raise UserError(
-                f"option {name}:{key} has no value after '='; write {name}:{key}=VALUE."
-            )
-        if "=" in raw:
-            raise UserError(
-                f"option {quoted(item)} of partition '{name}' has more than one '='; write one "
-                f"'=' between each option's name and value and separate options with commas, "
-                f"e.g. {example}."
-            )
-        if key in values:
-            raise UserError(f"option '{key}' of partition '{name}' is given twice; give it once.")
-        try:
-            values[key] = parsers[key](raw)
-        except ValueError as exc:
-            raise UserError(f"option {name}:{key} {exc}, got {quoted(raw)}.") from None
-    return name, values
-
-
-# Other spellings users bring from papers and other code bases.
-_ALIASES: dict[str, str] = {"lda": "dirichlet"}
-
-
-def _unknown_partition(name: str, *, has_colon: bool) -> str:
-    """The refusal for a name that is no partition, with the likely slip when there is one."""
-    choose = f"choose one of: {', '.join(sorted(_PARTITIONER_TYPES))}"
-    lowered = name.lower()
-    if lowered in _PARTITIONER_TYPES:  # DIRICHLET: one spelling per partition
-        return (
-            f"unknown partition {quoted(name)}; partition names are lower case, write '{lowered}'."
-        )
-    if "=" in name and not has_colon:  # alpha=1 or dirichlet,alpha=1
-        return (
-            f"{quoted(name)} is not a partition; options follow the partition's name and a "
-            f"':', e.g. dirichlet:alpha=1,min_size=5."
-        )
-    guess = _ALIASES.get(lowered) or next(
-        iter(difflib.get_close_matches(lowered, list(_PARTITIONER_TYPES), n=1)), None
-    )
-    hint = f" (did you mean '{guess}'?)" if guess else ""
-    return f"unknown partition {quoted(name)}{hint}; {choose}."
-
-
-def _unknown_option(name: str, key: str) -> str:
-    """The refusal for a key the partition lacks, with its valid keys and the likely slip."""
-    parsers = _OPTION_PARSERS[name]
-    known = ", ".join(parsers)
-    if key.lower() in parsers:
-        hint = f" (option names are lower case: write '{key.lower()}')"
-    elif guess := difflib.get_close_matches(key.lower(), list(parsers), n=1):
-        hint = f" (did you mean '{guess[0]}'?)"
-    elif owners := [n for n, p in _OPTION_PARSERS.items() if n != name and key in p]:
-        hint = f" ('{key}' is an option of {' and '.join(owners)})"
-    else:
-        hint = ""
-    return f"unknown option {quoted(key)} for partition '{name}'{hint}; its options are: {known}."
-
-
-# -- option values ---------------------------------------------------------------------------
-# Option values follow the project's one rule for typed text (cfl_bench.text_values).
-
-
-def _positive_float(raw: str) -> float:
-    """A concentration such as alpha: finite and > 0 (Dir(0) is undefined)."""
-    must = "must be a finite number > 0"
-    value = finite_float(raw, must)
-    if value <= 0:
-        raise ValueError(must)
-    return value
-
-
-def _positive_int(raw: str) -> int:
-    """A count such as shards per client or redraws: a plain decimal integer ≥ 1."""
-    must = "must be a positive integer"
-    value = strict_int(raw, must)
-    if value <= 0:
-        raise ValueError(must)
-    return value
-
-
-def _non_negative_int(raw: str) -> int:
-    """A lower bound on a client's samples: a plain decimal integer ≥ 0 (0 = no bound)."""
-    must = "must be an integer ≥ 0"
-    value = strict_int(raw, must)
-    if value < 0:
-        raise ValueError(must)
-    return value
-
-
-# Every partition's options, in the order messages list them; the keys are exactly the
-# constructors' keyword arguments (a test pins this). Each parser raises
-# ``ValueError("must …")`` for a bad value.
-_OPTION_PARSERS: dict[str, dict[str, Callable[[str], object]]] = {
-    ShardPartitioner.name: {"shards_per_client": _positive_int},
-    IIDPartitioner.name: {},
-    DirichletPartitioner.name: {
-        "alpha": _positive_float,
-        "min_size": _non_negative_int,
-        "max_redraws": _positive_int,
-    },
-}
 
 
 def client_class_counts(

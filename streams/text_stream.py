@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from streams.base import data_identity
 from streams.class_il import ClassSplitStream, check_class_tasks, check_tasks_have_data
 from streams.text import DEFAULT_ENCODER, TextSplits, embedded_splits
 
@@ -56,11 +57,21 @@ class EmbeddedTextStream(ClassSplitStream):
             device=device,
         )
         self.encoder = encoder
+        # The texts, not their embeddings: floats may differ in the last bit between
+        # machines, the texts (and the encoder, in describe()) decide the data.
+        self._identity = data_identity(
+            splits.name,
+            train=(splits.train_texts, splits.train_y),
+            test=(splits.test_texts, splits.test_y),
+        )
         self.input_shape = (int(train_x.shape[1]),)
         self._base_name = splits.name
         self._class_names = list(splits.class_names)
         self._train_x = train_x.to(self.device)
         self._test_x = test_x.to(self.device)
+
+    def protocol_fields(self) -> dict[str, object]:
+        return {"data": {**self._identity, "encoder": self.encoder}}
 
     def describe(self) -> dict[str, object]:
         return {

@@ -23,9 +23,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# Where the real datasets are: CFL_BENCH_SHARED_DATA overrides it (tests/conftest.py).
+from tests.conftest import SHARED_DATA
+
 ROOT = Path(__file__).resolve().parent.parent
 DIGESTS = Path(__file__).with_name("golden_digests.json")
-SHARED_DATA = ROOT.parent / "shared" / "data"
 
 DIGITS = ["--stream", "rot-digits", "--tasks", "3", "--rounds-per-task", "2", "--clients", "5"]
 COMMON = ["--epochs", "1", "--threads", "1"]

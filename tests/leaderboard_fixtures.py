@@ -250,3 +250,107 @@ def standard_runs(root: Path, injection: str = "<script>alert(1)</script>") -> P
             scenario="class-il",
         )
     return root
+
+
+def recorded_rows(
+    tasks: int, rounds_per_task: int, clients: int, task_il: bool
+) -> list[tuple[int, int, int, str, str, float]]:
+    """records.csv rows laid out as the engine writes them (see cfl_bench/engine/loop.py):
+    the initial model's accuracy at round 0; every round its bytes, training loss and
+    per-client buffer drift; every task end the accuracy of tasks 0..t+1, the memory drift
+    of older tasks and each client's local-model accuracy. Values are simple formulas of
+    the indices, so a test can predict every number (e.g. a[t][i] = 40 + 10 i + 5 t − 3 (t − i)
+    for i ≤ t, 12.5 for the task before its training; task-IL 20 more; at most 100)."""
+    metrics = ("acc", "acc_task_il") if task_il else ("acc",)
+    rows: list[tuple[int, int, int, str, str, float]] = []
+    for metric in metrics:
+        rows += [(0, -1, i, "global", metric, 10.0) for i in range(tasks)]
+    for g in range(1, tasks * rounds_per_task + 1):
+        t = (g - 1) // rounds_per_task
+        rows += [
+            (g, t, -1, "global", "bytes_up", 1000.0 * clients),
+            (g, t, -1, "global", "bytes_down", 3000.0 * clients),
+            (g, t, -1, "global", "train_loss", 2.0 / g),
+        ]
+        rows += [
+            (g, t, -1, f"client_{k}", "buffer_drift", 0.01 * g * (1 + k / 10))
+            for k in range(clients)
+        ]
+        if g % rounds_per_task:
+            continue
+        for bonus, metric in enumerate(metrics):
+            for i in range(min(t + 2, tasks)):
+                value = 40.0 + 10 * i + 5 * t - 3 * (t - i) if i <= t else 12.5
+                rows.append((g, t, i, "global", metric, min(value + 20 * bonus, 100.0)))
+        rows += [(g, t, i, "global", "kl_drift", 0.02 * (t - i)) for i in range(t)]
+        rows += [(g, t, -1, f"client_{k}", "client_acc", 20.0 + 3 * k + t) for k in range(clients)]
+    return rows
+
+
+def write_recorded_run(
+    root: Path,
+    name: str,
+    *,
+    strategy: str = "der",
+    seed: int = 0,
+    tasks: int = 3,
+    clients: int = 4,
+    rounds_per_task: int = 2,
+    scenario: str = "domain-il",
+    classes: int = 10,
+    finished: bool = True,
+) -> Path:
+    """A run directory with a real-looking ``records.csv`` (:func:`recorded_rows`), the
+    client × class tables and task clock of ``config.json``, and (``finished``) the
+    ``summary.json`` that ``cfl_bench.metrics.summarize`` computes from those records, as
+    ``cfl-bench run`` does. Class-IL runs hold two classes per task (0-1, 2-3, ...)."""
+    import pandas as pd
+
+    from cfl_bench.metrics import RECORD_COLUMNS, summarize
+
+    stream = "seq-cifar10" if scenario == "class-il" else "rot-digits"
+    proto = protocol(stream, tasks=tasks, clients=clients, rounds_per_task=rounds_per_task)
+    path = write_run(
+        root, name, strategy=strategy, seed=seed, proto=proto, scenario=scenario, status=None
+    )
+    config = json.loads((path / "config.json").read_text())
+    config["stream"]["num_classes"] = classes
+    tables = {}
+    for t in range(tasks):
+        table = [[0] * classes for _ in range(clients)]
+        for k in range(clients):
+            if scenario == "class-il":
+                own = ((2 * t) % classes, (2 * t + 1) % classes)
+            else:
+                own = (k % classes, (k + 1) % classes)
+            table[k][own[0]] += 5 + k
+            table[k][own[1]] += 3 + t
+        tables[str(t + 1)] = table
+    config["client_class_counts"] = tables
+    config["task_clock"] = {
+        "eval_rounds": [rounds_per_task * (t + 1) for t in range(tasks)],
+        "lag": 0,
+        "offsets": [0] * clients,
+        "total_rounds": tasks * rounds_per_task,
+    }
+    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    rows = recorded_rows(tasks, rounds_per_task, clients, task_il=scenario == "class-il")
+    lines = [",".join(RECORD_COLUMNS)]
+    lines += [f"{r},{tt},{e},{s},{m},{float(v)!r}" for r, tt, e, s, m, v in rows]
+    (path / "records.csv").write_text("\n".join(lines) + "\n")
+    if finished:
+        frame = pd.DataFrame(rows, columns=list(RECORD_COLUMNS))
+        summary = {
+            "status": "finished",
+            "message": "",
+            **summarize(frame, tasks),
+            "stream": stream,
+            "strategy": strategy,
+            "seed": seed,
+            "protocol_hash": config["protocol_hash"],
+            "config_hash": config["config_hash"],
+            "wall_time_s": 2.0,
+            "bytes_by_payload": {"up:model": 1000, "down:model": 3000},
+        }
+        (path / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    return path

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from cfl_bench.cli import app
 from cfl_bench.sweep import ledger
+from tests.golden_runs import VOLATILE
 
 # Tiny runs on the embedded rot-digits stream: ~0.3 s each once the engine is imported.
 TINY = [
@@ -25,16 +26,7 @@ TINY = [
     "100",
 ]
 # Fields of summary.json that measure time or memory, never reproducible.
-UNREPRODUCIBLE = frozenset(
-    {
-        "wall_time_s",
-        "round_time_s_mean",
-        "train_time_s_total",
-        "peak_rss_bytes",
-        "cuda_peak_bytes",
-        "checkpoint",
-    }
-)
+UNREPRODUCIBLE = VOLATILE
 
 
 def in_process(*args: str) -> tuple[int, str]:

@@ -1,6 +1,7 @@
-"""The Avalanche adapter on real benchmarks built by Avalanche's own generators from real
-data slices: task contents against our native streams, scenario detection, factory loading
-by spec string, every refusal, and one CLI run through the adapter."""
+"""The Avalanche adapter on benchmarks built by Avalanche's own generators (from the embedded
+real digits, or from files in the CIFAR format): task contents against our native streams,
+scenario detection, factory loading by spec string, every refusal, one CLI run through the
+adapter, and Avalanche's classic SplitMNIST on the real shared MNIST files."""
 
 from __future__ import annotations
 
@@ -30,7 +31,14 @@ from streams.avalanche import AvalancheStream, build_avalanche_stream, load_benc
 from streams.cifar import load_cifar10
 from streams.class_il import CIFAR10_MEAN, CIFAR10_STD, ClassILStream
 from streams.registry import STREAMS, build_stream, stream_info
-from tests.avalanche_factories import TINY_TEST, TINY_TRAIN, classification, mnist_floats
+from tests.avalanche_factories import (
+    TINY_TEST,
+    TINY_TRAIN,
+    classification,
+    digits_floats,
+    mnist_floats,
+)
+from tests.synthetic_data import write_tiny_cifar10
 from tests.test_cli import in_process
 
 CPU = torch.device("cpu")
@@ -38,9 +46,9 @@ FAKE = "cflb_fake_benchmarks"  # a module registered per test to hold factories
 
 
 @pytest.fixture(scope="module")
-def mnist(shared_data: Path) -> tuple[torch.Tensor, ...]:
-    """The first 1000 train / 300 test real MNIST images as floats in [0, 1]."""
-    return mnist_floats(shared_data, 1000, 300)
+def digits() -> tuple[torch.Tensor, ...]:
+    """The first 1000 train / 300 test embedded (real) 8×8 digits as floats in [0, 1]."""
+    return digits_floats(1000, 300)
 
 
 def by_class(x: torch.Tensor, y: torch.Tensor, classes: set[int]) -> Any:
@@ -49,9 +57,9 @@ def by_class(x: torch.Tensor, y: torch.Tensor, classes: set[int]) -> Any:
     return classification(x[keep], y[keep])
 
 
-def class_split(mnist: tuple[torch.Tensor, ...], groups: list[set[int]]) -> Any:
+def class_split(digits: tuple[torch.Tensor, ...], groups: list[set[int]]) -> Any:
     """A benchmark with one experience per class group, from Avalanche's generic builder."""
-    train_x, train_y, test_x, test_y = mnist
+    train_x, train_y, test_x, test_y = digits
     return benchmark_from_datasets(
         train=[by_class(train_x, train_y, g) for g in groups],
         test=[by_class(test_x, test_y, g) for g in groups],
@@ -75,8 +83,8 @@ def fake_module(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
 # --- task contents against the native streams -------------------------------------------
 
 
-def test_class_il_matches_native_seq_cifar10(shared_data: Path) -> None:
-    """nc_benchmark on a real CIFAR-10 slice = native seq-cifar10, task by task.
+def test_class_il_matches_native_seq_cifar10(tmp_path: Path) -> None:
+    """nc_benchmark on CIFAR-10-format files = native seq-cifar10, task by task.
 
     Same normalisation on both sides: the Avalanche datasets hold exactly the [0, 1] floats
     the native stream computes from the uint8 pixels, and both benchmark transform groups
@@ -85,7 +93,8 @@ def test_class_il_matches_native_seq_cifar10(shared_data: Path) -> None:
     crops and flips at random, as Avalanche's SplitCIFAR10 does: equality proves the
     adapter reads the deterministic eval group instead of freezing one random draw.
     """
-    images = load_cifar10(shared_data, download=False).head(1500, 500)
+    write_tiny_cifar10(tmp_path, n=30, n_test=20)  # random pixels: 150 train, 20 test
+    images = load_cifar10(tmp_path, download=False)
     native = ClassILStream(
         images,
         name="seq-cifar10",
@@ -127,14 +136,14 @@ def test_class_il_matches_native_seq_cifar10(shared_data: Path) -> None:
     assert first_two.num_tasks == 2 and first_two.content_sha256 != stream.content_sha256
 
 
-def test_domain_il_matches_native_rot_mnist(shared_data: Path) -> None:
-    """benchmark_from_datasets over the tasks of native rot-mnist gives the same tasks."""
+def test_domain_il_matches_native_rot_digits() -> None:
+    """benchmark_from_datasets over the tasks of native rot-digits gives the same tasks."""
     native = build_stream(
-        "rot-mnist",
+        "rot-digits",
         num_tasks=3,
         seed=0,
         device=CPU,
-        data_root=str(shared_data),
+        data_root=None,
         download=False,
         train_size=600,
         test_size=200,
@@ -146,7 +155,7 @@ def test_domain_il_matches_native_rot_mnist(shared_data: Path) -> None:
     )
     stream = AvalancheStream(benchmark, device=CPU)
     assert stream.scenario == "domain-il"
-    assert (stream.num_tasks, stream.num_classes, stream.input_shape) == (3, 10, (1, 28, 28))
+    assert (stream.num_tasks, stream.num_classes, stream.input_shape) == (3, 10, (1, 8, 8))
     for t, theirs in enumerate(tasks):
         ours = stream.task(t)
         assert ours.classes == tuple(range(10))
@@ -157,9 +166,9 @@ def test_domain_il_matches_native_rot_mnist(shared_data: Path) -> None:
 
 
 def test_task_labels_with_global_class_ids_stay_class_il(
-    mnist: tuple[torch.Tensor, ...],
+    digits: tuple[torch.Tensor, ...],
 ) -> None:
-    train_x, train_y, test_x, test_y = mnist
+    train_x, train_y, test_x, test_y = digits
     benchmark = nc_benchmark(
         TensorDataset(train_x, train_y),
         TensorDataset(test_x, test_y),
@@ -176,13 +185,13 @@ def test_task_labels_with_global_class_ids_stay_class_il(
 # --- refusals ----------------------------------------------------------------------------
 
 
-def test_overlapping_unequal_classes_are_refused(mnist: tuple[torch.Tensor, ...]) -> None:
+def test_overlapping_unequal_classes_are_refused(digits: tuple[torch.Tensor, ...]) -> None:
     with pytest.raises(UserError, match="overlapping but unequal class sets"):
-        AvalancheStream(class_split(mnist, [{0, 1}, {1, 2}]))
+        AvalancheStream(class_split(digits, [{0, 1}, {1, 2}]))
 
 
-def test_multi_head_relabelled_classes_are_refused(mnist: tuple[torch.Tensor, ...]) -> None:
-    train_x, train_y, test_x, test_y = mnist
+def test_multi_head_relabelled_classes_are_refused(digits: tuple[torch.Tensor, ...]) -> None:
+    train_x, train_y, test_x, test_y = digits
     benchmark = nc_benchmark(
         TensorDataset(train_x, train_y),
         TensorDataset(test_x, test_y),
@@ -195,8 +204,8 @@ def test_multi_head_relabelled_classes_are_refused(mnist: tuple[torch.Tensor, ..
         AvalancheStream(benchmark)
 
 
-def test_mismatched_stream_lengths_are_refused(mnist: tuple[torch.Tensor, ...]) -> None:
-    train_x, train_y, test_x, test_y = mnist
+def test_mismatched_stream_lengths_are_refused(digits: tuple[torch.Tensor, ...]) -> None:
+    train_x, train_y, test_x, test_y = digits
     benchmark = benchmark_from_datasets(
         train=[by_class(train_x, train_y, {0, 1}), by_class(train_x, train_y, {2, 3})],
         test=[by_class(test_x, test_y, {0, 1})],
@@ -205,8 +214,8 @@ def test_mismatched_stream_lengths_are_refused(mnist: tuple[torch.Tensor, ...]) 
         AvalancheStream(benchmark)
 
 
-def test_more_tasks_than_experiences_is_refused(mnist: tuple[torch.Tensor, ...]) -> None:
-    benchmark = class_split(mnist, [{0, 1}, {2, 3}, {4, 5}])
+def test_more_tasks_than_experiences_is_refused(digits: tuple[torch.Tensor, ...]) -> None:
+    benchmark = class_split(digits, [{0, 1}, {2, 3}, {4, 5}])
     with pytest.raises(UserError, match="has 3 experiences; use --tasks 3 or fewer"):
         AvalancheStream(benchmark, num_tasks=4)
     assert AvalancheStream(benchmark, num_tasks=2).num_tasks == 2
@@ -214,9 +223,9 @@ def test_more_tasks_than_experiences_is_refused(mnist: tuple[torch.Tensor, ...])
         AvalancheStream(benchmark, num_tasks=2).task(2)
 
 
-def test_uint8_inputs_are_refused(mnist: tuple[torch.Tensor, ...]) -> None:
+def test_uint8_inputs_are_refused(digits: tuple[torch.Tensor, ...]) -> None:
     """Unscaled pixels would train silently worse: ask for the benchmark's transform."""
-    train_x, train_y, test_x, test_y = mnist
+    train_x, train_y, test_x, test_y = digits
     as_bytes = [classification(x.mul(255).to(torch.uint8), y) for x, y in ((train_x, train_y),)]
     benchmark = benchmark_from_datasets(train=as_bytes, test=[classification(test_x, test_y)])
     with pytest.raises(UserError, match=r"yields torch\.uint8 inputs; add a transform"):
@@ -245,13 +254,13 @@ def test_missing_avalanche_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_factory_failures_are_user_errors(
-    fake_module: types.ModuleType, mnist: tuple[torch.Tensor, ...]
+    fake_module: types.ModuleType, digits: tuple[torch.Tensor, ...]
 ) -> None:
     def broken(seed: int) -> None:
         raise RuntimeError("no such dataset")
 
     def needs_tasks(n_experiences: int) -> Any:
-        return class_split(mnist, [{0, 1}] * n_experiences)
+        return class_split(digits, [{0, 1}] * n_experiences)
 
     def needs_root(dataset_root: str) -> Any:
         raise AssertionError("not called")
@@ -291,7 +300,7 @@ def test_factory_failures_are_user_errors(
 
 
 def test_factory_gets_the_arguments_it_names_and_a_seeded_rng(
-    fake_module: types.ModuleType, mnist: tuple[torch.Tensor, ...]
+    fake_module: types.ModuleType, digits: tuple[torch.Tensor, ...]
 ) -> None:
     calls: list[dict[str, object]] = []
     groups = [{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}]
@@ -299,7 +308,7 @@ def test_factory_gets_the_arguments_it_names_and_a_seeded_rng(
     def factory(seed: int, n_experiences: int = 5, dataset_root: str | None = None) -> Any:
         calls.append({"seed": seed, "n_experiences": n_experiences, "root": dataset_root})
         order = torch.randperm(5).tolist()  # the global RNG: seeded by the adapter
-        return class_split(mnist, [groups[i] for i in order[:n_experiences]])
+        return class_split(digits, [groups[i] for i in order[:n_experiences]])
 
     fake_module.factory = factory
     spec = f"avalanche:{FAKE}:factory"
@@ -321,7 +330,7 @@ def test_factory_gets_the_arguments_it_names_and_a_seeded_rng(
         "dataset_root": "<--data-root>",  # the path is machine-specific, not part of it
     }
     # A ready benchmark object instead of a callable; --tasks then takes its first n.
-    fake_module.ready = class_split(mnist, groups[:3])
+    fake_module.ready = class_split(digits, groups[:3])
     ready = build_stream(
         f"avalanche:{FAKE}:ready", num_tasks=2, seed=0, device=CPU, data_root=None, download=False
     )
@@ -330,7 +339,7 @@ def test_factory_gets_the_arguments_it_names_and_a_seeded_rng(
 
 def test_stream_info_for_native_and_avalanche_names() -> None:
     assert stream_info("seq-cifar10") is STREAMS["seq-cifar10"]
-    info = stream_info("avalanche:tests.avalanche_factories:tiny_split_mnist")
+    info = stream_info("avalanche:tests.avalanche_factories:tiny_split_digits")
     assert (info.default_model, info.default_tasks, info.default_partition) == (
         "mlp",
         0,
@@ -383,12 +392,12 @@ def test_classic_split_mnist_by_spec_offline(
 # --- through the CLI ---------------------------------------------------------------------
 
 
-def test_cli_run_through_the_adapter(tmp_path: Path, shared_data: Path) -> None:
+def test_cli_run_through_the_adapter(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    spec = "avalanche:tests.avalanche_factories:tiny_split_mnist"
+    spec = "avalanche:tests.avalanche_factories:tiny_split_digits"
     code, output = in_process(
         "run",
-        *("--stream", spec, "--data-root", str(shared_data), "--strategy", "der"),
+        *("--stream", spec, "--strategy", "der"),
         *("--clients", "4", "--rounds-per-task", "1", "--epochs", "1", "--probe-size", "50"),
         *("--threads", "1", "--device", "cpu", "--out", str(out)),
     )
@@ -401,7 +410,7 @@ def test_cli_run_through_the_adapter(tmp_path: Path, shared_data: Path) -> None:
     config = json.loads((out / "config.json").read_text())
     described = config["stream"]
     assert described["name"] == spec and described["scenario"] == "class-il"
-    assert described["factory"] == "tests.avalanche_factories:tiny_split_mnist"
+    assert described["factory"] == "tests.avalanche_factories:tiny_split_digits"
     assert described["num_tasks"] == 2  # all the factory's experiences (no --tasks)
     assert described["classes_per_task"] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
     assert sum(described["train_sizes"]) == TINY_TRAIN
@@ -409,6 +418,6 @@ def test_cli_run_through_the_adapter(tmp_path: Path, shared_data: Path) -> None:
     assert config["config"]["model"] == "mlp"
     assert config["protocol"]["partition"]["name"] == "dirichlet"
     protocol = config["protocol"]
-    assert protocol["avalanche_factory"] == "tests.avalanche_factories:tiny_split_mnist"
+    assert protocol["avalanche_factory"] == "tests.avalanche_factories:tiny_split_digits"
     assert "seed" not in protocol["avalanche_factory_kwargs"]  # seeds of one protocol average
     assert protocol["train_sizes"] == described["train_sizes"]

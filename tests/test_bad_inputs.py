@@ -112,7 +112,7 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     ),
     "der alpha twice": (
         argv("run", "--strategy", "der:alpha=1,alpha=2", *TINY),
-        "option 'alpha' of 'der' is given twice",
+        "option 'alpha' of component 'der' is given twice",
     ),
     "der double colon": (argv("run", "--strategy", "der::", *TINY), "more than one ':'"),
     "partition key twice": (

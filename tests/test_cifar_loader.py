@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import pickle
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,56 +14,13 @@ import torch
 from cfl_bench.errors import UserError
 from streams import cifar
 from streams.cifar import cifar_class_names, load_cifar10, load_cifar100
-
-CIFAR10_NAMES = [
-    "airplane",
-    "automobile",
-    "bird",
-    "cat",
-    "deer",
-    "dog",
-    "frog",
-    "horse",
-    "ship",
-    "truck",
-]
-
-
-def dump(path: Path, obj: dict[Any, Any]) -> None:
-    path.write_bytes(pickle.dumps(obj, protocol=2))
-
-
-def tiny_batch(n: int, num_classes: int, labels_key: bytes, seed: int) -> dict[bytes, Any]:
-    """One batch in the original encoding: bytes keys, uint8 N x 3072 data, list labels."""
-    rng = np.random.default_rng(seed)
-    return {
-        b"batch_label": b"tiny batch",
-        b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-        labels_key: [i % num_classes for i in range(n)],
-    }
-
-
-def write_tiny_cifar10(root: Path, n: int = 4) -> Path:
-    """A miniature CIFAR-10 in the standard layout; returns its folder."""
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    for i in range(1, 6):
-        dump(folder / f"data_batch_{i}", tiny_batch(n, 10, b"labels", seed=i))
-    dump(folder / "test_batch", tiny_batch(n, 10, b"labels", seed=0))
-    dump(folder / "batches.meta", {b"label_names": [s.encode() for s in CIFAR10_NAMES]})
-    return folder
-
-
-def write_tiny_cifar100(root: Path, n: int = 6) -> Path:
-    """A miniature CIFAR-100 with str keys (as re-pickled copies have); returns its folder."""
-    folder = root / "cifar-100-python"
-    folder.mkdir(parents=True)
-    for name, seed in (("train", 1), ("test", 2)):
-        batch = {k.decode(): v for k, v in tiny_batch(n, 100, b"fine_labels", seed).items()}
-        batch["coarse_labels"] = [0] * n
-        dump(folder / name, batch)
-    dump(folder / "meta", {"fine_label_names": [f"c{i}" for i in range(100)]})
-    return folder
+from tests.synthetic_data import (
+    CIFAR10_NAMES,
+    dump,
+    tiny_batch,
+    write_tiny_cifar10,
+    write_tiny_cifar100,
+)
 
 
 def raw_pickle(path: Path) -> dict[Any, Any]:
@@ -85,26 +41,33 @@ def test_real_cifar10_subset(shared_data: Path) -> None:
     assert torch.bincount(splits.train_y).tolist() == [1500] * 10
     assert torch.bincount(splits.test_y).tolist() == [500] * 10
     assert int(splits.train_x.max()) == 255
+    assert cifar_class_names(shared_data, "cifar10") == CIFAR10_NAMES
 
 
-def test_real_cifar10_reshape_is_chw(shared_data: Path) -> None:
+def test_reshape_is_chw(tmp_path: Path) -> None:
     """Re-derive the first train and test images from the raw rows: channel-major, row-major."""
-    splits = load_cifar10(shared_data, download=False)
-    folder = shared_data / "cifar-10-batches-py"
+    folder = write_tiny_cifar10(tmp_path, n=3, n_test=2)
+    splits = load_cifar10(tmp_path, download=False)
     first = raw_pickle(folder / "data_batch_1")
     row = raw_entry(first, "data")[0]
     assert torch.equal(splits.train_x[0], torch.from_numpy(row.reshape(3, 32, 32).copy()))
     assert torch.equal(splits.train_x[0, 0, 0], torch.from_numpy(row[:32].copy()))  # red row 0
     assert torch.equal(splits.train_x[0, 1, 0], torch.from_numpy(row[1024:1056].copy()))
+    assert torch.equal(splits.train_x[0, 2, 31], torch.from_numpy(row[-32:].copy()))  # blue
     assert int(splits.train_y[0]) == raw_entry(first, "labels")[0]
     second = raw_pickle(folder / "data_batch_2")  # batches are concatenated in order
     n1 = raw_entry(first, "data").shape[0]
     expected = raw_entry(second, "data")[0].reshape(3, 32, 32)
     assert torch.equal(splits.train_x[n1], torch.from_numpy(expected.copy()))
+    last = raw_pickle(folder / "data_batch_5")
+    assert torch.equal(
+        splits.train_x[-1], torch.from_numpy(raw_entry(last, "data")[-1].reshape(3, 32, 32).copy())
+    )
     test = raw_pickle(folder / "test_batch")
     assert torch.equal(
         splits.test_x[-1], torch.from_numpy(raw_entry(test, "data")[-1].reshape(3, 32, 32).copy())
     )
+    assert splits.train_x.shape == (15, 3, 32, 32) and splits.test_x.shape == (2, 3, 32, 32)
 
 
 def test_real_cifar100_subset(shared_data: Path) -> None:
@@ -117,10 +80,6 @@ def test_real_cifar100_subset(shared_data: Path) -> None:
     assert splits.train_y.tolist() == list(raw_entry(train, "fine_labels"))  # fine, not coarse
     row = raw_entry(train, "data")[0]
     assert torch.equal(splits.train_x[0], torch.from_numpy(row.reshape(3, 32, 32).copy()))
-
-
-def test_real_class_names(shared_data: Path) -> None:
-    assert cifar_class_names(shared_data, "cifar10") == CIFAR10_NAMES
     names = cifar_class_names(shared_data, "cifar100")
     assert len(names) == 100 and len(set(names)) == 100
     assert names[0] == "apple" and all(isinstance(n, str) for n in names)
@@ -159,13 +118,10 @@ def test_dataset_folder_instead_of_root_gets_a_hint(tmp_path: Path) -> None:
         load_cifar10(folder, download=False)
 
 
-def test_truncated_real_pickle_is_reported(shared_data: Path, tmp_path: Path) -> None:
-    folder = tmp_path / "cifar-100-python"
-    folder.mkdir()
-    source = shared_data / "cifar-100-python"
-    shutil.copy(source / "meta", folder / "meta")
-    (folder / "train").write_bytes((source / "test").read_bytes()[:100_000])
-    (folder / "test").symlink_to(source / "test")
+def test_truncated_pickle_is_reported(tmp_path: Path) -> None:
+    folder = write_tiny_cifar100(tmp_path, n=40, n_test=4)
+    data = (folder / "train").read_bytes()
+    (folder / "train").write_bytes(data[: len(data) // 2])  # cut inside the pixel rows
     with pytest.raises(UserError, match=r"cifar-100-python/train is truncated or not a CIFAR-100"):
         load_cifar100(tmp_path, download=False)
 

@@ -1,9 +1,10 @@
 """The command line: every documented error path (exit 2, one line, no traceback), the
-listings, an end-to-end run on a real MNIST slice, and determinism of records.csv."""
+listings, an end-to-end run on a slice of the embedded digits, and determinism of records.csv."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cfl_bench.cli import app
+from tests.synthetic_data import write_tiny_mnist
 
 SMALL = [
     "--tasks",
@@ -27,6 +29,8 @@ SMALL = [
     "200",
     "--probe-size",
     "100",
+    "--threads",
+    "1",
 ]
 
 
@@ -118,16 +122,15 @@ def test_mnist_stream_without_data_root(tmp_path: Path) -> None:
     )
 
 
-def test_corrupt_mnist_file(tmp_path: Path, shared_data: Path) -> None:
-    raw = tmp_path / "MNIST" / "raw"
-    raw.mkdir(parents=True)
-    for f in (shared_data / "MNIST" / "raw").iterdir():
-        data = f.read_bytes()
-        (raw / f.name).write_bytes(data[: len(data) // 2] if "train-images" in f.name else data)
+def test_corrupt_mnist_file(tmp_path: Path) -> None:
+    raw = write_tiny_mnist(tmp_path, gz=True, n_train=60, n_test=10)
+    data = (raw / "train-images-idx3-ubyte.gz").read_bytes()
+    (raw / "train-images-idx3-ubyte.gz").write_bytes(data[: len(data) // 2])
     result = cli(
         "run", "--stream", "rot-mnist", "--data-root", str(tmp_path), "--out", str(tmp_path / "r")
     )
     assert_user_error(result, "truncated or corrupt")
+    assert not (tmp_path / "r").exists()
 
 
 def test_bad_yaml_config_and_unknown_key(tmp_path: Path) -> None:
@@ -156,7 +159,7 @@ def test_list_commands() -> None:
     assert_user_error(cli("list", "things"), "cannot list 'things'")
 
 
-def test_end_to_end_real_mnist_slice(tmp_path: Path, shared_data: Path) -> None:
+def test_end_to_end_digits_slice(tmp_path: Path) -> None:
     out = tmp_path / "run"
     config = tmp_path / "c.yaml"
     config.write_text("strategy: der+fedgp\nseed: 3\nclients: 99\n")
@@ -165,9 +168,7 @@ def test_end_to_end_real_mnist_slice(tmp_path: Path, shared_data: Path) -> None:
         "--config",
         str(config),
         "--stream",
-        "rot-mnist",
-        "--data-root",
-        str(shared_data),
+        "rot-digits",
         *SMALL,
         "--out",
         str(out),
@@ -207,30 +208,144 @@ def test_end_to_end_real_mnist_slice(tmp_path: Path, shared_data: Path) -> None:
     acc = records[(records.metric == "acc") & (records.trained_task >= 0)]
     assert set(acc.trained_task) == {0, 1}
     # FedGP doubles the upload: each of the 4 clients sends its model and g_ref every round
-    # (21,840 float32 parameters = 87,360 bytes each). Down: the model once per round
-    # (broadcast or g_ref phase, never both for the same version) plus g_ref.
-    model_bytes = 21840 * 4
+    # (the MLP on 8×8 inputs: 64·100 + 100 + 100·100 + 100 + 100·10 + 10 = 17,610 float32
+    # parameters = 70,440 bytes each). Down: the model once per round (broadcast or g_ref
+    # phase, never both for the same version) plus g_ref.
+    model_bytes = (64 * 100 + 100 + 100 * 100 + 100 + 100 * 10 + 10) * 4
+    assert summary["num_params"] == 17610 and cfg["config"]["model"] == "mlp"
     up = records[records.metric == "bytes_up"].value.to_numpy()
     down = records[records.metric == "bytes_down"].value.to_numpy()
     assert (up == 8 * model_bytes).all()
     assert down[0] == 8 * model_bytes and (down[1:] == 8 * model_bytes).all()
     assert summary["bytes_up_total"] == 4 * 8 * model_bytes
     # rerunning into a finished run directory is refused unless --overwrite
-    again = cli(
-        "run", "--stream", "rot-mnist", "--data-root", str(shared_data), *SMALL, "--out", str(out)
-    )
+    again = cli("run", "--stream", "rot-digits", *SMALL, "--out", str(out))
     assert_user_error(again, "already holds a finished run")
 
 
-def test_same_seed_gives_identical_records(tmp_path: Path, shared_data: Path) -> None:
+def test_same_seed_gives_identical_records(tmp_path: Path) -> None:
     def records_of(seed: str, name: str) -> bytes:
         out = tmp_path / name
-        result = cli("run", "--stream", "perm-mnist", "--strategy", "agem+fedgp",
-                     "--data-root", str(shared_data), *SMALL, "--seed", seed,
-                     "--out", str(out), "--device", "cpu")  # fmt: skip
+        result = cli("run", "--stream", "perm-digits", "--strategy", "agem+fedgp", *SMALL,
+                     "--seed", seed, "--out", str(out), "--device", "cpu")  # fmt: skip
         assert result.returncode == 0, result.stderr
         return (out / "records.csv").read_bytes()
 
     first = records_of("5", "a")
     assert records_of("5", "b") == first
     assert records_of("6", "c") != first
+
+
+# -- output that fits 80 columns, suggestions, entry points (issue 11) ------------------------
+def at_80_columns(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m cfl_bench ARGS`` as an 80-column terminal would run it."""
+    return subprocess.run(
+        [sys.executable, "-m", "cfl_bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+
+
+@pytest.mark.parametrize("task_il", [False, True])
+def test_results_table_shows_every_value_in_full_at_80_columns(task_il: bool) -> None:
+    from rich.console import Console
+
+    from cfl_bench.cli import results_table
+
+    summary: dict[str, object] = {
+        "Acc_T": -10.123456,
+        "Fgt_T": 1724.5,
+        "BWT": -99.987,
+        "FWT": 12345.678,
+        "MD_T": 0.0001234,
+        "bytes_up_total": 1.7e12,
+        "bytes_down_total": 172_400_000_000,
+        "wall_time_s": 1_234_567.89,
+    }
+    shown = ["-10.12", "1724.50", "-99.99", "12345.68", "0.0001", "1700.0 GB", "172.4 GB"]
+    shown.append("1234567.9 s")
+    if task_il:
+        summary.update(
+            acc_task_il_T=-20.5, fgt_acc_task_il_T=99.999, bwt_acc_task_il=-0.001,
+            fwt_acc_task_il=None,
+        )  # fmt: skip
+        shown += ["-20.50", "100.00", "-0.00", "task-IL"]
+    console = Console(width=80, record=True)
+    console.print(results_table(summary, "seq-cifar100", "der:alpha=0.5+fedgp"))
+    text = console.export_text()
+    assert "…" not in text
+    assert all(len(line) <= 80 for line in text.splitlines())
+    for value in shown:
+        assert value in text, f"{value!r} is not shown in full:\n{text}"
+
+
+@pytest.mark.parametrize("what", ["streams", "models", "partitions"])
+def test_listings_wrap_instead_of_cutting_at_80_columns(what: str) -> None:
+    result = at_80_columns("list", what)
+    assert result.returncode == 0, result.stderr
+    assert "…" not in result.stdout
+    assert all(len(line) <= 80 for line in result.stdout.splitlines())
+    if what == "streams":  # every stream says which data it needs and where it goes
+        from streams.catalogue import AVALANCHE_FORM, STREAMS
+
+        flat = " ".join(result.stdout.split())
+        for info in STREAMS.values():
+            assert info.name in flat and " ".join(info.data_line().split()) in flat
+        assert "data: none (embedded)" in flat and AVALANCHE_FORM in flat
+        assert "text/agnews-subset/train.json and test.json under --data-root" in flat
+        assert "cifar-10-batches-py/" in flat and "yahoo_answers_csv/" in flat
+
+
+def test_top_level_help_cuts_no_command_summary() -> None:
+    result = at_80_columns("--help")
+    assert result.returncode == 0, result.stderr
+    commands = result.stdout.split("Commands:")[1]
+    assert "..." not in commands and "…" not in commands, commands
+    for name in ("run", "sweep", "clients", "leaderboard", "list"):
+        assert f"  {name} " in commands
+
+
+def test_python_dash_m_cfl_bench_is_the_command(tmp_path: Path) -> None:
+    listed = at_80_columns("list", "models")
+    assert listed.returncode == 0 and "mnist-cnn" in listed.stdout
+    refused = at_80_columns("run", "--stream", "rot-digit", "--out", str(tmp_path / "r"))
+    assert_user_error(refused, "unknown stream 'rot-digit' (did you mean 'rot-digits'?)")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--stream", "rot-digit"], "unknown stream 'rot-digit' (did you mean 'rot-digits'?)"),
+        (["--stream", "ROT-MNIST"], "(did you mean 'rot-mnist'?)"),
+        (["--model", "resnet9000"], "unknown model 'resnet9000' (did you mean 'resnet18'?)"),
+        (["--model", "cnn"], "unknown model 'cnn'"),
+        (["--strategy", "derr"], "unknown strategy component 'derr'; choose from: agem, der,"),
+        (["--strategy", "derr"], "(did you mean 'der'?)."),
+        (["--strategy", "der+fedgb"], "(did you mean 'fedgp'?)."),
+        (["--partition", "dirichlt"], "unknown partition 'dirichlt' (did you mean 'dirichlet'?)"),
+        (["--stream", "seq-cifar10"], "holds cifar-10-batches-py/ (the extracted python-pickle"),
+        (["--stream", "seq-agnews"], "holds text/agnews-subset/train.json and test.json"),
+    ],
+)
+def test_misspelled_names_get_a_suggestion(args: list[str], fragment: str, tmp_path: Path) -> None:
+    code, output = in_process("run", *args, "--out", str(tmp_path / "r"))
+    assert code == 2, output
+    assert fragment in " ".join(output.split())
+    assert not (tmp_path / "r").exists()
+
+
+def test_leaderboard_without_out_writes_inside_the_first_argument(tmp_path: Path) -> None:
+    from tests.leaderboard_fixtures import standard_runs
+
+    root = standard_runs(tmp_path / "runs")
+    code, output = in_process("leaderboard", str(root))
+    assert code == 0, output
+    assert (root / "leaderboard" / "leaderboard.csv").is_file()
+    assert (root / "leaderboard" / "leaderboard.html").is_file()
+    run_dir = root / "a" / "fedavg_s0"
+    code, output = in_process("leaderboard", str(run_dir))
+    assert code == 2
+    assert "is a run directory (it holds config.json)" in output and "--out" in output
+    assert not (run_dir / "leaderboard").exists()

@@ -18,6 +18,7 @@ from strategies.compose import Strategy
 from strategies.fedavg import FedAvg
 from strategies.fedproj import FedProj, distill, teacher_log_probs
 from tests.helpers import client, digits_federation, env, linear_model, server, step
+from tests.synthetic_data import write_tiny_mnist
 
 T = 3.0
 
@@ -248,8 +249,11 @@ def test_z_ens_is_mean_of_uploaded_logits_and_is_broadcast() -> None:
 
 
 # -- public data --------------------------------------------------------------------------------
-def test_auto_uses_fashion_mnist_for_28x28_streams(shared_data: Path) -> None:
-    root = str(shared_data)  # holds FashionMNIST/raw/t10k-* (the public proxy set)
+def test_auto_uses_fashion_mnist_for_28x28_streams(tmp_path: Path) -> None:
+    # Fashion-MNIST's test split only, as the shared copy has (random pixels: the format is
+    # what matters here)
+    write_tiny_mnist(tmp_path, gz=True, n_train=0, n_test=120, dataset="FashionMNIST")
+    root = str(tmp_path)
     fp = FedProj({"public_size": 50})
     fp.setup(env(input_shape=(1, 28, 28), data_root=root))
     assert fp.values["public"] == "fashion-mnist"
@@ -265,7 +269,7 @@ def test_auto_uses_fashion_mnist_for_28x28_streams(shared_data: Path) -> None:
     assert not torch.equal(fp.public_x, other.public_x)
     everything = FedProj({"public": "fashion-mnist", "public_size": 20000})
     everything.setup(env(input_shape=(1, 28, 28), data_root=root))
-    assert everything.public_x is not None and everything.public_x.shape[0] == 10000
+    assert everything.public_x is not None and everything.public_x.shape[0] == 120
 
 
 def test_auto_uses_holdout_for_other_shapes() -> None:

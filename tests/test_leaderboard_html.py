@@ -17,7 +17,15 @@ import pytest
 from cfl_bench.errors import UserError
 from leaderboard.aggregate import StrategySeries, aggregate, strategy_series
 from leaderboard.html import render_html
-from leaderboard.plots import curves_svg, heatmaps_svg, scatter_svg
+from leaderboard.plots import (
+    curves_svg,
+    dodge,
+    drift_svg,
+    heatmaps_svg,
+    legend_columns,
+    scatter_svg,
+    series_style,
+)
 from leaderboard.runs import load_runs
 from tests.leaderboard_fixtures import IMG_INJECTION, standard_runs
 
@@ -220,3 +228,31 @@ def test_render_twice_same_bytes(tmp_path: Path) -> None:
     runs = load_runs([root / "b"])
     board = aggregate(runs)
     assert render_html(board, runs) == render_html(board, load_runs([root / "b"]))
+
+
+def test_no_unfinished_section_when_every_run_finished(tmp_path: Path) -> None:
+    """The "Runs not finished" heading (and its link) only appear when some run is not."""
+    root = standard_runs(tmp_path)
+    runs = load_runs([root / "b", root / "c"])  # three finished runs
+    html = render_html(aggregate(runs), runs)
+    assert 'id="runs"' not in html and 'href="#runs"' not in html
+    assert "not finished" not in html.lower()
+    assert "all 3 runs finished." in flat(html)
+    assert 'id="all-runs"' in html and len(Page(html).table("all-runs")[0]) == 3
+
+
+def test_equal_series_are_told_apart() -> None:
+    """der and der+fedgp often have the same memory drift: every series gets its own marker
+    and line style and a sideways offset, so the later line cannot hide the earlier."""
+    styles = [series_style(i) for i in range(4)]
+    assert len({(s["marker"], s["linestyle"]) for s in styles}) == 4
+    offsets = [dodge(i, 3) for i in range(3)]
+    assert offsets[0] < offsets[1] == 0.0 < offsets[2] and offsets[2] - offsets[0] <= 0.25
+    same = [series("der", 50.0), series("der+fedgp", 50.0)]
+    for s in same:
+        s.md_t = (np.array([np.nan, 0.01]), np.array([np.nan, np.nan]))
+    svg = drift_svg(same, "eq")
+    assert svg is not None and svg.count("<path") > 4  # both lines and their markers
+    # a legend never gets more columns than fit its figure (long names: one)
+    assert legend_columns(["der", "fedavg", "er"], 5.6) == 3
+    assert legend_columns(["der:alpha=0.5+fedgp:gref_samples=all,gref_mode=eval"] * 3, 5.6) == 1

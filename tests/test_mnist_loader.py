@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import gzip
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -14,44 +13,15 @@ import torch
 from cfl_bench.errors import UserError
 from streams import mnist
 from streams.mnist import load_idx_split, load_mnist
+from tests.synthetic_data import IDX_STEMS as STEMS
+from tests.synthetic_data import images_bytes, labels_bytes, write_tiny_mnist
 
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
-STEMS = {
-    "train_images": "train-images-idx3-ubyte",
-    "train_labels": "train-labels-idx1-ubyte",
-    "test_images": "t10k-images-idx3-ubyte",
-    "test_labels": "t10k-labels-idx1-ubyte",
-}
 
 
-def images_bytes(images: np.ndarray, magic: int = 2051) -> bytes:
-    count, rows, cols = images.shape
-    return struct.pack(">4I", magic, count, rows, cols) + images.astype(np.uint8).tobytes()
-
-
-def labels_bytes(labels: np.ndarray, magic: int = 2049) -> bytes:
-    return struct.pack(">2I", magic, len(labels)) + labels.astype(np.uint8).tobytes()
-
-
-def write_tiny_mnist(root: Path, *, gz: bool, n_train: int = 6, n_test: int = 4) -> Path:
-    """A miniature MNIST in the torchvision layout; returns its raw folder."""
-    raw = root / "MNIST" / "raw"
-    raw.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    contents = {
-        "train_images": images_bytes(rng.integers(0, 256, (n_train, 28, 28))),
-        "train_labels": labels_bytes(np.arange(n_train) % 10),
-        "test_images": images_bytes(rng.integers(0, 256, (n_test, 28, 28))),
-        "test_labels": labels_bytes(np.arange(n_test) % 10),
-    }
-    for key, data in contents.items():
-        name = STEMS[key] + (".gz" if gz else "")
-        (raw / name).write_bytes(gzip.compress(data) if gz else data)
-    return raw
-
-
-def test_real_mnist_shapes_and_label_counts(shared_data: Path) -> None:
+def test_real_mnist_and_fashion_mnist(shared_data: Path) -> None:
+    """The shared copies themselves: full MNIST, and Fashion-MNIST's test split only."""
     train_x, train_y, test_x, test_y = load_mnist(shared_data, download=False)
     assert train_x.shape == (60000, 28, 28) and train_x.dtype == torch.uint8
     assert test_x.shape == (10000, 28, 28) and test_x.dtype == torch.uint8
@@ -59,13 +29,22 @@ def test_real_mnist_shapes_and_label_counts(shared_data: Path) -> None:
     assert torch.bincount(train_y).tolist() == MNIST_TRAIN_COUNTS
     assert torch.bincount(test_y).tolist() == MNIST_TEST_COUNTS
     assert int(train_x.max()) == 255
-
-
-def test_fashion_mnist_test_only(shared_data: Path) -> None:
     train_x, train_y, test_x, test_y = load_mnist(shared_data, download=False, which="FashionMNIST")
     assert train_x.shape == (0, 28, 28) and train_y.shape == (0,)
     assert test_x.shape == (10000, 28, 28)
     assert torch.bincount(test_y).tolist() == [1000] * 10
+
+
+def test_fashion_mnist_test_only(tmp_path: Path) -> None:
+    """Fashion-MNIST may lack its train split (public data needs only the test split)."""
+    write_tiny_mnist(tmp_path, gz=True, n_train=0, n_test=20, dataset="FashionMNIST")
+    train_x, train_y, test_x, test_y = load_mnist(tmp_path, download=False, which="FashionMNIST")
+    assert train_x.shape == (0, 28, 28) and train_y.shape == (0,)
+    assert train_x.dtype == torch.uint8 and train_y.dtype == torch.int64
+    assert test_x.shape == (20, 28, 28) and test_y.tolist() == [i % 10 for i in range(20)]
+    write_tiny_mnist(tmp_path, gz=True, n_train=0, n_test=20)  # MNIST needs its train split
+    with pytest.raises(UserError, match=r"train-images-idx3-ubyte\.gz is missing"):
+        load_mnist(tmp_path, download=False)
 
 
 def test_missing_root_gives_advice(tmp_path: Path) -> None:
@@ -86,14 +65,9 @@ def test_dataset_folder_instead_of_root_gets_a_hint(tmp_path: Path) -> None:
         load_mnist(tmp_path / "MNIST", download=False)
 
 
-def test_truncated_gz_is_reported(shared_data: Path, tmp_path: Path) -> None:
-    raw = tmp_path / "MNIST" / "raw"
-    raw.mkdir(parents=True)
-    source = shared_data / "MNIST" / "raw"
-    for path in source.glob("*-ubyte.gz"):
-        if path.name != "train-labels-idx1-ubyte.gz":
-            (raw / path.name).symlink_to(path)
-    data = (source / "train-labels-idx1-ubyte.gz").read_bytes()
+def test_truncated_gz_is_reported(tmp_path: Path) -> None:
+    raw = write_tiny_mnist(tmp_path, gz=True, n_train=600, n_test=10)
+    data = (raw / "train-labels-idx1-ubyte.gz").read_bytes()
     (raw / "train-labels-idx1-ubyte.gz").write_bytes(data[: len(data) // 2])
     with pytest.raises(UserError, match=r"train-labels-idx1-ubyte\.gz is truncated or corrupt"):
         load_mnist(tmp_path, download=False)
@@ -185,12 +159,15 @@ def test_download_only_when_files_are_missing(
     assert calls == [True, False]
 
 
-def test_copy_of_real_mnist_uncompressed(shared_data: Path, tmp_path: Path) -> None:
-    raw = tmp_path / "MNIST" / "raw"
+def test_uncompressed_copy_loads_the_same_tensors(tmp_path: Path) -> None:
+    """gunzipped files (as torchvision leaves beside the archives) read exactly the same."""
+    source = write_tiny_mnist(tmp_path / "gz", gz=True, n_train=30, n_test=50, seed=3)
+    raw = tmp_path / "plain" / "MNIST" / "raw"
     raw.mkdir(parents=True)
     for stem in (STEMS["test_images"], STEMS["test_labels"]):
-        with gzip.open(shared_data / "MNIST" / "raw" / f"{stem}.gz") as src:
+        with gzip.open(source / f"{stem}.gz") as src:
             (raw / stem).write_bytes(src.read())
-    test_x, test_y = load_idx_split(tmp_path, "MNIST", "test")
-    ref_x, ref_y = load_idx_split(shared_data, "MNIST", "test")
+    test_x, test_y = load_idx_split(tmp_path / "plain", "MNIST", "test")
+    ref_x, ref_y = load_idx_split(tmp_path / "gz", "MNIST", "test")
+    assert test_x.shape == (50, 28, 28) and int(test_x.max()) > 0
     assert torch.equal(test_x, ref_x) and torch.equal(test_y, ref_y)

@@ -12,8 +12,8 @@ import pytest
 
 from cfl_bench.errors import UserError
 from streams.partition import (
-    _OPTION_PARSERS,
     _PARTITIONER_TYPES,
+    OPTION_PARSERS,
     DirichletPartitioner,
     ShardPartitioner,
     build_partitioner,
@@ -250,14 +250,14 @@ def test_bad_specs_are_one_clear_line(spec: str, phrase: str) -> None:
 
 def test_option_tables_match_the_constructors() -> None:
     """The grammar's keys are exactly the constructors' keyword arguments."""
-    assert set(_OPTION_PARSERS) == set(_PARTITIONER_TYPES)
+    assert set(OPTION_PARSERS) == set(_PARTITIONER_TYPES)
     for name, cls in _PARTITIONER_TYPES.items():
         params = [
             p.name
             for p in inspect.signature(cls).parameters.values()
             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
         ]
-        assert list(_OPTION_PARSERS[name]) == params, name
+        assert list(OPTION_PARSERS[name]) == params, name
 
 
 def test_build_partitioner_refuses_unknown_names_and_keys_in_the_same_words() -> None:

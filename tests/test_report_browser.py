@@ -21,7 +21,13 @@ from typing import Any
 import pytest
 
 from leaderboard.build import build_leaderboard
-from tests.leaderboard_fixtures import IMG_INJECTION, protocol, standard_runs, write_run
+from tests.leaderboard_fixtures import (
+    IMG_INJECTION,
+    protocol,
+    standard_runs,
+    write_recorded_run,
+    write_run,
+)
 
 INJECTION = "<script>alert(1)</script>"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -151,3 +157,185 @@ def test_report_in_headless_chromium(browser: Any, report: Path) -> None:
     assert browser.save_screenshot(str(shot))
     assert shot.stat().st_size > 10_000
     print(f"screenshot: {shot}")
+
+
+# ------------------------------------------------------------------------------------------
+# Page layout at 1280 px: nothing wider than the page, no table overflowing its box, no
+# figure text cut off at the figure's edge or drawn over another text
+# ------------------------------------------------------------------------------------------
+
+WIDTH = 1280
+#: Every layout defect found on the page, as sentences (an empty list: none). Closed
+#: <details> are opened first, so the folded tables are checked too.
+LAYOUT_JS = """
+var problems = [];
+Array.prototype.forEach.call(document.querySelectorAll('details'), function (d) {
+  d.open = true;
+});
+var page = document.documentElement;
+if (page.scrollWidth > page.clientWidth) {
+  problems.push('the page scrolls sideways: ' + page.scrollWidth + ' px');
+}
+function name(el) { return el.tagName.toLowerCase() + '.' + (el.getAttribute('class') || ''); }
+Array.prototype.forEach.call(document.querySelectorAll('table'), function (table) {
+  var r = table.getBoundingClientRect();
+  var box = table.parentElement.getBoundingClientRect();
+  if (r.right > box.right + 0.5 || r.right > page.clientWidth + 0.5) {
+    problems.push(name(table) + ' is ' + Math.round(r.right - box.right) + ' px too wide');
+  }
+  Array.prototype.forEach.call(table.querySelectorAll('th, td'), function (cell) {
+    var c = cell.getBoundingClientRect();
+    if (c.right > r.right + 0.5 || cell.scrollWidth > cell.clientWidth + 1) {
+      problems.push(name(table) + ': cell "' + cell.textContent.trim().slice(0, 40) +
+                    '" overflows');
+    }
+  });
+});
+Array.prototype.forEach.call(document.querySelectorAll('.table-wrap'), function (wrap) {
+  if (wrap.scrollWidth > wrap.clientWidth + 0.5) {
+    problems.push('a table needs a scroll bar: ' + wrap.scrollWidth + ' > ' + wrap.clientWidth);
+  }
+});
+Array.prototype.forEach.call(document.querySelectorAll('svg.plot'), function (svg) {
+  var b = svg.getBoundingClientRect();
+  var label = svg.getAttribute('aria-labelledby');
+  if (b.right > page.clientWidth + 0.5) { problems.push(label + ' is wider than the page'); }
+  var texts = Array.prototype.filter.call(svg.querySelectorAll('text'), function (t) {
+    return t.textContent.trim() !== '' && t.getBoundingClientRect().width > 0;
+  });
+  var boxes = texts.map(function (t) { return t.getBoundingClientRect(); });
+  boxes.forEach(function (r, i) {
+    if (r.left < b.left - 1 || r.right > b.right + 1 || r.top < b.top - 1 ||
+        r.bottom > b.bottom + 1) {
+      problems.push(label + ': "' + texts[i].textContent.trim() + '" is cut off');
+    }
+    for (var j = i + 1; j < boxes.length; j++) {
+      var o = boxes[j];
+      var w = Math.min(r.right, o.right) - Math.max(r.left, o.left);
+      var h = Math.min(r.bottom, o.bottom) - Math.max(r.top, o.top);
+      if (w > 2 && h > 2) {
+        problems.push(label + ': "' + texts[i].textContent.trim() + '" overlaps "' +
+                      texts[j].textContent.trim() + '"');
+      }
+    }
+  });
+});
+return problems;
+"""
+
+
+def open_page(driver: Any, path: Path) -> None:
+    """Load ``path`` at 1280 px and check it loaded with no console error and no request
+    besides the file itself."""
+    driver.set_window_size(WIDTH, 1000)
+    driver.get_log("browser")  # drop what earlier pages logged
+    driver.get_log("performance")
+    url = path.as_uri()
+    driver.get(url)
+    assert driver.execute_script("return document.readyState") == "complete"
+    assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
+    requested = [
+        m["params"]["request"]["url"]
+        for m in (json.loads(e["message"])["message"] for e in driver.get_log("performance"))
+        if m["method"] == "Network.requestWillBeSent"
+    ]
+    assert requested and set(requested) == {url}
+
+
+def screenshot(driver: Any, name: str) -> Path:
+    """A full-page screenshot at 1280 px in test-artifacts/ for a person to look at."""
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(WIDTH, min(int(height) + 100, 16000))
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / name
+    assert driver.save_screenshot(str(shot))
+    driver.set_window_size(WIDTH, 1000)
+    return shot
+
+
+#: Long composed names: they must wrap inside the table rather than widen it.
+LONG_NAMES = (
+    "der:alpha=0.5+fedgp:gref_samples=all,gref_mode=eval+ifa:mode=random",
+    "derpp+fedprox:mu=0.01+fedcurv:lam=1.0,samples=500",
+    "fedavg",
+)
+
+
+@pytest.fixture(scope="module")
+def finished_board(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every run finished, one seed each: a class-IL protocol with three strategies (two
+    with long names; two with equal bytes) and a domain-IL one with two."""
+    root = tmp_path_factory.mktemp("finished")
+    cls = protocol("seq-cifar10", model="cifar-cnn", tasks=2)
+    for i, name in enumerate(LONG_NAMES):
+        write_run(
+            root, f"c{i}", strategy=name, acc=20.0 + 3 * i, proto=cls, scenario="class-il",
+            metrics={"bytes_up_total": 1000 * (1 + i // 2)},
+        )  # fmt: skip
+    for i, name in enumerate(("der", "der+fedgp")):
+        write_run(root, f"d{i}", strategy=name, acc=10.0, proto=protocol())
+    return build_leaderboard([root], tmp_path_factory.mktemp("board")).html_path
+
+
+def test_leaderboard_layout_at_1280(browser: Any, report: Path, finished_board: Path) -> None:
+    """Several strategies and seeds (with unfinished runs and hostile names), then one seed
+    each with every run finished: both fit 1280 px, and the second has no section about
+    unfinished runs at all."""
+    open_page(browser, report)
+    assert browser.execute_script(LAYOUT_JS) == []
+    assert browser.execute_script("return document.getElementById('runs') !== null")
+    screenshot(browser, "leaderboard-several-seeds.png")
+
+    open_page(browser, finished_board)
+    assert browser.execute_script(LAYOUT_JS) == []
+    assert browser.execute_script("return document.getElementById('runs')") is None
+    headings = browser.execute_script(
+        "return Array.prototype.map.call(document.querySelectorAll('h2, nav a'),"
+        " function (h) { return h.textContent; })"
+    )
+    assert not [h for h in headings if "not finished" in h.lower()]
+    assert (
+        browser.execute_script("return document.querySelectorAll('a[href=\"#runs\"]').length") == 0
+    )
+    screenshot(browser, "leaderboard-one-seed.png")
+
+
+@pytest.fixture(scope="module")
+def run_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Single-run reports: a finished class-IL run with 10 clients, and an unfinished
+    domain-IL run stopped after round 3 of 6."""
+    from leaderboard.report import build_report
+
+    root = tmp_path_factory.mktemp("single")
+    cls = write_recorded_run(
+        root, "cls", strategy=INJECTION, tasks=2, clients=10, rounds_per_task=1,
+        scenario="class-il",
+    )  # fmt: skip
+    unfinished = write_recorded_run(root, "unf", tasks=3, clients=3, finished=False)
+    records = unfinished / "records.csv"
+    lines = records.read_text().splitlines(keepends=True)
+    records.write_text(lines[0] + "".join(r for r in lines[1:] if int(r.split(",")[0]) <= 3))
+    return {name: build_report(str(run))[0] for name, run in (("cls", cls), ("unf", unfinished))}
+
+
+def test_single_run_report_in_chromium(browser: Any, run_reports: dict[str, Path]) -> None:
+    from selenium.common.exceptions import NoAlertPresentException
+
+    open_page(browser, run_reports["cls"])  # no SEVERE console entry, no request
+    assert browser.execute_script(LAYOUT_JS) == []
+    assert browser.execute_script("return document.scripts.length") == 1
+    assert INJECTION in browser.execute_script("return document.title")
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert  # noqa: B018 - the hostile strategy name ran nothing
+    status = browser.execute_script("return document.getElementById('run-status').textContent")
+    assert status.strip() == "finished"
+    assert browser.execute_script("return document.querySelectorAll('svg.plot').length") == 8
+    screenshot(browser, "report-finished.png")
+
+    open_page(browser, run_reports["unf"])
+    assert browser.execute_script(LAYOUT_JS) == []
+    notice = browser.execute_script(
+        "var n = document.getElementById('unfinished-notice'); return n && n.innerText"
+    )
+    assert notice and "has not finished" in notice and "round 3 of 6" in notice
+    screenshot(browser, "report-unfinished.png")

@@ -25,6 +25,7 @@ from cfl_bench.config import make_config
 from cfl_bench.engine import checkpoint
 from cfl_bench.errors import UserError
 from cfl_bench.run import execute
+from tests.golden_runs import VOLATILE
 
 # rot-digits, 3 tasks × 2 rounds: task boundaries after rounds 2 and 4.
 BASE: dict[str, Any] = {
@@ -35,14 +36,6 @@ BASE: dict[str, Any] = {
     "threads": 1,
     "checkpoint_every": 1,
 }
-VOLATILE = {
-    "wall_time_s",
-    "round_time_s_mean",
-    "train_time_s_total",
-    "peak_rss_bytes",
-    "checkpoint",
-}
-
 KILLER = textwrap.dedent(
     """
     import json, os, signal, sys

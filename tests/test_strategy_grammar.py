@@ -78,13 +78,19 @@ REFUSALS: list[tuple[str, str]] = [
     ("fedgp:gref_mode=bogus", "option fedgp:gref_mode must be one of train, eval, got 'bogus'."),
     ("fedgp:gref_mode=EVAL", "must be one of train, eval, got 'EVAL'."),
     # options
-    ("der:alpha=1,alpha=2", "option 'alpha' of 'der' is given twice; give it once."),
-    ("fedgp:gref_mode=eval,gref_mode=eval", "option 'gref_mode' of 'fedgp' is given twice"),
-    ("der:alpha", "option 'alpha' of 'der' needs a value; write der:alpha=VALUE."),
+    ("der:alpha=1,alpha=2", "option 'alpha' of component 'der' is given twice; give it once."),
+    (
+        "fedgp:gref_mode=eval,gref_mode=eval",
+        "option 'gref_mode' of component 'fedgp' is given twice",
+    ),
+    ("der:alpha", "option 'alpha' of component 'der' needs a value; write der:alpha=VALUE."),
     ("der:alpha=", "option der:alpha has no value after '='; write der:alpha=VALUE."),
-    ("der:alpha==1", "option 'alpha==1' of 'der' has more than one '='"),
+    ("der:alpha==1", "option 'alpha==1' of component 'der' has more than one '='"),
     ("der:alpha=1=2", "has more than one '='"),
-    ("der:=1", "option '=1' of 'der' has no name before '='; name one of its options (alpha)"),
+    (
+        "der:=1",
+        "option '=1' of component 'der' has no name before '='; name one of its options (alpha)",
+    ),
     ("der:bogus", "unknown option 'bogus' for 'der'; its options are: alpha."),
     ("der:ALPHA=1", "unknown option 'ALPHA' for 'der'; its options are: alpha."),
     ("der:mu=1", "unknown option 'mu' for 'der'; its options are: alpha ('mu' is an option of"),
@@ -207,6 +213,18 @@ def test_canonical_names_parse_back(strategy: str) -> None:
     assert build_strategy(name).name == name
 
 
+def test_auto_names_a_stream_resolved_default() -> None:
+    """``cfl-bench list strategies`` shows options resolved at setup as ``=auto``; the same
+    word is accepted back, and still refused where the default is a value."""
+    (spec,) = parse_strategy("der:alpha=auto")
+    assert spec.options["alpha"] is None
+    name = build_strategy("der:alpha=auto+fedproj:public_size=auto").name
+    assert name == "der:alpha=auto+fedproj:public_size=auto"
+    assert build_strategy(name).name == name
+    with pytest.raises(UserError, match="option fedprox:mu must be a finite number"):
+        parse_strategy("fedprox:mu=auto")
+
+
 @pytest.mark.parametrize(
     ("parse", "good", "bad"),
     [
@@ -269,3 +287,19 @@ def test_cli_refuses_in_one_line(strategy: str, message: str, tmp_path: Path) ->
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(message)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "ifa:generation=task",
+        "ifa:generation=3,mode=random,reset_to=init",
+        "der:alpha=0.50+fedgp:equal_comm=true,gref_samples=all",
+        "fedproj:public=holdout,public_size=100+fedprox:mu=1e-3",
+    ],
+)
+def test_the_canonical_name_parses_back_to_itself(text: str) -> None:
+    """The name is what run directories, sweeps and the config hash are keyed by."""
+    name = build_strategy(text).name
+    assert build_strategy(name).name == name
+    assert build_strategy(name).describe() == build_strategy(text).describe()

@@ -16,6 +16,7 @@ from streams.domain_il import PermutedStream, RotatedStream
 from streams.mnist import load_mnist
 from streams.registry import STREAMS, build_stream
 from streams.transforms import permute_pixels, rotate_batch
+from tests.synthetic_data import write_tiny_mnist
 
 CPU = torch.device("cpu")
 Rotate = Callable[[torch.Tensor, float], torch.Tensor]
@@ -35,11 +36,22 @@ def tv_rotate() -> Rotate:
     return rotate
 
 
+MNIST_TRAIN, MNIST_TEST = 600, 200  # the synthetic MNIST files below
+
+
 @pytest.fixture(scope="module")
-def mnist_floats(shared_data: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first 2000 train and 200 test MNIST images, untransformed, as floats in [0, 1]."""
-    train_x, _, test_x, _ = load_mnist(shared_data, download=False)
-    return train_x[:2000].unsqueeze(1).float() / 255, test_x[:200].unsqueeze(1).float() / 255
+def mnist_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data root holding MNIST-format files (random pixels): the streams only need the format."""
+    root = tmp_path_factory.mktemp("mnist-format")
+    write_tiny_mnist(root, gz=True, n_train=MNIST_TRAIN, n_test=MNIST_TEST)
+    return root
+
+
+@pytest.fixture(scope="module")
+def mnist_floats(mnist_root: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """All train and test images of ``mnist_root``, untransformed, as floats in [0, 1]."""
+    train_x, _, test_x, _ = load_mnist(mnist_root, download=False)
+    return train_x.unsqueeze(1).float() / 255, test_x.unsqueeze(1).float() / 255
 
 
 def mnist_stream(root: Path, name: str = "rot-mnist", seed: int = 0, **sizes: int) -> Stream:
@@ -68,9 +80,9 @@ def test_rotation_matches_torchvision(tv_rotate: Rotate, shape: tuple[int, int])
 
 
 def test_rotation_matches_torchvision_on_mnist(
-    tv_rotate: Rotate, shared_data: Path, mnist_floats: tuple[torch.Tensor, torch.Tensor]
+    tv_rotate: Rotate, mnist_root: Path, mnist_floats: tuple[torch.Tensor, torch.Tensor]
 ) -> None:
-    stream = mnist_stream(shared_data, train_size=2000)
+    stream = mnist_stream(mnist_root, train_size=MNIST_TRAIN)
     assert isinstance(stream, RotatedStream)
     base = mnist_floats[0]
     for t, angle in enumerate(stream.angles):
@@ -127,9 +139,9 @@ def test_permutation_rejects_non_permutations() -> None:
 
 
 def test_rot_mnist_tasks_are_transformed_and_differ(
-    shared_data: Path, mnist_floats: tuple[torch.Tensor, torch.Tensor]
+    mnist_root: Path, mnist_floats: tuple[torch.Tensor, torch.Tensor]
 ) -> None:
-    stream = mnist_stream(shared_data)
+    stream = mnist_stream(mnist_root)
     assert isinstance(stream, RotatedStream)
     assert stream.scenario == "domain-il" and stream.input_shape == (1, 28, 28)
     assert all(0.0 <= a < 180.0 for a in stream.angles) and len(set(stream.angles)) == 3
@@ -145,18 +157,18 @@ def test_rot_mnist_tasks_are_transformed_and_differ(
         assert torch.equal(task.train_y, stream.train_labels(t))
 
 
-def test_same_seed_same_tasks_different_seed_different_angles(shared_data: Path) -> None:
-    first, again = mnist_stream(shared_data, seed=5), mnist_stream(shared_data, seed=5)
-    other = mnist_stream(shared_data, seed=6)
+def test_same_seed_same_tasks_different_seed_different_angles(mnist_root: Path) -> None:
+    first, again = mnist_stream(mnist_root, seed=5), mnist_stream(mnist_root, seed=5)
+    other = mnist_stream(mnist_root, seed=6)
     assert torch.equal(first.task(1).train_x, again.task(1).train_x)
     assert first.describe() == again.describe()
     assert first.angles != other.angles
 
 
 def test_perm_mnist_first_task_permuted(
-    shared_data: Path, mnist_floats: tuple[torch.Tensor, torch.Tensor]
+    mnist_root: Path, mnist_floats: tuple[torch.Tensor, torch.Tensor]
 ) -> None:
-    stream = mnist_stream(shared_data, name="perm-mnist")
+    stream = mnist_stream(mnist_root, name="perm-mnist")
     assert isinstance(stream, PermutedStream)
     task = stream.task(0)
     base = mnist_floats[1]
@@ -164,9 +176,9 @@ def test_perm_mnist_first_task_permuted(
     assert torch.equal(task.test_x, permute_pixels(base, stream.permutation(0)))
 
 
-def test_describe_is_json_and_complete(shared_data: Path) -> None:
+def test_describe_is_json_and_complete(mnist_root: Path) -> None:
     for name in ("rot-mnist", "perm-mnist"):
-        description = mnist_stream(shared_data, name=name).describe()
+        description = mnist_stream(mnist_root, name=name).describe()
         text = json.dumps(description, sort_keys=True)
         assert json.loads(text) == description
         assert description["train_size"] == 500 and description["test_size"] == 200
@@ -174,18 +186,18 @@ def test_describe_is_json_and_complete(shared_data: Path) -> None:
         assert isinstance(params, list) and len(params) == 3
 
 
-def test_train_size_takes_a_prefix(shared_data: Path) -> None:
-    small = mnist_stream(shared_data, train_size=100, test_size=50)
-    large = mnist_stream(shared_data, train_size=300, test_size=50)
+def test_train_size_takes_a_prefix(mnist_root: Path) -> None:
+    small = mnist_stream(mnist_root, train_size=100, test_size=50)
+    large = mnist_stream(mnist_root, train_size=300, test_size=50)
     assert torch.equal(small.train_labels(0), large.train_labels(0)[:100])
     assert torch.equal(small.task(2).train_x, large.task(2).train_x[:100])
 
 
-def test_bad_sizes_and_task_indices(shared_data: Path) -> None:
-    with pytest.raises(UserError, match=r"train_size 70000 does not fit.*60000"):
-        mnist_stream(shared_data, train_size=70000)
+def test_bad_sizes_and_task_indices(mnist_root: Path) -> None:
+    with pytest.raises(UserError, match=rf"train_size 601 does not fit.*{MNIST_TRAIN}"):
+        mnist_stream(mnist_root, train_size=MNIST_TRAIN + 1)
     with pytest.raises(UserError, match="test_size 0 does not fit"):
-        mnist_stream(shared_data, test_size=0)
+        mnist_stream(mnist_root, test_size=0)
     stream = digits_stream()
     with pytest.raises(UserError, match=r"task 3 is out of range.*0\.\.2"):
         stream.task(3)

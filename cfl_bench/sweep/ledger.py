@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from cfl_bench import run_dir as run_directory
 from cfl_bench.atomic import atomic_write_json as write_json
 from cfl_bench.errors import UserError
 
@@ -39,7 +40,7 @@ BOOKKEEPING = ".sweep"
 MANIFEST = "sweep.json"
 LOG = "sweep.log"
 # What a cfl-bench run directory may contain; anything else means it is not ours to wipe.
-RUN_FILES = frozenset({"config.json", "records.csv", "costs.csv", "checkpoint.pt", "summary.json"})
+RUN_FILES = frozenset(run_directory.RUN_FILES + run_directory.TRACKER_OUTPUTS)
 
 
 def atomic_write_json(path: Path, obj: object) -> None:

@@ -1,0 +1,546 @@
+"""Honest cost up front: a run's size and, on CPU, an estimate of its duration.
+
+Why: the design card's own command (ResNet-18 on seq-cifar100) ran half an hour on a 2-core
+CPU without a word. Before training, a run now says how big it is — rounds × participating
+clients × local steps, parameters — and, on CPU, about how long it will take, with the
+faster choices that apply when that is more than ~10 minutes. The protocols stay the
+defaults; nothing is changed for the user.
+
+The estimate is a sum of counts × unit times:
+
+* **counts** (:func:`workload`, pure): local steps from the planned splits (⌈shard / batch⌉ ×
+  epochs per participating client and round, older shards included for the joint learner,
+  the expectation under partial participation); evaluation-mode forwards (every test set
+  at the start, the seen and next tasks' test sets at each task end or every round with
+  ``--eval-every-round``, memory-drift probes, each participant's probes at task ends,
+  every client's buffer every round, FedProj's public logits per participant); forward +
+  backward samples outside local steps (FedGP's reference gradient per participant with a
+  buffer, FedCurv's Fisher per participant, FedProj's distillation per round); task
+  materialisations (each task twice) and client visits (load, aggregate).
+* **unit times** (:func:`measure`): one local step as the engine runs it — the strategy's
+  loss and loss terms, backward, penalties, A-GEM, FedProj and FedGP projections, SGD —
+  through ``Federation._train_client`` on a scratch one-client federation after one
+  warm-up round (so replay buffers are non-empty and FedGP's g_ref, FedCurv's sums and
+  FedProj's ensemble exist), plus a forward and a forward + backward of real task-0
+  batches. The probe takes at most ``PROBE_SHARE`` of the rough estimate (a few seconds
+  for ResNet-18; the fixed part — one warm-up round and one timed step — may exceed it
+  when a single step is slow); runs whose rough estimate is under ``TINY_SECONDS`` skip
+  the step timing and say nothing.
+
+Simplifications (each small against the 2× the estimate promises; measured, it errs 10–30 %
+high on CIFAR, see README): every task is as large as task 0 (test sizes); a partial last
+batch counts as a full step; step cost is that of the steady state of task 0 (the first
+steps of a run, with empty buffers and no g_ref yet, are cheaper; A-GEM's ``task_end``
+memory and later tasks' buffers are as full as after one round); buffers fill at one shard
+per task seen; overheads outside local steps are per-sample times at one batch size;
+checkpoints add their policy's 5 %.
+
+The probe never changes a result: it runs under ``torch.random.fork_rng`` on deep copies of
+the model and the strategy, with its own generators; the stream is only read
+(tests/test_cost.py and the golden records check this bit for bit).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch.nn import functional as F
+
+from cfl_bench.engine.loop import Federation, RunOutcome, Schedule
+from cfl_bench.engine.splits import TaskSplit
+from cfl_bench.engine.task_clock import TaskClock
+from strategies.compose import Strategy
+from streams.base import Stream
+from streams.partition import Partitioner
+
+if TYPE_CHECKING:
+    from cfl_bench.run import RunPlan
+
+# An estimate above this many seconds on CPU says so and names the faster choices.
+LONG_RUN_SECONDS = 600.0
+# The probe may spend this share of the run it estimates, within these bounds (seconds).
+PROBE_SHARE = 0.02
+PROBE_MIN_SECONDS = 0.25
+PROBE_MAX_SECONDS = 6.0
+# Runs whose rough estimate (plain forward + backward steps) is below this are not timed.
+TINY_SECONDS = 1.0
+# Runs estimated below this get their duration on the size line, not a line of its own.
+QUIET_SECONDS = 30.0
+# The automatic checkpoint policy bounds its cost at ~1/20 of the run (round_keeper).
+CHECKPOINT_SHARE = 0.05
+FORWARD_SAMPLES = 128  # forward timing batch (per-sample time is flat beyond this on CPU)
+# What the forward-only and the forward + backward samples outside local steps are for.
+FORWARD_PARTS = ("evaluation", "client spread", "buffer drift", "public logits")
+BACKWARD_PARTS = ("reference gradient", "Fisher", "distillation")
+
+
+@dataclass(frozen=True)
+class RunSize:
+    """What a run trains: the numbers the size line shows."""
+
+    rounds: int
+    clients_per_round: int
+    steps_min: int  # local steps of one participating client in one round
+    steps_max: int
+    epochs: int
+    batch_size: int
+    total_steps: int
+    params: int
+
+    def line(self, model: str) -> str:
+        steps = (
+            str(self.steps_min)
+            if self.steps_min == self.steps_max
+            else f"{self.steps_min}–{self.steps_max}"
+        )
+        epochs = f"{self.epochs} epoch{'s' if self.epochs != 1 else ''}"
+        return (
+            f"run size: {self.rounds} rounds × {self.clients_per_round} clients × {steps} "
+            f"local steps (⌈shard / {self.batch_size}⌉ × {epochs}) = "
+            f"{self.total_steps:,} local steps; {model}: {self.params:,} parameters"
+        )
+
+
+@dataclass(frozen=True)
+class StrategyWork:
+    """The per-round work of a strategy's components, as sample counts."""
+
+    gref_samples: int | None = None  # FedGP: per contributing client (None: no FedGP)
+    gref_interval: int = 1
+    fisher_samples: int | None = None  # FedCurv: per participant (None: no FedCurv)
+    public_per_task: tuple[int, ...] | None = None  # FedProj: public examples after task t
+    distill_epochs: int = 1
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Counts the duration model multiplies by measured unit times (see module doc)."""
+
+    steps: float
+    forward_samples: float  # evaluation-mode forwards
+    backward_samples: float  # forward + backward outside local steps
+    materialisations: int
+    visits: float  # client visits: load the global model, aggregate the upload
+    parts: dict[str, float]  # forward/backward samples by purpose, for the breakdown
+
+
+@dataclass(frozen=True)
+class UnitTimes:
+    """Measured seconds: a local step, a forward and a forward + backward per sample, one
+    task materialisation, one client visit; and what measuring them cost."""
+
+    step: float
+    forward: float
+    backward: float
+    task: float
+    visit: float
+    probe_seconds: float
+    steps_timed: int  # 0: the steady-state step was not timed (step is a plain batch)
+    test_size: int  # task 0's test examples (every task is assumed as large)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    seconds: float
+    parts: dict[str, float]  # seconds by kind: local steps, evaluation, …
+
+
+def shard_sizes(splits: dict[int, TaskSplit], num_tasks: int) -> list[list[int]]:
+    """Samples each client holds of each task (task × client)."""
+    return [[int(p.numel()) for p in splits[t].parts] for t in range(num_tasks)]
+
+
+def run_size(
+    schedule: Schedule, clock: TaskClock, shards: list[list[int]], needs_history: bool, params: int
+) -> RunSize:
+    """The run's rounds, participants and local steps from the planned splits (pure)."""
+    per_client = [
+        [client_steps(schedule, shards, k, clock.client_task(k, g), needs_history) for k in ks]
+        for g in range(clock.total_rounds)
+        for ks in [range(schedule.num_clients)]
+    ]
+    fraction = participation_fraction(schedule)
+    total = sum(fraction * sum(row) for row in per_client)
+    flat = [s for row in per_client for s in row] or [0]
+    return RunSize(
+        rounds=clock.total_rounds,
+        clients_per_round=min(schedule.clients_per_round, schedule.num_clients),
+        steps_min=min(flat),
+        steps_max=max(flat),
+        epochs=schedule.epochs,
+        batch_size=schedule.batch_size,
+        total_steps=round(total),
+        params=params,
+    )
+
+
+def participation_fraction(schedule: Schedule) -> float:
+    """The chance that a client trains in a round (1 under full participation)."""
+    return min(1.0, schedule.clients_per_round / max(1, schedule.num_clients))
+
+
+def client_samples(shards: list[list[int]], k: int, t: int, needs_history: bool) -> int:
+    """Samples client ``k`` trains on in task ``t`` (all its shards so far for the joint
+    learner)."""
+    if needs_history:
+        return sum(shards[s][k] for s in range(t + 1))
+    return shards[t][k]
+
+
+def client_steps(
+    schedule: Schedule, shards: list[list[int]], k: int, t: int, needs_history: bool
+) -> int:
+    n = client_samples(shards, k, t, needs_history)
+    return math.ceil(n / schedule.batch_size) * schedule.epochs
+
+
+def workload(
+    schedule: Schedule,
+    clock: TaskClock,
+    shards: list[list[int]],
+    test_sizes: Sequence[int],
+    *,
+    needs_buffer: bool,
+    needs_history: bool,
+    work: StrategyWork,
+) -> Workload:
+    """Every count the estimate needs, from the schedule and the planned splits (pure)."""
+    s, T, K = schedule, schedule.num_tasks, schedule.num_clients
+    f = participation_fraction(s)
+    cpr = min(s.clients_per_round, K)
+    probes = [min(s.probe_size, n) for n in test_sizes]
+    parts = dict.fromkeys((*FORWARD_PARTS, *BACKWARD_PARTS), 0.0)
+    steps = visits = 0.0
+    parts["evaluation"] += sum(test_sizes)  # round 0: every task
+    seen = [0] * K  # examples offered to each client's buffer so far
+    last_task = [-1] * K
+    eval_rounds = {clock.eval_round(t): t for t in range(T)}
+    for g in range(clock.total_rounds):
+        tasks = [clock.client_task(k, g) for k in range(K)]
+        for k, t in enumerate(tasks):
+            n = client_samples(shards, k, t, needs_history)
+            steps += f * math.ceil(n / s.batch_size) * s.epochs
+            visits += f
+            if t != last_task[k]:
+                seen[k] += shards[t][k]
+                last_task[k] = t
+            if work.fisher_samples is not None and n:
+                batches = math.ceil(min(work.fisher_samples, n) / s.batch_size)
+                parts["Fisher"] += f * min(n, batches * s.batch_size)
+        filled = [min(s.buffer_size, x) for x in seen]
+        if work.public_per_task is not None:
+            public = work.public_per_task[min(max(tasks), T - 1)]
+            parts["public logits"] += cpr * public
+            parts["distillation"] += work.distill_epochs * public
+        if work.gref_samples is not None and (g + 1) % work.gref_interval == 0:
+            mean_fill = sum(filled) / K
+            parts["reference gradient"] += cpr * min(work.gref_samples, mean_fill)
+        if needs_buffer:
+            parts["buffer drift"] += sum(filled)
+        t = clock.global_task(g)
+        upto = min(t + 1, T - 1)
+        if g in eval_rounds:
+            parts["evaluation"] += sum(test_sizes[: upto + 1]) + sum(probes[: t + 1])
+            parts["client spread"] += cpr * sum(probes[: t + 1])
+        elif s.eval_every_round:
+            parts["evaluation"] += sum(test_sizes[: upto + 1])
+    forward = sum(parts[k] for k in FORWARD_PARTS)
+    backward = sum(parts[k] for k in BACKWARD_PARTS)
+    return Workload(steps, forward, backward, 2 * T, visits, parts)
+
+
+def strategy_work(
+    strategy: Strategy, splits: dict[int, TaskSplit], buffer_size: int
+) -> StrategyWork:
+    """The per-round sample counts of the strategy's components, from their resolved
+    options (FedGP's g_ref samples, FedCurv's Fisher samples, FedProj's public set)."""
+    values = {c.name: c.resolved_options() for c in strategy.all}
+    work = StrategyWork()
+    if "fedgp" in values:
+        gref = values["fedgp"]["gref_samples"]
+        work = dataclasses.replace(
+            work,
+            gref_samples=buffer_size if gref == "all" else int(str(gref)),
+            gref_interval=int(str(values["fedgp"]["gref_interval"])),
+        )
+    if "fedcurv" in values:
+        work = dataclasses.replace(work, fisher_samples=int(str(values["fedcurv"]["samples"])))
+    if "fedproj" in values:
+        work = dataclasses.replace(
+            work,
+            public_per_task=public_sizes(strategy, splits),
+            distill_epochs=int(str(values["fedproj"]["distill_epochs"])),
+        )
+    return work
+
+
+def public_sizes(strategy: Strategy, splits: dict[int, TaskSplit]) -> tuple[int, ...]:
+    """FedProj's public set after each task: the fixed set, or the holdouts so far."""
+    fedproj = next(c for c in strategy.all if c.name == "fedproj")
+    fixed = getattr(fedproj, "public_x", None)
+    base = int(fixed.shape[0]) if isinstance(fixed, torch.Tensor) else 0
+    sizes, held = [], 0
+    for t in range(len(splits)):
+        split = splits[t]
+        held += 0 if split.held is None else int(split.held.numel())
+        sizes.append(base + held)
+    return tuple(sizes)
+
+
+def estimate(work: Workload, units: UnitTimes, *, checkpoints: bool) -> Estimate:
+    """Seconds of the run: counts × unit times, plus the checkpoint policy's share."""
+    parts = {
+        "local steps": work.steps * units.step,
+        "evaluation and drift": work.forward_samples * units.forward,
+        "server and client extras": work.backward_samples * units.backward,
+        "data and aggregation": work.materialisations * units.task + work.visits * units.visit,
+    }
+    total = sum(parts.values()) * (1.0 + (CHECKPOINT_SHARE if checkpoints else 0.0))
+    return Estimate(total, parts)
+
+
+# -- the probe --------------------------------------------------------------------------------
+def measure(
+    stream: Stream,
+    partitioner: Partitioner,
+    strategy: Strategy,
+    model: torch.nn.Module,
+    schedule: Schedule,
+    splits: dict[int, TaskSplit],
+    budget: Callable[[UnitTimes], float | None],
+) -> UnitTimes:
+    """Unit times from real task-0 batches on a scratch one-client federation (CPU).
+
+    First a plain forward + backward and a forward of real batches (milliseconds for the
+    small models); ``budget`` turns these rough unit times into the seconds the steady-state
+    step timing may take, or None to skip it (a run too small to be worth it: the result
+    then has ``steps_timed`` 0). Runs under a forked RNG on deep copies: the run's model,
+    strategy state and generators are untouched.
+    """
+    started = time.perf_counter()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        t0 = time.perf_counter()
+        task = stream.task(0)
+        task_seconds = time.perf_counter() - t0
+        # One client, one epoch: a local step costs the same in every epoch, and a shard of
+        # k batches then times exactly k steps.
+        scratch = dataclasses.replace(
+            schedule, num_clients=1, participation=1.0, async_shift=0, epochs=1
+        )
+        fed = Federation(
+            stream,
+            partitioner,
+            copy.deepcopy(strategy),
+            copy.deepcopy(model),
+            scratch,
+            torch.device("cpu"),
+            {},
+        )
+        split = splits[0]
+        shard = max(split.parts, key=lambda p: int(p.numel()))
+        if shard.numel() == 0:
+            shard = torch.arange(int(task.train_y.shape[0]))
+        batch = schedule.batch_size
+
+        def rows(batches: int) -> torch.Tensor:
+            return shard[torch.arange(batches * batch) % shard.numel()]
+
+        # Plain forward + backward and forward-only times of real batches.
+        module, flat = fed.model.module, fed.model
+        x, y = task.train_x[rows(1)], task.train_y[rows(1)]
+
+        def forward_backward() -> None:
+            flat.zero_grad()
+            F.cross_entropy(module(x), y).backward()
+
+        module.train()
+        reps = 3 if timed(forward_backward) < 0.05 else 1  # the first call sets up kernels
+        backward = min(timed(forward_backward) for _ in range(reps)) / batch
+        test_x = task.test_x[:FORWARD_SAMPLES]
+        predict(module, test_x[:2])
+        forward = min(timed(lambda: predict(module, test_x)) for _ in range(reps))
+        forward /= max(1, int(test_x.shape[0]))
+        visit = 2 * min(timed(lambda: visit_work(fed)) for _ in range(reps))
+        test_size = int(task.test_y.shape[0])
+        units = UnitTimes(
+            backward * batch, forward, backward, task_seconds, visit, 0.0, 0, test_size
+        )
+        allowed = budget(units)
+        if allowed is not None:
+            # The strategy's steady-state local step: one full warm-up round, one timed
+            # single-batch training to size the rest, then up to 3 × 8 timed batches.
+            warm_round(fed, task, split, rows(1))
+            give(fed, task, rows(1))
+            first = timed(lambda: local_training(fed))
+            samples, count = [first], 1  # seconds a step, one sample per timed call
+            more = int((allowed - (time.perf_counter() - started)) / max(first, 1e-6))
+            if more >= 2:
+                reps = min(3, more // 2) if more >= 4 else 1
+                k = max(1, min(8, more // reps))
+                give(fed, task, rows(k))
+                samples += [timed(lambda: local_training(fed)) / k for _ in range(reps)]
+                count += k * reps
+            step = statistics.median(samples)
+            units = dataclasses.replace(units, step=step, steps_timed=count)
+    return dataclasses.replace(units, probe_seconds=time.perf_counter() - started)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def predict(module: torch.nn.Module, x: torch.Tensor) -> None:
+    from cfl_bench.engine.evaluation import predict_logits
+
+    predict_logits(module, x)
+
+
+def visit_work(fed: Federation) -> None:
+    """What a client visit costs besides training: load θ_g, add the upload to the mean."""
+    server = fed.server
+    fed.model.load(server.global_params, server.global_buffers)
+    server.global_params.clone().add_(fed.model.params)
+
+
+def give(fed: Federation, task: object, idx: torch.Tensor) -> None:
+    """The scratch client's training data: rows ``idx`` of task 0."""
+    client = fed.clients[0]
+    client.task = 0
+    client.train_x = task.train_x[idx]  # type: ignore[attr-defined]
+    client.train_y = task.train_y[idx]  # type: ignore[attr-defined]
+
+
+def warm_round(fed: Federation, task: object, split: TaskSplit, idx: torch.Tensor) -> None:
+    """One full round of the scratch federation, so the state every later local step sees
+    exists: replay buffers hold examples, FedGP has g_ref, FedCurv its sums, FedProj its
+    ensemble (A-GEM's task-end memory is filled too)."""
+    server = fed.server
+    held = split.held
+    holdout = None if held is None else task.train_x[held]  # type: ignore[attr-defined]
+    for component in fed.strategy.all:
+        component.on_task_start(server, 0, holdout)
+    give(fed, task, idx)
+    server.rounds_per_task = 2  # not a task end: no client-spread evaluation
+    server.round_index += 1
+    fed._round(RunOutcome())
+    fed._end_client_tasks([(0, 0)])
+
+
+def local_training(fed: Federation) -> None:
+    """One client's local training as a round runs it, after the round-start hooks."""
+    server, client = fed.server, fed.clients[0]
+    fed.model.load(server.global_params, server.global_buffers)
+    for component in fed.strategy.all:
+        component.on_client_start(client, server)
+    fed._train_client(client)
+
+
+# -- what a run says ---------------------------------------------------------------------------
+def announce(plan: RunPlan, say: Callable[[str], None]) -> dict[str, object]:
+    """Say the run's size and, on CPU, its estimated duration; return config.json's
+    ``cost_estimate`` (``steps``, ``seconds`` — None when not estimated — and details)."""
+    schedule, strategy = plan.schedule, plan.strategy
+    clock = schedule.clock()
+    shards = shard_sizes(plan.splits, schedule.num_tasks)
+    params = sum(p.numel() for p in plan.model.parameters() if p.requires_grad)
+    history = strategy.learner.needs_history
+    size = run_size(schedule, clock, shards, history, params)
+    line = size.line(str(plan.config.model))
+    record: dict[str, object] = {"steps": size.total_steps, "seconds": None}
+    if plan.device.type != "cpu":
+        say(line)
+        record["reason"] = "durations are estimated on CPU only"
+        return record
+    work_of = functools.partial(
+        workload,
+        schedule,
+        clock,
+        shards,
+        needs_buffer=strategy.needs_buffer,
+        needs_history=history,
+        work=strategy_work(strategy, plan.splits, schedule.buffer_size),
+    )
+    checkpoints = plan.config.checkpoint_every != 0
+
+    def budget(units: UnitTimes) -> float | None:
+        rough = estimate(
+            work_of([units.test_size] * schedule.num_tasks), units, checkpoints=checkpoints
+        )
+        if rough.seconds < TINY_SECONDS:
+            return None
+        return min(PROBE_MAX_SECONDS, max(PROBE_MIN_SECONDS, PROBE_SHARE * rough.seconds))
+
+    units = measure(
+        plan.stream, plan.partitioner, strategy, plan.model, schedule, plan.splits, budget
+    )
+    if units.steps_timed == 0:  # a few seconds at most: nothing worth a line
+        record["reason"] = "a small run: not worth timing"
+        return record
+    work = work_of([units.test_size] * schedule.num_tasks)
+    result = estimate(work, units, checkpoints=checkpoints)
+    threads = torch.get_num_threads()
+    record.update(
+        seconds=round(result.seconds, 1),
+        threads=threads,
+        probe_seconds=round(units.probe_seconds, 2),
+        steps_timed=units.steps_timed,
+        unit_seconds={
+            "local_step": units.step,
+            "forward_per_sample": units.forward,
+            "forward_backward_per_sample": units.backward,
+        },
+        parts={k: round(v, 1) for k, v in result.parts.items()},
+    )
+    if result.seconds < QUIET_SECONDS:
+        say(f"{line}; about {duration(result.seconds)} on CPU")
+        return record
+    say(line)
+    shown = ", ".join(
+        f"{name} {duration(v)}" for name, v in result.parts.items() if v >= 0.05 * result.seconds
+    )
+    text = (
+        f"estimated duration on CPU ({threads} thread{'s' if threads != 1 else ''}): about "
+        f"{duration(result.seconds)} ({shown}; one local step {units.step:.3g} s, from "
+        f"{units.steps_timed} timed step{'s' if units.steps_timed != 1 else ''})"
+    )
+    if result.seconds > LONG_RUN_SECONDS:
+        model, shape = str(plan.config.model), tuple(plan.stream.input_shape)
+        text += (
+            f". That is over {LONG_RUN_SECONDS / 60:.0f} minutes; faster choices: "
+            f"{'; '.join(faster_choices(model, shape, schedule))}"
+        )
+    say(text)
+    return record
+
+
+# -- the messages -----------------------------------------------------------------------------
+def duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def faster_choices(model: str, input_shape: tuple[int, ...], schedule: Schedule) -> list[str]:
+    """The options that would shorten this run, without changing anything silently."""
+    choices = []
+    if model == "resnet18" and tuple(input_shape[-2:]) == (32, 32):
+        choices.append("--model cifar-cnn (~95k parameters instead of ResNet-18's 11M)")
+    if schedule.rounds_per_task > 1 or schedule.num_tasks > 1:
+        choices.append("fewer --rounds-per-task / --tasks")
+    choices.append("--train-size N / --test-size N")
+    choices.append("a GPU (--device cuda)")
+    return choices

@@ -1,0 +1,31 @@
+"""The model names and what each one is, without the models.
+
+Why apart from ``cfl_bench.models``: `cfl-bench list models` and the refusal of a
+misspelled ``--model`` must answer at once, and the builders import torch. The builders in
+``cfl_bench.models`` take their names and descriptions from here (a test pins the two).
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from cfl_bench.errors import UserError
+
+MODEL_DESCRIPTIONS: dict[str, str] = {
+    "mnist-cnn": "FedGP MNIST CNN: 2 conv + 2 fc, ~22k params (1×28×28 inputs)",
+    "mlp": "MLP with two hidden layers of 100 units (any input size)",
+    "linear": "one linear layer (a head on frozen embeddings)",
+    "cifar-cnn": "small CNN: 3 conv-BN-pool blocks, global pool + linear, ~95k params (C×32×32)",
+    "resnet18": "CIFAR ResNet-18 (3×3 stem, no max-pool, BN), 11.2M params (C×32×32)",
+}
+
+
+def check_model_name(name: str) -> None:
+    """Refuse a name that is no model, with the closest one when a slip is likely."""
+    if name in MODEL_DESCRIPTIONS:
+        return
+    guess = difflib.get_close_matches(name.lower(), list(MODEL_DESCRIPTIONS), n=1)
+    hint = f" (did you mean '{guess[0]}'?)" if guess else ""
+    raise UserError(
+        f"unknown model '{name}'{hint}; choose one of: {', '.join(sorted(MODEL_DESCRIPTIONS))}."
+    )

@@ -1,0 +1,188 @@
+"""The catalogue of streams: names, defaults, descriptions and the data each one needs.
+
+Why a module apart from ``streams.registry``: listing streams, filling in per-stream
+defaults and refusing a misspelled name or a missing ``--data-root`` must answer at once,
+and the registry's builders import torch, scikit-learn and the data loaders. This module
+imports none of them; ``streams.registry`` re-exports it and keeps the builders.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from cfl_bench.errors import UserError
+
+# The embedded digits have ~140 training images per client (40× fewer than MNIST); a few
+# local epochs at a larger step let the quickstart learn something in seconds.
+DIGITS_ROUNDS = 10
+DIGITS_EPOCHS = 5
+DIGITS_LR = 0.05
+
+# The Avalanche form, as streams.avalanche spells it (a test pins the two together; that
+# module imports torch, so it is only imported for names of this form).
+AVALANCHE_PREFIX = "avalanche:"
+AVALANCHE_FORM = "avalanche:package.module:factory"
+# How `cfl-bench list streams` and error messages show the Avalanche form.
+AVALANCHE_STREAM_HELP = (
+    f"any Avalanche benchmark: {AVALANCHE_FORM} (a callable returning a benchmark, given "
+    "n_experiences from --tasks, seed and dataset_root from --data-root when it names them); "
+    "all its experiences unless --tasks; class-IL or domain-IL from its class sets"
+)
+
+# What --data-root must hold, as messages say it. The image wordings are the loaders' own
+# (streams.mnist.layout_hint, streams.cifar.layout_hint; a test pins them together).
+MNIST_HOLDS = "MNIST/raw/*-ubyte.gz (torchvision layout)"
+CIFAR_HOLDS = {
+    "seq-cifar10": "cifar-10-batches-py/ (the extracted python-pickle archive)",
+    "seq-cifar100": "cifar-100-python/ (the extracted python-pickle archive)",
+}
+TEXT_HOLDS = {
+    "seq-agnews": "text/agnews-subset/train.json and test.json",
+    "seq-dbpedia": "text/dbpedia-test/test.json",
+    "seq-yahooqa": "yahoo_answers_csv/train.csv and test.csv",
+}
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """What the CLI needs to know about a stream before building it."""
+
+    name: str
+    description: str
+    default_model: str
+    default_tasks: int
+    default_partition: str
+    needs_data_root: bool
+    # Protocol defaults: FedGP's MNIST settings unless the stream needs others.
+    default_rounds_per_task: int = 20
+    default_epochs: int = 1
+    default_lr: float = 0.01
+    # What --data-root must hold ("" when nothing: embedded data, Avalanche's own files),
+    # and whether --download can fetch it there.
+    data: str = ""
+    downloadable: bool = False
+
+    def data_line(self) -> str:
+        """Where the stream's data comes from, as `cfl-bench list streams` shows it."""
+        if not self.needs_data_root:
+            return "none (embedded)"
+        fetch = "; --download fetches it" if self.downloadable else ""
+        return f"{self.data} under --data-root{fetch}"
+
+
+def _domain_il_info(name: str, transform: str, base: str) -> StreamInfo:
+    """Rotated / permuted streams share everything but their base data and transform."""
+    digits = base == "digits"
+    protocol = (
+        {
+            "default_rounds_per_task": DIGITS_ROUNDS,
+            "default_epochs": DIGITS_EPOCHS,
+            "default_lr": DIGITS_LR,
+        }
+        if digits
+        else {}
+    )
+    return StreamInfo(
+        name=name,
+        description=f"{'embedded 8x8 digits' if digits else 'MNIST'}, each task {transform} "
+        "(domain-IL)",
+        default_model="mlp" if digits else "mnist-cnn",
+        default_tasks=5,
+        default_partition="shards",
+        needs_data_root=not digits,
+        data="" if digits else MNIST_HOLDS,
+        downloadable=not digits,
+        **protocol,  # type: ignore[arg-type]
+    )
+
+
+def _cifar_info(name: str, base: str, *, tasks: int, per_task: int) -> StreamInfo:
+    """FedGP CIFAR protocol: ResNet-18, 5 local epochs, lr 0.1, Dirichlet α = 0.3 per task."""
+    return StreamInfo(
+        name=name,
+        description=f"{base} as {tasks} tasks x {per_task} classes, natural order "
+        "(class-IL + task-IL)",
+        default_model="resnet18",
+        default_tasks=tasks,
+        default_partition="dirichlet",
+        needs_data_root=True,
+        default_epochs=5,
+        default_lr=0.1,
+        data=CIFAR_HOLDS[name],
+        downloadable=True,
+    )
+
+
+ROTATED = "rotated by its own angle in [0, 180) degrees"
+PERMUTED = "with its own fixed pixel permutation"
+STREAMS: dict[str, StreamInfo] = {
+    "rot-mnist": _domain_il_info("rot-mnist", ROTATED, "mnist"),
+    "perm-mnist": _domain_il_info("perm-mnist", PERMUTED, "mnist"),
+    "rot-digits": _domain_il_info("rot-digits", ROTATED, "digits"),
+    "perm-digits": _domain_il_info("perm-digits", PERMUTED, "digits"),
+    "seq-cifar10": _cifar_info("seq-cifar10", "CIFAR-10", tasks=5, per_task=2),
+    "seq-cifar100": _cifar_info("seq-cifar100", "CIFAR-100", tasks=10, per_task=10),
+}
+
+# Text: a linear head on frozen MiniLM embeddings (FedGP trains a head on a frozen encoder).
+for _name, _base, _tasks in (
+    ("seq-agnews", "AG News (4 classes)", 2),
+    ("seq-dbpedia", "DBpedia-14", 7),
+    ("seq-yahooqa", "Yahoo! Answers topics (10 classes)", 5),
+):
+    STREAMS[_name] = StreamInfo(
+        name=_name,
+        description=f"{_base} as {_tasks} tasks x 2 classes on frozen MiniLM embeddings",
+        default_model="linear",
+        default_tasks=_tasks,
+        default_partition="dirichlet",
+        needs_data_root=True,
+        default_lr=0.1,
+        data=TEXT_HOLDS[_name],
+    )
+
+
+def stream_info(name: str) -> StreamInfo:
+    """What the CLI needs to know about stream ``name`` (native or ``avalanche:...``).
+
+    Avalanche benchmarks get defaults that fit any of them: an MLP (any input shape),
+    all of the benchmark's experiences (``default_tasks`` 0; the built stream's
+    ``num_tasks`` says how many), and the per-task Dirichlet split.
+    """
+    if name in STREAMS:
+        return STREAMS[name]
+    if name.startswith(AVALANCHE_PREFIX):
+        from streams.avalanche import parse_spec  # torch: only for this form
+
+        module, factory = parse_spec(name)
+        return StreamInfo(
+            name=name,
+            description=f"Avalanche benchmark from {module}:{factory}",
+            default_model="mlp",
+            default_tasks=0,
+            default_partition="dirichlet",
+            needs_data_root=False,
+        )
+    guess = difflib.get_close_matches(name.lower(), list(STREAMS), n=1)
+    hint = f" (did you mean '{guess[0]}'?)" if guess else ""
+    raise UserError(
+        f"unknown stream {name!r}{hint}; choose one of {', '.join(sorted(STREAMS))}, or name "
+        f"an Avalanche benchmark as {AVALANCHE_FORM}"
+    )
+
+
+def require_data_root(name: str, data_root: str | None) -> None:
+    """Refuse a stream that reads a data folder when no ``--data-root`` names one.
+
+    Decided from names alone, so ``cfl-bench run`` says it before importing the engine and
+    the builders say the same sentence.
+    """
+    info = stream_info(name)
+    if data_root is not None or not info.needs_data_root:
+        return
+    fetch = ", or add --download to fetch it there" if info.downloadable else ""
+    raise UserError(
+        f"stream {name!r} needs its data: pass --data-root pointing at a folder that holds "
+        f"{info.data}{fetch}"
+    )

@@ -1,0 +1,248 @@
+"""Honest cost up front (cfl_bench/cost.py): the run's size and workload counts on
+hand-made splits, the probe leaving every result untouched, the messages, and the estimate
+of a small real run against its actual time."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from cfl_bench import cost
+from cfl_bench.config import make_config
+from cfl_bench.engine.loop import Schedule
+from cfl_bench.run import RunPlan, execute, plan_run
+from cfl_bench.threads import usable_cores
+from strategies.compose import build_strategy
+
+SHARDS = [[25, 10, 0], [5, 30, 11]]  # task × client
+SMALL = {"tasks": 2, "rounds_per_task": 1, "clients": 3, "epochs": 1, "threads": 1}
+
+
+@pytest.fixture(autouse=True)
+def keep_threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def schedule(**overrides: Any) -> Schedule:
+    values: dict[str, Any] = dict(
+        num_tasks=2,
+        rounds_per_task=2,
+        epochs=2,
+        num_clients=3,
+        participation=1.0,
+        batch_size=10,
+        buffer_batch_size=10,
+        buffer_size=5,
+        buffer_offer="first_pass",
+        replay_augment=False,
+        weighting="samples",
+        lr=0.1,
+        momentum=0.0,
+        weight_decay=0.0,
+        probe_size=4,
+        eval_every_round=False,
+        seed=0,
+    )
+    return Schedule(**{**values, **overrides})
+
+
+def units(step: float) -> cost.UnitTimes:
+    return cost.UnitTimes(step, 1e-5, 1e-4, 0.01, 1e-4, 0.1, 6, 100)
+
+
+# -- pure counts ------------------------------------------------------------------------------
+def test_run_size_counts_local_steps_from_the_splits() -> None:
+    s = schedule()
+    size = cost.run_size(s, s.clock(), SHARDS, needs_history=False, params=1234)
+    # task 0 rounds: ⌈25/10⌉·2 + ⌈10/10⌉·2 + 0 = 8; task 1 rounds: 2 + 6 + 4 = 12
+    assert (size.rounds, size.clients_per_round, size.total_steps) == (4, 3, 2 * 8 + 2 * 12)
+    assert (size.steps_min, size.steps_max) == (0, 6)
+    assert size.line("mlp") == (
+        "run size: 4 rounds × 3 clients × 0–6 local steps (⌈shard / 10⌉ × 2 epochs) = "
+        "40 local steps; mlp: 1,234 parameters"
+    )
+
+
+def test_run_size_under_partial_participation_and_for_the_joint_learner() -> None:
+    s = schedule(participation=0.67)  # 2 of 3 clients a round
+    partial = cost.run_size(s, s.clock(), SHARDS, needs_history=False, params=1)
+    assert (partial.clients_per_round, partial.total_steps) == (2, round(40 * 2 / 3))
+    s = schedule()
+    joint = cost.run_size(s, s.clock(), SHARDS, needs_history=True, params=1)
+    assert joint.total_steps == 2 * 8 + 2 * (6 + 8 + 4)  # task 1 holds 30, 40, 11 samples
+
+
+def test_workload_counts_evaluation_buffers_and_strategy_extras() -> None:
+    s = schedule()
+    work = cost.StrategyWork(
+        gref_samples=32, fisher_samples=12, public_per_task=(7, 14), distill_epochs=1
+    )
+    w = cost.workload(
+        s, s.clock(), SHARDS, [10, 10], needs_buffer=True, needs_history=False, work=work
+    )
+    assert w.parts["evaluation"] == 20 + (20 + 4) + (20 + 8)  # start, end of task 1, 2
+    assert w.parts["client spread"] == 3 * 4 + 3 * 8
+    assert w.parts["buffer drift"] == 10 + 10 + 15 + 15  # min(5, seen) per client
+    assert w.parts["reference gradient"] == pytest.approx(10 + 10 + 15 + 15)
+    assert w.parts["Fisher"] == 2 * (20 + 10) + 2 * (5 + 20 + 11)  # whole batches, ≤ n
+    assert w.parts["public logits"] == 2 * 3 * 7 + 2 * 3 * 14
+    assert w.parts["distillation"] == 2 * 7 + 2 * 14
+    assert w.forward_samples == 72 + 36 + 50 + 126
+    assert w.backward_samples == pytest.approx(50 + 132 + 42)
+    assert (w.steps, w.materialisations, w.visits) == (40, 4, 12)
+
+    plain = cost.workload(
+        s, s.clock(), SHARDS, [10, 10], needs_buffer=False, needs_history=False,
+        work=cost.StrategyWork(),
+    )  # fmt: skip
+    assert plain.backward_samples == 0 and plain.parts["buffer drift"] == 0
+    every = cost.workload(
+        dataclasses.replace(s, eval_every_round=True), s.clock(), SHARDS, [10, 10],
+        needs_buffer=False, needs_history=False, work=cost.StrategyWork(),
+    )  # fmt: skip
+    assert every.parts["evaluation"] == 72 + 2 * 20  # rounds 1 and 3 evaluate tasks 0..1
+
+
+def test_estimate_is_counts_times_unit_times() -> None:
+    s = schedule()
+    w = cost.workload(
+        s, s.clock(), SHARDS, [10, 10], needs_buffer=False, needs_history=False,
+        work=cost.StrategyWork(),
+    )  # fmt: skip
+    u = units(0.5)
+    result = cost.estimate(w, u, checkpoints=False)
+    expected = 40 * 0.5 + w.forward_samples * 1e-5 + 4 * 0.01 + 12 * 1e-4
+    assert result.seconds == pytest.approx(expected)
+    with_checkpoints = cost.estimate(w, u, checkpoints=True).seconds
+    assert with_checkpoints == pytest.approx(expected * (1 + cost.CHECKPOINT_SHARE))
+
+
+def test_strategy_work_reads_the_components_options() -> None:
+    strategy = build_strategy("der+fedcurv:samples=100+fedgp:gref_samples=all,gref_interval=2")
+    work = cost.strategy_work(strategy, {}, buffer_size=200)
+    assert (work.gref_samples, work.gref_interval, work.fisher_samples) == (200, 2, 100)
+    assert work.public_per_task is None
+    assert cost.strategy_work(build_strategy("fedavg"), {}, 200) == cost.StrategyWork()
+
+
+def test_fedproj_holdouts_grow_the_public_set() -> None:
+    plan = plan_run(make_config({**SMALL, "strategy": "fedavg+fedproj", "out": "unused"}))
+    held = [int(plan.splits[t].held.numel()) for t in range(2)]  # type: ignore[union-attr]
+    work = cost.strategy_work(plan.strategy, plan.splits, 200)
+    assert work.public_per_task == (held[0], held[0] + held[1])
+
+
+# -- the probe --------------------------------------------------------------------------------
+def small_plan(strategy: str = "der+fedgp") -> RunPlan:
+    return plan_run(make_config({**SMALL, "strategy": strategy, "out": "unused"}))
+
+
+def test_the_probe_leaves_model_strategy_and_random_state_untouched() -> None:
+    plan = small_plan()
+    params = {k: v.clone() for k, v in plan.model.state_dict().items()}
+    rng = torch.get_rng_state()
+    u = cost.measure(
+        plan.stream, plan.partitioner, plan.strategy, plan.model, plan.schedule, plan.splits,
+        budget=lambda _rough: 0.5,
+    )  # fmt: skip
+    assert u.steps_timed > 0 and u.step > 0 and u.forward > 0 and u.backward > 0
+    assert u.test_size == 360  # rot-digits: every task holds the 360 test digits
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(params[k], v) for k, v in plan.model.state_dict().items())
+    fedgp = next(c for c in plan.strategy.all if c.name == "fedgp")
+    assert fedgp.gref is None  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        "der+fedgp",
+        "der+fedcurv+fedgp+ifa:generation=1",
+        "fedavg+fedproj",
+        "agem:agem_fill=task_end+fedprox:mu=0.1",
+        "derpp+fedntd",
+    ],
+)
+def test_a_full_probe_changes_no_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    """The same run with the full probe forced and with no probe at all: identical bytes."""
+    values = {**SMALL, "strategy": strategy}
+    monkeypatch.setattr(cost, "TINY_SECONDS", 0.0)
+    execute(make_config({**values, "out": str(tmp_path / "probed")}))
+    estimate = json.loads((tmp_path / "probed" / "config.json").read_text())["cost_estimate"]
+    assert estimate["seconds"] is not None and estimate["steps_timed"] > 0
+    monkeypatch.setattr(cost, "announce", lambda _plan, _say: {})
+    execute(make_config({**values, "out": str(tmp_path / "bare")}))
+    probed = (tmp_path / "probed" / "records.csv").read_bytes()
+    assert probed == (tmp_path / "bare" / "records.csv").read_bytes()
+
+
+# -- what a run says --------------------------------------------------------------------------
+def test_a_small_run_says_nothing_and_records_its_size(tmp_path: Path) -> None:
+    notes: list[str] = []
+    execute(make_config({**SMALL, "out": str(tmp_path / "r")}), notify=notes.append)
+    assert notes == []
+    estimate = json.loads((tmp_path / "r" / "config.json").read_text())["cost_estimate"]
+    assert estimate["seconds"] is None and estimate["steps"] > 0
+
+
+def test_a_long_cpu_run_says_so_and_names_the_faster_choices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plan = small_plan()
+    monkeypatch.setattr(cost, "measure", lambda *_args: units(10.0))
+    notes: list[str] = []
+    record = cost.announce(plan, notes.append)
+    assert len(notes) == 2 and notes[0].startswith("run size: 2 rounds × 3 clients × ")
+    assert "estimated duration on CPU (1 thread): about" in notes[1]
+    assert "over 10 minutes" in notes[1]
+    assert "fewer --rounds-per-task / --tasks" in notes[1] and "--device cuda" in notes[1]
+    assert "--model cifar-cnn" not in notes[1]  # the digits MLP has no smaller sibling
+    assert isinstance(record["seconds"], float) and record["seconds"] > cost.LONG_RUN_SECONDS
+    monkeypatch.setattr(cost, "measure", lambda *_args: units(1e-4))
+    notes.clear()
+    cost.announce(plan, notes.append)
+    assert len(notes) == 1 and notes[0].endswith("on CPU")
+
+
+def test_resnet18_on_cifar_is_pointed_at_cifar_cnn() -> None:
+    choices = cost.faster_choices("resnet18", (3, 32, 32), schedule())
+    assert choices[0].startswith("--model cifar-cnn")
+    assert not any("cifar-cnn" in c for c in cost.faster_choices("mlp", (1, 8, 8), schedule()))
+
+
+def test_off_the_cpu_only_the_size_is_said() -> None:
+    plan = dataclasses.replace(small_plan(), device=torch.device("cuda"))
+    notes: list[str] = []
+    record = cost.announce(plan, notes.append)
+    assert len(notes) == 1 and notes[0].startswith("run size:")
+    assert record["seconds"] is None
+
+
+def test_the_estimate_of_a_small_real_run_is_within_2x_of_its_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rot-digits, DER + FedGP, 3 tasks × 3 rounds, 10 clients, 5 epochs (~2 s): the estimate
+    made before training against the run loop's own clock, in this one process. Skipped
+    only under extreme load (1-minute load average above twice the usable cores), where no
+    timing means anything."""
+    load, cores = os.getloadavg()[0], usable_cores()
+    if load > 2 * cores:
+        pytest.skip(f"load average {load:.1f} on {cores} cores: timings are meaningless")
+    monkeypatch.setattr(cost, "TINY_SECONDS", 0.0)
+    out = tmp_path / "r"
+    options = {"stream": "rot-digits", "strategy": "der+fedgp", "tasks": 3}
+    execute(make_config({**options, "rounds_per_task": 3, "threads": 1, "out": str(out)}))
+    estimated = json.loads((out / "config.json").read_text())["cost_estimate"]["seconds"]
+    actual = json.loads((out / "summary.json").read_text())["wall_time_s"]
+    assert 0.5 <= estimated / actual <= 2.0, (estimated, actual, os.getloadavg())
