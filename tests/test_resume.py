@@ -193,7 +193,16 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(tmp_path: Path) -> None:
         "--out",
         str(out),
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # A job started in the background by a shell without job control (as CI may run
+        # pytest) inherits SIGINT ignored, and Python then keeps ignoring it: restore the
+        # default so the child gets its KeyboardInterrupt as after a Ctrl-C on a terminal.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("round 3/"):
