@@ -38,6 +38,7 @@ _KNOWN = {
     "probe_size",
     "replay_augment",
     "eval_every_round",
+    "data",
 }
 
 
@@ -59,6 +60,20 @@ def describe_partition(partition: object) -> str:
         if k not in ("name", "remainder") and not isinstance(v, (dict, list))
     ]
     return f"{name}({', '.join(options)})" if options else name
+
+
+def describe_data(data: object) -> str:
+    """``data digits 1437+360 (sha256 671ef426)``: the base data's name, train + test sizes
+    and the start of its digest — enough to see that two sections used different data,
+    without a 64-character hash in a one-line summary."""
+    if not isinstance(data, Mapping) or not {"base", "sizes", "sha256"} <= set(data):
+        return f"data={_value(data)}"
+    sizes = data["sizes"]
+    if isinstance(sizes, Mapping) and {"train", "test"} <= set(sizes):
+        counts = f" {sizes['train']}+{sizes['test']}"
+    else:
+        counts = f" {_value(sizes)}"
+    return f"data {data['base']}{counts} (sha256 {str(data['sha256'])[:8]})"
 
 
 def describe_protocol(protocol: Mapping[str, Any], scenario: str | None = None) -> str:
@@ -98,5 +113,7 @@ def describe_protocol(protocol: Mapping[str, Any], scenario: str | None = None) 
         parts.append(f"train {p['train_size']}")
     if p.get("test_size") is not None:
         parts.append(f"test {p['test_size']}")
+    if "data" in p:
+        parts.append(describe_data(p["data"]))
     parts.extend(f"{k}={_value(v)}" for k, v in sorted(p.items()) if k not in _KNOWN)
     return " · ".join(parts)

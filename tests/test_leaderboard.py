@@ -17,6 +17,7 @@ from cfl_bench.errors import UserError
 from cfl_bench.metrics import summarize
 from leaderboard.aggregate import BOARD_COLUMNS, aggregate, mean_std
 from leaderboard.check import check_targets, read_targets
+from leaderboard.protocol import describe_protocol
 from leaderboard.runs import load_runs
 from leaderboard.table import board_csv
 from tests.leaderboard_fixtures import (
@@ -505,3 +506,14 @@ def test_end_to_end_two_real_runs(tmp_path: Path) -> None:
     html = (tmp_path / "lb" / "leaderboard.html").read_text()
     assert "rot-digits" in html and summaries[0]["protocol_hash"] in html
     assert IMG_INJECTION not in html
+
+
+def test_protocol_line_names_the_data_briefly() -> None:
+    """The data identity is part of the protocol; its one-line form keeps the base name,
+    the sizes and 8 hex digits of the digest, not the raw JSON with all 64."""
+    digest = "671ef426" + "0" * 56
+    data = {"base": "digits", "sizes": {"train": 1437, "test": 360}, "sha256": digest}
+    line = describe_protocol({"stream": "rot-digits", "tasks": 5, "data": data}, "domain-il")
+    assert line == "rot-digits (domain-il) · 5 tasks · data digits 1437+360 (sha256 671ef426)"
+    odd = describe_protocol({"stream": "s", "data": [1, 2]})
+    assert odd == "s · data=[1,2]"
