@@ -8,6 +8,7 @@ directory is prepared only once the configuration is known to be runnable.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -42,6 +43,7 @@ from strategies.base import StrategyEnv
 from strategies.compose import Strategy, build_strategy
 from streams.base import Stream
 from streams.partition import Partitioner, client_class_counts, partitioner_from_spec
+from streams.public_data import public_images
 from streams.registry import build_stream, stream_info
 
 
@@ -270,6 +272,7 @@ def strategy_env(config: RunConfig, stream: Stream, device: torch.device) -> Str
         batch_size=config.batch_size,
         input_shape=tuple(stream.input_shape),
         data_root=config.data_root,
+        public_images=functools.partial(public_images, config.data_root),
     )
 
 

@@ -124,6 +124,10 @@ class StrategyEnv:
     batch_size: int
     input_shape: tuple[int, ...]
     data_root: str | None
+    # Public (unlabelled) images by set name, uint8 (N, 28, 28), or None when the data root
+    # lacks them: the run binds ``streams.public_data.public_images`` to its --data-root, so
+    # strategies read datasets without importing streams. None: this run offers no public data.
+    public_images: Callable[[str], torch.Tensor | None] | None = None
 
 
 class Component:

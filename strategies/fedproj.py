@@ -76,41 +76,39 @@ def resolve_public(choice: str, input_shape: tuple[int, ...]) -> str:
 
 
 def load_fashion_public(
-    data_root: str | None,
-    input_shape: tuple[int, ...],
-    size: int,
-    seed: int,
-    device: torch.device,
+    env: StrategyEnv, size: int, seed: int, device: torch.device
 ) -> torch.Tensor:
     """A seeded random subset of ``size`` Fashion-MNIST test images, float32 in [0, 1],
     shaped (N, 1, 28, 28) on ``device`` (all 10k images when ``size`` is larger).
 
-    Only the test split is read: the shared offline copy has nothing else, and a public
+    The images come from ``env.public_images`` (the run's reader of public sets, bound to
+    its --data-root); only the test split exists in the shared offline copy, and a public
     set never needs labels.
     """
     import torch
 
     from cfl_bench.seeding import generator
-    from streams.mnist import load_idx_split, split_present
 
-    if tuple(input_shape) != FASHION_SHAPE:
-        shape = "×".join(str(d) for d in input_shape)
+    if tuple(env.input_shape) != FASHION_SHAPE:
+        shape = "×".join(str(d) for d in env.input_shape)
         raise UserError(
             f"fedproj:public=fashion-mnist has 1×28×28 images but this stream's inputs are "
             f"{shape}; use fedproj:public=holdout for this stream."
         )
-    if data_root is None or not split_present(data_root, "FashionMNIST", "test"):
-        where = (
-            "no --data-root was given"
-            if data_root is None
-            else f"{Path(data_root) / 'FashionMNIST' / 'raw'} lacks t10k-*-ubyte[.gz]"
-        )
+    read = env.public_images
+    images = None if env.data_root is None or read is None else read("fashion-mnist")
+    if images is None:
+        if env.data_root is None:
+            where = "no --data-root was given"
+        elif read is None:
+            where = "this run offers no public data"
+        else:
+            where = f"{Path(env.data_root) / 'FashionMNIST' / 'raw'} lacks t10k-*-ubyte[.gz]"
         raise UserError(
             f"fedproj:public=fashion-mnist needs the Fashion-MNIST test split but {where}; "
             "pass --data-root with FashionMNIST/raw/t10k-*-ubyte.gz under it, or use "
             "fedproj:public=holdout."
         )
-    images, _ = load_idx_split(data_root, "FashionMNIST", "test")
     count = images.shape[0]
     if size < count:
         pick = torch.randperm(count, generator=generator(seed, "fedproj", "public"))[:size]
@@ -249,11 +247,7 @@ class FedProj(Component):
         self.public_x: torch.Tensor | None = None
         if public == "fashion-mnist":
             self.public_x = load_fashion_public(
-                env.data_root,
-                env.input_shape,
-                self.public_size or AUTO_PUBLIC_SIZE,
-                env.seed,
-                env.device,
+                env, self.public_size or AUTO_PUBLIC_SIZE, env.seed, env.device
             )
         self.z_ens: torch.Tensor | None = None
         self.teacher: torch.Tensor | None = None  # log σ(Z_ens/T)

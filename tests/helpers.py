@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -14,6 +16,7 @@ from cfl_bench.models import build_model
 from strategies.base import StrategyEnv
 from strategies.compose import Strategy, build_strategy
 from streams.partition import ShardPartitioner
+from streams.public_data import public_images
 from streams.registry import build_stream
 
 CPU = torch.device("cpu")
@@ -32,7 +35,16 @@ def env(
 ) -> StrategyEnv:
     """A StrategyEnv for unit tests on tiny linear models."""
     return StrategyEnv(
-        stream, scenario, num_classes, num_tasks, CPU, seed, batch_size, input_shape, data_root
+        stream,
+        scenario,
+        num_classes,
+        num_tasks,
+        CPU,
+        seed,
+        batch_size,
+        input_shape,
+        data_root,
+        public_images=functools.partial(public_images, data_root),
     )
 
 
@@ -143,6 +155,7 @@ def digits_federation(
             batch_size=schedule.batch_size,
             input_shape=tuple(stream.input_shape),
             data_root=None,
+            public_images=functools.partial(public_images, None),
         )
     )
     torch.manual_seed(0)
