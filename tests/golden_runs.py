@@ -2,9 +2,11 @@
 
 Why digests of real runs: a refactor of the round loop, the state objects or the record
 writer can change a result in the last bit without any unit test noticing. Each case here is
-a small CLI run covering one composition or engine feature; its ``records.csv`` sha256 and
-the deterministic keys of its ``summary.json`` are stored in ``golden_digests.json`` (made
-by ``python -m tests.golden_runs --write``) and compared by ``tests/test_golden.py``.
+a small CLI run covering one composition or engine feature (together: every component and
+every stream family — embedded digits, MNIST, CIFAR, text — plus asynchronous shift, partial
+participation and per-round checkpoints); its ``records.csv`` sha256 and the deterministic
+keys of its ``summary.json`` are stored in ``golden_digests.json`` (made by ``python -m
+tests.golden_runs --write``) and compared by ``tests/test_golden.py``.
 
 Floating-point results depend on the CPU's vector unit (torch's kernels differ between
 AVX2 and AVX512), so the digests are stored with the CPU capability they were made on and
@@ -30,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DIGESTS = Path(__file__).with_name("golden_digests.json")
 
 DIGITS = ["--stream", "rot-digits", "--tasks", "3", "--rounds-per-task", "2", "--clients", "5"]
+PERM_DIGITS = ["perm-digits" if arg == "rot-digits" else arg for arg in DIGITS]
 COMMON = ["--epochs", "1", "--threads", "1"]
 
 # name → (needs ../shared/data, extra CLI args)
@@ -107,6 +110,36 @@ CASES: dict[str, tuple[bool, list[str]]] = {
             "3",
             "--partition",
             "iid",
+            "--strategy",
+            "der+fedgp",
+        ],
+    ),
+    "perm-digits-derpp-checkpoint-every-round": (
+        False,
+        [
+            *PERM_DIGITS,
+            "--strategy",
+            "derpp",
+            "--checkpoint-every",
+            "1",
+            "--keep-checkpoint",
+        ],
+    ),
+    "seq-dbpedia-der+fedgp": (
+        True,
+        [
+            "--stream",
+            "seq-dbpedia",
+            "--tasks",
+            "2",
+            "--rounds-per-task",
+            "2",
+            "--clients",
+            "3",
+            "--train-size",
+            "600",
+            "--test-size",
+            "300",
             "--strategy",
             "der+fedgp",
         ],
