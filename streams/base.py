@@ -30,6 +30,28 @@ class TaskData:
     classes: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class StreamRequest:
+    """What a run asks of a stream builder (``streams.builders``): how many tasks, the seed,
+    the device, where the data is and whether it may be downloaded, and optional prefixes
+    of the base data (``--train-size`` / ``--test-size``)."""
+
+    num_tasks: int
+    seed: int
+    device: torch.device
+    data_root: str | None
+    download: bool
+    train_size: int | None = None
+    test_size: int | None = None
+
+    def require_data_root(self) -> str:
+        """The data folder of a stream that needs one; ``streams.catalogue``'s
+        ``require_data_root`` has already refused a missing one with the user's sentence."""
+        if self.data_root is None:
+            raise AssertionError("require_data_root must run before a builder that reads data")
+        return self.data_root
+
+
 class Stream(abc.ABC):
     """An ordered list of tasks; task ``t`` is deterministic given the stream's seed."""
 

@@ -62,6 +62,11 @@ class StreamInfo:
     # and whether --download can fetch it there.
     data: str = ""
     downloadable: bool = False
+    # How to build it: "module:function" of ``streams.builders`` (imported only to build),
+    # the base dataset that function reads, and the classes per task of class-IL streams.
+    builder: str = ""
+    base: str = ""
+    classes_per_task: int = 0
 
     def data_line(self) -> str:
         """Where the stream's data comes from, as `cfl-bench list streams` shows it."""
@@ -71,7 +76,10 @@ class StreamInfo:
         return f"{self.data} under --data-root{fetch}"
 
 
-def _domain_il_info(name: str, transform: str, base: str) -> StreamInfo:
+BUILDERS = "streams.builders"
+
+
+def _domain_il_info(name: str, transform: str, base: str, builder: str) -> StreamInfo:
     """Rotated / permuted streams share everything but their base data and transform."""
     digits = base == "digits"
     protocol = (
@@ -93,15 +101,17 @@ def _domain_il_info(name: str, transform: str, base: str) -> StreamInfo:
         needs_data_root=not digits,
         data="" if digits else MNIST_HOLDS,
         downloadable=not digits,
+        builder=f"{BUILDERS}:{builder}",
+        base=base,
         **protocol,  # type: ignore[arg-type]
     )
 
 
-def _cifar_info(name: str, base: str, *, tasks: int, per_task: int) -> StreamInfo:
+def _cifar_info(name: str, base: str, label: str, *, tasks: int, per_task: int) -> StreamInfo:
     """FedGP CIFAR protocol: ResNet-18, 5 local epochs, lr 0.1, Dirichlet α = 0.3 per task."""
     return StreamInfo(
         name=name,
-        description=f"{base} as {tasks} tasks x {per_task} classes, natural order "
+        description=f"{label} as {tasks} tasks x {per_task} classes, natural order "
         "(class-IL + task-IL)",
         default_model="resnet18",
         default_tasks=tasks,
@@ -111,35 +121,40 @@ def _cifar_info(name: str, base: str, *, tasks: int, per_task: int) -> StreamInf
         default_lr=0.1,
         data=CIFAR_HOLDS[name],
         downloadable=True,
+        builder=f"{BUILDERS}:build_class_il",
+        base=base,
+        classes_per_task=per_task,
     )
 
 
 ROTATED = "rotated by its own angle in [0, 180) degrees"
 PERMUTED = "with its own fixed pixel permutation"
 STREAMS: dict[str, StreamInfo] = {
-    "rot-mnist": _domain_il_info("rot-mnist", ROTATED, "mnist"),
-    "perm-mnist": _domain_il_info("perm-mnist", PERMUTED, "mnist"),
-    "rot-digits": _domain_il_info("rot-digits", ROTATED, "digits"),
-    "perm-digits": _domain_il_info("perm-digits", PERMUTED, "digits"),
-    "seq-cifar10": _cifar_info("seq-cifar10", "CIFAR-10", tasks=5, per_task=2),
-    "seq-cifar100": _cifar_info("seq-cifar100", "CIFAR-100", tasks=10, per_task=10),
+    "rot-mnist": _domain_il_info("rot-mnist", ROTATED, "mnist", "build_rotated"),
+    "perm-mnist": _domain_il_info("perm-mnist", PERMUTED, "mnist", "build_permuted"),
+    "rot-digits": _domain_il_info("rot-digits", ROTATED, "digits", "build_rotated"),
+    "perm-digits": _domain_il_info("perm-digits", PERMUTED, "digits", "build_permuted"),
+    "seq-cifar10": _cifar_info("seq-cifar10", "cifar10", "CIFAR-10", tasks=5, per_task=2),
+    "seq-cifar100": _cifar_info("seq-cifar100", "cifar100", "CIFAR-100", tasks=10, per_task=10),
 }
 
 # Text: a linear head on frozen MiniLM embeddings (FedGP trains a head on a frozen encoder).
-for _name, _base, _tasks in (
-    ("seq-agnews", "AG News (4 classes)", 2),
-    ("seq-dbpedia", "DBpedia-14", 7),
-    ("seq-yahooqa", "Yahoo! Answers topics (10 classes)", 5),
+for _name, _base, _label, _tasks in (
+    ("seq-agnews", "agnews", "AG News (4 classes)", 2),
+    ("seq-dbpedia", "dbpedia", "DBpedia-14", 7),
+    ("seq-yahooqa", "yahooqa", "Yahoo! Answers topics (10 classes)", 5),
 ):
     STREAMS[_name] = StreamInfo(
         name=_name,
-        description=f"{_base} as {_tasks} tasks x 2 classes on frozen MiniLM embeddings",
+        description=f"{_label} as {_tasks} tasks x 2 classes on frozen MiniLM embeddings",
         default_model="linear",
         default_tasks=_tasks,
         default_partition="dirichlet",
         needs_data_root=True,
         default_lr=0.1,
         data=TEXT_HOLDS[_name],
+        builder=f"{BUILDERS}:build_text",
+        base=_base,
     )
 
 
@@ -163,6 +178,7 @@ def stream_info(name: str) -> StreamInfo:
             default_tasks=0,
             default_partition="dirichlet",
             needs_data_root=False,
+            builder=f"{BUILDERS}:build_avalanche",
         )
     guess = difflib.get_close_matches(name.lower(), list(STREAMS), n=1)
     hint = f" (did you mean '{guess[0]}'?)" if guess else ""

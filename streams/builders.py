@@ -1,0 +1,144 @@
+"""The builders the stream catalogue names: one function per stream family.
+
+Why by name: every catalogue entry (``streams.catalogue.STREAMS``) carries its builder as
+``"module:function"``, so adding a stream is one entry there and, for a new family, one
+function here — no parallel tables and no if-chain in ``streams.registry``. The catalogue
+stays importable without torch; this module is imported only when a stream is built.
+
+Each builder gets the entry and a :class:`~streams.base.StreamRequest` and does the cheap
+checks (data folder, ``--tasks``) before reading any file, downloading or encoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from streams.base import Stream, StreamRequest
+from streams.catalogue import StreamInfo
+from streams.cifar import layout as cifar_layout
+from streams.cifar import load_cifar10, load_cifar100
+from streams.class_il import (
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    CIFAR100_MEAN,
+    CIFAR100_STD,
+    ClassILStream,
+    check_class_tasks,
+)
+from streams.datafiles import check_data_root
+from streams.digits import digits_images
+from streams.domain_il import DomainILStream, PermutedStream, RotatedStream, check_domain_tasks
+from streams.images import ImageSplits, checked_size
+from streams.mnist import load_mnist
+
+# CIFAR base → (loader, normalisation mean, std): the class-IL family's own data.
+_CIFAR: dict[str, tuple[Callable[..., ImageSplits], tuple[float, ...], tuple[float, ...]]] = {
+    "cifar10": (load_cifar10, CIFAR10_MEAN, CIFAR10_STD),
+    "cifar100": (load_cifar100, CIFAR100_MEAN, CIFAR100_STD),
+}
+
+
+def build_rotated(info: StreamInfo, request: StreamRequest) -> Stream:
+    """rot-mnist, rot-digits: each task rotated by its own angle."""
+    return _domain_il(RotatedStream, info, request)
+
+
+def build_permuted(info: StreamInfo, request: StreamRequest) -> Stream:
+    """perm-mnist, perm-digits: each task with its own pixel permutation."""
+    return _domain_il(PermutedStream, info, request)
+
+
+def _domain_il(kind: type[DomainILStream], info: StreamInfo, request: StreamRequest) -> Stream:
+    load = _base_loader(info, request)
+    check_domain_tasks(info.name, request.num_tasks)
+    images = load().head(request.train_size, request.test_size)
+    return kind(
+        images,
+        name=info.name,
+        num_tasks=request.num_tasks,
+        seed=request.seed,
+        device=torch.device(request.device),
+    )
+
+
+def _base_loader(info: StreamInfo, request: StreamRequest) -> Callable[[], ImageSplits]:
+    """The base dataset loader of a domain-IL stream, after checking its data location."""
+    if not info.needs_data_root:
+        return digits_images
+    root = request.require_data_root()
+    check_data_root(root, holds=info.data, download_hint=True, may_create=request.download)
+    return lambda: _mnist_images(Path(root), download=request.download)
+
+
+def _mnist_images(root: Path, *, download: bool) -> ImageSplits:
+    train_x, train_y, test_x, test_y = load_mnist(root, download=download)
+    return ImageSplits(
+        name="mnist",
+        train_x=train_x.unsqueeze(1),
+        train_y=train_y,
+        test_x=test_x.unsqueeze(1),
+        test_y=test_y,
+        levels=255,
+        num_classes=10,
+    )
+
+
+def build_class_il(info: StreamInfo, request: StreamRequest) -> Stream:
+    """seq-cifar10, seq-cifar100: consecutive class groups in natural order."""
+    loader, mean, std = _CIFAR[info.base]
+    root = request.require_data_root()
+    check_data_root(root, holds=info.data, download_hint=True, may_create=request.download)
+    per_task = info.classes_per_task
+    check_class_tasks(info.name, request.num_tasks, per_task, cifar_layout(info.base).num_classes)
+    images = loader(Path(root), download=request.download).head(
+        request.train_size, request.test_size
+    )
+    return ClassILStream(
+        images,
+        name=info.name,
+        num_tasks=request.num_tasks,
+        classes_per_task=per_task,
+        mean=mean,
+        std=std,
+        device=torch.device(request.device),
+    )
+
+
+def build_text(info: StreamInfo, request: StreamRequest) -> Stream:
+    """seq-agnews, seq-dbpedia, seq-yahooqa: check --tasks, read the texts, cut their
+    prefixes and embed them (the encoder stack is imported only here)."""
+    root = request.require_data_root()
+    check_data_root(root, holds=info.data)
+    from streams.text import CLASS_NAMES, load_text_dataset
+    from streams.text_stream import CLASSES_PER_TASK, EmbeddedTextStream
+
+    num_classes = len(CLASS_NAMES[info.base])
+    check_class_tasks(info.name, request.num_tasks, CLASSES_PER_TASK, num_classes)
+    texts = load_text_dataset(info.base, root)
+    if request.train_size is not None or request.test_size is not None:
+        texts = texts.head(
+            checked_size("train_size", request.train_size, len(texts.train_texts), texts.name),
+            checked_size("test_size", request.test_size, len(texts.test_texts), texts.name),
+        )
+    return EmbeddedTextStream(
+        texts, name=info.name, num_tasks=request.num_tasks, device=torch.device(request.device)
+    )
+
+
+def build_avalanche(info: StreamInfo, request: StreamRequest) -> Stream:
+    """``avalanche:package.module:factory``: any Avalanche benchmark (``--tasks`` 0 takes
+    all its experiences; ``--download`` has no say, Avalanche fetches its own files)."""
+    from streams.avalanche import build_avalanche_stream
+
+    return build_avalanche_stream(
+        info.name,
+        num_tasks=request.num_tasks,
+        seed=request.seed,
+        device=torch.device(request.device),
+        data_root=request.data_root,
+        train_size=request.train_size,
+        test_size=request.test_size,
+    )
