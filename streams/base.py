@@ -12,10 +12,14 @@ import abc
 import hashlib
 import operator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from cfl_bench.errors import UserError
+
+if TYPE_CHECKING:
+    from streams.images import ImageSplits
 
 
 @dataclass(frozen=True)
@@ -129,3 +133,10 @@ def data_identity(
                 digest.update(text.encode("utf-8", "surrogatepass") + b"\x00")
     sizes = {"train": len(train[0]), "test": len(test[0])}
     return {"base": base, "sizes": sizes, "sha256": digest.hexdigest()}
+
+
+def images_identity(base: str, images: ImageSplits) -> dict[str, object]:
+    """:func:`data_identity` of an image stream's base splits (images and labels)."""
+    return data_identity(
+        base, train=(images.train_x, images.train_y), test=(images.test_x, images.test_y)
+    )

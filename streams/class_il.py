@@ -20,7 +20,7 @@ import torch
 
 from cfl_bench.errors import UserError
 from streams.augment import crop_flip, normalize
-from streams.base import Stream, TaskData, data_identity
+from streams.base import Stream, TaskData, images_identity
 from streams.images import ImageSplits
 
 # Per-channel statistics used by Mammoth's seq-cifar10 / seq-cifar100 transforms.
@@ -186,14 +186,7 @@ class ClassILStream(ClassSplitStream):
         return crop_flip(x, generator, padding=CROP_PADDING, fill=self._fill)
 
     def protocol_fields(self) -> dict[str, object]:
-        images = self._images
-        return {
-            "data": data_identity(
-                self._base_name,
-                train=(images.train_x, images.train_y),
-                test=(images.test_x, images.test_y),
-            )
-        }
+        return {"data": images_identity(self._base_name, self._images)}
 
     def describe(self) -> dict[str, object]:
         return {

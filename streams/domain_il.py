@@ -20,7 +20,7 @@ import torch
 
 from cfl_bench.errors import UserError
 from cfl_bench.seeding import generator
-from streams.base import Stream, TaskData, data_identity
+from streams.base import Stream, TaskData, images_identity
 from streams.images import ImageSplits
 from streams.transforms import permute_pixels, rotate_batch
 
@@ -94,14 +94,7 @@ class DomainILStream(Stream, abc.ABC):
         return self._train_labels_cpu.clone()
 
     def protocol_fields(self) -> dict[str, object]:
-        images = self._images
-        return {
-            "data": data_identity(
-                self._base_name,
-                train=(images.train_x, images.train_y),
-                test=(images.test_x, images.test_y),
-            )
-        }
+        return {"data": images_identity(self._base_name, self._images)}
 
     def describe(self) -> dict[str, object]:
         return {
