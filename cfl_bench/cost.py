@@ -355,44 +355,60 @@ def measure(
         def rows(batches: int) -> torch.Tensor:
             return shard[torch.arange(batches * batch) % shard.numel()]
 
-        # Plain forward + backward and forward-only times of real batches.
-        module, flat = fed.model.module, fed.model
-        x, y = task.train_x[rows(1)], task.train_y[rows(1)]
-
-        def forward_backward() -> None:
-            flat.zero_grad()
-            F.cross_entropy(module(x), y).backward()
-
-        module.train()
-        reps = 3 if timed(forward_backward) < 0.05 else 1  # the first call sets up kernels
-        backward = min(timed(forward_backward) for _ in range(reps)) / batch
-        test_x = task.test_x[:FORWARD_SAMPLES]
-        predict(module, test_x[:2])
-        forward = min(timed(lambda: predict(module, test_x)) for _ in range(reps))
-        forward /= max(1, int(test_x.shape[0]))
-        visit = 2 * min(timed(lambda: visit_work(fed)) for _ in range(reps))
-        test_size = int(task.test_y.shape[0])
-        units = UnitTimes(
-            backward * batch, forward, backward, task_seconds, visit, 0.0, 0, test_size
-        )
+        units = rough_units(fed, task, rows(1), batch, task_seconds)
         allowed = budget(units)
         if allowed is not None:
-            # The strategy's steady-state local step: one full warm-up round, one timed
-            # single-batch training to size the rest, then up to 3 × 8 timed batches.
-            warm_round(fed, task, split, rows(1))
-            give(fed, task, rows(1))
-            first = timed(lambda: local_training(fed))
-            samples, count = [first], 1  # seconds a step, one sample per timed call
-            more = int((allowed - (time.perf_counter() - started)) / max(first, 1e-6))
-            if more >= 2:
-                reps = min(3, more // 2) if more >= 4 else 1
-                k = max(1, min(8, more // reps))
-                give(fed, task, rows(k))
-                samples += [timed(lambda: local_training(fed)) / k for _ in range(reps)]
-                count += k * reps
-            step = statistics.median(samples)
-            units = dataclasses.replace(units, step=step, steps_timed=count)
+            units = steady_step_units(fed, task, split, rows, units, started + allowed)
     return dataclasses.replace(units, probe_seconds=time.perf_counter() - started)
+
+
+def rough_units(
+    fed: Federation, task: object, idx: torch.Tensor, batch: int, task_seconds: float
+) -> UnitTimes:
+    """Plain forward + backward and forward-only times of real batches, and a client visit;
+    the local step is a plain forward + backward of one batch until it is timed."""
+    module, flat = fed.model.module, fed.model
+    x, y = task.train_x[idx], task.train_y[idx]  # type: ignore[attr-defined]
+
+    def forward_backward() -> None:
+        flat.zero_grad()
+        F.cross_entropy(module(x), y).backward()
+
+    module.train()
+    reps = 3 if timed(forward_backward) < 0.05 else 1  # the first call sets up kernels
+    backward = min(timed(forward_backward) for _ in range(reps)) / batch
+    test_x = task.test_x[:FORWARD_SAMPLES]  # type: ignore[attr-defined]
+    predict(module, test_x[:2])
+    forward = min(timed(lambda: predict(module, test_x)) for _ in range(reps))
+    forward /= max(1, int(test_x.shape[0]))
+    visit = 2 * min(timed(lambda: visit_work(fed)) for _ in range(reps))
+    test_size = int(task.test_y.shape[0])  # type: ignore[attr-defined]
+    return UnitTimes(backward * batch, forward, backward, task_seconds, visit, 0.0, 0, test_size)
+
+
+def steady_step_units(
+    fed: Federation,
+    task: object,
+    split: TaskSplit,
+    rows: Callable[[int], torch.Tensor],
+    units: UnitTimes,
+    deadline: float,
+) -> UnitTimes:
+    """The strategy's steady-state local step: one full warm-up round, one timed
+    single-batch training to size the rest, then up to 3 × 8 timed batches that fit before
+    ``deadline`` (``time.perf_counter()`` at which the probe's budget is spent)."""
+    warm_round(fed, task, split, rows(1))
+    give(fed, task, rows(1))
+    first = timed(lambda: local_training(fed))
+    samples, count = [first], 1  # seconds a step, one sample per timed call
+    more = int((deadline - time.perf_counter()) / max(first, 1e-6))
+    if more >= 2:
+        reps = min(3, more // 2) if more >= 4 else 1
+        k = max(1, min(8, more // reps))
+        give(fed, task, rows(k))
+        samples += [timed(lambda: local_training(fed)) / k for _ in range(reps)]
+        count += k * reps
+    return dataclasses.replace(units, step=statistics.median(samples), steps_timed=count)
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -503,9 +519,23 @@ def announce(plan: RunPlan, say: Callable[[str], None]) -> dict[str, object]:
         },
         parts={k: round(v, 1) for k, v in result.parts.items()},
     )
+    say_estimate(plan, line, result, units, threads, say)
+    return record
+
+
+def say_estimate(
+    plan: RunPlan,
+    line: str,
+    result: Estimate,
+    units: UnitTimes,
+    threads: int,
+    say: Callable[[str], None],
+) -> None:
+    """The size line with a short duration, or the size line then the estimate with its
+    large parts — and the faster choices when it exceeds ``LONG_RUN_SECONDS``."""
     if result.seconds < QUIET_SECONDS:
         say(f"{line}; about {duration(result.seconds)} on CPU")
-        return record
+        return
     say(line)
     shown = ", ".join(
         f"{name} {duration(v)}" for name, v in result.parts.items() if v >= 0.05 * result.seconds
@@ -519,10 +549,9 @@ def announce(plan: RunPlan, say: Callable[[str], None]) -> dict[str, object]:
         model, shape = str(plan.config.model), tuple(plan.stream.input_shape)
         text += (
             f". That is over {LONG_RUN_SECONDS / 60:.0f} minutes; faster choices: "
-            f"{'; '.join(faster_choices(model, shape, schedule))}"
+            f"{'; '.join(faster_choices(model, shape, plan.schedule))}"
         )
     say(text)
-    return record
 
 
 # -- the messages -----------------------------------------------------------------------------
