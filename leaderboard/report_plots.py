@@ -76,68 +76,14 @@ def rounds_svg(
     """Training loss (mean over the round's local steps) and bytes sent up and down per
     round, each series indexed by round; None when no round was recorded. A loss that is
     not finite (a diverged run) is marked by a red cross at the top of the axis."""
-    import numpy as np
-
     if loss.empty and bytes_up.empty and bytes_down.empty:
         return None
     marker = "o" if last_round <= 40 else None
     with figure_style(figure_id):
         fig = new_figure(8.0, 3.3)
         loss_ax, bytes_ax = fig.subplots(1, 2)
-        values = loss.to_numpy(dtype=float)
-        finite = np.isfinite(values)
-        loss_ax.plot(
-            loss.index,
-            np.where(finite, values, np.nan),
-            marker=marker,
-            markersize=3.5,
-            linewidth=1.4,
-            color=series_style(0)["color"],
-        )
-        if finite.any():
-            set_ylimits(loss_ax, values[finite], min_span=0.0, include=(0.0,))
-        else:  # nothing finite to scale to: a plain 0–1 axis carries the divergence marks
-            loss_ax.set_ylim(0.0, 1.0)
-        if (~finite).any():
-            top = loss_ax.get_ylim()[1]
-            loss_ax.plot(
-                loss.index[~finite],
-                [top] * int((~finite).sum()),
-                "x",
-                color="#a4262c",
-                markersize=7,
-                clip_on=False,
-                label="loss not finite (diverged)",
-            )
-            loss_ax.legend(loc="lower left", frameon=False)
-        loss_ax.set(xlabel="round", ylabel="train loss", title="training loss per round")
-        reach: list[float] = []
-        # Up and down are often equal (FedAvg sends the model both ways): a wide hollow
-        # line under a thin filled one keeps both visible where they coincide.
-        looks = (
-            {"marker": "o", "markersize": 6.5, "markerfacecolor": "none", "linewidth": 2.6},
-            {"marker": "s", "markersize": 3.0, "linestyle": "--", "linewidth": 1.2},
-        )
-        for order, (name, series) in enumerate((("up", bytes_up), ("down", bytes_down))):
-            if series.empty:
-                continue
-            look = dict(looks[order])
-            if marker is None:
-                look["marker"] = ""
-            bytes_ax.plot(
-                series.index,
-                series.to_numpy(dtype=float),
-                color=series_style(order)["color"],
-                label=f"bytes {name}",
-                alpha=0.85 if order == 0 else 1.0,
-                **look,
-            )
-            reach += series.to_numpy(dtype=float).tolist()
-        set_ylimits(bytes_ax, reach, min_span=0.0, include=(0.0,))
-        from matplotlib.ticker import FuncFormatter
-
-        bytes_ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: human_bytes(v)))
-        bytes_ax.set(xlabel="round", ylabel="bytes per round", title="communication per round")
+        _loss_panel(loss_ax, loss, marker)
+        _bytes_panel(bytes_ax, bytes_up, bytes_down, marker)
         for ax in (loss_ax, bytes_ax):
             _round_axis(ax, last_round)
             _task_ends(ax, ends)
@@ -145,6 +91,70 @@ def rounds_svg(
         if handles:
             bytes_ax.legend(loc="lower right", frameon=False)
         return to_svg(fig, figure_id)
+
+
+def _loss_panel(ax: Any, loss: pd.Series, marker: str | None) -> None:
+    """The loss per round; rounds whose loss is not finite get a red cross at the top."""
+    import numpy as np
+
+    values = loss.to_numpy(dtype=float)
+    finite = np.isfinite(values)
+    ax.plot(
+        loss.index,
+        np.where(finite, values, np.nan),
+        marker=marker,
+        markersize=3.5,
+        linewidth=1.4,
+        color=series_style(0)["color"],
+    )
+    if finite.any():
+        set_ylimits(ax, values[finite], min_span=0.0, include=(0.0,))
+    else:  # nothing finite to scale to: a plain 0–1 axis carries the divergence marks
+        ax.set_ylim(0.0, 1.0)
+    if (~finite).any():
+        top = ax.get_ylim()[1]
+        ax.plot(
+            loss.index[~finite],
+            [top] * int((~finite).sum()),
+            "x",
+            color="#a4262c",
+            markersize=7,
+            clip_on=False,
+            label="loss not finite (diverged)",
+        )
+        ax.legend(loc="lower left", frameon=False)
+    ax.set(xlabel="round", ylabel="train loss", title="training loss per round")
+
+
+def _bytes_panel(ax: Any, bytes_up: pd.Series, bytes_down: pd.Series, marker: str | None) -> None:
+    """Bytes up and down per round. They are often equal (FedAvg sends the model both
+    ways): a wide hollow line under a thin filled one keeps both visible where they
+    coincide."""
+    from matplotlib.ticker import FuncFormatter
+
+    reach: list[float] = []
+    looks = (
+        {"marker": "o", "markersize": 6.5, "markerfacecolor": "none", "linewidth": 2.6},
+        {"marker": "s", "markersize": 3.0, "linestyle": "--", "linewidth": 1.2},
+    )
+    for order, (name, series) in enumerate((("up", bytes_up), ("down", bytes_down))):
+        if series.empty:
+            continue
+        look = dict(looks[order])
+        if marker is None:
+            look["marker"] = ""
+        ax.plot(
+            series.index,
+            series.to_numpy(dtype=float),
+            color=series_style(order)["color"],
+            label=f"bytes {name}",
+            alpha=0.85 if order == 0 else 1.0,
+            **look,
+        )
+        reach += series.to_numpy(dtype=float).tolist()
+    set_ylimits(ax, reach, min_span=0.0, include=(0.0,))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: human_bytes(v)))
+    ax.set(xlabel="round", ylabel="bytes per round", title="communication per round")
 
 
 def _spread_offsets(count: int, width: float = 0.36) -> np.ndarray:
