@@ -19,7 +19,7 @@ The estimate is a sum of counts × unit times:
   materialisations (each task twice) and client visits (load, aggregate).
 * **unit times** (:func:`measure`): one local step as the engine runs it — the strategy's
   loss and loss terms, backward, penalties, A-GEM, FedProj and FedGP projections, SGD —
-  through ``Federation._train_client`` on a scratch one-client federation after one
+  through the executor's ``LocalTrainer`` on a scratch one-client federation after one
   warm-up round (so replay buffers are non-empty and FedGP's g_ref, FedCurv's sums and
   FedProj's ensemble exist), plus a forward and a forward + backward of real task-0
   batches. The probe takes at most ``PROBE_SHARE`` of the rough estimate (a few seconds
@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.nn import functional as F
 
+from cfl_bench.engine.client_update import ClientJob
 from cfl_bench.engine.loop import Federation, RunOutcome, Schedule
 from cfl_bench.engine.splits import TaskSplit
 from cfl_bench.engine.task_clock import TaskClock
@@ -451,16 +452,16 @@ def warm_round(fed: Federation, task: object, split: TaskSplit, idx: torch.Tenso
     server.rounds_per_task = 2  # not a task end: no client-spread evaluation
     server.round_index += 1
     fed._round(RunOutcome())
-    fed._end_client_tasks([(0, 0)])
+    fed.executor.end_tasks([(fed.clients[0], 0)], fed.global_state)
 
 
 def local_training(fed: Federation) -> None:
     """One client's local training as a round runs it, after the round-start hooks."""
-    server, client = fed.server, fed.clients[0]
-    fed.model.load(server.global_params, server.global_buffers)
-    for component in fed.strategy.all:
-        component.on_client_start(client, server)
-    fed._train_client(client)
+    trainer = fed.executor.trainer  # type: ignore[attr-defined]
+    broadcast = fed.round_server.make_broadcast()
+    job = ClientJob(fed.clients[0], broadcast)
+    trainer.start(job)
+    trainer.local_steps(job.client, broadcast)
 
 
 # -- what a run says ---------------------------------------------------------------------------

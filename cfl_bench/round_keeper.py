@@ -101,7 +101,7 @@ class RoundKeeper:
         self.log.truncate(state["records"])
         self.federation.load_state_dict(state["federation"])
         self.elapsed_before = float(state["elapsed_s"])
-        self.saved_round = int(state["federation"]["round_index"])
+        self.saved_round = self.federation.server.round_index
 
     # -- every round --------------------------------------------------------------------------
     def round_end(self, out: RunOutcome) -> None:

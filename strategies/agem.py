@@ -30,7 +30,6 @@ class AGEM(Learner):
     summary: ClassVar[str] = "project the batch gradient when it conflicts with the buffer gradient"
     paper: ClassVar[str] = "Chaudhry et al., ICLR 2019 (A-GEM)"
     needs_buffer: ClassVar[bool] = True
-    transform_order: ClassVar[int] = 10
     options: ClassVar[tuple[Option, ...]] = (
         Option(
             "agem_fill",

@@ -1,27 +1,38 @@
 """The component contract every strategy piece implements.
 
 A strategy is a composition ``learner+component+…`` (see ``strategies.compose``). Each
-component declares its roles, options (with defaults and parsers), requirements and the paper
-it follows; the engine calls only the hooks below, in the order DESIGN.md §3 fixes:
+component declares its roles, options (with defaults and parsers), requirements, payloads
+and the paper it follows; the engine calls only the hooks below, in the order DESIGN.md §3
+fixes (docs/architecture.md draws it):
 
     task start       component.on_task_start(server, task, holdout)  (public holdout slice)
     round start      component.on_round_start(server)        (IFA generation snapshot)
-                     component.broadcast(server)            → extra payloads (bytes counted)
-    client start     component.on_client_start(client, server)
+                     component.broadcast(server)            → declared payloads (counted)
+    client start     component.on_client_start(client, local)   (local: LocalRound)
     each local step  learner.loss(step) + Σ component.loss_term(step)   (autograd terms)
                      backward into the flat gradient
                      Σ component.penalty(step)               (closed-form θ penalties add
                                                               their gradient to the flat one)
                      learner.refine_grad(step)               (A-GEM)
-                     component.transform_grad(step)          in ascending ``transform_order``
+                     component.transform_grad(step)          in ``compose.TRANSFORM_CHAIN``
                      optimizer step; learner.observe(step)   (buffer insertion)
-    after training   component.after_local(client, upload)  → extra uploads (bytes counted)
-    server           FedAvg into θ_g; the aggregator override's aggregate(server) (FedProj);
-                     component.after_aggregate(server) in ascending ``server_order``
-                     (IFA reset before FedGP's reference gradient, which must see the final θ_g)
+    after training   component.after_local(client, upload, local) → declared upload payloads
+    server           component.receive_upload(upload, server) for every upload as it arrives;
+                     FedAvg into θ_g; the aggregator override's aggregate(server) (FedProj);
+                     in ``compose.SERVER_HOOK_ORDER``: component.after_aggregate(server),
+                     then component.client_request(server) → the executor computes it on
+                     the named clients at θ_g → component.receive_reply(reply, server)
+                     (IFA reset before FedGP's reference gradient, which must see θ_g final)
+
+Client-side hooks (``on_client_start``, the step hooks, ``after_local``) see the client's
+state, the round's ``Broadcast`` and the model being trained — never the server — so a client
+update can run in another process. Server-side hooks see the ``ServerState``. No component
+counts traffic or tracks model versions: it declares its ``payloads`` and the engine moves
+and counts them (``cfl_bench.engine.payloads``).
 
 State lives in explicit objects: per-client state in ``ClientState.extras[component]`` and
-server state on the component instance (one instance per run); nothing is global.
+server state on the component instance (one instance per run, its ``state_attributes``
+saved by checkpoints); nothing is global.
 
 Component modules import torch (and the engine modules that import it) inside the functions
 that compute, never at module top: the grammar (``strategies.compose``) and `cfl-bench list
@@ -36,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from cfl_bench.engine.payloads import Payload
 from cfl_bench.errors import UserError
 from cfl_bench.text_values import (  # noqa: F401 - the option parsers components use
     boolean,
@@ -51,17 +63,31 @@ from cfl_bench.text_values import (  # noqa: F401 - the option parsers component
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import ClientState, ServerState, StepContext, Upload
+    from cfl_bench.engine.context import (
+        ClientState,
+        LocalRound,
+        ServerState,
+        StepContext,
+        Upload,
+    )
+    from cfl_bench.engine.payloads import ClientRequest, Reply
     from cfl_bench.flat import FlatModel
 
 
 class Role(str, enum.Enum):
+    """The roles the engine dispatches on (which list a component joins)."""
+
     LEARNER = "learner"
     LOSS_TERM = "loss term"
     GRAD_TRANSFORM = "gradient transform"
     AGGREGATOR = "aggregator"
-    SCHEDULE = "server schedule"
-    COMMUNICATION = "communication"
+
+
+# Roles shown in listings and config.json that follow from what a component implements
+# rather than being dispatched on: work on the server's own schedule around aggregation
+# (round-start snapshots, post-aggregation client requests), and declared payloads.
+SERVER_SCHEDULE = "server schedule"
+COMMUNICATION = "communication"
 
 
 AUTO = "auto"  # the written value of an option resolved from the stream at setup
@@ -140,13 +166,22 @@ class Component:
     options: ClassVar[tuple[Option, ...]] = ()
     needs_buffer: ClassVar[bool] = False
     requires: ClassVar[frozenset[str]] = frozenset()
-    # Fixed position in the gradient-transform chain (agem 10, fedproj 20, fedgp 30).
-    transform_order: ClassVar[int] = 100
-    # Position among the server hooks after aggregation (ifa 20 before fedgp 80).
-    server_order: ClassVar[int] = 50
+    # What this component sends besides the model (see ``cfl_bench.engine.payloads``).
+    payloads: ClassVar[tuple[Payload, ...]] = ()
     # Instance attributes that change during a run and must survive a checkpoint (tensors,
     # generators, numbers and containers of them); everything else is rebuilt by setup().
     state_attributes: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def role_names(cls) -> list[str]:
+        """Every role, sorted: the dispatched ones plus those its hooks and payloads imply."""
+        names = {role.value for role in cls.roles}
+        scheduled = (cls.on_round_start, cls.client_request)
+        if scheduled != (Component.on_round_start, Component.client_request):
+            names.add(SERVER_SCHEDULE)
+        if cls.payloads:
+            names.add(COMMUNICATION)
+        return sorted(names)
 
     def __init__(self, values: dict[str, object] | None = None) -> None:
         resolved = {opt.name: opt.default for opt in self.options}
@@ -209,8 +244,8 @@ class Component:
         """Extra tensors sent with the global model at round start (counted as bytes down)."""
         return {}
 
-    def on_client_start(self, client: ClientState, server: ServerState) -> None:
-        """Called after the client loaded the global model, before its local steps."""
+    def on_client_start(self, client: ClientState, local: LocalRound) -> None:
+        """Called after the client loaded θ_g into ``local.model``, before its local steps."""
 
     # -- local step ---------------------------------------------------------------------------
     def loss_term(self, step: StepContext) -> torch.Tensor | None:
@@ -228,15 +263,27 @@ class Component:
         """Modify ``step.model.grads`` (the flat gradient) in place."""
 
     # -- client → server ----------------------------------------------------------------------
-    def after_local(self, client: ClientState, upload: Upload, server: ServerState) -> None:
-        """Add extra upload tensors to ``upload.extras`` (counted as bytes up)."""
+    def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:
+        """Add declared payloads to ``upload.extras``; ``local.model`` holds the local model."""
 
     # -- server -------------------------------------------------------------------------------
+    def receive_upload(self, upload: Upload, server: ServerState) -> None:
+        """Server side: collect an upload's payloads as it arrives (its tensors are only
+        valid during the call: keep sums or copies, not the tensors)."""
+
     def aggregate(self, server: ServerState) -> None:
         """Aggregator override: refine ``server.global_params``, which holds the FedAvg mean."""
 
     def after_aggregate(self, server: ServerState) -> None:
-        """Server hooks after aggregation (FedGP reference gradient, IFA resets)."""
+        """Server hooks after aggregation (IFA resets)."""
+
+    def client_request(self, server: ServerState) -> ClientRequest | None:
+        """A computation to run on some clients at the final θ_g of this round (FedGP's
+        reference gradient); the executor runs it and ``receive_reply`` gets the sum."""
+        return None
+
+    def receive_reply(self, reply: Reply, server: ServerState) -> None:
+        """The summed answers to this round's ``client_request``."""
 
 
 class Learner(Component):

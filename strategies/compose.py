@@ -40,6 +40,17 @@ from strategies.registry import component_classes
 _SEPARATOR = re.compile(r"(?<!=)(?<![0-9][eE])\+|\+(?![0-9.])")
 _COUNT_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
 
+#: The gradient-transform chain of a local step, in order. A-GEM's projection is the
+#: learner's ``refine_grad`` and runs before the chain; FedProj's distillation projection
+#: comes next and FedGP's buffer projection last, so g_ref constrains the final direction.
+#: Every component with the gradient-transform role must be listed (tests/test_compose.py).
+TRANSFORM_CHAIN: tuple[str, ...] = ("fedproj", "fedgp")
+
+#: The server hooks after aggregation, in order; ``*`` stands for every component not named
+#: (in written order, the learner first). IFA resets θ_g before anything reads it; FedGP
+#: asks for its reference gradient last, at the final θ_g of the round.
+SERVER_HOOK_ORDER: tuple[str, ...] = ("ifa", "*", "fedgp")
+
 
 @dataclass(frozen=True)
 class ComponentSpec:
@@ -160,9 +171,9 @@ class Strategy:
 
     @property
     def transforms(self) -> list[Component]:
-        """Gradient transforms in the fixed documented order (agem → fedproj → fedgp)."""
+        """Gradient transforms in the order of ``TRANSFORM_CHAIN``."""
         chain = [c for c in self.components if Role.GRAD_TRANSFORM in c.roles]
-        return sorted(chain, key=lambda c: c.transform_order)
+        return sorted(chain, key=lambda c: TRANSFORM_CHAIN.index(c.name))
 
     @property
     def loss_terms(self) -> list[Component]:
@@ -176,8 +187,13 @@ class Strategy:
 
     @property
     def server_hooks(self) -> list[Component]:
-        """Every component in ascending ``server_order`` (stable for equal orders)."""
-        return sorted(self.all, key=lambda c: c.server_order)
+        """Every component in the order of ``SERVER_HOOK_ORDER`` (stable within ``*``)."""
+        rest = SERVER_HOOK_ORDER.index("*")
+
+        def position(c: Component) -> int:
+            return SERVER_HOOK_ORDER.index(c.name) if c.name in SERVER_HOOK_ORDER else rest
+
+        return sorted(self.all, key=position)
 
     def protocol_changes(self) -> dict[str, object]:
         changes: dict[str, object] = {}
@@ -218,7 +234,7 @@ class Strategy:
             "components": [
                 {
                     "name": c.name,
-                    "roles": sorted(r.value for r in c.roles),
+                    "roles": c.role_names(),
                     "options": c.resolved_options(),
                 }
                 for c in self.all

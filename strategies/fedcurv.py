@@ -12,8 +12,10 @@ with the next broadcast. Client k then adds to its loss
 
 i.e. Σ_{j≠k} λ u_j (θ − θ_j)² up to a constant: every *other* client's important weights are
 anchored. Own terms are removed only when the client was among the participants whose sums
-the server sent (otherwise its stored u_k is not in U); U − u_k is a new tensor, never an
-in-place edit of the shared U. No penalty before the first sums exist.
+the server sent — it uploaded in the round before the broadcast (otherwise its stored u_k
+is not in U); U − u_k is a new tensor, never an in-place edit of the shared U. No penalty
+before the first sums exist. The client side reads U, V from the broadcast only, the
+server side sums the uploads as they arrive (``receive_upload``).
 
 Fisher (specs): mean over batches of the squared batch-mean CE gradient, model in eval
 mode, on about ``samples`` of the client's current-task examples (⌈samples / batch⌉ batches
@@ -25,6 +27,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, ClassVar
 
+from cfl_bench.engine.payloads import Payload
 from strategies.base import (
     Component,
     Option,
@@ -37,7 +40,7 @@ from strategies.base import (
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import ClientState, ServerState, StepContext, Upload
+    from cfl_bench.engine.context import ClientState, LocalRound, ServerState, StepContext, Upload
     from cfl_bench.flat import FlatModel
 
 
@@ -77,16 +80,17 @@ def curvature_penalty_(
 
 class FedCurv(Component):
     name: ClassVar[str] = "fedcurv"
-    roles: ClassVar[frozenset[Role]] = frozenset({Role.LOSS_TERM, Role.COMMUNICATION})
-    summary: ClassVar[str] = "Fisher-weighted penalty towards the other clients' parameters"
-    # The sums sent with the next broadcast and the clients they include (own u_k, v_k are
-    # per-client state in ClientState.extras).
-    state_attributes: ClassVar[tuple[str, ...]] = (
-        "sums",
-        "contributors",
-        "_next",
-        "_next_contributors",
+    roles: ClassVar[frozenset[Role]] = frozenset({Role.LOSS_TERM})
+    payloads: ClassVar[tuple[Payload, ...]] = (
+        Payload("fedcurv.U", "broadcast"),
+        Payload("fedcurv.V", "broadcast"),
+        Payload("fedcurv.u", "upload"),
+        Payload("fedcurv.v", "upload"),
     )
+    summary: ClassVar[str] = "Fisher-weighted penalty towards the other clients' parameters"
+    # The sums sent with the next broadcast, and those being collected this round (own u_k,
+    # v_k and the round of the upload are per-client state in ClientState.extras).
+    state_attributes: ClassVar[tuple[str, ...]] = ("sums", "_next")
     paper: ClassVar[str] = "Shoham et al., 2019 (FedCurv)"
     options: ClassVar[tuple[Option, ...]] = (
         Option("lam", 1.0, "penalty weight λ", non_negative_float),
@@ -98,12 +102,10 @@ class FedCurv(Component):
         self.samples = int(str(self.values["samples"]))
         self.batch_size = env.batch_size
         self.seed = env.seed
-        # Sums the server sends this round, and which clients they include.
+        # Sums the server sends this round.
         self.sums: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.contributors: frozenset[int] = frozenset()
         # Sums being collected from this round's uploads.
         self._next: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._next_contributors: set[int] = set()
         # The penalty vectors of the client currently training.
         self._others: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -112,15 +114,16 @@ class FedCurv(Component):
             return {}
         return {"fedcurv.U": self.sums[0], "fedcurv.V": self.sums[1]}
 
-    def on_client_start(self, client: ClientState, server: ServerState) -> None:
+    def on_client_start(self, client: ClientState, local: LocalRound) -> None:
         import torch
 
-        if self.sums is None:
+        payloads = local.broadcast.payloads
+        if "fedcurv.U" not in payloads:
             self._others = None
             return
-        total_u, total_v = self.sums
+        total_u, total_v = payloads["fedcurv.U"], payloads["fedcurv.V"]
         state = client.state_for(self.name)
-        if client.index in self.contributors:
+        if state.get("round") == local.broadcast.round_index - 1:  # its u_k is in U
             own_u, own_v = state["u"], state["v"]
             assert isinstance(own_u, torch.Tensor) and isinstance(own_v, torch.Tensor)
             self._others = (total_u - own_u, total_v - own_v)  # new tensors: U is shared
@@ -133,7 +136,8 @@ class FedCurv(Component):
         others_u, others_v = self._others
         return curvature_penalty_(step.model.grads, step.model.params, others_u, others_v, self.lam)
 
-    def after_local(self, client: ClientState, upload: Upload, server: ServerState) -> None:
+    def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:
+        """Client k's Fisher u_k at its local θ_k; it keeps and uploads u_k and v_k."""
         import torch
 
         from cfl_bench.seeding import generator
@@ -142,37 +146,34 @@ class FedCurv(Component):
             return
         state = client.state_for(self.name)
         if "rng" not in state:
-            state["rng"] = generator(self.seed, self.name, client.index, device=server.device)
+            device = local.broadcast.device
+            state["rng"] = generator(self.seed, self.name, client.index, device=device)
         rng = state["rng"]
         assert isinstance(rng, torch.Generator)
         n = client.num_samples
         batches = math.ceil(min(self.samples, n) / self.batch_size)
         take = torch.randperm(n, generator=rng, device=rng.device)[: batches * self.batch_size]
-        model = server.model
+        model = local.model
         model.module.eval()
         u = diagonal_fisher(model, client.train_x[take], client.train_y[take], self.batch_size)
         model.module.train()
-        self.contribute(client, upload, u, model.params)
-
-    def contribute(
-        self, client: ClientState, upload: Upload, u: torch.Tensor, params: torch.Tensor
-    ) -> None:
-        """Client k uploads u_k and v_k = u_k ⊙ θ_k, keeps them, and the server sums them."""
-        v = u * params
-        state = client.state_for(self.name)
-        state["u"], state["v"] = u, v
+        v = u * model.params
+        state["u"], state["v"], state["round"] = u, v, local.broadcast.round_index
         upload.extras["fedcurv.u"] = u
         upload.extras["fedcurv.v"] = v
+
+    def receive_upload(self, upload: Upload, server: ServerState) -> None:
+        """The server sums u_k and v_k over this round's uploads."""
+        if "fedcurv.u" not in upload.extras:
+            return
+        u, v = upload.extras["fedcurv.u"], upload.extras["fedcurv.v"]
         if self._next is None:
             self._next = (u.clone(), v.clone())
         else:
             self._next[0].add_(u)
             self._next[1].add_(v)
-        self._next_contributors.add(client.index)
 
     def after_aggregate(self, server: ServerState) -> None:
         # Only this round's participants count: a round without uploads leaves no sums.
         self.sums = self._next
-        self.contributors = frozenset(self._next_contributors)
         self._next = None
-        self._next_contributors = set()

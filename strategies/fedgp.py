@@ -17,14 +17,17 @@ Options follow the authors' code where it differs from the paper: ``gref_samples
 (the paper's "equalized communication overhead": half as many rounds per task, each with
 twice the local epochs, so FedGP's doubled upload is matched in total bytes).
 
-Communication counted: each contributing client downloads θ_g (unless it already holds that
-version) and uploads g_ref_k; participants download g_ref with the next broadcast.
+Communication (declared, moved and counted by the engine): g_ref_k is a client computation
+the server requests after aggregation (``client_request``); each contributing client
+downloads θ_g (unless it already holds that version) and uploads g_ref_k; participants
+download g_ref with the next broadcast.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+from cfl_bench.engine.payloads import ClientRequest, Payload, Reply
 from cfl_bench.errors import UserError
 from strategies.base import Component, Option, Role, StrategyEnv, boolean, positive_int, text
 from strategies.projection import project_conflicting_
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
     import torch
 
     from cfl_bench.engine.context import ClientState, ServerState, StepContext
+    from cfl_bench.flat import FlatModel
 
 
 def gref_samples(raw: str) -> int | str:
@@ -48,17 +52,16 @@ def gref_samples(raw: str) -> int | str:
 
 class FedGP(Component):
     name: ClassVar[str] = "fedgp"
-    roles: ClassVar[frozenset[Role]] = frozenset(
-        {Role.GRAD_TRANSFORM, Role.SCHEDULE, Role.COMMUNICATION}
+    roles: ClassVar[frozenset[Role]] = frozenset({Role.GRAD_TRANSFORM})
+    payloads: ClassVar[tuple[Payload, ...]] = (
+        Payload("fedgp.gref", "broadcast"),
+        Payload("fedgp.gref", "request"),
     )
     summary: ClassVar[str] = (
         "project local gradients against the clients' averaged buffer gradient at θ_g"
     )
     paper: ClassVar[str] = "Dai et al., FedGP / Fed-A-GEM (buffer-based gradient projection)"
     needs_buffer: ClassVar[bool] = True
-    transform_order: ClassVar[int] = 30
-    # Last server hook: g_ref must be taken at the final θ_g (after distillation, IFA resets).
-    server_order: ClassVar[int] = 80
     state_attributes: ClassVar[tuple[str, ...]] = ("gref", "gref_sq")
     options: ClassVar[tuple[Option, ...]] = (
         Option(
@@ -102,50 +105,42 @@ class FedGP(Component):
         if self.gref is not None:
             project_conflicting_(step.model.grads, self.gref, self.gref_sq)
 
-    def after_aggregate(self, server: ServerState) -> None:
-        import torch
-
+    def client_request(self, server: ServerState) -> ClientRequest | None:
+        """After aggregation (last server hook: g_ref must see the final θ_g), ask every
+        participant with a filled buffer for its buffer gradient — unless g_ref is still
+        fresh under ``gref_interval``."""
         interval = int(str(self.values["gref_interval"]))
         if self.gref is not None and server.round_index % interval != 0:
-            return
+            return None
         contributors = [c for c in server.participants if c.buffer is not None and c.buffer.filled]
         if not contributors:
-            return
-        self.gref = reference_gradient(
-            server,
+            return None
+        samples = self.values["gref_samples"]
+        return ClientRequest(
+            "fedgp.gref",
             contributors,
-            self.values["gref_samples"],
+            lambda client, model: buffer_gradient(client, model, samples),
             train_mode=self.values["gref_mode"] == "train",
         )
+
+    def receive_reply(self, reply: Reply, server: ServerState) -> None:
+        """g_ref = (1/K')·Σ g_ref_k over the clients that answered."""
+        import torch
+
+        self.gref = reply.total.div_(reply.count)
         self.gref_sq = torch.dot(self.gref, self.gref)
 
 
-def reference_gradient(
-    server: ServerState, clients: list[ClientState], samples: object, *, train_mode: bool
-) -> torch.Tensor:
-    """Mean over ``clients`` of ∇ CE on their buffer samples at the global model θ_g."""
-    import torch
+def buffer_gradient(client: ClientState, model: FlatModel, samples: object) -> torch.Tensor:
+    """g_ref_k: ∇ of the objective's loss on ``samples`` of the client's buffer (or all of
+    it) at the model as loaded (θ_g); the result is the model's gradient vector, valid until
+    the next backward."""
     from torch.nn import functional as F
 
-    from cfl_bench.engine.context import tensor_bytes
-
-    model = server.model
-    model.load(server.global_params, server.global_buffers)
-    model.module.train(train_mode)
-    total = torch.zeros_like(model.grads)
-    for client in clients:
-        if client.model_version != server.version:
-            server.comm.down(server.model_bytes, "model")
-            client.model_version = server.version
-        buffer = client.buffer
-        assert buffer is not None  # only clients with a filled buffer contribute
-        draw = buffer.all() if samples == "all" else buffer.sample(int(str(samples)))
-        assert draw is not None
-        model.zero_grad()
-        F.cross_entropy(model.module(draw.x), draw.y).backward()
-        total.add_(model.grads)
-        server.comm.up(tensor_bytes(model.grads), "fedgp.gref")
-    # Training-mode forwards may have moved BatchNorm statistics of the working model; the
-    # next client reloads the global state, so nothing leaks into θ_g.
-    model.module.train(True)
-    return total.div_(len(clients))
+    buffer = client.buffer
+    assert buffer is not None  # only clients with a filled buffer contribute
+    draw = buffer.all() if samples == "all" else buffer.sample(int(str(samples)))
+    assert draw is not None
+    model.zero_grad()
+    F.cross_entropy(model.module(draw.x), draw.y).backward()
+    return model.grads

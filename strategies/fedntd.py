@@ -28,7 +28,7 @@ from strategies.base import Component, Option, Role, StrategyEnv, non_negative_f
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import ClientState, ServerState, StepContext
+    from cfl_bench.engine.context import ClientState, LocalRound, StepContext
     from cfl_bench.flat import FlatModel
 
 
@@ -79,14 +79,16 @@ class FedNTD(Component):
         self.beta = float(str(self.values["beta"]))
         self.teacher: FlatModel | None = None
 
-    def on_client_start(self, client: ClientState, server: ServerState) -> None:
+    def on_client_start(self, client: ClientState, local: LocalRound) -> None:
+        """The teacher is a frozen copy of θ_g as broadcast (the model architecture is the
+        client's own)."""
         from cfl_bench.flat import FlatModel
 
         if self.teacher is None:
-            self.teacher = FlatModel(copy.deepcopy(server.model.module))
+            self.teacher = FlatModel(copy.deepcopy(local.model.module))
             self.teacher.module.eval()
             self.teacher.module.requires_grad_(False)
-        self.teacher.load(server.global_params, server.global_buffers)
+        self.teacher.load(local.broadcast.params, local.broadcast.buffers)
 
     def loss_term(self, step: StepContext) -> torch.Tensor | None:
         import torch

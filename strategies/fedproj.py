@@ -41,6 +41,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from cfl_bench.engine.payloads import Payload
 from cfl_bench.errors import UserError
 from strategies.base import (
     Component,
@@ -57,7 +58,7 @@ from strategies.projection import conflict_coefficient
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import ClientState, ServerState, StepContext, Upload
+    from cfl_bench.engine.context import ClientState, LocalRound, ServerState, StepContext, Upload
     from cfl_bench.flat import FlatModel
 
 PUBLIC_CHOICES = ("auto", "fashion-mnist", "holdout")
@@ -186,8 +187,10 @@ def distill(
 
 class FedProj(Component):
     name: ClassVar[str] = "fedproj"
-    roles: ClassVar[frozenset[Role]] = frozenset(
-        {Role.GRAD_TRANSFORM, Role.AGGREGATOR, Role.COMMUNICATION}
+    roles: ClassVar[frozenset[Role]] = frozenset({Role.GRAD_TRANSFORM, Role.AGGREGATOR})
+    payloads: ClassVar[tuple[Payload, ...]] = (
+        Payload("fedproj.z_ens", "broadcast"),
+        Payload("fedproj.logits", "upload"),
     )
     summary: ClassVar[str] = (
         "distil the clients' public-data logit ensemble into θ_g; project local gradients "
@@ -195,7 +198,6 @@ class FedProj(Component):
     )
     paper: ClassVar[str] = "Chunduru, Morafah et al. 2025 (FedProj)"
     requires: ClassVar[frozenset[str]] = frozenset({"class_logits"})
-    transform_order: ClassVar[int] = 20
     # The public memory grows with every task's holdout; the ensemble is next round's memory.
     state_attributes: ClassVar[tuple[str, ...]] = (
         "public_x",
@@ -326,14 +328,19 @@ class FedProj(Component):
         return torch.randperm(n, generator=gen, device=self.device)[: min(size, n)]
 
     # -- client → server ----------------------------------------------------------------------
-    def after_local(self, client: ClientState, upload: Upload, server: ServerState) -> None:
-        """The local model (loaded in ``server.model``) labels the whole public set."""
+    def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:
+        """The local model labels the whole public set; the logits are uploaded."""
         from cfl_bench.engine.evaluation import predict_logits
 
         if self.public_x is None or self.public_x.shape[0] == 0:
             return
-        logits = predict_logits(server.model.module, self.public_x)  # eval, mode restored
-        upload.extras["fedproj.logits"] = logits
+        upload.extras["fedproj.logits"] = predict_logits(local.model.module, self.public_x)
+
+    def receive_upload(self, upload: Upload, server: ServerState) -> None:
+        """The server sums the clients' public logits into this round's ensemble."""
+        logits = upload.extras.get("fedproj.logits")
+        if logits is None:
+            return
         if self._logit_sum is None:
             self._logit_sum = logits.clone()  # a normal tensor: inference tensors are read-only
         else:

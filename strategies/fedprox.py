@@ -45,7 +45,7 @@ class FedProx(Component):
         self.mu = float(str(self.values["mu"]))
 
     def penalty(self, step: StepContext) -> torch.Tensor | None:
-        # server.global_params is the round's starting θ_g until aggregation replaces it.
+        # The broadcast θ_g: the round's starting point.
         return proximal_penalty_(
-            step.model.grads, step.model.params, step.server.global_params, self.mu
+            step.model.grads, step.model.params, step.broadcast.params, self.mu
         )

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from strategies.base import Component, Option, Role, StrategyEnv, positive_int, text, unit_fraction
+from strategies.base import Component, Option, StrategyEnv, positive_int, text, unit_fraction
 
 if TYPE_CHECKING:
     import torch
@@ -75,10 +75,8 @@ def random_selection(num_params: int, rho: float, seed: int, index: int) -> torc
 
 class IFA(Component):
     name: ClassVar[str] = "ifa"
-    roles: ClassVar[frozenset[Role]] = frozenset({Role.SCHEDULE})
     summary: ClassVar[str] = "reset a ρ fraction of θ_g at every generation end"
     paper: ClassVar[str] = '"Forget to Generalize: Iterative Adaptation" (IFA), 2026'
-    server_order: ClassVar[int] = 20
     state_attributes: ClassVar[tuple[str, ...]] = ("initial", "start", "resets")
     options: ClassVar[tuple[Option, ...]] = (
         Option(

@@ -45,7 +45,7 @@ def describe_components() -> list[dict[str, object]]:
         rows.append(
             {
                 "name": name,
-                "roles": sorted(role.value for role in cls.roles),
+                "roles": cls.role_names(),
                 "summary": cls.summary,
                 "paper": cls.paper,
                 "options": [

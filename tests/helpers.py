@@ -8,12 +8,15 @@ import torch
 from torch import nn
 
 from cfl_bench.buffer import ReservoirBuffer
-from cfl_bench.engine.comm import CommCounter
-from cfl_bench.engine.context import ClientState, ServerState, StepContext
+from cfl_bench.engine.client_update import LocalTrainer, StepSchedule
+from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, ServerState, StepContext
+from cfl_bench.engine.executor import SequentialExecutor
 from cfl_bench.engine.loop import Federation, Schedule
+from cfl_bench.engine.optim import FlatSGD
+from cfl_bench.engine.round_server import RoundServer
 from cfl_bench.flat import FlatModel
 from cfl_bench.models import build_model
-from strategies.base import StrategyEnv
+from strategies.base import Component, StrategyEnv
 from strategies.compose import Strategy, build_strategy
 from streams.partition import ShardPartitioner
 from streams.public_data import public_images
@@ -77,10 +80,30 @@ def server(model: FlatModel, clients: list[ClientState]) -> ServerState:
         global_params=model.params.detach().clone(),
         global_buffers=model.buffers.detach().clone(),
         clients=clients,
-        comm=CommCounter(),
         device=CPU,
         participants=list(clients),
     )
+
+
+def broadcast(srv: ServerState, payloads: dict[str, torch.Tensor] | None = None) -> Broadcast:
+    """What ``srv`` would send its participants now (θ_g, ``payloads``, the round facts)."""
+    return Broadcast(
+        params=srv.global_params,
+        buffers=srv.global_buffers,
+        version=srv.version,
+        payloads=dict(payloads or {}),
+        round_index=srv.round_index,
+        task=srv.task,
+        is_task_end=srv.is_task_end,
+        device=srv.device,
+    )
+
+
+def local_round(
+    model: FlatModel, srv: ServerState, payloads: dict[str, torch.Tensor] | None = None
+) -> LocalRound:
+    """A client's side of the round ``srv`` is in, training ``model``."""
+    return LocalRound(model, broadcast(srv, payloads))
 
 
 def step(
@@ -94,7 +117,7 @@ def step(
     return StepContext(
         model=model,
         client=cl,
-        server=srv,
+        broadcast=broadcast(srv),
         x=x,
         y=y,
         task=0,
@@ -165,9 +188,24 @@ def digits_federation(
 
 def enter_task(fed: Federation, t: int) -> None:
     """Move every client of a synchronous federation to task ``t`` (its first round)."""
-    fed._advance_clients(fed.clock.task_start(t))
+    fed.enter_round(fed.clock.task_start(t))
 
 
 def end_task(fed: Federation, t: int) -> None:
     """The learner's task-end work for every client, as after the last round of task ``t``."""
-    fed._end_client_tasks([(k, t) for k in range(len(fed.clients))])
+    fed.executor.end_tasks([(c, t) for c in fed.clients], fed.global_state)
+
+
+def round_server(
+    srv: ServerState, *components: Component, lr: float = 0.1
+) -> tuple[RoundServer, SequentialExecutor]:
+    """The engine's server unit and sequential executor over ``srv`` for a FedAvg learner
+    plus ``components`` (already set up), so a test drives hooks the way a round does."""
+    from strategies.fedavg import FedAvg
+
+    strategy = Strategy(FedAvg(), list(components))
+    model = srv.model
+    optimizer = FlatSGD(model.params, model.grads, lr, 0.0, 0.0)
+    steps = StepSchedule(1, 32, 32, "first_pass", False)
+    executor = SequentialExecutor(LocalTrainer(model, optimizer, strategy, steps, None))
+    return RoundServer(srv, strategy, len(srv.clients), "samples", 0), executor

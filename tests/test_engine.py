@@ -183,6 +183,7 @@ def one_augmented_round(replay_augment: bool) -> tuple[Federation, int]:
 
     fed.stream.augments = True
     fed.stream.augment = shift  # type: ignore[method-assign]
+    fed.executor.trainer.augment = shift  # type: ignore[attr-defined]  # wired at construction
     fed._prepare_eval_sets()
     enter_task(fed, 0)
     fed.server.round_index = 1

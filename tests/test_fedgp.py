@@ -8,7 +8,7 @@ from torch.nn import functional as F
 
 from cfl_bench.errors import UserError
 from strategies.fedgp import FedGP
-from tests.helpers import buffer_with, client, env, linear_model, server, step
+from tests.helpers import buffer_with, client, env, linear_model, round_server, server, step
 
 
 def ce_grad_by_hand(W: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -29,14 +29,18 @@ def test_gref_is_mean_of_client_buffer_gradients() -> None:
     srv = server(model, [c1, c2, c3])
     fedgp = FedGP({"gref_samples": "all", "gref_mode": "eval"})
     fedgp.setup(env("rot-mnist", "domain-il", 2, 2))
-    fedgp.after_aggregate(srv)
+    rs, executor = round_server(srv, fedgp)
+    rs.run_server_hooks(executor)
     W = srv.global_params.view(2, 3)
     expected = (ce_grad_by_hand(W, x1, y1) + ce_grad_by_hand(W, x2, y2)) / 2
     assert fedgp.gref is not None
     assert torch.allclose(fedgp.gref, expected, atol=1e-6)
-    # each contributor uploads one gradient (and downloads θ_g once)
-    assert srv.comm.by_payload["up:fedgp.gref"] == 2 * 6 * 4
-    assert srv.comm.by_payload["down:model"] == 2 * 6 * 4
+    # each contributor uploads one gradient (and downloads θ_g once), counted by the engine
+    assert rs.comm.by_payload["up:fedgp.gref"] == 2 * 6 * 4
+    assert rs.comm.by_payload["down:model"] == 2 * 6 * 4
+    assert c1.model_version == c2.model_version == srv.version
+    rs.run_server_hooks(executor)  # they hold this θ_g now: no second download
+    assert rs.comm.by_payload["down:model"] == 2 * 6 * 4
     assert fedgp.broadcast(srv) == {"fedgp.gref": fedgp.gref}
 
 
@@ -71,17 +75,18 @@ def test_gref_interval_keeps_stale_reference() -> None:
     srv = server(model, [c1])
     fedgp = FedGP({"gref_interval": 2, "gref_samples": "all"})
     fedgp.setup(env("rot-mnist", "domain-il", 2, 2))
+    rs, executor = round_server(srv, fedgp)
     srv.round_index = 1
-    fedgp.after_aggregate(srv)  # first reference is always computed
+    rs.run_server_hooks(executor)  # first reference is always computed
     first = fedgp.gref.clone()  # type: ignore[union-attr]
     srv.global_params = srv.global_params + torch.tensor([1.0, 0, 0, 0, 0, 0])
     srv.round_index = 2
-    fedgp.after_aggregate(srv)  # round 2 of interval 2 → refresh
+    rs.run_server_hooks(executor)  # round 2 of interval 2 → refresh
     assert not torch.allclose(first, fedgp.gref)  # type: ignore[arg-type]
     refreshed = fedgp.gref.clone()  # type: ignore[union-attr]
     srv.global_params = srv.global_params + torch.tensor([1.0, 0, 0, 0, 0, 0])
     srv.round_index = 3
-    fedgp.after_aggregate(srv)  # stale
+    rs.run_server_hooks(executor)  # stale
     assert torch.equal(refreshed, fedgp.gref)  # type: ignore[arg-type]
 
 

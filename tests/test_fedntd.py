@@ -9,7 +9,7 @@ from torch.nn import functional as F
 from cfl_bench.errors import UserError
 from strategies.compose import build_strategy
 from strategies.fedntd import FedNTD, drop_true_class, not_true_distillation
-from tests.helpers import client, env, linear_model, server, step
+from tests.helpers import client, env, linear_model, local_round, server, step
 
 
 def test_drop_true_class_keeps_the_original_order() -> None:
@@ -56,7 +56,7 @@ def test_component_distils_from_the_frozen_round_start_model() -> None:
     srv = server(model, [cl])
     ntd = FedNTD({"tau": 3.0, "beta": 0.5})
     ntd.setup(env(num_classes=4))
-    ntd.on_client_start(cl, srv)
+    ntd.on_client_start(cl, local_round(model, srv))
     x, y = (
         torch.randn(6, 3, generator=torch.Generator().manual_seed(4)),
         torch.tensor([0, 1, 2, 3, 0, 1]),

@@ -11,16 +11,23 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from cfl_bench.engine.context import Upload
+from cfl_bench.engine.context import ClientState, ServerState, Upload
 from cfl_bench.errors import UserError
 from cfl_bench.flat import FlatModel
 from strategies.compose import Strategy
 from strategies.fedavg import FedAvg
 from strategies.fedproj import FedProj, distill, teacher_log_probs
-from tests.helpers import client, digits_federation, env, linear_model, server, step
+from tests.helpers import client, digits_federation, env, linear_model, local_round, server, step
 from tests.synthetic_data import write_tiny_mnist
 
 T = 3.0
+
+
+def send(fp: FedProj, cl: ClientState, upload: Upload, srv: ServerState) -> None:
+    """The client labels the public set with its model (``srv.model``); the server
+    collects the upload — the two halves of an upload in a round."""
+    fp.after_local(cl, upload, local_round(srv.model, srv))
+    fp.receive_upload(upload, srv)
 
 
 def holdout_fedproj(public_x: torch.Tensor, *, batch_size: int = 4, **values: object) -> FedProj:
@@ -151,7 +158,7 @@ def two_client_round(
         model.load(theta)
         with torch.no_grad():
             logits.append(model.module(x))
-        fp.after_local(cl, Upload(cl.index, model.params, model.buffers, 10), srv)
+        send(fp, cl, Upload(cl.index, model.params, model.buffers, 10), srv)
     theta_avg = (theta_a + theta_b) / 2
     srv.global_params = theta_avg.clone()
     fp.aggregate(srv)
@@ -210,7 +217,7 @@ def test_aggregate_does_not_mutate_the_fedavg_mean_tensor() -> None:
     model = tiny_mlp(0)
     cl = client(0, None)
     srv = server(model, [cl])
-    fp.after_local(cl, Upload(0, model.params, model.buffers, 1), srv)
+    send(fp, cl, Upload(0, model.params, model.buffers, 1), srv)
     fedavg_mean = tiny_mlp(3).params.clone()
     srv.global_params = fedavg_mean
     fp.aggregate(srv)
@@ -237,7 +244,7 @@ def test_z_ens_is_mean_of_uploaded_logits_and_is_broadcast() -> None:
     model.load(tiny_mlp(4).params)
     upload = Upload(0, model.params, model.buffers, 10)
     model.module.train()
-    fp.after_local(cl, upload, srv)
+    send(fp, cl, upload, srv)
     logits = upload.extras["fedproj.logits"]
     assert logits.shape == (16, 2)
     assert model.module.training  # eval only while labelling the public set
@@ -311,7 +318,7 @@ def test_holdout_memory_grows_per_task_and_z_ens_covers_only_its_prefix() -> Non
     first, second = torch.randn(4, 3), torch.randn(4, 3)
     fp.on_task_start(srv, 0, first)
     upload = Upload(0, model.params, model.buffers, 1)
-    fp.after_local(cl, upload, srv)
+    send(fp, cl, upload, srv)
     assert upload.extras["fedproj.logits"].shape == (4, 2)
     fp.aggregate(srv)
     fp.on_task_start(srv, 1, second)
@@ -321,7 +328,7 @@ def test_holdout_memory_grows_per_task_and_z_ens_covers_only_its_prefix() -> Non
     fp.transform_grad(st)
     assert fp._memory_batch(cl, 32).sort().values.tolist() == [0, 1, 2, 3]
     upload = Upload(0, model.params, model.buffers, 1)
-    fp.after_local(cl, upload, srv)
+    send(fp, cl, upload, srv)
     assert upload.extras["fedproj.logits"].shape == (8, 2)  # the whole current public set
 
 

@@ -8,7 +8,7 @@ from torch.nn import functional as F
 from cfl_bench.engine.context import ClientState, ServerState, Upload
 from strategies.fedcurv import FedCurv, curvature_penalty_, diagonal_fisher
 from strategies.fedprox import FedProx, proximal_penalty_
-from tests.helpers import client, env, linear_model, server, step
+from tests.helpers import client, env, linear_model, local_round, server, step
 
 
 def test_fedprox_gradient_is_mu_times_distance_to_round_start_model() -> None:
@@ -52,17 +52,22 @@ def test_curvature_penalty_value_and_gradient_by_hand() -> None:
 def _fedcurv_after_one_round(
     lam: float = 1.0,
 ) -> tuple[FedCurv, list[ClientState], ServerState]:
-    """Two clients uploaded known Fisher vectors in the previous round; a third did not."""
+    """Two clients uploaded known Fisher vectors in round 1; a third did not. Returns the
+    server in round 2."""
     model = linear_model(in_features=1, classes=2)  # two parameters
     clients = [client(k, None) for k in range(3)]
     srv = server(model, clients)
+    srv.round_index = 1
     curv = FedCurv({"lam": lam})
     curv.setup(env())
     for k, u, theta in ((0, [1.0, 0.0], [2.0, 3.0]), (1, [0.0, 2.0], [1.0, 1.0])):
-        upload = Upload(k, model.params, model.buffers, 1)
-        curv.contribute(clients[k], upload, torch.tensor(u), torch.tensor(theta))
-        assert torch.equal(upload.extras["fedcurv.v"], torch.tensor(u) * torch.tensor(theta))
+        u_k = torch.tensor(u)
+        v_k = u_k * torch.tensor(theta)
+        clients[k].state_for("fedcurv").update(u=u_k, v=v_k, round=1)  # what after_local keeps
+        extras = {"fedcurv.u": u_k, "fedcurv.v": v_k}
+        curv.receive_upload(Upload(k, model.params, model.buffers, 1, extras), srv)
     curv.after_aggregate(srv)
+    srv.round_index = 2
     return curv, clients, srv
 
 
@@ -73,7 +78,7 @@ def test_fedcurv_removes_own_terms_and_anchors_to_the_other_client() -> None:
     assert torch.equal(payload["fedcurv.U"], torch.tensor([1.0, 2.0]))
     assert torch.equal(payload["fedcurv.V"], torch.tensor([2.0, 2.0]))
     model = srv.model
-    curv.on_client_start(clients[0], srv)
+    curv.on_client_start(clients[0], local_round(model, srv, payload))
     with torch.no_grad():
         model.params.copy_(torch.tensor([5.0, 4.0]))
     model.zero_grad()
@@ -84,8 +89,10 @@ def test_fedcurv_removes_own_terms_and_anchors_to_the_other_client() -> None:
     assert torch.allclose(model.grads, torch.tensor([0.0, 12.0]))
     # no aliasing: the shared sums are untouched by client 0's subtraction
     assert torch.equal(curv.broadcast(srv)["fedcurv.U"], torch.tensor([1.0, 2.0]))
-    # client 2 did not contribute: it is penalised by the full sums
-    curv.on_client_start(clients[2], srv)
+    # client 2 did not contribute last round (its u_2 is from round 0, not in U): it is
+    # penalised by the full sums
+    clients[2].state_for("fedcurv").update(u=torch.ones(2), v=torch.ones(2), round=0)
+    curv.on_client_start(clients[2], local_round(model, srv, payload))
     model.zero_grad()
     value = curv.penalty(st)
     expected = (torch.tensor([25.0, 16.0]) * torch.tensor([1.0, 2.0])).sum() - 2 * (
@@ -101,7 +108,7 @@ def test_fedcurv_is_silent_before_the_first_sums_and_after_an_empty_round() -> N
     curv = FedCurv()
     curv.setup(env())
     assert curv.broadcast(srv) == {}
-    curv.on_client_start(cl, srv)
+    curv.on_client_start(cl, local_round(model, srv))
     st = step(model, cl, srv, torch.zeros(1, 3), torch.zeros(1, dtype=torch.long))
     assert curv.penalty(st) is None
     curv.after_aggregate(srv)  # a round with no uploads leaves no sums
@@ -135,8 +142,10 @@ def test_fedcurv_after_local_uploads_fisher_of_about_samples_examples() -> None:
     curv = FedCurv({"samples": 10})
     curv.setup(env(batch_size=4))
     upload = Upload(0, model.params, model.buffers, 40)
-    curv.after_local(cl, upload, srv)
+    srv.round_index = 3
+    curv.after_local(cl, upload, local_round(model, srv))
     u, v = upload.extras["fedcurv.u"], upload.extras["fedcurv.v"]
+    assert cl.state_for("fedcurv")["round"] == 3  # so the next round knows u is in U
     assert u.shape == model.params.shape and bool((u >= 0).all()) and bool((u > 0).any())
     assert torch.allclose(v, u * model.params)
     assert model.module.training  # mode restored for the engine

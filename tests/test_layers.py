@@ -46,6 +46,7 @@ CORE = frozenset(
         "cfl_bench.engine",
         "cfl_bench.engine.context",
         "cfl_bench.engine.comm",
+        "cfl_bench.engine.payloads",
         "cfl_bench.engine.evaluation",
     }
 )

@@ -150,7 +150,7 @@ def test_restart_starts_over_and_keep_checkpoint_keeps_the_last(tmp_path: Path) 
     execute(make_config({**values, "restart": True, "keep_checkpoint": True}), notify=notes.append)
     assert notes == []  # started from scratch
     state = checkpoint.load(tmp_path / "r" / "checkpoint.pt", torch.device("cpu"))
-    assert state["federation"]["round_index"] == 6
+    assert state["federation"]["server"]["round_index"] == 6
     whole = uninterrupted(tmp_path, "der+fedgp")
     assert (tmp_path / "r" / "records.csv").read_bytes() == (whole / "records.csv").read_bytes()
 

@@ -83,12 +83,12 @@ def test_clients_hold_their_own_task_while_others_moved_on() -> None:
     fed = federation("der", num_clients=6, rounds_per_task=2, async_shift=3, seed=4)
     clock = fed.clock
     assert 0 in clock.offsets and clock.lag > 0  # both kinds of client exist
-    fed._advance_clients(0)
-    fed._advance_clients(2)  # the first boundary of the clients with offset 0
+    fed.enter_round(0)
+    fed.enter_round(2)  # the first boundary of the clients with offset 0
     for client in fed.clients:
         expected = clock.client_task(client.index, 2)
         assert client.task == expected == (1 if clock.offsets[client.index] == 0 else 0)
-        part = fed.splits[expected].parts[client.index]
+        part = fed.data.splits[expected].parts[client.index]
         assert client.train_y is not None
         assert torch.equal(client.train_y, fed.stream.task(expected).train_y[part])
 
@@ -104,7 +104,7 @@ def test_async_run_evaluates_at_the_clock_and_offers_every_task_once() -> None:
     assert evals == [(clock.eval_round(t) + 1, t) for t in range(2)]
     for client in fed.clients:  # first pass of each task's shard, once, by every client
         assert client.buffer is not None
-        sizes = sum(int(fed.splits[t].parts[client.index].numel()) for t in range(2))
+        sizes = sum(int(fed.data.splits[t].parts[client.index].numel()) for t in range(2))
         assert client.buffer.num_seen == sizes
 
 
@@ -116,10 +116,10 @@ def test_agem_fills_each_clients_memory_at_its_own_task_end() -> None:
 
     first_end = min(clock.rounds_per_task + o - 1 for o in clock.offsets)
     for g in range(first_end + 1):
-        fed._advance_clients(g)
+        fed.enter_round(g)
         fed.server.round_index = g + 1
         fed._round(RunOutcome())
-        fed._end_client_tasks(clock.ending_tasks(g))
+        fed.end_tasks(g)
     for client in fed.clients:
         done = clock.rounds_per_task + clock.offsets[client.index] - 1 <= first_end
         assert client.buffer is not None

@@ -4,17 +4,21 @@ Why explicit objects: per-client state (buffer, RNG, component extras) must pers
 rounds and tasks, and server state (global model, payloads) must be visible to server hooks,
 without any global variables. A component reads what it needs from these and keeps its own
 per-client state under ``client.extras[component_name]``.
+
+Client-side hooks see only what a client could see on another machine: its own
+``ClientState``, the round's ``Broadcast`` (θ_g, payloads, round facts) and the model it is
+training (``LocalRound``). Server-side hooks see the ``ServerState``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from cfl_bench.buffer import ReservoirBuffer
-from cfl_bench.engine.comm import CommCounter
 from cfl_bench.flat import FlatModel
 
 
@@ -43,6 +47,27 @@ class ClientState:
     def state_for(self, component: str) -> dict[str, object]:
         return self.extras.setdefault(component, {})
 
+    def state_dict(self) -> dict[str, object]:
+        """What persists between rounds; the training data is not saved (it is rebuilt from
+        the stream: ``ClientData.restore``)."""
+        return {
+            "generator": self.generator,
+            "task": self.task,
+            "tasks_started": self.tasks_started,
+            "model_version": self.model_version,
+            "extras": self.extras,
+            "buffer": None if self.buffer is None else self.buffer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"].get_state())
+        self.task = int(state["task"])
+        self.tasks_started = set(state["tasks_started"])
+        self.model_version = int(state["model_version"])
+        self.extras = dict(state["extras"])
+        if self.buffer is not None:
+            self.buffer.load_state_dict(state["buffer"])
+
 
 @dataclass
 class ServerState:
@@ -52,7 +77,6 @@ class ServerState:
     global_params: torch.Tensor
     global_buffers: torch.Tensor
     clients: list[ClientState]
-    comm: CommCounter
     device: torch.device
     # The global task (see TaskClock) and the round's position in it; rounds_per_task is
     # the length of the current global task (R + lag for the first task under a shift).
@@ -71,6 +95,31 @@ class ServerState:
     @property
     def is_task_end(self) -> bool:
         return self.round_in_task == self.rounds_per_task - 1
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """What the server sends every participant of a round: θ_g, its version, the components'
+    declared payloads and the round's place in the protocol. A client reads nothing else of
+    the server, so a client update can run in another process or on another machine."""
+
+    params: torch.Tensor
+    buffers: torch.Tensor
+    version: int
+    payloads: dict[str, torch.Tensor]
+    round_index: int
+    task: int
+    is_task_end: bool
+    device: torch.device
+
+
+@dataclass(frozen=True)
+class LocalRound:
+    """A client's side of one round: the broadcast it received and the model it trains
+    (loaded with θ_g before the first step; the local model after the last)."""
+
+    model: FlatModel
+    broadcast: Broadcast
 
 
 @dataclass
@@ -95,7 +144,7 @@ class StepContext:
 
     model: FlatModel
     client: ClientState
-    server: ServerState
+    broadcast: Broadcast
     x: torch.Tensor
     y: torch.Tensor
     task: int

@@ -6,9 +6,20 @@ flushed, so evaluation never forces a host sync per batch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+
+@dataclass
+class EvalSet:
+    """One task's test inputs and labels, and its classes (for task-IL masking)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    classes: tuple[int, ...]
 
 
 def eval_batch_size(device: torch.device) -> int:

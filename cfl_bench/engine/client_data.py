@@ -1,0 +1,124 @@
+"""Which data each client holds, round by round: task splits, shards, task entry.
+
+Why a unit: under an async shift clients enter tasks in different rounds, a task's data is
+materialised only while some client still has to enter it, and a resumed run rebuilds every
+client's data instead of checkpointing it (it is a deterministic gather of the stream's
+tensors). Keeping this apart leaves the round conductor, the server and the executors free
+of data bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from cfl_bench.engine.context import ClientState
+from cfl_bench.engine.splits import TaskSplit, plan_task_split
+from cfl_bench.engine.task_clock import TaskClock
+from strategies.compose import Strategy
+from streams.base import Stream, TaskData
+from streams.partition import Partitioner
+
+# Called once per task, when its first client enters it, with the public holdout inputs.
+TaskStart = Callable[[int, "torch.Tensor | None"], None]
+
+
+class ClientData:
+    """The clients' training data over the run."""
+
+    def __init__(
+        self,
+        stream: Stream,
+        partitioner: Partitioner,
+        strategy: Strategy,
+        clock: TaskClock,
+        seed: int,
+        device: torch.device,
+        splits: dict[int, TaskSplit] | None = None,
+    ) -> None:
+        self.stream = stream
+        self.partitioner = partitioner
+        self.strategy = strategy
+        self.clock = clock
+        self.seed = seed
+        self.device = device
+        # Task splits planned ahead (run.py writes their class counts to config.json).
+        self.splits: dict[int, TaskSplit] = dict(splits or {})
+        self.shards: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.started_tasks: set[int] = set()
+        # Materialised tasks some client is still entering (several rounds under a shift).
+        self.live_tasks: dict[int, TaskData] = {}
+
+    def split(self, t: int, num_clients: int) -> TaskSplit:
+        """Task ``t``'s split among ``num_clients`` clients (planned once, then reused)."""
+        split = self.splits.get(t)
+        if split is None:
+            labels = self.stream.train_labels(t).cpu()
+            split = plan_task_split(
+                labels, self.strategy, self.partitioner, num_clients, t, self.seed
+            )
+            self.splits[t] = split
+        return split
+
+    def advance(self, g: int, clients: list[ClientState], on_task_start: TaskStart) -> None:
+        """Give every client whose task changes in round ``g`` its shard of the new task.
+
+        A task's start hooks run once, when its first client enters it (the server's public
+        holdout of that task becomes usable then).
+        """
+        entering: dict[int, list[ClientState]] = {}
+        for client in clients:
+            t = self.clock.client_task(client.index, g)
+            if client.train_y is None or t != client.task:
+                entering.setdefault(t, []).append(client)
+        for t, group in sorted(entering.items()):
+            task = self.live_tasks.get(t) or self.stream.task(t)
+            self.live_tasks[t] = task
+            split = self.split(t, len(clients))
+            if t not in self.started_tasks:
+                self.started_tasks.add(t)
+                held = split.held
+                holdout = None if held is None else task.train_x[held.to(task.train_x.device)]
+                on_task_start(t, holdout)
+            for client in group:
+                self.assign(client, t, task.train_x, task.train_y, split.parts)
+        # Keep a materialised task only while some client has yet to enter it.
+        behind = min(c.task for c in clients)
+        self.live_tasks = {t: d for t, d in self.live_tasks.items() if t > behind}
+
+    def assign(
+        self,
+        client: ClientState,
+        t: int,
+        train_x: torch.Tensor,
+        train_y: torch.Tensor,
+        parts: list[torch.Tensor],
+    ) -> None:
+        """Client ``client`` trains task ``t`` on its part (plus history for the joint
+        learner)."""
+        client.task = t
+        idx = parts[client.index].to(self.device)
+        shard = (train_x[idx], train_y[idx])
+        learner = self.strategy.learner
+        history = self.shards.get(client.index, []) if learner.needs_history else []
+        self.shards[client.index] = [*history, shard]
+        client.train_x, client.train_y = learner.training_data(self.shards[client.index])
+
+    def restore(self, next_round: int, clients: list[ClientState]) -> None:
+        """Give every client the training data it held at the end of round ``next_round``−1.
+
+        A client's data is its part of the task's deterministic tensors (plus the older tasks'
+        parts for learners that keep history), so it is rebuilt instead of checkpointed.
+        """
+        held = {c.index: self.clock.client_task(c.index, next_round - 1) for c in clients}
+        history = self.strategy.learner.needs_history
+        self.shards = {}
+        for t in range(max(held.values()) + 1):
+            group = [c for c in clients if held[c.index] == t or (history and held[c.index] > t)]
+            if not group:
+                continue
+            task = self.stream.task(t)
+            parts = self.split(t, len(clients)).parts
+            for client in group:
+                self.assign(client, t, task.train_x, task.train_y, parts)

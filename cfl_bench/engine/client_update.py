@@ -1,0 +1,185 @@
+"""One client's update for one round: the unit an executor runs (DESIGN.md §3, client side).
+
+    (θ_g + broadcast payloads, client state, client data, step schedule, client generator)
+        → (upload: parameters and declared payloads, new client state, step losses)
+
+Why a function of explicit inputs: it is exactly what a vectorized executor batches across
+clients and what a Flower ClientApp runs on another machine. It reads nothing of the server
+but the ``Broadcast``; the client's state (buffer, generator, component extras) is updated
+in place on the ``ClientState`` it was given, which a remote executor ships back with
+``client_state_dict``. The model is a reusable working ``FlatModel`` (one copy of the
+parameters for all clients): the returned upload's tensors are views of it, valid until the
+next client update starts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, StepContext, Upload
+from cfl_bench.engine.evaluation import EvalSet, accuracy, predict_logits
+from cfl_bench.engine.optim import FlatSGD
+from cfl_bench.flat import FlatModel
+from strategies.base import Component
+from strategies.compose import Strategy
+
+
+@dataclass(frozen=True)
+class StepSchedule:
+    """How a client walks its data in one round (the local part of the run's schedule)."""
+
+    epochs: int
+    batch_size: int
+    buffer_batch_size: int
+    buffer_offer: str
+    replay_augment: bool
+
+
+@dataclass(frozen=True)
+class ClientJob:
+    """One client's work in a round; ``probes`` (task ends only) asks the client to score
+    its local model on the seen tasks' probes before uploading (the client spread)."""
+
+    client: ClientState
+    broadcast: Broadcast
+    probes: list[EvalSet] | None = None
+
+
+@dataclass
+class ClientResult:
+    """What comes back from a client update."""
+
+    client: ClientState
+    upload: Upload
+    loss_sum: torch.Tensor
+    steps: int
+    train_seconds: float
+    probe_accuracy: torch.Tensor | None = None
+
+
+Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+
+
+@dataclass
+class LocalTrainer:
+    """The pieces a client update runs with: the working model and its optimiser, the
+    strategy's client-side hooks, the step schedule and the stream's train augmentation
+    (None when the stream has none)."""
+
+    model: FlatModel
+    optimizer: FlatSGD
+    strategy: Strategy
+    steps: StepSchedule
+    augment: Augment | None
+    loss_terms: list[Component] = field(init=False)
+    transforms: list[Component] = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Resolved once: the strategy's role lists are computed properties, and a step
+        # must not sort the transform chain again.
+        self.loss_terms = self.strategy.loss_terms
+        self.transforms = self.strategy.transforms
+
+    def update(self, job: ClientJob) -> ClientResult:
+        """The whole client update: start, local steps (timed), probes, upload."""
+        local = self.start(job)
+        started = time.perf_counter()
+        loss_sum, steps = self.local_steps(job.client, job.broadcast)
+        if self.model.params.device.type == "cuda":
+            torch.cuda.synchronize(self.model.params.device)  # once per client: honest timing
+        seconds = time.perf_counter() - started
+        probe_accuracy = None if job.probes is None else self.score(job.probes)
+        upload = self.finish(job.client, local)
+        return ClientResult(job.client, upload, loss_sum, steps, seconds, probe_accuracy)
+
+    def start(self, job: ClientJob) -> LocalRound:
+        """Load θ_g into the working model and run the components' client-start hooks."""
+        broadcast = job.broadcast
+        self.model.load(broadcast.params, broadcast.buffers)
+        local = LocalRound(self.model, broadcast)
+        for component in self.strategy.all:
+            component.on_client_start(job.client, local)
+        return local
+
+    def finish(self, client: ClientState, local: LocalRound) -> Upload:
+        """The upload: the local model plus the payloads ``after_local`` hooks add."""
+        model = self.model
+        upload = Upload(client.index, model.params, model.buffers, client.num_samples)
+        for component in self.strategy.all:
+            component.after_local(client, upload, local)
+        return upload
+
+    def score(self, probes: list[EvalSet]) -> torch.Tensor:
+        """Mean accuracy of the local model over ``probes`` (one per seen task)."""
+        module = self.model.module
+        accs = [accuracy(predict_logits(module, p.x), p.y) for p in probes]
+        return torch.stack(accs).mean()
+
+    def local_steps(self, client: ClientState, broadcast: Broadcast) -> tuple[torch.Tensor, int]:
+        """The client's epochs over its data; returns the summed loss and the step count."""
+        s = self.steps
+        self.model.module.train()
+        self.optimizer.reset()
+        first_visit = client.task not in client.tasks_started
+        client.tasks_started.add(client.task)
+        n = client.num_samples
+        loss_sum = torch.zeros((), device=self.model.params.device)
+        steps = 0
+        if n == 0 or client.train_x is None or client.train_y is None:
+            return loss_sum, steps
+        augment = self.augment
+        gen = client.generator
+
+        def augmented(x: torch.Tensor) -> torch.Tensor:
+            assert augment is not None
+            return augment(x, gen)
+
+        replay_augment = augmented if augment is not None and s.replay_augment else None
+        for epoch in range(s.epochs):
+            order = torch.randperm(n, device=loss_sum.device, generator=gen)
+            offer = s.buffer_offer == "every_step" or (first_visit and epoch == 0)
+            for start in range(0, n, s.batch_size):
+                batch = order[start : start + s.batch_size]
+                raw = client.train_x[batch]
+                step = StepContext(
+                    model=self.model,
+                    client=client,
+                    broadcast=broadcast,
+                    x=raw if augment is None else augmented(raw),
+                    y=client.train_y[batch],
+                    task=client.task,
+                    epoch=epoch,
+                    offer_to_buffer=offer,
+                    buffer_batch_size=s.buffer_batch_size,
+                    raw_x=None if augment is None else raw,
+                    replay_augment=replay_augment,
+                )
+                loss_sum += self.step(step)
+                steps += 1
+        return loss_sum, steps
+
+    def step(self, step: StepContext) -> torch.Tensor:
+        """One local step in the documented hook order (``strategies.base``); returns the
+        detached step loss."""
+        learner = self.strategy.learner
+        self.model.zero_grad()
+        loss = learner.loss(step)
+        for term in self.loss_terms:
+            extra = term.loss_term(step)
+            if extra is not None:
+                loss = loss + extra
+        loss.backward()
+        for term in self.loss_terms:
+            value = term.penalty(step)
+            if value is not None:
+                loss = loss + value
+        learner.refine_grad(step)
+        for transform in self.transforms:
+            transform.transform_grad(step)
+        self.optimizer.step()
+        learner.observe(step)
+        return loss.detach()

@@ -1,0 +1,123 @@
+"""What a run measures besides training (DESIGN.md §5): the global model on every task's
+test set, memory drift on probes, the buffer drift of every client, the client spread.
+
+Why a unit of its own: measurements read the model and the data but never change training,
+so they are kept apart from the client update and the server; an executor that trains
+elsewhere (a GPU batch, a Flower client) leaves this unit unchanged. Values are 0-d tensors
+until the records are flushed: no host sync per evaluation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from cfl_bench.engine.context import ClientState
+from cfl_bench.engine.evaluation import EvalSet, accuracy, log_probs, mean_kl, predict_logits
+from cfl_bench.flat import FlatModel
+
+# (round, trained_task, eval_task, scope, metric, value); value may be a 0-d tensor until flushed.
+Record = tuple[int, int, int, str, str, object]
+
+
+class Measurement:
+    """The run's evaluation sets, memory-drift references and the latest mean accuracy."""
+
+    def __init__(self, model: FlatModel, probe_size: int, task_il: bool) -> None:
+        self.model = model
+        self.probe_size = probe_size
+        self.task_il = task_il
+        self.eval_sets: list[EvalSet] = []
+        self.reference_log_probs: dict[int, torch.Tensor] = {}
+        # Mean accuracy over the seen tasks at the latest evaluation (progress display).
+        self.latest_acc: float | None = None
+
+    def add_eval_set(self, eval_set: EvalSet) -> None:
+        self.eval_sets.append(eval_set)
+
+    def probe(self, i: int) -> EvalSet:
+        """The first ``probe_size`` test examples of task ``i`` (drift and client spread)."""
+        e = self.eval_sets[i]
+        n = min(self.probe_size, e.y.shape[0])
+        return EvalSet(e.x[:n], e.y[:n], e.classes)
+
+    def probes(self, upto: int) -> list[EvalSet]:
+        return [self.probe(i) for i in range(upto + 1)]
+
+    def evaluate(
+        self,
+        records: list[Record],
+        global_state: tuple[torch.Tensor, torch.Tensor],
+        round_index: int,
+        trained_task: int,
+        upto: int,
+        drift: bool,
+    ) -> float | None:
+        """θ_g on tasks 0..upto; returns the mean accuracy over the seen tasks."""
+        self.model.load(*global_state)
+        module = self.model.module
+        seen: list[torch.Tensor] = []
+        for i in range(upto + 1):
+            e = self.eval_sets[i]
+            logits = predict_logits(module, e.x)
+            acc = accuracy(logits, e.y)
+            records.append((round_index, trained_task, i, "global", "acc", acc))
+            if self.task_il:
+                acc_til = accuracy(logits, e.y, e.classes)
+                records.append((round_index, trained_task, i, "global", "acc_task_il", acc_til))
+            if i <= trained_task:
+                seen.append(acc)
+        if drift:
+            self._memory_drift(records, round_index, trained_task)
+        self.latest_acc = None if not seen else float(torch.stack(seen).mean().item())
+        return self.latest_acc
+
+    def _memory_drift(self, records: list[Record], round_index: int, trained_task: int) -> None:
+        """KL of each older task's probe predictions from those right after its training."""
+        module = self.model.module
+        for i in range(trained_task + 1):
+            current = log_probs(predict_logits(module, self.probe(i).x))
+            if i == trained_task:
+                self.reference_log_probs[i] = current
+            else:
+                kl = mean_kl(self.reference_log_probs[i], current)
+                records.append((round_index, trained_task, i, "global", "kl_drift", kl))
+
+    def buffer_drift(
+        self,
+        records: list[Record],
+        clients: list[ClientState],
+        global_state: tuple[torch.Tensor, torch.Tensor],
+        round_index: int,
+        t: int,
+    ) -> None:
+        """Per client: mean KL(softmax(stored logits) ‖ softmax(θ_g)) on its buffer."""
+        if not clients or clients[0].buffer is None:
+            return
+        self.model.load(*global_state)
+        for client in clients:
+            draw = client.buffer.all() if client.buffer is not None else None
+            if draw is None:
+                continue
+            current = log_probs(predict_logits(self.model.module, draw.x))
+            stored = F.log_softmax(draw.logits, dim=1)
+            scope = f"client_{client.index}"
+            records.append((round_index, t, -1, scope, "buffer_drift", mean_kl(stored, current)))
+
+    @staticmethod
+    def client_spread(
+        records: list[Record], round_index: int, task: int, client: int, value: torch.Tensor
+    ) -> None:
+        """A client's local model (before aggregation), mean accuracy on the seen tasks'
+        probes — scored by the client itself (``ClientJob.probes``)."""
+        records.append((round_index, task, -1, f"client_{client}", "client_acc", value))
+
+    # -- state (checkpoints) ------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"reference_log_probs": self.reference_log_probs, "latest_acc": self.latest_acc}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.reference_log_probs = dict(state["reference_log_probs"])
+        self.latest_acc = state["latest_acc"]

@@ -1,0 +1,79 @@
+"""Declared communication: what a component sends, in which direction, produced where.
+
+Why declared: the engine moves and counts every tensor that crosses the network, so the
+bytes column is measured from what is really exchanged, and no component touches the
+traffic counter or the model-version bookkeeping. A component lists its payloads once; the
+engine refuses a broadcast or an upload under a name nobody declared, so a new method
+cannot send something uncounted by accident.
+
+Producers:
+
+``broadcast``   the server adds it to the round's broadcast (``Component.broadcast``)
+``upload``      the client adds it to its upload after local training (``after_local``)
+``request``     the server asks some clients for it after aggregation and the executor
+                computes it on them at θ_g (``Component.client_request``: FedGP's g_ref)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+    from cfl_bench.engine.context import ClientState
+    from cfl_bench.flat import FlatModel
+
+Producer = Literal["broadcast", "upload", "request"]
+
+
+@dataclass(frozen=True)
+class Payload:
+    """One named tensor a component exchanges besides the model, e.g. ``fedgp.gref``."""
+
+    name: str
+    producer: Producer
+
+    @property
+    def direction(self) -> str:
+        """``down`` for what the server sends, ``up`` for what clients send."""
+        return "down" if self.producer == "broadcast" else "up"
+
+
+@dataclass(frozen=True)
+class ClientRequest:
+    """A computation the server asks of ``clients`` at the current θ_g after aggregation.
+
+    The executor loads θ_g (counting the model download for clients that do not hold this
+    version), sets the model's mode (``train_mode``), runs ``compute(client, model)`` on each
+    client in order and sums the results; the component receives the sum and the count
+    through ``Component.receive_reply``. Every result is counted as an upload of
+    ``payload``.
+    """
+
+    payload: str
+    clients: list[ClientState]
+    compute: Callable[[ClientState, FlatModel], torch.Tensor]
+    train_mode: bool
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The summed answers to a ``ClientRequest`` and how many clients gave one."""
+
+    payload: str
+    total: torch.Tensor
+    count: int
+
+
+def undeclared(names: list[str], declared: set[str], producer: Producer) -> str | None:
+    """The error for payload names no component declared with this producer, or None."""
+    unknown = sorted(set(names) - declared)
+    if not unknown:
+        return None
+    return (
+        f"payload {', '.join(unknown)} was sent as '{producer}' but no component declares it; "
+        f"add Payload(name, '{producer}') to the component's ``payloads``."
+    )
