@@ -47,7 +47,6 @@ class AGEM(Learner):
 
     def refine_grad(self, step: StepContext) -> None:
         import torch
-        from torch.nn import functional as F
 
         buffer = step.client.buffer
         if buffer is None or buffer.filled == 0:
@@ -59,7 +58,8 @@ class AGEM(Learner):
         step.model.zero_grad()
         draw = buffer.sample(step.buffer_batch_size)
         assert draw is not None  # filled > 0
-        F.cross_entropy(step.model.module(step.replay_input(draw.x)), draw.y).backward()
+        replay = step.model.module(step.replay_input(draw.x))
+        self.objective.loss(replay, draw.y).backward()
         # grads now holds g_b; overwrite it with g − coef·g_b without a new vector.
         coef = conflict_coefficient(g, grads)
         grads.mul_(-coef).add_(g)

@@ -44,11 +44,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from cfl_bench.engine.payloads import Payload
 from cfl_bench.errors import UserError
+from cfl_bench.objective import Classification, Objective
 from cfl_bench.text_values import (  # noqa: F401 - the option parsers components use
     boolean,
     finite_float,
@@ -154,6 +155,10 @@ class StrategyEnv:
     # lacks them: the run binds ``streams.public_data.public_images`` to its --data-root, so
     # strategies read datasets without importing streams. None: this run offers no public data.
     public_images: Callable[[str], torch.Tensor | None] | None = None
+    # The stream's task objective (loss, predictions, metric, buffer outputs); components
+    # take their loss from it (``Component.objective``) and their requirements are checked
+    # against its capabilities.
+    objective: Objective = field(default_factory=Classification)
 
 
 class Component:
@@ -195,6 +200,8 @@ class Component:
             resolved[key] = value
         self.values: dict[str, object] = resolved
         self.explicit: frozenset[str] = frozenset(values or {})
+        # The stream's objective, set from the environment by ``Strategy.setup``.
+        self.objective: Objective = Classification()
 
     # -- set-up -------------------------------------------------------------------------------
     def setup(self, env: StrategyEnv) -> None:
@@ -294,11 +301,10 @@ class Learner(Component):
     needs_history: ClassVar[bool] = False
 
     def loss(self, step: StepContext) -> torch.Tensor:
-        """Forward the batch, store logits in ``step.outputs``, return the base loss."""
-        import torch
-
+        """Forward the batch, store the outputs in ``step.outputs``, return the objective's
+        loss."""
         step.outputs = step.model.module(step.x)
-        return torch.nn.functional.cross_entropy(step.outputs, step.y)
+        return self.objective.loss(step.outputs, step.y)
 
     def training_data(
         self, shards: list[tuple[torch.Tensor, torch.Tensor]]
@@ -318,7 +324,8 @@ class Learner(Component):
         if buffer is None:
             return
         if step.offer_to_buffer:
-            buffer.add(step.stored_input, step.y, step.outputs, step.task)
+            outputs = self.objective.buffer_outputs(step.outputs)
+            buffer.add(step.stored_input, step.y, outputs, step.task)
 
     def on_task_end(self, client: ClientState, task: int, model: FlatModel) -> None:
         """Called for every client when a task ends, with ``model`` holding θ_g (eval mode)."""

@@ -226,6 +226,7 @@ class Strategy:
                     f"'{c.name}' needs {', '.join(sorted(missing))}, which stream "
                     f"'{env.stream_name}' does not provide; pick another stream or drop it."
                 )
+            c.objective = env.objective
             c.setup(env)
 
     def describe(self) -> dict[str, object]:
@@ -243,9 +244,9 @@ class Strategy:
 
 
 def capabilities(env: StrategyEnv) -> frozenset[str]:
-    """What a stream offers components: class logits for every classification scenario."""
-    caps = {"class_logits"} if env.scenario in ("class-il", "domain-il", "task-il") else set()
-    return frozenset(caps)
+    """What a stream offers components: its objective's capabilities (class logits for
+    every classification stream)."""
+    return env.objective.capabilities
 
 
 def build_strategy(text: str) -> Strategy:

@@ -36,7 +36,6 @@ class DERPP(Learner):
         self.beta = float(str(self.values["beta"]))
 
     def loss(self, step: StepContext) -> torch.Tensor:
-        from torch.nn import functional as F
 
         loss = super().loss(step)
         buffer = step.client.buffer
@@ -51,5 +50,5 @@ class DERPP(Learner):
             loss = loss + self.alpha * der_logit_loss(replay, logit_draw.logits)
         if self.beta > 0:
             replay = module(step.replay_input(label_draw.x))
-            loss = loss + self.beta * F.cross_entropy(replay, label_draw.y)
+            loss = loss + self.beta * self.objective.loss(replay, label_draw.y)
         return loss

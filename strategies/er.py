@@ -29,12 +29,12 @@ class ER(Learner):
     needs_buffer: ClassVar[bool] = True
 
     def loss(self, step: StepContext) -> torch.Tensor:
-        from torch.nn import functional as F
 
         loss = super().loss(step)
         buffer = step.client.buffer
         if buffer is not None and buffer.filled > 0:
             draw = buffer.sample(step.buffer_batch_size)
             assert draw is not None  # filled > 0
-            loss = loss + F.cross_entropy(step.model.module(step.replay_input(draw.x)), draw.y)
+            replay = step.model.module(step.replay_input(draw.x))
+            loss = loss + self.objective.loss(replay, draw.y)
         return loss

@@ -42,21 +42,30 @@ if TYPE_CHECKING:
 
     from cfl_bench.engine.context import ClientState, LocalRound, ServerState, StepContext, Upload
     from cfl_bench.flat import FlatModel
+    from cfl_bench.objective import Objective
 
 
 def diagonal_fisher(
-    model: FlatModel, x: torch.Tensor, y: torch.Tensor, batch_size: int
+    model: FlatModel,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int,
+    objective: Objective | None = None,
 ) -> torch.Tensor:
-    """Mean over batches of (∇ mean CE of the batch)², at the model's current parameters."""
+    """Mean over batches of (∇ batch-mean loss)², at the model's current parameters; the
+    loss is the objective's (cross-entropy for classification, the default)."""
     import torch
-    from torch.nn import functional as F
+
+    from cfl_bench.objective import Classification
+
+    loss = (objective or Classification()).loss
 
     fisher = torch.zeros_like(model.grads)
     batches = 0
     for start in range(0, y.shape[0], batch_size):
         model.zero_grad()
         sl = slice(start, start + batch_size)
-        F.cross_entropy(model.module(x[sl]), y[sl]).backward()
+        loss(model.module(x[sl]), y[sl]).backward()
         fisher.addcmul_(model.grads, model.grads)
         batches += 1
     model.zero_grad()
@@ -155,7 +164,8 @@ class FedCurv(Component):
         take = torch.randperm(n, generator=rng, device=rng.device)[: batches * self.batch_size]
         model = local.model
         model.module.eval()
-        u = diagonal_fisher(model, client.train_x[take], client.train_y[take], self.batch_size)
+        x, y = client.train_x[take], client.train_y[take]
+        u = diagonal_fisher(model, x, y, self.batch_size, self.objective)
         model.module.train()
         v = u * model.params
         state["u"], state["v"], state["round"] = u, v, local.broadcast.round_index

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
     from cfl_bench.engine.context import ClientState, ServerState, StepContext
     from cfl_bench.flat import FlatModel
+    from cfl_bench.objective import Objective
 
 
 def gref_samples(raw: str) -> int | str:
@@ -119,7 +120,7 @@ class FedGP(Component):
         return ClientRequest(
             "fedgp.gref",
             contributors,
-            lambda client, model: buffer_gradient(client, model, samples),
+            lambda client, model: buffer_gradient(client, model, samples, self.objective),
             train_mode=self.values["gref_mode"] == "train",
         )
 
@@ -131,16 +132,16 @@ class FedGP(Component):
         self.gref_sq = torch.dot(self.gref, self.gref)
 
 
-def buffer_gradient(client: ClientState, model: FlatModel, samples: object) -> torch.Tensor:
+def buffer_gradient(
+    client: ClientState, model: FlatModel, samples: object, objective: Objective
+) -> torch.Tensor:
     """g_ref_k: ∇ of the objective's loss on ``samples`` of the client's buffer (or all of
     it) at the model as loaded (θ_g); the result is the model's gradient vector, valid until
     the next backward."""
-    from torch.nn import functional as F
-
     buffer = client.buffer
     assert buffer is not None  # only clients with a filled buffer contribute
     draw = buffer.all() if samples == "all" else buffer.sample(int(str(samples)))
     assert draw is not None
     model.zero_grad()
-    F.cross_entropy(model.module(draw.x), draw.y).backward()
+    objective.loss(model.module(draw.x), draw.y).backward()
     return model.grads

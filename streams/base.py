@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from cfl_bench.errors import UserError
+from cfl_bench.objective import Classification, Objective
 
 if TYPE_CHECKING:
     from streams.images import ImageSplits
@@ -72,6 +73,12 @@ class Stream(abc.ABC):
     def augment(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Train-time augmentation of a batch of task inputs (identity unless overridden)."""
         return x
+
+    @property
+    def objective(self) -> Objective:
+        """What the tasks ask of a model: class logits scored by accuracy (and task-IL
+        accuracy on class-incremental streams). A detection stream returns its own."""
+        return Classification(task_il=self.scenario == "class-il")
 
     @abc.abstractmethod
     def task(self, t: int) -> TaskData:

@@ -16,6 +16,7 @@ from cfl_bench.engine.optim import FlatSGD
 from cfl_bench.engine.round_server import RoundServer
 from cfl_bench.flat import FlatModel
 from cfl_bench.models import build_model
+from cfl_bench.objective import Classification
 from strategies.base import Component, StrategyEnv
 from strategies.compose import Strategy, build_strategy
 from streams.partition import ShardPartitioner
@@ -48,6 +49,7 @@ def env(
         input_shape,
         data_root,
         public_images=functools.partial(public_images, data_root),
+        objective=Classification(task_il=scenario == "class-il"),
     )
 
 
@@ -179,6 +181,7 @@ def digits_federation(
             input_shape=tuple(stream.input_shape),
             data_root=None,
             public_images=functools.partial(public_images, None),
+            objective=stream.objective,
         )
     )
     torch.manual_seed(0)
@@ -207,5 +210,6 @@ def round_server(
     model = srv.model
     optimizer = FlatSGD(model.params, model.grads, lr, 0.0, 0.0)
     steps = StepSchedule(1, 32, 32, "first_pass", False)
-    executor = SequentialExecutor(LocalTrainer(model, optimizer, strategy, steps, None))
+    trainer = LocalTrainer(model, optimizer, strategy, steps, None, Classification())
+    executor = SequentialExecutor(trainer)
     return RoundServer(srv, strategy, len(srv.clients), "samples", 0), executor

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.nn import functional as F
 
 from cfl_bench.errors import UserError
+from cfl_bench.objective import Classification
 from strategies.compose import build_strategy
 from strategies.fedntd import FedNTD, drop_true_class, not_true_distillation
 from tests.helpers import client, env, linear_model, local_round, server, step
@@ -74,8 +77,9 @@ def test_component_distils_from_the_frozen_round_start_model() -> None:
 
 def test_fedntd_is_refused_where_there_are_no_class_logits() -> None:
     strategy = build_strategy("der+fedntd")
+    no_logits = Classification(capabilities=frozenset())  # e.g. a detection objective
     with pytest.raises(UserError, match=r"fedntd.*class_logits"):
-        strategy.setup(env(scenario="detection"))
+        strategy.setup(dataclasses.replace(env(), objective=no_logits))
 
 
 def test_gather_matches_boolean_mask_on_random_logits() -> None:

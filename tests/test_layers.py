@@ -47,6 +47,7 @@ CORE = frozenset(
         "cfl_bench.engine.context",
         "cfl_bench.engine.comm",
         "cfl_bench.engine.payloads",
+        "cfl_bench.objective",
         "cfl_bench.engine.evaluation",
     }
 )

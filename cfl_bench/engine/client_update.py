@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 import torch
 
 from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, StepContext, Upload
-from cfl_bench.engine.evaluation import EvalSet, accuracy, predict_logits
+from cfl_bench.engine.evaluation import EvalSet
 from cfl_bench.engine.optim import FlatSGD
 from cfl_bench.flat import FlatModel
+from cfl_bench.objective import Objective
 from strategies.base import Component
 from strategies.compose import Strategy
 
@@ -67,14 +68,15 @@ Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 @dataclass
 class LocalTrainer:
     """The pieces a client update runs with: the working model and its optimiser, the
-    strategy's client-side hooks, the step schedule and the stream's train augmentation
-    (None when the stream has none)."""
+    strategy's client-side hooks, the step schedule, the stream's train augmentation (None
+    when the stream has none) and its objective (for the client-spread metric)."""
 
     model: FlatModel
     optimizer: FlatSGD
     strategy: Strategy
     steps: StepSchedule
     augment: Augment | None
+    objective: Objective
     loss_terms: list[Component] = field(init=False)
     transforms: list[Component] = field(init=False)
 
@@ -114,10 +116,15 @@ class LocalTrainer:
         return upload
 
     def score(self, probes: list[EvalSet]) -> torch.Tensor:
-        """Mean accuracy of the local model over ``probes`` (one per seen task)."""
-        module = self.model.module
-        accs = [accuracy(predict_logits(module, p.x), p.y) for p in probes]
-        return torch.stack(accs).mean()
+        """Mean headline metric (accuracy) of the local model over ``probes`` (one per seen
+        task)."""
+        module, objective = self.model.module, self.objective
+        headline = objective.metrics[0]
+        scores = [
+            objective.score(objective.predict(module, p.x), p.y, p.classes)[headline]
+            for p in probes
+        ]
+        return torch.stack(scores).mean()
 
     def local_steps(self, client: ClientState, broadcast: Broadcast) -> tuple[torch.Tensor, int]:
         """The client's epochs over its data; returns the summed loss and the step count."""

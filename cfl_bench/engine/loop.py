@@ -146,10 +146,10 @@ class Federation:
         self.round_server = RoundServer(
             self.server, strategy, s.clients_per_round, s.weighting, s.seed
         )
-        self.measure = Measurement(self.model, s.probe_size, stream.scenario == "class-il")
+        self.measure = Measurement(self.model, s.probe_size, stream.objective)
         optimizer = FlatSGD(self.model.params, self.model.grads, s.lr, s.momentum, s.weight_decay)
         augment = stream.augment if stream.augments else None
-        trainer = LocalTrainer(self.model, optimizer, strategy, s.steps, augment)
+        trainer = LocalTrainer(self.model, optimizer, strategy, s.steps, augment, stream.objective)
         self.executor: Executor = SequentialExecutor(trainer)
 
     def _make_buffer(self, k: int) -> ReservoirBuffer:

@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.nn import functional as F
 
 from cfl_bench.engine.context import ClientState
-from cfl_bench.engine.evaluation import EvalSet, accuracy, log_probs, mean_kl, predict_logits
+from cfl_bench.engine.evaluation import EvalSet, mean_kl
 from cfl_bench.flat import FlatModel
+from cfl_bench.objective import Objective
 
 # (round, trained_task, eval_task, scope, metric, value); value may be a 0-d tensor until flushed.
 Record = tuple[int, int, int, str, str, object]
@@ -25,10 +25,10 @@ Record = tuple[int, int, int, str, str, object]
 class Measurement:
     """The run's evaluation sets, memory-drift references and the latest mean accuracy."""
 
-    def __init__(self, model: FlatModel, probe_size: int, task_il: bool) -> None:
+    def __init__(self, model: FlatModel, probe_size: int, objective: Objective) -> None:
         self.model = model
         self.probe_size = probe_size
-        self.task_il = task_il
+        self.objective = objective
         self.eval_sets: list[EvalSet] = []
         self.reference_log_probs: dict[int, torch.Tensor] = {}
         # Mean accuracy over the seen tasks at the latest evaluation (progress display).
@@ -55,20 +55,19 @@ class Measurement:
         upto: int,
         drift: bool,
     ) -> float | None:
-        """θ_g on tasks 0..upto; returns the mean accuracy over the seen tasks."""
+        """θ_g on tasks 0..upto with the objective's metrics; returns the mean of the
+        headline metric (accuracy) over the seen tasks."""
         self.model.load(*global_state)
-        module = self.model.module
+        module, objective = self.model.module, self.objective
+        headline = objective.metrics[0]
         seen: list[torch.Tensor] = []
         for i in range(upto + 1):
             e = self.eval_sets[i]
-            logits = predict_logits(module, e.x)
-            acc = accuracy(logits, e.y)
-            records.append((round_index, trained_task, i, "global", "acc", acc))
-            if self.task_il:
-                acc_til = accuracy(logits, e.y, e.classes)
-                records.append((round_index, trained_task, i, "global", "acc_task_il", acc_til))
+            scores = objective.score(objective.predict(module, e.x), e.y, e.classes)
+            for metric, value in scores.items():
+                records.append((round_index, trained_task, i, "global", metric, value))
             if i <= trained_task:
-                seen.append(acc)
+                seen.append(scores[headline])
         if drift:
             self._memory_drift(records, round_index, trained_task)
         self.latest_acc = None if not seen else float(torch.stack(seen).mean().item())
@@ -76,9 +75,9 @@ class Measurement:
 
     def _memory_drift(self, records: list[Record], round_index: int, trained_task: int) -> None:
         """KL of each older task's probe predictions from those right after its training."""
-        module = self.model.module
+        module, objective = self.model.module, self.objective
         for i in range(trained_task + 1):
-            current = log_probs(predict_logits(module, self.probe(i).x))
+            current = objective.log_probs(objective.predict(module, self.probe(i).x))
             if i == trained_task:
                 self.reference_log_probs[i] = current
             else:
@@ -97,12 +96,13 @@ class Measurement:
         if not clients or clients[0].buffer is None:
             return
         self.model.load(*global_state)
+        objective = self.objective
         for client in clients:
             draw = client.buffer.all() if client.buffer is not None else None
             if draw is None:
                 continue
-            current = log_probs(predict_logits(self.model.module, draw.x))
-            stored = F.log_softmax(draw.logits, dim=1)
+            current = objective.log_probs(objective.predict(self.model.module, draw.x))
+            stored = objective.log_probs(draw.logits)
             scope = f"client_{client.index}"
             records.append((round_index, t, -1, scope, "buffer_drift", mean_kl(stored, current)))
 
