@@ -25,6 +25,7 @@ from cfl_bench.errors import UserError
 
 if TYPE_CHECKING:
     from cfl_bench.config import RunConfig
+    from cfl_bench.metric_registry import MetricSpec
 
 app = typer.Typer(
     add_completion=False,
@@ -230,8 +231,21 @@ def human_bytes(n: object) -> str:
     return f"{size:.1f} GB"
 
 
+def cli_value(spec: MetricSpec, summary: dict[str, Any]) -> str:
+    """One value as the CLI table shows it, by the metric's unit and format.
+
+    A run always writes its wall time; a summary without the key shows 0.0 s as the table
+    always did (a None shows "—")."""
+    if spec.unit == "seconds":
+        value = summary.get(spec.key, 0.0)
+        return "—" if value is None else f"{format(value, spec.fmt)} s"
+    if spec.unit == "bytes":
+        return human_bytes(summary.get(spec.key))
+    return _fmt(summary.get(spec.key), spec.fmt)
+
+
 def results_table(summary: dict[str, Any], stream: str, strategy: str) -> Table:
-    """The headline metrics of one run, one metric per line.
+    """The headline metrics of one run, one metric per line (the registry's ``cli`` view).
 
     Why stacked: one row of eight metrics needed more than 80 columns and rich cut the
     numbers (``-10.…``); a line per metric is about 40 columns wide whatever the values, so
@@ -239,25 +253,19 @@ def results_table(summary: dict[str, Any], stream: str, strategy: str) -> Table:
     column, task-IL (logits masked to the task's classes) beside class-IL (argmax over all
     classes); memory drift, bytes and time belong to the run and fill the first column only.
     """
-    task_il = summary.get("acc_task_il_T") is not None
+    from cfl_bench.metric_registry import TASK_IL_MARKER, task_il_twin, view
+
+    task_il = summary.get(TASK_IL_MARKER) is not None
     table = Table(title=f"{stream} · {strategy}")
     table.add_column("metric", overflow="fold")
     for name in ("class-IL", "task-IL") if task_il else ("value",):
         table.add_column(name, justify="right", overflow="fold")
-    accuracy = (
-        ("Acc_T %", "Acc_T", "acc_task_il_T"),
-        ("Fgt_T %", "Fgt_T", "fgt_acc_task_il_T"),
-        ("BWT %", "BWT", "bwt_acc_task_il"),
-        ("FWT %", "FWT", "fwt_acc_task_il"),
-    )
-    for label, key, task_il_key in accuracy:
-        task_il_cell = [_fmt(summary.get(task_il_key))] if task_il else []
-        table.add_row(label, _fmt(summary.get(key)), *task_il_cell)
-    blank = [""] if task_il else []
-    table.add_row("MD_T", _fmt(summary.get("MD_T"), ".4f"), *blank)
-    table.add_row("bytes up", human_bytes(summary.get("bytes_up_total")), *blank)
-    table.add_row("bytes down", human_bytes(summary.get("bytes_down_total")), *blank)
-    table.add_row("time", f"{summary.get('wall_time_s', 0.0):.1f} s", *blank)
+    for spec in view("cli"):
+        cells = [cli_value(spec, summary)]
+        if task_il:
+            twin = task_il_twin(spec.key)
+            cells.append("" if twin is None else cli_value(twin, summary))
+        table.add_row(spec.narrow_label, *cells)
     return table
 
 

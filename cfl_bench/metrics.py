@@ -27,11 +27,14 @@ have torch installed.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from cfl_bench.metric_registry import ACCURACY_METRICS, summary_metrics
 
 __all__ = [
     "ACCURACY_METRICS",
@@ -56,9 +59,6 @@ RECORD_COLUMNS: tuple[str, ...] = (
     "metric",
     "value",
 )
-
-#: Accuracy-like metrics that :func:`summarize` turns into matrices and CL metrics.
-ACCURACY_METRICS: tuple[str, ...] = ("acc", "acc_task_il")
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,63 +316,174 @@ def _last(values: np.ndarray) -> float:
     return float(values[-1]) if values.size else math.nan
 
 
-def _accuracy_block(records: pd.DataFrame, metric: str, num_tasks: int) -> dict[str, Any]:
-    """All matrix metrics of one accuracy metric (class-/domain-IL or task-IL)."""
-    a = matrix_from_records(records, metric, "global", num_tasks)
-    b = initial_from_records(records, metric, num_tasks)
-    acc_t = average_accuracy(a)
-    fgt_t = forgetting(a)
-    fgt_clipped_t = forgetting(a, include_current=True)
-    return {
-        f"{metric}_matrix": a,
-        f"{metric}_t": acc_t,
-        f"{metric}_T": _last(acc_t),
-        f"fgt_{metric}_t": fgt_t,
-        f"fgt_{metric}_T": _last(fgt_t),
-        f"fgt_clipped_{metric}_T": _last(fgt_clipped_t),
-        f"bwt_{metric}": backward_transfer(a),
-        f"fwt_{metric}": forward_transfer(a, b),
-    }
+class SummaryInputs:
+    """The records of one run and the matrices derived from them, each built once.
+
+    Why a cache: several summary keys read the same matrix (``acc_T``, ``Acc_T``,
+    ``fgt_acc_T`` ... all read the ``acc`` matrix); building it once per metric keeps
+    :func:`summarize` as cheap as when it was one hand-written block.
+    """
+
+    def __init__(self, records: pd.DataFrame, num_tasks: int) -> None:
+        self.records = records
+        self.num_tasks = num_tasks
+        self._cache: dict[tuple[str, str], Any] = {}
+
+    def _cached(self, kind: str, metric: str, make: Any) -> Any:
+        if (kind, metric) not in self._cache:
+            self._cache[(kind, metric)] = make()
+        return self._cache[(kind, metric)]
+
+    def matrix(self, metric: str) -> np.ndarray:
+        """The global task-end matrix of ``metric`` (:func:`matrix_from_records`)."""
+        return self._cached(
+            "matrix",
+            metric,
+            lambda: matrix_from_records(self.records, metric, "global", self.num_tasks),
+        )
+
+    def initial(self, metric: str) -> np.ndarray:
+        """b: the initial model's ``metric`` per task (:func:`initial_from_records`)."""
+        return self._cached(
+            "initial", metric, lambda: initial_from_records(self.records, metric, self.num_tasks)
+        )
+
+    def spread(self, metric: str) -> dict[str, float]:
+        """The client spread after the final task (:func:`_client_spread_of`)."""
+        return self._cached("spread", metric, lambda: _client_spread_of(self, metric))
+
+    def recorded(self, metric: str) -> bool:
+        """Whether the run has global rows of ``metric``."""
+        return self._cached(
+            "recorded",
+            metric,
+            lambda: bool(
+                ((self.records["scope"] == "global") & (self.records["metric"] == metric)).any()
+            ),
+        )
 
 
-def _bytes_block(records: pd.DataFrame, metric: str) -> dict[str, Any]:
-    """Total and per-round mean of one byte counter; None when it was never recorded
-    (unknown is not the same as zero bytes)."""
-    rows = _select(records, metric, "global")
-    if rows.empty:
-        return {f"{metric}_total": None, f"{metric}_per_round_mean": None}
-    per_round = rows.groupby("round")["value"].sum()
-    return {
-        f"{metric}_total": round(float(per_round.sum())),
-        f"{metric}_per_round_mean": float(per_round.mean()),
-    }
+# --------------------------------------------------------------------------------------------
+# Summary entries: the ``compute`` functions named in cfl_bench.metric_registry.METRICS, each
+# called as fn(inputs, source) with ``source`` the entry's recorded metric.
+# --------------------------------------------------------------------------------------------
 
 
-def _client_block(records: pd.DataFrame, num_tasks: int) -> dict[str, Any]:
+def task_count(inputs: SummaryInputs, source: str | None) -> int:
+    """The stream's number of tasks, so a summary says what its curves are indexed by."""
+    return inputs.num_tasks
+
+
+def accuracy_matrix(inputs: SummaryInputs, source: str) -> np.ndarray:
+    """a[t, i] of ``source`` (stored at full precision so forgetting can be re-derived)."""
+    return inputs.matrix(source)
+
+
+def accuracy_curve(inputs: SummaryInputs, source: str) -> np.ndarray:
+    """Acc_t for every t."""
+    return average_accuracy(inputs.matrix(source))
+
+
+def final_accuracy(inputs: SummaryInputs, source: str) -> float:
+    """Acc_T, the headline number."""
+    return _last(accuracy_curve(inputs, source))
+
+
+def forgetting_curve(inputs: SummaryInputs, source: str) -> np.ndarray:
+    """Fgt_t (Chaudhry rule) for every t."""
+    return forgetting(inputs.matrix(source))
+
+
+def final_forgetting(inputs: SummaryInputs, source: str) -> float:
+    """Fgt_T, Chaudhry rule (max over rows after the task was trained, before now)."""
+    return _last(forgetting_curve(inputs, source))
+
+
+def final_forgetting_clipped(inputs: SummaryInputs, source: str) -> float:
+    """Fgt_T, Mammoth / FedGP rule (the max includes the current row, so it is >= 0)."""
+    return _last(forgetting(inputs.matrix(source), include_current=True))
+
+
+def backward_transfer_of(inputs: SummaryInputs, source: str) -> float:
+    """BWT of the ``source`` matrix."""
+    return backward_transfer(inputs.matrix(source))
+
+
+def forward_transfer_of(inputs: SummaryInputs, source: str) -> float:
+    """FWT of the ``source`` matrix against the initial model's accuracies."""
+    return forward_transfer(inputs.matrix(source), inputs.initial(source))
+
+
+def drift_curve(inputs: SummaryInputs, source: str) -> np.ndarray:
+    """MD_t for every t, from the ``kl_drift`` matrix."""
+    return memory_drift(inputs.matrix(source))
+
+
+def final_drift(inputs: SummaryInputs, source: str) -> float:
+    """MD_T."""
+    return _last(drift_curve(inputs, source))
+
+
+def _per_round(inputs: SummaryInputs, metric: str) -> pd.Series | None:
+    """One byte counter summed per round; None when it was never recorded (unknown is not
+    the same as zero bytes)."""
+    rows = _select(inputs.records, metric, "global")
+    return None if rows.empty else rows.groupby("round")["value"].sum()
+
+
+def bytes_total_of(inputs: SummaryInputs, source: str) -> int | None:
+    """Total bytes of one counter over all rounds, as an integer."""
+    per_round = _per_round(inputs, source)
+    return None if per_round is None else round(float(per_round.sum()))
+
+
+def bytes_per_round_mean(inputs: SummaryInputs, source: str) -> float | None:
+    """Mean bytes of one counter per round."""
+    per_round = _per_round(inputs, source)
+    return None if per_round is None else float(per_round.mean())
+
+
+def _client_spread_of(inputs: SummaryInputs, metric: str) -> dict[str, float]:
     """Client spread of local-model accuracy at the end of the final task (T−1).
 
     The final task, not the latest one present, so that an unfinished run reports None here
     just as it does for Acc_T, instead of a spread from an earlier point in the stream.
     """
+    records = inputs.records
     _check_records(records)
     rows = records[
-        (records["metric"] == "client_acc") & records["scope"].astype(str).str.startswith("client_")
+        (records["metric"] == metric) & records["scope"].astype(str).str.startswith("client_")
     ].astype({"round": int, "trained_task": int})
-    rows = rows[rows["trained_task"] == num_tasks - 1]
+    rows = rows[rows["trained_task"] == inputs.num_tasks - 1]
     if rows.empty:
-        spread = client_spread([])
-    else:
-        last = rows.groupby("scope")["round"].transform("max")
-        rows = rows[rows["round"] == last].drop_duplicates(subset=["scope"], keep="last")
-        spread = client_spread(rows["value"].to_numpy(dtype=float))
-    return {f"client_acc_{k}": v for k, v in spread.items()}
+        return client_spread([])
+    last = rows.groupby("scope")["round"].transform("max")
+    rows = rows[rows["round"] == last].drop_duplicates(subset=["scope"], keep="last")
+    return client_spread(rows["value"].to_numpy(dtype=float))
+
+
+def client_p10(inputs: SummaryInputs, source: str) -> float:
+    """10th percentile over clients of local-model accuracy after the final task."""
+    return inputs.spread(source)["p10"]
+
+
+def client_p50(inputs: SummaryInputs, source: str) -> float:
+    """Median over clients of local-model accuracy after the final task."""
+    return inputs.spread(source)["p50"]
+
+
+def client_p90(inputs: SummaryInputs, source: str) -> float:
+    """90th percentile over clients of local-model accuracy after the final task."""
+    return inputs.spread(source)["p90"]
 
 
 def summarize(records: pd.DataFrame, num_tasks: int) -> dict[str, object]:
     """The headline metrics of one run as a JSON-able dict (NaN → None, full precision).
 
     A pure function of ``records`` so ``summary.json`` can always be regenerated from
-    ``records.csv``. Keys:
+    ``records.csv``. The keys are the entries of
+    :func:`cfl_bench.metric_registry.summary_metrics`, each computed by the function its
+    ``compute`` names in this module. Among them:
 
     * for each accuracy metric ``m`` in :data:`ACCURACY_METRICS` that has global
       rows: ``m_matrix``, ``m_t``, ``m_T``, ``fgt_m_t``, ``fgt_m_T`` (Chaudhry rule),
@@ -384,26 +495,17 @@ def summarize(records: pd.DataFrame, num_tasks: int) -> dict[str, object]:
     * ``client_acc_p10``, ``client_acc_p50``, ``client_acc_p90`` for the final task.
 
     Memory-drift, byte and client keys are always present (None when not recorded), so
-    leaderboard code can rely on a fixed schema.
+    leaderboard code can rely on a fixed schema; an entry marked ``when_recorded`` is left
+    out when its source was not recorded (no task-IL keys on a domain-IL run).
     """
     _check_records(records)
     if num_tasks < 1:
         raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
-    out: dict[str, Any] = {"num_tasks": num_tasks}
-    global_rows = records[records["scope"] == "global"]
-    for metric in ACCURACY_METRICS:
-        if (global_rows["metric"] == metric).any():
-            out.update(_accuracy_block(records, metric, num_tasks))
-    if "acc_T" in out:  # short aliases: the plain class-/domain-IL accuracy is the headline
-        out["Acc_T"] = out["acc_T"]
-        out["Fgt_T"] = out["fgt_acc_T"]
-        out["Fgt_T_clipped"] = out["fgt_clipped_acc_T"]
-        out["BWT"] = out["bwt_acc"]
-        out["FWT"] = out["fwt_acc"]
-    md_t = memory_drift(matrix_from_records(records, "kl_drift", "global", num_tasks))
-    out["md_t"] = md_t
-    out["MD_T"] = _last(md_t)
-    out.update(_bytes_block(records, "bytes_up"))
-    out.update(_bytes_block(records, "bytes_down"))
-    out.update(_client_block(records, num_tasks))
+    inputs = SummaryInputs(records, num_tasks)
+    module = sys.modules[__name__]
+    out: dict[str, Any] = {}
+    for spec in summary_metrics():
+        if spec.when_recorded and not inputs.recorded(str(spec.source)):
+            continue
+        out[spec.key] = getattr(module, str(spec.compute))(inputs, spec.source)
     return _jsonable(out)

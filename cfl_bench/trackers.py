@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cfl_bench.errors import UserError
+from cfl_bench.metric_registry import ACCURACY_METRICS
 
 TRACKERS = ("tensorboard", "mlflow")
 EXTRA = "pip install -e '.[trackers]'"
@@ -49,7 +50,7 @@ def scalars(rows: Iterable[PlainRow]) -> list[tuple[str, float, int]]:
             out.append((f"{metric}/{scope}", float(value), step))
         elif evaluated >= 0:
             out.append((f"{metric}/task{evaluated + 1}", float(value), step))
-            if metric in ("acc", "acc_task_il") and evaluated <= trained:
+            if metric in ACCURACY_METRICS and evaluated <= trained:
                 seen[(step, metric)].append(float(value))
         else:
             out.append((metric, float(value), step))

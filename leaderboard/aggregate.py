@@ -19,8 +19,9 @@ Rules, and why:
   than a mean over the seeds that happen to have it, which would mean something else.
 * Runs are averaged in (seed, path) order, so the float sums — hence the CSV bytes — do not
   depend on the order of the RUN_DIRS arguments.
-* Rows within one protocol are ranked by ``Acc_T_mean`` (best first, NaN last), then by
-  strategy name; protocols are ordered by (stream, protocol hash).
+* Rows within one protocol are ranked by ``Acc_T_mean`` (``RANK_BY`` of the metric registry;
+  best first by its direction, NaN last), then by strategy name; protocols are ordered by
+  (stream, protocol hash).
 * ``packages`` and ``git_commit`` are those of the runs entering the means (all runs of the
   row when none finished); when they disagree, every distinct value is listed (joined by
   `` | ``) and ``provenance_flag`` says what differs, because averaging seeds of different
@@ -35,9 +36,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from cfl_bench import metric_registry as registry
 from cfl_bench.errors import UserError
 from leaderboard.protocol import describe_protocol
-from leaderboard.runs import COUNTED_STATUSES, METRICS
+from leaderboard.runs import COUNTED_STATUSES, CURVES, MATRICES, METRICS
 
 if TYPE_CHECKING:
     import numpy as np
@@ -177,12 +179,23 @@ def aggregate(runs: pd.DataFrame, std: str = DEFAULT_STD) -> pd.DataFrame:
     board = pd.DataFrame(rows, columns=list(BOARD_COLUMNS))
     if board.empty:
         return board
-    board["_missing"] = board["Acc_T_mean"].isna()
-    board["_neg_acc"] = -board["Acc_T_mean"].fillna(0.0)
+    ranked = registry.metric(registry.RANK_BY)
+    rank = f"{ranked.column}_mean"
+    board["_missing"] = board[rank].isna()
+    board["_rank"] = rank_values(board[rank], ranked.direction)
     board = board.sort_values(
-        ["stream", "protocol_hash", "_missing", "_neg_acc", "strategy"], kind="stable"
+        ["stream", "protocol_hash", "_missing", "_rank", "strategy"], kind="stable"
     )
-    return board.drop(columns=["_missing", "_neg_acc"]).reset_index(drop=True)
+    return board.drop(columns=["_missing", "_rank"]).reset_index(drop=True)
+
+
+def rank_values(means: pd.Series, direction: str | None) -> pd.Series:
+    """Sort keys putting the best mean first: negated when higher is better (missing means
+    are sorted last by the caller and count as 0 here)."""
+    if direction not in ("higher", "lower"):
+        raise ValueError(f"the ranking metric needs a direction, not {direction!r}")
+    filled = means.fillna(0.0)
+    return -filled if direction == "higher" else filled
 
 
 def protocol_json(protocol: dict[str, Any]) -> str:
@@ -247,9 +260,9 @@ def strategy_series(
         ]
         done = finished_runs(group)
         series = StrategySeries(strategy=str(row["strategy"]), n_seeds=len(done))
-        for name in ("acc_t", "fgt_t", "md_t", "acc_task_il_t", "fgt_task_il_t"):
+        for name in CURVES:
             setattr(series, name, _curve_stats(list(done[name]), ddof))
-        for name in ("acc_matrix", "acc_task_il_matrix"):
+        for name in MATRICES:
             stacked = _stack(list(done[name]))
             setattr(series, name, None if stacked is None else stacked.mean(axis=0))
         series.acc_final = (float(row["Acc_T_mean"]), float(row["Acc_T_std"]))

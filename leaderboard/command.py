@@ -27,6 +27,7 @@ from cfl_bench.errors import UserError
 if TYPE_CHECKING:
     import pandas as pd
 
+    from cfl_bench.metric_registry import MetricSpec
     from leaderboard.check import Outcome
 
 
@@ -40,22 +41,36 @@ def _compact(row: pd.Series, metric: str, spec: str = ".2f", with_std: bool = Fa
     return f"{mean:{spec}}±{'–' if math.isnan(std) else format(std, spec)}"
 
 
+def terminal_cell(row: pd.Series, spec: MetricSpec) -> str:
+    """One metric of the terminal table: accuracies as mean ± std (what a reader compares
+    strategies by), everything else as the mean alone; bytes in B / KB / MB."""
+    from leaderboard.plots import human_bytes
+
+    if spec.unit == "bytes":
+        mean = float(row[f"{spec.column}_mean"])
+        return "–" if math.isnan(mean) else human_bytes(mean)
+    return _compact(row, str(spec.column), spec.fmt, with_std=spec.family == "accuracy")
+
+
 def summary_tables(board: pd.DataFrame, std: str = "sample") -> list[Table]:
     """One table per protocol, one line per strategy, narrow enough for an 80-column
-    terminal: Acc_T as mean ± std, Fgt_T and bytes as means (BWT, FWT, MD_T, wall
-    time and all deviations are in the CSV and HTML).
+    terminal: the registry's ``terminal`` metrics — Acc_T as mean ± std, Fgt_T and bytes as
+    means (BWT, FWT, MD_T, wall time and all deviations are in the CSV and HTML).
     The caption names the std kind (``std``: sample or population), because "±" alone
     does not say whether it is ddof=1 or ddof=0.
     The task-IL and notes columns appear only when some row has them."""
+    from cfl_bench import metric_registry as registry
     from leaderboard.aggregate import row_notes, std_kind
-    from leaderboard.plots import human_bytes
 
     legend = f"mean ± std over the finished seeds, std_kind = {std_kind(std)}; – = one seed"
+    marker = registry.metric(registry.TASK_IL_MARKER).column
 
     tables = []
     for protocol_hash, rows in board.groupby("protocol_hash", sort=False):
         first = rows.iloc[0]
-        task_il = bool(rows["Acc_T_task_il_mean"].notna().any())
+        task_il = bool(rows[f"{marker}_mean"].notna().any())
+        shown = registry.metrics_for("class-il" if task_il else None, "terminal")
+        specs = registry.display_order(shown)
         notes = [row_notes(row) for _, row in rows.iterrows()]
         table = Table(
             title=Text(f"{first['stream']} · {first['scenario']} · protocol {protocol_hash}"),
@@ -65,20 +80,13 @@ def summary_tables(board: pd.DataFrame, std: str = "sample") -> list[Table]:
         )
         table.add_column("strategy", overflow="fold", min_width=10)
         table.add_column("seeds", justify="right")
-        for name in ("Acc_T %", *(["task-IL %"] if task_il else []), "Fgt_T %", "bytes"):
-            table.add_column(name, justify="right", overflow="fold")
+        for spec in specs:
+            table.add_column(spec.narrow_label, justify="right", overflow="fold")
         if any(notes):
             table.add_column("notes", overflow="fold", style="yellow", min_width=12)
         for (_, row), note in zip(rows.iterrows(), notes, strict=True):
-            bytes_mean = float(row["bytes_total_mean"])
-            cells = [
-                Text(str(row["strategy"])),
-                Text(str(row["n_seeds"])),
-                Text(_compact(row, "Acc_T", with_std=True)),
-                *([Text(_compact(row, "Acc_T_task_il", with_std=True))] if task_il else []),
-                Text(_compact(row, "Fgt_T")),
-                Text("–" if math.isnan(bytes_mean) else human_bytes(bytes_mean)),
-            ]
+            cells = [Text(str(row["strategy"])), Text(str(row["n_seeds"]))]
+            cells += [Text(terminal_cell(row, spec)) for spec in specs]
             if any(notes):
                 cells.append(Text(note))
             table.add_row(*cells)

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cfl_bench import metric_registry as registry
 from cfl_bench.atomic import atomic_write_text
 from leaderboard.aggregate import (
     DEFAULT_STD,
@@ -46,6 +47,8 @@ from leaderboard.plots import curves_svg, drift_svg, heatmaps_svg, human_bytes, 
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from cfl_bench.metric_registry import MetricSpec
 
 HTML_NAME = "leaderboard.html"
 #: Environment keys shown in the machines table (what config.json records).
@@ -107,31 +110,53 @@ def _metric_cell(row: Any, metric: str, spec: str = ".2f") -> dict[str, str | No
     return _cell(fmt_mean_std(mean, std, spec), _sort_key(mean), "num")
 
 
-def _bytes_cell(row: Any, kind: str = DEFAULT_STD) -> dict[str, str | None]:
-    """Mean total bytes; the tooltip splits it into up / down and gives the std (named)."""
-    mean, std = float(row["bytes_total_mean"]), float(row["bytes_total_std"])
+def _bytes_cell(row: Any, spec: MetricSpec, kind: str = DEFAULT_STD) -> dict[str, str | None]:
+    """Mean bytes; the tooltip splits a sum into its parts (up / down) and gives the std
+    (named)."""
+    mean, std = float(row[f"{spec.column}_mean"]), float(row[f"{spec.column}_std"])
     if not _finite(mean):
         return _cell("–", _sort_key(mean), "num")
-    up, down = float(row["bytes_up_mean"]), float(row["bytes_down_mean"])
-    title = f"up {human_bytes(up)}, down {human_bytes(down)}"
+    parts = [registry.metric(p) for p in spec.parts]
+    title = ", ".join(
+        f"{p.label.removeprefix('bytes ')} {human_bytes(float(row[f'{p.column}_mean']))}"
+        for p in parts
+    )
     if _finite(std):
         title += f"; {STD_TEXT[kind][0]} std {std:.0f} B"
     return _cell(human_bytes(mean), _sort_key(mean), "num", title)
 
 
-def _time_cell(row: Any) -> dict[str, str | None]:
-    mean, std = float(row["wall_time_s_mean"]), float(row["wall_time_s_std"])
-    text = "–" if not _finite(mean) else f"{fmt_mean_std(mean, std, '.1f')}{NBSP}s"
+def _time_cell(row: Any, spec: MetricSpec) -> dict[str, str | None]:
+    mean, std = float(row[f"{spec.column}_mean"]), float(row[f"{spec.column}_std"])
+    text = "–" if not _finite(mean) else f"{fmt_mean_std(mean, std, spec.fmt)}{NBSP}s"
     return _cell(text, _sort_key(mean), "num")
+
+
+def metric_column(
+    spec: MetricSpec, scenario_label: str, std: str = DEFAULT_STD
+) -> tuple[str, str, Callable[..., Any]]:
+    """(header, tooltip, cell builder) of one registry metric: the header carries ``(%)``
+    for percentages and, for the headline, the stream's scenario; the cell is formatted by
+    the metric's unit."""
+    label = spec.label
+    if spec.label_names_scenario and scenario_label != "unknown":
+        label = f"{label} {scenario_label}"
+    header = f"{label} (%)" if spec.unit == "percent" else label
+    if spec.unit == "bytes":
+        return header, spec.column_tooltip, lambda r: _bytes_cell(r, spec, std)
+    if spec.unit == "seconds":
+        return header, spec.column_tooltip, lambda r: _time_cell(r, spec)
+    return header, spec.column_tooltip, lambda r: _metric_cell(r, str(spec.column), spec.fmt)
 
 
 def table_columns(
     task_il: bool, scenario_label: str, std: str = DEFAULT_STD, notes: bool = True
 ) -> list[tuple[str, str, Callable[..., Any]]]:
-    """(header, tooltip, cell builder) for one protocol's table; ``std`` names the std kind
-    in the bytes tooltip. ``notes=False`` leaves out the notes column (no row has any): an
-    empty column only took width from the numbers on class-IL streams."""
-    acc = f"Acc_T {scenario_label} (%)" if scenario_label != "unknown" else "Acc_T (%)"
+    """(header, tooltip, cell builder) for one protocol's table: strategy, seeds, then the
+    registry's ``board`` metrics (task-IL ones when ``task_il``), each beside its task-IL
+    twin; ``std`` names the std kind in the bytes tooltip. ``notes=False`` leaves out the
+    notes column (no row has any): an empty column only took width from the numbers on
+    class-IL streams."""
     columns: list[tuple[str, str, Callable[..., Any]]] = [
         ("strategy", "strategy composition", lambda r: _cell(str(r["strategy"]), cls="name")),
         (
@@ -141,34 +166,9 @@ def table_columns(
                 f"{r['n_seeds']} ({r['seeds']})" if r["seeds"] else "0", str(int(r["n_seeds"]))
             ),
         ),
-        (acc, "final average accuracy", lambda r: _metric_cell(r, "Acc_T")),
     ]
-    if task_il:
-        columns.append(
-            (
-                "Acc_T task-IL (%)",
-                "same runs, logits masked",
-                lambda r: _metric_cell(r, "Acc_T_task_il"),
-            )
-        )
-    columns.append(
-        (
-            "Fgt_T (%)",
-            "Chaudhry forgetting: max over evaluations after each old task was trained",
-            lambda r: _metric_cell(r, "Fgt_T"),
-        )
-    )
-    if task_il:
-        columns.append(
-            ("Fgt_T task-IL (%)", "task-IL forgetting", lambda r: _metric_cell(r, "Fgt_T_task_il"))
-        )
-    columns += [
-        ("BWT (%)", "backward transfer", lambda r: _metric_cell(r, "BWT")),
-        ("FWT (%)", "forward transfer", lambda r: _metric_cell(r, "FWT")),
-        ("MD_T", "memory drift (mean KL, nats)", lambda r: _metric_cell(r, "MD_T", ".4f")),
-        ("bytes", "total bytes up + down (mean)", lambda r: _bytes_cell(r, std)),
-        ("wall time", "wall-clock time per run", _time_cell),
-    ]
+    shown = registry.metrics_for("class-il" if task_il else None, "board")
+    columns += [metric_column(s, scenario_label, std) for s in registry.display_order(shown)]
     if notes:
         columns.append(
             (
@@ -200,7 +200,8 @@ def protocol_sections(
         first = rows.iloc[0]
         scenario = first["scenario"] if isinstance(first["scenario"], str) else None
         label = SCENARIOS.get(scenario or "", scenario or "unknown")
-        task_il = bool(rows["Acc_T_task_il_mean"].notna().any()) or scenario == "class-il"
+        marker = registry.metric(registry.TASK_IL_MARKER).column
+        task_il = bool(rows[f"{marker}_mean"].notna().any()) or scenario == "class-il"
         notes = any(row_notes(r) for _, r in rows.iterrows())
         columns = table_columns(task_il, label, std, notes)
         protocol = next(

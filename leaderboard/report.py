@@ -36,6 +36,7 @@ from cfl_bench.errors import UserError
 from cfl_bench.run_dir import RUN_FILES, check_out_path, nearest_existing, os_problem
 
 if TYPE_CHECKING:
+    from cfl_bench.metric_registry import MetricSpec
     from leaderboard.aggregate import StrategySeries
     from leaderboard.run_data import RunData
 
@@ -119,50 +120,50 @@ def progress_text(data: RunData) -> str:
     return f"{rounds}, {data.tasks_done} of {data.num_tasks} tasks ended"
 
 
+def report_value(spec: MetricSpec, data: RunData) -> str:
+    """One metric as the results table shows it: recomputed from records.csv, or read from
+    summary.json for what only the run knows (time), formatted by the metric's unit."""
+    source = data.metrics if spec.origin == "summary" else data.summary or {}
+    value = source.get(spec.key)
+    if spec.unit == "bytes":
+        return fmt_bytes(value)
+    return fmt(value, spec.fmt, " s" if spec.unit == "seconds" else "")
+
+
 def metric_rows(data: RunData, scenario: str) -> list[dict[str, str]]:
-    """The results table: (label, value, what it is). Every number is recomputed from
-    records.csv, except time and memory (only summary.json knows them)."""
-    m, s = data.metrics, data.summary or {}
-    task_il = "acc_task_il_T" in m
+    """The results table: (label, value, what it is) of the registry's ``report`` metrics,
+    each beside its task-IL twin, plus two rows of the report's own (the latest Acc_t of an
+    unfinished run after the accuracies, the client spread after memory drift). Every
+    number is recomputed from records.csv, except time and memory (only summary.json
+    knows them)."""
+    from cfl_bench import metric_registry as registry
+
+    m = data.metrics
+    task_il = registry.TASK_IL_MARKER in m
     label = {"class-il": "class-IL", "domain-il": "domain-IL"}.get(scenario, "")
-    acc = f"Acc_T {label}".strip()
-    rows = [(acc, fmt(m.get("acc_T")), "mean accuracy over all tasks after the last one")]
-    if task_il:
-        rows.append(
-            ("Acc_T task-IL", fmt(m.get("acc_task_il_T")), "same, logits masked to each task")
-        )
+    extra: dict[str, list[tuple[str, str, str]]] = {"accuracy": [], "drift": []}
     latest = _latest_acc(m.get("acc_t"))
     if latest is not None and data.tasks_done < data.num_tasks:
-        rows.append(
-            (
-                f"Acc_t after task {latest[0]}",
-                fmt(latest[1]),
-                "the latest task end reached so far",
-            )
+        row = (
+            f"Acc_t after task {latest[0]}",
+            fmt(latest[1]),
+            "the latest task end reached so far",
         )
-    rows += [
-        ("Fgt_T", fmt(m.get("fgt_acc_T")), "Chaudhry forgetting (max after each task's training)"),
-        ("Fgt_T clipped", fmt(m.get("fgt_clipped_acc_T")), "Mammoth / FedGP rule (≥ 0)"),
-    ]
-    if task_il:
-        rows.append(("Fgt_T task-IL", fmt(m.get("fgt_acc_task_il_T")), "task-IL forgetting"))
-    rows += [
-        ("BWT", fmt(m.get("bwt_acc")), "backward transfer (negative: forgetting)"),
-        ("FWT", fmt(m.get("fwt_acc")), "forward transfer (task before its training vs. start)"),
-    ]
-    if task_il:
-        rows += [
-            ("BWT task-IL", fmt(m.get("bwt_acc_task_il")), "task-IL backward transfer"),
-            ("FWT task-IL", fmt(m.get("fwt_acc_task_il")), "task-IL forward transfer"),
-        ]
+        extra["accuracy"].append(row)
     spread = " / ".join(fmt(m.get(f"client_acc_{p}")) for p in ("p10", "p50", "p90"))
-    rows += [
-        ("MD_T", fmt(m.get("MD_T"), ".4f"), "memory drift: mean KL on old tasks' probes (nats)"),
-        ("clients p10 / p50 / p90", spread, "local models' accuracy after the final task"),
-        ("bytes up", fmt_bytes(m.get("bytes_up_total")), "all rounds recorded, all clients"),
-        ("bytes down", fmt_bytes(m.get("bytes_down_total")), "all rounds recorded, all clients"),
-        ("wall time", fmt(s.get("wall_time_s"), ".1f", " s"), "from summary.json"),
-    ]
+    extra["drift"].append(
+        ("clients p10 / p50 / p90", spread, "local models' accuracy after the final task")
+    )
+    shown = registry.display_order(registry.metrics_for("class-il" if task_il else None, "report"))
+    rows: list[tuple[str, str, str]] = []
+    for index, spec in enumerate(shown):
+        name = f"{spec.label} {label}".strip() if spec.label_names_scenario else spec.label
+        what = spec.description if spec.origin == "summary" else "from summary.json"
+        rows.append((name, report_value(spec, data), what))
+        if index + 1 == len(shown) or shown[index + 1].family != spec.family:
+            rows += extra.pop(spec.family, [])
+    for rest in extra.values():  # a family with no metric shown: its rows go last
+        rows += rest
     return [{"label": a, "text": b, "what": c} for a, b, c in rows]
 
 
@@ -185,6 +186,7 @@ def run_series(data: RunData) -> StrategySeries:
     import numpy as np
 
     from leaderboard.aggregate import StrategySeries
+    from leaderboard.runs import CURVES, MATRICES
 
     m = data.metrics
 
@@ -202,17 +204,12 @@ def run_series(data: RunData) -> StrategySeries:
         array = np.array([[np.nan if v is None else float(v) for v in row] for row in values])
         return array if np.isfinite(array).any() else None
 
-    return StrategySeries(
-        strategy=str(data.identity.get("strategy") or "?"),
-        n_seeds=1,
-        acc_t=curve("acc_t"),
-        fgt_t=curve("fgt_acc_t"),
-        md_t=curve("md_t"),
-        acc_task_il_t=curve("acc_task_il_t"),
-        fgt_task_il_t=curve("fgt_acc_task_il_t"),
-        acc_matrix=matrix("acc_matrix"),
-        acc_task_il_matrix=matrix("acc_task_il_matrix"),
-    )
+    series = StrategySeries(strategy=str(data.identity.get("strategy") or "?"), n_seeds=1)
+    for name, key in CURVES.items():
+        setattr(series, name, curve(key))
+    for name, key in MATRICES.items():
+        setattr(series, name, matrix(key))
+    return series
 
 
 def _figures(items: Sequence[tuple[str | None, str]]) -> list[dict[str, Any]]:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cfl_bench import metric_registry as registry
 from cfl_bench.errors import UserError
 from cfl_bench.run_dir import os_problem
 from leaderboard.runs import CONFIG, SUMMARY, DamagedRunError, parse_run, read_record
@@ -50,29 +51,16 @@ RECORDS = "records.csv"
 UNFINISHED = "unfinished"
 #: The fix named after every problem with a run's files.
 DAMAGED_FIX = "re-run that run or pass another run directory"
-#: Possible ranges of the recorded metrics; non-finite values are refused for all of them.
-#: Metrics not listed (a newer engine's) are shown nowhere and so not checked.
-VALUE_RANGES: dict[str, tuple[float, float]] = {
-    "acc": (0.0, 100.0),
-    "acc_task_il": (0.0, 100.0),
-    "client_acc": (0.0, 100.0),
-    "kl_drift": (0.0, math.inf),
-    "buffer_drift": (0.0, math.inf),
-    "bytes_up": (0.0, math.inf),
-    "bytes_down": (0.0, math.inf),
-}
+#: Possible ranges of the recorded metrics (from the metric registry); non-finite values are
+#: refused for all of them. Metrics not listed (a newer engine's) are shown nowhere and so
+#: not checked.
+VALUE_RANGES: dict[str, tuple[float, float]] = {r.name: r.range for r in registry.RECORDED}
 #: Slack at the ends of a range, for float rounding in a legitimately measured value.
 SLACK = 1e-9
 #: Metrics that the accuracy matrices and memory drift are built from (task ends only).
-TASK_END_METRICS: tuple[str, ...] = ("acc", "acc_task_il", "kl_drift")
+TASK_END_METRICS: tuple[str, ...] = tuple(r.name for r in registry.RECORDED if r.task_end)
 #: Summary keys compared with the values recomputed from records.csv.
-CROSS_CHECKED: tuple[str, ...] = (
-    "acc_T",
-    "acc_task_il_T",
-    "MD_T",
-    "bytes_up_total",
-    "bytes_down_total",
-)
+CROSS_CHECKED: tuple[str, ...] = tuple(s.key for s in registry.view("cross_check"))
 _CLIENT = re.compile(r"client_(\d+)")
 
 

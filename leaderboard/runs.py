@@ -52,6 +52,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cfl_bench import metric_registry as registry
 from cfl_bench.errors import UserError
 from cfl_bench.run_dir import os_problem
 
@@ -70,63 +71,41 @@ STATUSES: tuple[str, ...] = (*SUMMARY_STATUSES, "incomplete", "duplicate", DAMAG
 #: Statuses counted per leaderboard row (``n_<status>``) and never averaged.
 COUNTED_STATUSES: tuple[str, ...] = ("diverged", "failed", "incomplete", DAMAGED)
 
-#: Leaderboard metric name → ``summary.json`` key. The plain names are the headline
-#: accuracy of the stream's own scenario (class-IL or domain-IL); ``*_task_il`` exist only for
-#: class-IL streams (same run, logits masked to the task's classes).
+#: Leaderboard metric name → ``summary.json`` key, from the registry
+#: (:mod:`cfl_bench.metric_registry`). The plain names are the headline accuracy of the
+#: stream's own scenario (class-IL or domain-IL); ``*_task_il`` exist only for class-IL
+#: streams (same run, logits masked to the task's classes).
 SUMMARY_METRICS: dict[str, str] = {
-    "Acc_T": "Acc_T",
-    "Fgt_T": "Fgt_T",
-    "Fgt_T_clipped": "Fgt_T_clipped",
-    "BWT": "BWT",
-    "FWT": "FWT",
-    "MD_T": "MD_T",
-    "Acc_T_task_il": "acc_task_il_T",
-    "Fgt_T_task_il": "fgt_acc_task_il_T",
-    "Fgt_T_clipped_task_il": "fgt_clipped_acc_task_il_T",
-    "BWT_task_il": "bwt_acc_task_il",
-    "FWT_task_il": "fwt_acc_task_il",
-    "bytes_up": "bytes_up_total",
-    "bytes_down": "bytes_down_total",
-    "wall_time_s": "wall_time_s",
+    s.column: s.key for s in registry.board_columns() if s.column and not s.parts
+}
+#: Leaderboard columns summed from other columns per run (``bytes_total`` = up + down).
+SUMMED_METRICS: dict[str, tuple[str, ...]] = {
+    s.column: tuple(registry.metric(p).column or p for p in s.parts)
+    for s in registry.board_columns()
+    if s.column and s.parts
 }
 
-#: Every per-run metric, in leaderboard column order (``bytes_total`` = up + down).
-METRICS: tuple[str, ...] = (
-    "Acc_T",
-    "Fgt_T",
-    "Fgt_T_clipped",
-    "BWT",
-    "FWT",
-    "Acc_T_task_il",
-    "Fgt_T_task_il",
-    "Fgt_T_clipped_task_il",
-    "BWT_task_il",
-    "FWT_task_il",
-    "MD_T",
-    "bytes_total",
-    "bytes_up",
-    "bytes_down",
-    "wall_time_s",
-)
+#: Every per-run metric, in leaderboard column order.
+METRICS: tuple[str, ...] = tuple(s.column for s in registry.board_columns() if s.column)
 
 #: Per-task curves (lists) and matrices (lists of lists) kept for the plots.
-CURVES: dict[str, str] = {
-    "acc_t": "acc_t",
-    "fgt_t": "fgt_acc_t",
-    "md_t": "md_t",
-    "acc_task_il_t": "acc_task_il_t",
-    "fgt_task_il_t": "fgt_acc_task_il_t",
+CURVES: dict[str, str] = registry.leaderboard_curves()
+MATRICES: dict[str, str] = registry.leaderboard_matrices()
+#: Summary computations that forgetting values are re-derived with → include_current.
+_REDERIVED: dict[str, bool] = {
+    "final_forgetting": False,
+    "final_forgetting_clipped": True,
+    "forgetting_curve": False,
 }
-MATRICES: dict[str, str] = {"acc_matrix": "acc_matrix", "acc_task_il_matrix": "acc_task_il_matrix"}
 #: Forgetting values re-derived from a stored matrix: name → (matrix, include_current).
 #: Names ending in ``_t`` are whole curves, the others their final-task value.
 FORGETTING_FROM_MATRIX: dict[str, tuple[str, bool]] = {
-    "Fgt_T": ("acc_matrix", False),
-    "Fgt_T_clipped": ("acc_matrix", True),
-    "fgt_t": ("acc_matrix", False),
-    "Fgt_T_task_il": ("acc_task_il_matrix", False),
-    "Fgt_T_clipped_task_il": ("acc_task_il_matrix", True),
-    "fgt_task_il_t": ("acc_task_il_matrix", False),
+    s.column: (
+        next(m for m, key in MATRICES.items() if registry.metric(key).source == s.source),
+        _REDERIVED[s.compute],
+    )
+    for s in registry.METRICS
+    if s.column and s.compute in _REDERIVED
 }
 
 #: Columns of the runs frame, in order.
@@ -164,32 +143,15 @@ MAX_RECORD_DEPTH = 32
 MAX_INT = 2**63 - 1
 
 #: Possible ranges of summary values (accuracies are %, differences of two accuracies lie
-#: within ±100). The generic bound ±1e100 is far beyond anything a run records, and keeps
-#: the mean and std (sums of squares) of the finished seeds clear of float overflow.
-PERCENT: tuple[float, float] = (0.0, 100.0)
-DIFFERENCE: tuple[float, float] = (-100.0, 100.0)
+#: within ±100), from the registry. The generic bound ±1e100 is far beyond anything a run
+#: records, and keeps the mean and std (sums of squares) of the finished seeds clear of float
+#: overflow.
+PERCENT: tuple[float, float] = registry.PERCENT
+DIFFERENCE: tuple[float, float] = registry.DIFFERENCE
 ANY_NUMBER: tuple[float, float] = (-1e100, 1e100)
-AMOUNT: tuple[float, float] = (0.0, 1e100)
+AMOUNT: tuple[float, float] = registry.AMOUNT
 RANGES: dict[str, tuple[float, float]] = {
-    "Acc_T": PERCENT,
-    "acc_task_il_T": PERCENT,
-    "Fgt_T": DIFFERENCE,
-    "Fgt_T_clipped": DIFFERENCE,
-    "BWT": DIFFERENCE,
-    "FWT": DIFFERENCE,
-    "fgt_acc_task_il_T": DIFFERENCE,
-    "fgt_clipped_acc_task_il_T": DIFFERENCE,
-    "bwt_acc_task_il": DIFFERENCE,
-    "fwt_acc_task_il": DIFFERENCE,
-    "bytes_up_total": AMOUNT,
-    "bytes_down_total": AMOUNT,
-    "wall_time_s": AMOUNT,
-    "acc_t": PERCENT,
-    "acc_task_il_t": PERCENT,
-    "fgt_acc_t": DIFFERENCE,
-    "fgt_acc_task_il_t": DIFFERENCE,
-    "acc_matrix": PERCENT,
-    "acc_task_il_matrix": PERCENT,
+    s.key: s.range for s in registry.METRICS if s.range is not None and s.origin != "leaderboard"
 }
 #: Slack at the ends of a range, for float rounding in a legitimately computed value.
 RANGE_SLACK = 1e-9
@@ -606,15 +568,25 @@ def parse_run(shown: str, config: dict[str, Any], summary: dict[str, Any] | None
     row["num_tasks"] = tasks
     for name, key in SUMMARY_METRICS.items():
         row[name] = _number(source.get(key), key, SUMMARY)
-    row["bytes_total"] = row["bytes_up"] + row["bytes_down"]
+    for name, parts in SUMMED_METRICS.items():
+        row[name] = _summed(row, parts)
     for name, key in CURVES.items():
         row[name] = _curve(source.get(key), key, SUMMARY, tasks)
     for name, key in MATRICES.items():
         row[name] = _matrix(source.get(key), key, SUMMARY, tasks)
     rederive_forgetting(row)
     if row["scenario"] is None and row["protocol_hash"] is not None:
-        row["scenario"] = "class-il" if not math.isnan(row["Acc_T_task_il"]) else None
+        marker = registry.metric(registry.TASK_IL_MARKER).column
+        row["scenario"] = "class-il" if not math.isnan(row[marker]) else None
     return row
+
+
+def _summed(row: dict[str, Any], parts: Sequence[str]) -> float:
+    """``row[a] + row[b] + ...`` in order (NaN when any part is unknown)."""
+    total = row[parts[0]]
+    for part in parts[1:]:
+        total = total + row[part]
+    return total
 
 
 def rederive_forgetting(row: dict[str, Any]) -> None:

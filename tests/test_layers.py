@@ -41,6 +41,7 @@ CORE = frozenset(
         "cfl_bench.flat",
         "cfl_bench.buffer",
         "cfl_bench.metrics",
+        "cfl_bench.metric_registry",
         "cfl_bench.records",
         "cfl_bench.run_dir",
         "cfl_bench.engine",
