@@ -65,3 +65,12 @@ def test_components_take_their_loss_from_the_objective() -> None:
     fed.strategy.learner.objective = Counting()
     fed.run()
     assert len(calls) > 0  # the learner's base loss and its replay loss went through it
+
+
+def test_every_metric_an_objective_records_is_registered() -> None:
+    """A metric the engine records must be in the registry, or no table would show it."""
+    from cfl_bench.metric_registry import recorded
+
+    for objective in (Classification(), Classification(task_il=True)):
+        for name in objective.metrics:
+            assert recorded(name) is not None, name
