@@ -21,7 +21,7 @@ fixes (docs/architecture.md draws it):
                      FedAvg into θ_g; the aggregator override's aggregate(server) (FedProj);
                      in ``compose.SERVER_HOOK_ORDER``: component.after_aggregate(server),
                      then component.client_request(server) → the executor computes it on
-                     the named clients at θ_g → component.receive_reply(reply, server)
+                     the named clients at θ_g → the request's on_reply(summed answers)
                      (IFA reset before FedGP's reference gradient, which must see θ_g final)
 
 Client-side hooks (``on_client_start``, the step hooks, ``after_local``) see the client's
@@ -71,7 +71,7 @@ if TYPE_CHECKING:
         StepContext,
         Upload,
     )
-    from cfl_bench.engine.payloads import ClientRequest, Reply
+    from cfl_bench.engine.payloads import ClientRequest
     from cfl_bench.flat import FlatModel
 
 
@@ -286,11 +286,9 @@ class Component:
 
     def client_request(self, server: ServerState) -> ClientRequest | None:
         """A computation to run on some clients at the final θ_g of this round (FedGP's
-        reference gradient); the executor runs it and ``receive_reply`` gets the sum."""
+        reference gradient); the executor runs it and the request's ``on_reply`` gets the
+        summed answers."""
         return None
-
-    def receive_reply(self, reply: Reply, server: ServerState) -> None:
-        """The summed answers to this round's ``client_request``."""
 
 
 class Learner(Component):

@@ -121,10 +121,11 @@ class FedGP(Component):
             "fedgp.gref",
             contributors,
             lambda client, model: buffer_gradient(client, model, samples, self.objective),
+            self.receive_reply,
             train_mode=self.values["gref_mode"] == "train",
         )
 
-    def receive_reply(self, reply: Reply, server: ServerState) -> None:
+    def receive_reply(self, reply: Reply) -> None:
         """g_ref = (1/K')·Σ g_ref_k over the clients that answered."""
         import torch
 

@@ -48,14 +48,14 @@ class ClientRequest:
 
     The executor loads θ_g (counting the model download for clients that do not hold this
     version), sets the model's mode (``train_mode``), runs ``compute(client, model)`` on each
-    client in order and sums the results; the component receives the sum and the count
-    through ``Component.receive_reply``. Every result is counted as an upload of
-    ``payload``.
+    client in order and sums the results; ``on_reply`` receives the sum and the count on the
+    server. Every result is counted as an upload of ``payload``.
     """
 
     payload: str
     clients: list[ClientState]
     compute: Callable[[ClientState, FlatModel], torch.Tensor]
+    on_reply: Callable[[Reply], None]
     train_mode: bool
 
 

@@ -138,7 +138,7 @@ class RoundServer:
             component.after_aggregate(server)
             request = component.client_request(server)
             if request is not None:
-                component.receive_reply(self.ask(request, executor), server)
+                request.on_reply(self.ask(request, executor))
 
     def ask(self, request: ClientRequest, executor: Executor) -> Reply:
         """Run ``request`` through the executor, counting θ_g downloads and the answers."""
