@@ -150,7 +150,7 @@ class FedCurv(Component):
         take = torch.randperm(n, generator=rng, device=rng.device)[: batches * self.batch_size]
         model = server.model
         model.module.eval()
-        u = diagonal_fisher(model, client.train_x[take], client.train_y[take], self.batch_size)
+        u = diagonal_fisher(model, client.inputs(take), client.train_y[take], self.batch_size)
         model.module.train()
         self.contribute(client, upload, u, model.params)
 

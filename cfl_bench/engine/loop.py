@@ -43,7 +43,7 @@ from cfl_bench.flat import FlatModel
 from cfl_bench.progress import RoundReport
 from cfl_bench.seeding import generator
 from strategies.compose import Strategy
-from streams.base import Stream, TaskData
+from streams.base import Stream, TaskTrain
 from streams.partition import Partitioner
 
 # (round, trained_task, eval_task, scope, metric, value); value may be a 0-d tensor until flushed.
@@ -140,6 +140,7 @@ class Federation:
                 index=k,
                 generator=generator(seed, "client", k, device=device),
                 buffer=self._make_buffer(k) if strategy.needs_buffer else None,
+                decode=stream.as_model_input,
             )
             for k in range(schedule.num_clients)
         ]
@@ -156,8 +157,9 @@ class Federation:
         self.shards: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.clock = schedule.clock()
         self.started_tasks: set[int] = set()
-        # Materialised tasks some client is still entering (several rounds under a shift).
-        self.live_tasks: dict[int, TaskData] = {}
+        # Materialised train splits some client is still entering (several rounds under a
+        # shift); a task's train data exists only from its first client's entry on.
+        self.live_tasks: dict[int, TaskTrain] = {}
         self.eval_sets: list[EvalSet] = []
         self.reference_log_probs: dict[int, torch.Tensor] = {}
         # Mean accuracy over the seen tasks at the latest evaluation (progress display).
@@ -312,15 +314,16 @@ class Federation:
             ]
             if not clients:
                 continue
-            task = self.stream.task(t)
+            task = self.stream.task_train(t)
             parts = self._split(t).parts
             for client in clients:
                 self._assign_shard(client, t, task.train_x, task.train_y, parts)
 
     # -- data -------------------------------------------------------------------------------------
     def _prepare_eval_sets(self) -> None:
+        """Every task's test split, in the stream's stored form (decoded per chunk)."""
         for i in range(self.schedule.num_tasks):
-            task = self.stream.task(i)
+            task = self.stream.task_test(i)
             self.eval_sets.append(EvalSet(task.test_x, task.test_y, tuple(task.classes)))
 
     def _split(self, t: int) -> TaskSplit:
@@ -346,13 +349,14 @@ class Federation:
             if client.train_y is None or t != client.task:
                 entering.setdefault(t, []).append(client)
         for t, clients in sorted(entering.items()):
-            task = self.live_tasks.get(t) or self.stream.task(t)
+            task = self.live_tasks.get(t) or self.stream.task_train(t)
             self.live_tasks[t] = task
             split = self._split(t)
             if t not in self.started_tasks:
                 self.started_tasks.add(t)
                 held = split.held
-                holdout = None if held is None else task.train_x[held.to(task.train_x.device)]
+                stored = None if held is None else task.train_x[held.to(task.train_x.device)]
+                holdout = None if stored is None else self.stream.as_model_input(stored)
                 for component in self.strategy.all:
                     component.on_task_start(self.server, t, holdout)
             for client in clients:
@@ -465,7 +469,7 @@ class Federation:
             offer = s.buffer_offer == "every_step" or (first_visit and epoch == 0)
             for start in range(0, n, s.batch_size):
                 batch = order[start : start + s.batch_size]
-                raw = client.train_x[batch]
+                raw = client.inputs(batch)
                 step = StepContext(
                     model=model,
                     client=client,
@@ -522,10 +526,11 @@ class Federation:
         """Global model on tasks 0..upto; returns the mean accuracy over seen tasks."""
         self.model.load(self.server.global_params, self.server.global_buffers)
         module = self.model.module
+        decode = self.stream.as_model_input  # test data is stored compact: decode per chunk
         seen: list[torch.Tensor] = []
         for i in range(upto + 1):
             e = self.eval_sets[i]
-            logits = predict_logits(module, e.x)
+            logits = predict_logits(module, e.x, decode=decode)
             acc = accuracy(logits, e.y)
             out.records.append((round_index, trained_task, i, "global", "acc", acc))
             if self.task_il:
@@ -535,7 +540,7 @@ class Federation:
                 seen.append(acc)
         if drift:
             for i in range(trained_task + 1):
-                current = log_probs(predict_logits(module, self._probe(i).x))
+                current = log_probs(predict_logits(module, self._probe(i).x, decode=decode))
                 if i == trained_task:
                     self.reference_log_probs[i] = current
                 else:
@@ -550,7 +555,8 @@ class Federation:
         accs = []
         for i in range(self.server.task + 1):
             probe = self._probe(i)
-            accs.append(accuracy(predict_logits(self.model.module, probe.x), probe.y))
+            logits = predict_logits(self.model.module, probe.x, decode=self.stream.as_model_input)
+            accs.append(accuracy(logits, probe.y))
         scope = f"client_{client.index}"
         value = torch.stack(accs).mean()
         out.records.append(
