@@ -60,7 +60,7 @@ from cfl_bench.engine.loop import Federation, RunOutcome, Schedule
 from cfl_bench.engine.splits import TaskSplit
 from cfl_bench.engine.task_clock import TaskClock
 from strategies.compose import Strategy
-from streams.base import Stream
+from streams.base import Stream, TaskTest, TaskTrain
 from streams.partition import Partitioner
 
 if TYPE_CHECKING:
@@ -310,6 +310,18 @@ def estimate(work: Workload, units: UnitTimes, *, checkpoints: bool) -> Estimate
 
 
 # -- the probe --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StoredTask:
+    """Task 0 as the engine holds it: train and test splits in the stream's stored form.
+
+    Why not ``stream.task(0)``: that materialises the whole task as floats (four times the
+    memory of uint8 pixels), which made the probe the run's memory peak.
+    """
+
+    train: TaskTrain
+    test: TaskTest
+
+
 def measure(
     stream: Stream,
     partitioner: Partitioner,
@@ -331,7 +343,7 @@ def measure(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         t0 = time.perf_counter()
-        task = stream.task(0)
+        task = StoredTask(stream.task_train(0), stream.task_test(0))
         task_seconds = time.perf_counter() - t0
         # One client, one epoch: a local step costs the same in every epoch, and a shard of
         # k batches then times exactly k steps.
@@ -350,7 +362,7 @@ def measure(
         split = splits[0]
         shard = max(split.parts, key=lambda p: int(p.numel()))
         if shard.numel() == 0:
-            shard = torch.arange(int(task.train_y.shape[0]))
+            shard = torch.arange(int(task.train.train_y.shape[0]))
         batch = schedule.batch_size
 
         def rows(batches: int) -> torch.Tensor:
@@ -364,12 +376,12 @@ def measure(
 
 
 def rough_units(
-    fed: Federation, task: object, idx: torch.Tensor, batch: int, task_seconds: float
+    fed: Federation, task: StoredTask, idx: torch.Tensor, batch: int, task_seconds: float
 ) -> UnitTimes:
     """Plain forward + backward and forward-only times of real batches, and a client visit;
     the local step is a plain forward + backward of one batch until it is timed."""
     module, flat = fed.model.module, fed.model
-    x, y = task.train_x[idx], task.train_y[idx]  # type: ignore[attr-defined]
+    x, y = fed.stream.as_model_input(task.train.train_x[idx]), task.train.train_y[idx]
 
     def forward_backward() -> None:
         flat.zero_grad()
@@ -378,18 +390,18 @@ def rough_units(
     module.train()
     reps = 3 if timed(forward_backward) < 0.05 else 1  # the first call sets up kernels
     backward = min(timed(forward_backward) for _ in range(reps)) / batch
-    test_x = task.test_x[:FORWARD_SAMPLES]  # type: ignore[attr-defined]
+    test_x = fed.stream.as_model_input(task.test.test_x[:FORWARD_SAMPLES])
     predict(module, test_x[:2])
     forward = min(timed(lambda: predict(module, test_x)) for _ in range(reps))
     forward /= max(1, int(test_x.shape[0]))
     visit = 2 * min(timed(lambda: visit_work(fed)) for _ in range(reps))
-    test_size = int(task.test_y.shape[0])  # type: ignore[attr-defined]
+    test_size = int(task.test.test_y.shape[0])
     return UnitTimes(backward * batch, forward, backward, task_seconds, visit, 0.0, 0, test_size)
 
 
 def steady_step_units(
     fed: Federation,
-    task: object,
+    task: StoredTask,
     split: TaskSplit,
     rows: Callable[[int], torch.Tensor],
     units: UnitTimes,
@@ -431,21 +443,21 @@ def visit_work(fed: Federation) -> None:
     server.global_params.clone().add_(fed.model.params)
 
 
-def give(fed: Federation, task: object, idx: torch.Tensor) -> None:
+def give(fed: Federation, task: StoredTask, idx: torch.Tensor) -> None:
     """The scratch client's training data: rows ``idx`` of task 0."""
     client = fed.clients[0]
     client.task = 0
-    client.train_x = task.train_x[idx]  # type: ignore[attr-defined]
-    client.train_y = task.train_y[idx]  # type: ignore[attr-defined]
+    client.train_x = task.train.train_x[idx]  # stored form: the client decodes its batches
+    client.train_y = task.train.train_y[idx]
 
 
-def warm_round(fed: Federation, task: object, split: TaskSplit, idx: torch.Tensor) -> None:
+def warm_round(fed: Federation, task: StoredTask, split: TaskSplit, idx: torch.Tensor) -> None:
     """One full round of the scratch federation, so the state every later local step sees
     exists: replay buffers hold examples, FedGP has g_ref, FedCurv its sums, FedProj its
     ensemble (A-GEM's task-end memory is filled too)."""
     server = fed.server
     held = split.held
-    holdout = None if held is None else task.train_x[held]  # type: ignore[attr-defined]
+    holdout = None if held is None else fed.stream.as_model_input(task.train.train_x[held])
     for component in fed.strategy.all:
         component.on_task_start(server, 0, holdout)
     give(fed, task, idx)

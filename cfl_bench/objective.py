@@ -14,12 +14,16 @@ this module without paying for torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+# Stored rows → model inputs (a stream's ``as_model_input``); None means "as stored".
+Decode: TypeAlias = "Callable[[torch.Tensor], torch.Tensor]"
 
 
 class Objective(Protocol):
@@ -34,8 +38,11 @@ class Objective(Protocol):
         """The training loss of a batch (mean over examples), differentiable."""
         ...
 
-    def predict(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """The model's outputs on ``x`` for evaluation (eval mode, inference, batched)."""
+    def predict(
+        self, module: nn.Module, x: torch.Tensor, decode: Decode | None = None
+    ) -> torch.Tensor:
+        """The model's outputs on ``x`` for evaluation (eval mode, inference, batched);
+        ``decode`` turns each chunk of stored rows into model inputs."""
         ...
 
     def score(
@@ -70,10 +77,12 @@ class Classification:
 
         return F.cross_entropy(outputs, targets)
 
-    def predict(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def predict(
+        self, module: nn.Module, x: torch.Tensor, decode: Decode | None = None
+    ) -> torch.Tensor:
         from cfl_bench.engine.evaluation import predict_logits
 
-        return predict_logits(module, x)
+        return predict_logits(module, x, decode=decode)
 
     def score(
         self, outputs: torch.Tensor, targets: torch.Tensor, classes: tuple[int, ...]

@@ -86,7 +86,7 @@ class AGEM(Learner):
             return
         device = client.train_y.device
         idx = torch.randperm(client.num_samples, generator=client.generator, device=device)[:count]
-        x = client.train_x[idx]
+        x = client.inputs(idx)
         with torch.inference_mode():
             logits = model.module(x)
         buffer.append(x, client.train_y[idx], logits, task)

@@ -164,7 +164,7 @@ class FedCurv(Component):
         take = torch.randperm(n, generator=rng, device=rng.device)[: batches * self.batch_size]
         model = local.model
         model.module.eval()
-        x, y = client.train_x[take], client.train_y[take]
+        x, y = client.inputs(take), client.train_y[take]
         u = diagonal_fisher(model, x, y, self.batch_size, self.objective)
         model.module.train()
         v = u * model.params

@@ -2,8 +2,10 @@
 
 Why an abstract class with a tiny surface: the federation loop must not care whether a task
 comes from rotated MNIST, a class split of CIFAR or a CARLA recording. It asks for task ``t``
-as tensors already on the run's device, for cheap training labels (to partition without
-materialising the transform) and for a JSON description that enters the protocol hash.
+as tensors already on the run's device — its train and test splits separately and in the
+stream's stored form (uint8 pixels where that is exact), converted by ``as_model_input`` one
+batch at a time —, for cheap training labels (to partition without materialising the
+transform) and for a JSON description that enters the protocol hash.
 """
 
 from __future__ import annotations
@@ -30,6 +32,31 @@ class TaskData:
     index: int
     train_x: torch.Tensor
     train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    classes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TaskTrain:
+    """One task's training split in the stream's stored form.
+
+    Why separate from the test split: the engine materialises a task's training data only
+    when a client first enters the task, and its test data once for evaluation, so neither
+    keeps the other alive. ``train_x`` is stored, not yet model input: pass rows of it
+    through :meth:`Stream.as_model_input` (uint8 pixels stay uint8 until a batch is taken).
+    """
+
+    index: int
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+
+
+@dataclass(frozen=True)
+class TaskTest:
+    """One task's test split in the stream's stored form (see :class:`TaskTrain`)."""
+
+    index: int
     test_x: torch.Tensor
     test_y: torch.Tensor
     classes: tuple[int, ...]
@@ -82,7 +109,31 @@ class Stream(abc.ABC):
 
     @abc.abstractmethod
     def task(self, t: int) -> TaskData:
-        """Materialise task ``t`` (0-based); a bad index is a :class:`UserError`."""
+        """Materialise task ``t`` (0-based) as model inputs; a bad index is a
+        :class:`UserError`."""
+
+    def task_train(self, t: int) -> TaskTrain:
+        """Task ``t``'s training split in stored form (what the engine keeps per client).
+
+        The default materialises the whole task; streams with a compact stored form
+        override this, :meth:`task_test` and :meth:`as_model_input` together.
+        """
+        task = self.task(t)
+        return TaskTrain(task.index, task.train_x, task.train_y)
+
+    def task_test(self, t: int) -> TaskTest:
+        """Task ``t``'s test split in stored form (what the engine keeps for evaluation)."""
+        task = self.task(t)
+        return TaskTest(task.index, task.test_x, task.test_y, tuple(task.classes))
+
+    def as_model_input(self, stored: torch.Tensor) -> torch.Tensor:
+        """Model inputs of stored rows (a batch, an evaluation chunk): identity unless the
+        stream stores something more compact than the model's floats.
+
+        Must be an exact per-element function of the stored values, so converting a batch
+        gives bit for bit the floats that converting the whole split would.
+        """
+        return stored
 
     @abc.abstractmethod
     def train_labels(self, t: int) -> torch.Tensor:
@@ -117,6 +168,20 @@ class Stream(abc.ABC):
                 f"{self.num_tasks} tasks; use 0..{self.num_tasks - 1}"
             )
         return index
+
+
+def decoded_task(stream: Stream, t: int) -> TaskData:
+    """Task ``t`` as model inputs, built from a compact stream's stored splits (the
+    :meth:`Stream.task` of streams that override ``task_train`` / ``task_test``)."""
+    train, test = stream.task_train(t), stream.task_test(t)
+    return TaskData(
+        index=train.index,
+        train_x=stream.as_model_input(train.train_x),
+        train_y=train.train_y,
+        test_x=stream.as_model_input(test.test_x),
+        test_y=test.test_y,
+        classes=test.classes,
+    )
 
 
 Column = torch.Tensor | list[str]

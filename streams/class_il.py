@@ -5,11 +5,14 @@ all their train and test images. The model has one head over every class: class-
 takes the argmax over all logits, task-IL (computed by the engine from the same forward)
 masks the logits to the task's classes — so both matrices come from one run.
 
-Images stay uint8 on the device; a task is converted once to float32, scaled to [0, 1] and
-normalised per channel with the dataset's mean/std (Mammoth's values). Training batches are
-augmented on the device (random crop with 4-pixel padding + horizontal flip, see
-``streams.augment``); the padding shows the normalised value of black, which makes the
-result identical to torchvision's crop-then-normalise order.
+Images stay uint8 on the device, and so do a task's train and test splits (``task_train`` /
+``task_test``); ``as_model_input`` converts a batch or an evaluation chunk to float32, scaled
+to [0, 1] and normalised per channel with the dataset's mean/std (Mammoth's values) — the
+same per-element arithmetic as converting the whole split, so the floats are bit-identical
+at a quarter of the memory. Training batches are augmented on the device (random crop with
+4-pixel padding + horizontal flip, see ``streams.augment``) after that conversion; the
+padding shows the normalised value of black, which makes the result identical to
+torchvision's crop-then-normalise order.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 
 from cfl_bench.errors import UserError
 from streams.augment import crop_flip, normalize
-from streams.base import Stream, TaskData, images_identity
+from streams.base import Stream, TaskData, TaskTest, TaskTrain, decoded_task, images_identity
 from streams.images import ImageSplits
 
 # Per-channel statistics used by Mammoth's seq-cifar10 / seq-cifar100 transforms.
@@ -76,8 +79,9 @@ def check_tasks_have_data(
 class ClassSplitStream(Stream):
     """Class-IL over any labelled tensors: task t = classes [t·c, (t+1)·c), natural order.
 
-    Subclasses say how stored inputs become model inputs (``_prepare``) and describe
-    themselves; the class selection, labels and validation are shared.
+    Subclasses say what they store for a row (``_stored``), how stored inputs become model
+    inputs (``as_model_input``, identity by default) and describe themselves; the class
+    selection, labels and validation are shared.
     """
 
     scenario = "class-il"
@@ -114,17 +118,17 @@ class ClassSplitStream(Stream):
         return torch.nonzero(mask).flatten()
 
     def task(self, t: int) -> TaskData:
+        return decoded_task(self, t)
+
+    def task_train(self, t: int) -> TaskTrain:
         index = self._task_index(t)
-        train = self._select(self._train_y, index)
-        test = self._select(self._test_y, index)
-        return TaskData(
-            index=index,
-            train_x=self._prepare("train", train),
-            train_y=self._train_y[train],
-            test_x=self._prepare("test", test),
-            test_y=self._test_y[test],
-            classes=self.classes(index),
-        )
+        rows = self._select(self._train_y, index)
+        return TaskTrain(index, self._stored("train", rows), self._train_y[rows])
+
+    def task_test(self, t: int) -> TaskTest:
+        index = self._task_index(t)
+        rows = self._select(self._test_y, index)
+        return TaskTest(index, self._stored("test", rows), self._test_y[rows], self.classes(index))
 
     def train_labels(self, t: int) -> torch.Tensor:
         index = self._task_index(t)
@@ -132,8 +136,8 @@ class ClassSplitStream(Stream):
         return labels[self._select(labels, index)]
 
     @abc.abstractmethod
-    def _prepare(self, split: str, rows: torch.Tensor) -> torch.Tensor:
-        """Model inputs of ``rows`` of ``split`` (train | test)."""
+    def _stored(self, split: str, rows: torch.Tensor) -> torch.Tensor:
+        """Stored inputs of ``rows`` of ``split`` (train | test); see ``as_model_input``."""
 
     def _base_description(self) -> dict[str, object]:
         return {
@@ -196,7 +200,12 @@ class ClassILStream(ClassSplitStream):
             "augmentation": f"random crop (padding {CROP_PADDING}) + horizontal flip",
         }
 
-    def _prepare(self, split: str, rows: torch.Tensor) -> torch.Tensor:
-        pixels = (self._images.train_x if split == "train" else self._images.test_x)[rows]
-        scaled = pixels.to(torch.float32).div_(self._levels)
+    def _stored(self, split: str, rows: torch.Tensor) -> torch.Tensor:
+        return (self._images.train_x if split == "train" else self._images.test_x)[rows]
+
+    def as_model_input(self, stored: torch.Tensor) -> torch.Tensor:
+        """uint8 pixels to float32 scaled to [0, 1] and normalised, element by element."""
+        if stored.dtype != torch.uint8:
+            raise ValueError(f"{self.name} stores uint8 pixels, got {stored.dtype}")
+        scaled = stored.to(torch.float32).div_(self._levels)
         return normalize(scaled, self.mean, self.std)

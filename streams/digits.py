@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits as _sklearn_digits
 
 from streams.images import ImageSplits
 
@@ -21,7 +20,11 @@ TEST_EVERY = 5
 
 def digits_images() -> ImageSplits:
     """The digits as compact uint8 counts (N, 1, 8, 8) in 0..16, split train/test."""
-    bunch = _sklearn_digits()
+    # Imported here, not at module level: scikit-learn (with scipy) costs ~2 s and ~75 MiB of
+    # resident memory, which every MNIST or CIFAR run would pay for nothing.
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    bunch = sklearn_digits()
     counts = torch.from_numpy(np.asarray(bunch.images, dtype=np.uint8)).unsqueeze(1)
     labels = torch.from_numpy(np.asarray(bunch.target, dtype=np.int64))
     is_test = torch.arange(labels.shape[0]) % TEST_EVERY == 0

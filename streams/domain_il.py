@@ -7,8 +7,12 @@ without normalisation. The transform parameters come from ``derive_seed(seed, "s
 name)`` on the CPU, drawn one task at a time, so they are the same on every device and the
 first k tasks of a longer stream equal those of a k-task stream.
 
-Base images stay on the device as uint8; ``task(t)`` transforms and converts them in one
-batched pass and returns float32 tensors.
+Base images stay on the device as uint8, and so do tasks: rotation (nearest neighbour, zero
+fill) and permutation only move pixels, so a transformed task is exactly representable in
+uint8. ``task_train`` / ``task_test`` transform the uint8 base in one batched pass and keep
+the result uint8 (four times smaller than float32); ``as_model_input`` turns a batch into
+float32 in [0, 1] with the same ``ToTensor`` arithmetic (``float32(p) / levels``), so every
+batch holds bit for bit the floats a float32 task would. ``task(t)`` returns them whole.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import torch
 
 from cfl_bench.errors import UserError
 from cfl_bench.seeding import generator
-from streams.base import Stream, TaskData, images_identity
+from streams.base import Stream, TaskData, TaskTest, TaskTrain, decoded_task, images_identity
 from streams.images import ImageSplits
 from streams.transforms import permute_pixels, rotate_batch
 
@@ -77,15 +81,32 @@ class DomainILStream(Stream, abc.ABC):
         """Seed-derived parameters of all tasks, for the protocol description."""
 
     def task(self, t: int) -> TaskData:
+        return decoded_task(self, t)
+
+    def task_train(self, t: int) -> TaskTrain:
+        """Task ``t``'s train images, transformed, still uint8 (see :meth:`as_model_input`)."""
         index = self._task_index(t)
-        return TaskData(
+        return TaskTrain(
             index=index,
-            train_x=self._as_float(self._transform(self._images.train_x, index)),
+            train_x=self._transform(self._images.train_x, index),
             train_y=self._images.train_y.clone(),
-            test_x=self._as_float(self._transform(self._images.test_x, index)),
+        )
+
+    def task_test(self, t: int) -> TaskTest:
+        """Task ``t``'s test images, transformed, still uint8 (see :meth:`as_model_input`)."""
+        index = self._task_index(t)
+        return TaskTest(
+            index=index,
+            test_x=self._transform(self._images.test_x, index),
             test_y=self._images.test_y.clone(),
             classes=tuple(range(self.num_classes)),
         )
+
+    def as_model_input(self, stored: torch.Tensor) -> torch.Tensor:
+        """uint8 pixels to float32 in [0, 1], exactly as ``ToTensor`` scales them."""
+        if stored.dtype != torch.uint8:
+            raise ValueError(f"{self.name} stores uint8 pixels, got {stored.dtype}")
+        return stored.to(torch.float32).div_(self._levels)
 
     def train_labels(self, t: int) -> torch.Tensor:
         """The base train labels (identical for every task), on the CPU where partitioning
@@ -109,10 +130,6 @@ class DomainILStream(Stream, abc.ABC):
             "normalisation": "none",
             **self._task_params(),
         }
-
-    def _as_float(self, pixels: torch.Tensor) -> torch.Tensor:
-        """uint8 pixels to float32 in [0, 1], exactly as ``ToTensor`` scales them."""
-        return pixels.to(torch.float32).div_(self._levels)
 
 
 class RotatedStream(DomainILStream):

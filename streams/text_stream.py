@@ -81,5 +81,5 @@ class EmbeddedTextStream(ClassSplitStream):
             "class_names": self._class_names,
         }
 
-    def _prepare(self, split: str, rows: torch.Tensor) -> torch.Tensor:
+    def _stored(self, split: str, rows: torch.Tensor) -> torch.Tensor:
         return (self._train_x if split == "train" else self._test_x)[rows]

@@ -140,7 +140,8 @@ def test_fedproj_holdout_is_withheld_from_every_client() -> None:
     held_set = {tuple(r.tolist()) for r in task.train_x[held].flatten(1)}
     for c in fed.clients:
         assert c.train_x is not None
-        assert not held_set & {tuple(r.tolist()) for r in c.train_x.flatten(1)}
+        inputs = c.inputs(torch.arange(c.num_samples))  # model inputs, like the holdout's
+        assert not held_set & {tuple(r.tolist()) for r in inputs.flatten(1)}
     enter_task(fed, 1)
     assert public.shape[0] == 50 and fed.strategy.components[0].public_x.shape[0] == 100  # type: ignore[attr-defined]
 

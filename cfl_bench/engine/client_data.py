@@ -17,7 +17,7 @@ from cfl_bench.engine.context import ClientState
 from cfl_bench.engine.splits import TaskSplit, plan_task_split
 from cfl_bench.engine.task_clock import TaskClock
 from strategies.compose import Strategy
-from streams.base import Stream, TaskData
+from streams.base import Stream, TaskTrain
 from streams.partition import Partitioner
 
 # Called once per task, when its first client enters it, with the public holdout inputs.
@@ -47,8 +47,9 @@ class ClientData:
         self.splits: dict[int, TaskSplit] = dict(splits or {})
         self.shards: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self.started_tasks: set[int] = set()
-        # Materialised tasks some client is still entering (several rounds under a shift).
-        self.live_tasks: dict[int, TaskData] = {}
+        # Materialised train splits some client is still entering (several rounds under a
+        # shift); a task's train data exists only from its first client's entry on.
+        self.live_tasks: dict[int, TaskTrain] = {}
 
     def split(self, t: int, num_clients: int) -> TaskSplit:
         """Task ``t``'s split among ``num_clients`` clients (planned once, then reused)."""
@@ -73,13 +74,14 @@ class ClientData:
             if client.train_y is None or t != client.task:
                 entering.setdefault(t, []).append(client)
         for t, group in sorted(entering.items()):
-            task = self.live_tasks.get(t) or self.stream.task(t)
+            task = self.live_tasks.get(t) or self.stream.task_train(t)
             self.live_tasks[t] = task
             split = self.split(t, len(clients))
             if t not in self.started_tasks:
                 self.started_tasks.add(t)
                 held = split.held
-                holdout = None if held is None else task.train_x[held.to(task.train_x.device)]
+                stored = None if held is None else task.train_x[held.to(task.train_x.device)]
+                holdout = None if stored is None else self.stream.as_model_input(stored)
                 on_task_start(t, holdout)
             for client in group:
                 self.assign(client, t, task.train_x, task.train_y, split.parts)
@@ -118,7 +120,7 @@ class ClientData:
             group = [c for c in clients if held[c.index] == t or (history and held[c.index] > t)]
             if not group:
                 continue
-            task = self.stream.task(t)
+            task = self.stream.task_train(t)
             parts = self.split(t, len(clients)).parts
             for client in group:
                 self.assign(client, t, task.train_x, task.train_y, parts)

@@ -69,7 +69,8 @@ Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 class LocalTrainer:
     """The pieces a client update runs with: the working model and its optimiser, the
     strategy's client-side hooks, the step schedule, the stream's train augmentation (None
-    when the stream has none) and its objective (for the client-spread metric)."""
+    when the stream has none), its objective (for the client-spread metric) and its input
+    decoder (stored compact rows → model inputs)."""
 
     model: FlatModel
     optimizer: FlatSGD
@@ -77,6 +78,8 @@ class LocalTrainer:
     steps: StepSchedule
     augment: Augment | None
     objective: Objective
+    # The stream's stored rows → model inputs (probes are stored compact).
+    decode: Callable[[torch.Tensor], torch.Tensor] | None = None
     loss_terms: list[Component] = field(init=False)
     transforms: list[Component] = field(init=False)
 
@@ -121,7 +124,7 @@ class LocalTrainer:
         module, objective = self.model.module, self.objective
         headline = objective.metrics[0]
         scores = [
-            objective.score(objective.predict(module, p.x), p.y, p.classes)[headline]
+            objective.score(objective.predict(module, p.x, self.decode), p.y, p.classes)[headline]
             for p in probes
         ]
         return torch.stack(scores).mean()
@@ -151,7 +154,7 @@ class LocalTrainer:
             offer = s.buffer_offer == "every_step" or (first_visit and epoch == 0)
             for start in range(0, n, s.batch_size):
                 batch = order[start : start + s.batch_size]
-                raw = client.train_x[batch]
+                raw = client.inputs(batch)
                 step = StepContext(
                     model=self.model,
                     client=client,

@@ -22,6 +22,11 @@ from cfl_bench.buffer import ReservoirBuffer
 from cfl_bench.flat import FlatModel
 
 
+def stored_as_is(stored: torch.Tensor) -> torch.Tensor:
+    """The identity decoder: data that is stored as model inputs already."""
+    return stored
+
+
 @dataclass
 class ClientState:
     """Everything one client keeps between rounds and tasks."""
@@ -29,7 +34,8 @@ class ClientState:
     index: int
     generator: torch.Generator
     buffer: ReservoirBuffer | None
-    # Training data of the current task (may include older tasks for the joint learner).
+    # Training data of the current task (may include older tasks for the joint learner), in
+    # the stream's stored form: read model inputs through ``inputs``.
     train_x: torch.Tensor | None = None
     train_y: torch.Tensor | None = None
     # The task this client is training (its own under an async shift; see TaskClock).
@@ -39,10 +45,23 @@ class ClientState:
     # The global-model version this client holds (so re-sending it is not counted twice).
     model_version: int = -1
     extras: dict[str, dict[str, object]] = field(default_factory=dict)
+    # Stored inputs -> model inputs (the stream's ``as_model_input``; identity by default).
+    decode: Callable[[torch.Tensor], torch.Tensor] = field(default=stored_as_is, repr=False)
 
     @property
     def num_samples(self) -> int:
         return 0 if self.train_y is None else int(self.train_y.shape[0])
+
+    def inputs(self, rows: torch.Tensor) -> torch.Tensor:
+        """Model inputs of ``rows`` of the training data.
+
+        Why a method: the data stays compact (uint8 pixels) and only the rows a step, a
+        Fisher estimate or a memory fill takes are converted, with the stream's exact
+        arithmetic, so the floats are those of a float32 copy of the whole shard.
+        """
+        if self.train_x is None:
+            raise ValueError(f"client {self.index} holds no training data")
+        return self.decode(self.train_x[rows])
 
     def state_for(self, component: str) -> dict[str, object]:
         return self.extras.setdefault(component, {})

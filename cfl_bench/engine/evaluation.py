@@ -6,6 +6,7 @@ flushed, so evaluation never forces a host sync per batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,13 +30,21 @@ def eval_batch_size(device: torch.device) -> int:
 
 
 @torch.inference_mode()
-def predict_logits(module: nn.Module, x: torch.Tensor, batch: int | None = None) -> torch.Tensor:
+def predict_logits(
+    module: nn.Module,
+    x: torch.Tensor,
+    batch: int | None = None,
+    decode: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Logits of ``x`` in chunks of ``batch``; ``decode`` turns each stored chunk into model
+    inputs (a stream's ``as_model_input``), so compact test data is never converted whole."""
     if batch is None:
         batch = eval_batch_size(x.device)
     was_training = module.training
     module.eval()
     try:
-        return torch.cat([module(x[i : i + batch]) for i in range(0, x.shape[0], batch)])
+        chunks = (x[i : i + batch] for i in range(0, x.shape[0], batch))
+        return torch.cat([module(c if decode is None else decode(c)) for c in chunks])
     finally:
         module.train(was_training)
 

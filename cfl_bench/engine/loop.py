@@ -130,6 +130,7 @@ class Federation:
                 index=k,
                 generator=generator(s.seed, "client", k, device=device),
                 buffer=self._make_buffer(k) if strategy.needs_buffer else None,
+                decode=stream.as_model_input,
             )
             for k in range(s.num_clients)
         ]
@@ -146,10 +147,20 @@ class Federation:
         self.round_server = RoundServer(
             self.server, strategy, s.clients_per_round, s.weighting, s.seed
         )
-        self.measure = Measurement(self.model, s.probe_size, stream.objective)
+        self.measure = Measurement(
+            self.model, s.probe_size, stream.objective, stream.as_model_input
+        )
         optimizer = FlatSGD(self.model.params, self.model.grads, s.lr, s.momentum, s.weight_decay)
         augment = stream.augment if stream.augments else None
-        trainer = LocalTrainer(self.model, optimizer, strategy, s.steps, augment, stream.objective)
+        trainer = LocalTrainer(
+            self.model,
+            optimizer,
+            strategy,
+            s.steps,
+            augment,
+            stream.objective,
+            stream.as_model_input,
+        )
         self.executor: Executor = SequentialExecutor(trainer)
 
     def _make_buffer(self, k: int) -> ReservoirBuffer:
@@ -232,8 +243,9 @@ class Federation:
         return out
 
     def _prepare_eval_sets(self) -> None:
+        """Every task's test split, in the stream's stored form (decoded per chunk)."""
         for i in range(self.schedule.num_tasks):
-            task = self.stream.task(i)
+            task = self.stream.task_test(i)
             self.measure.add_eval_set(EvalSet(task.test_x, task.test_y, tuple(task.classes)))
 
     def enter_round(self, g: int) -> None:

@@ -9,6 +9,7 @@ until the records are flushed: no host sync per evaluation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,10 +26,18 @@ Record = tuple[int, int, int, str, str, object]
 class Measurement:
     """The run's evaluation sets, memory-drift references and the latest mean accuracy."""
 
-    def __init__(self, model: FlatModel, probe_size: int, objective: Objective) -> None:
+    def __init__(
+        self,
+        model: FlatModel,
+        probe_size: int,
+        objective: Objective,
+        decode: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         self.model = model
         self.probe_size = probe_size
         self.objective = objective
+        # Test data is kept in the stream's stored form (uint8 pixels): decoded per chunk.
+        self.decode = decode
         self.eval_sets: list[EvalSet] = []
         self.reference_log_probs: dict[int, torch.Tensor] = {}
         # Mean accuracy over the seen tasks at the latest evaluation (progress display).
@@ -63,7 +72,7 @@ class Measurement:
         seen: list[torch.Tensor] = []
         for i in range(upto + 1):
             e = self.eval_sets[i]
-            scores = objective.score(objective.predict(module, e.x), e.y, e.classes)
+            scores = objective.score(objective.predict(module, e.x, self.decode), e.y, e.classes)
             for metric, value in scores.items():
                 records.append((round_index, trained_task, i, "global", metric, value))
             if i <= trained_task:
@@ -77,7 +86,7 @@ class Measurement:
         """KL of each older task's probe predictions from those right after its training."""
         module, objective = self.model.module, self.objective
         for i in range(trained_task + 1):
-            current = objective.log_probs(objective.predict(module, self.probe(i).x))
+            current = objective.log_probs(objective.predict(module, self.probe(i).x, self.decode))
             if i == trained_task:
                 self.reference_log_probs[i] = current
             else:
