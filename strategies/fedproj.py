@@ -257,6 +257,8 @@ class FedProj(Component):
         self._logit_count = 0
         self._distill_gen = generator(env.seed, STATE_KEY, "distill", device=env.device)
         self._scratch: torch.Tensor | None = None
+        # Client side: log σ(Z_ens/T) of the ensemble the training client received.
+        self._received: torch.Tensor | None = None
 
     def holdout_per_task(self, train_size: int) -> int:
         """Holdout mode: ``public_size`` per task, or by default 10% of the task's training
@@ -293,11 +295,18 @@ class FedProj(Component):
     def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
         return {} if self.z_ens is None else {"fedproj.z_ens": self.z_ens}
 
+    def on_client_start(self, client: ClientState, local: LocalRound) -> None:
+        """The client's memory target: log σ(Z_ens/T) of the ensemble in the broadcast (the
+        same tensor the server distilled with; recomputing it keeps the client side free of
+        server state)."""
+        z_ens = local.broadcast.payloads.get("fedproj.z_ens")
+        self._received = None if z_ens is None else teacher_log_probs(z_ens, self.temperature)
+
     # -- local step ---------------------------------------------------------------------------
     def transform_grad(self, step: StepContext) -> None:
         import torch
 
-        if self.teacher is None or self.public_x is None:
+        if self._received is None or self.public_x is None:
             return
         grads = step.model.grads
         if self._scratch is None or self._scratch.shape != grads.shape:
@@ -306,7 +315,7 @@ class FedProj(Component):
         idx = self._memory_batch(step.client, step.buffer_batch_size)
         step.model.zero_grad()
         logits = step.model.module(self.public_x[idx])
-        kl_to_teacher(logits, self.teacher[idx], self.temperature).backward()
+        kl_to_teacher(logits, self._received[idx], self.temperature).backward()
         # grads now holds g_glob; overwrite it with g − coef·g_glob without a new vector.
         coef = conflict_coefficient(g, grads, min_norm_sq=self.eps)
         grads.mul_(-coef).add_(g)
@@ -318,13 +327,13 @@ class FedProj(Component):
 
         from cfl_bench.seeding import generator
 
-        assert self.teacher is not None
+        assert self._received is not None
         state = client.state_for(STATE_KEY)
         gen = state.get("generator")
         if not isinstance(gen, torch.Generator):
             gen = generator(self.seed, STATE_KEY, client.index, device=self.device)
             state["generator"] = gen
-        n = self.teacher.shape[0]
+        n = self._received.shape[0]
         return torch.randperm(n, generator=gen, device=self.device)[: min(size, n)]
 
     # -- client → server ----------------------------------------------------------------------

@@ -23,6 +23,12 @@ from tests.synthetic_data import write_tiny_mnist
 T = 3.0
 
 
+def start(fp: FedProj, cl: ClientState, model: FlatModel) -> None:
+    """The client receives the round's broadcast (Z_ens, once there is one)."""
+    srv = server(model, [cl])
+    fp.on_client_start(cl, local_round(model, srv, fp.broadcast(srv)))
+
+
 def send(fp: FedProj, cl: ClientState, upload: Upload, srv: ServerState) -> None:
     """The client labels the public set with its model (``srv.model``); the server
     collects the upload — the two halves of an upload in a round."""
@@ -82,6 +88,7 @@ def test_projection_removes_conflict_with_memory_gradient() -> None:
     g = ce_grad(model, x, y)
     dot = torch.dot(g, g_glob)
     assert dot < 0, "the test data gradient must conflict with g_glob"
+    start(fp, cl, model)
     fp.transform_grad(st)
     expected = g - dot / torch.dot(g_glob, g_glob) * g_glob
     assert torch.allclose(model.grads, expected, atol=1e-6)
@@ -97,6 +104,7 @@ def test_projection_leaves_gradient_alone_without_conflict() -> None:
     st = step(model, cl, server(model, [cl]), x, y, buffer_batch_size=32)
     g = ce_grad(model, x, y)
     assert torch.dot(g, memory_grad_by_hand(model.params.view(2, 3), x, z, T)) > 0
+    start(fp, cl, model)
     fp.transform_grad(st)
     assert torch.equal(model.grads, g)
 
@@ -107,6 +115,7 @@ def test_no_projection_when_memory_gradient_is_below_eps() -> None:
     cl = client(0, None)
     st = step(model, cl, server(model, [cl]), x, y, buffer_batch_size=32)
     g = ce_grad(model, x, y)
+    start(fp, cl, model)
     fp.transform_grad(st)
     assert torch.equal(model.grads, g)
 
@@ -118,6 +127,7 @@ def test_no_projection_before_the_first_ensemble() -> None:
     cl = client(0, None)
     st = step(model, cl, server(model, [cl]), x, y)
     g = ce_grad(model, x, y)
+    start(fp, cl, model)
     fp.transform_grad(st)
     assert torch.equal(model.grads, g)
     assert fp.broadcast(server(model, [cl])) == {}
@@ -325,6 +335,7 @@ def test_holdout_memory_grows_per_task_and_z_ens_covers_only_its_prefix() -> Non
     assert fp.public_x is not None and torch.equal(fp.public_x, torch.cat([first, second]))
     # the memory batch draws only among the examples Z_ens covers (the first 4)
     st = step(model, cl, srv, first, torch.zeros(4, dtype=torch.long), buffer_batch_size=32)
+    start(fp, cl, model)
     fp.transform_grad(st)
     assert fp._memory_batch(cl, 32).sort().values.tolist() == [0, 1, 2, 3]
     upload = Upload(0, model.params, model.buffers, 1)

@@ -32,6 +32,7 @@ from cfl_bench.engine.client_update import ClientResult, LocalTrainer, StepSched
 from cfl_bench.engine.context import ClientState, ServerState
 from cfl_bench.engine.evaluation import EvalSet
 from cfl_bench.engine.executor import Executor, SequentialExecutor
+from cfl_bench.engine.federation_state import federation_state, load_federation_state
 from cfl_bench.engine.measurement import Measurement, Record
 from cfl_bench.engine.optim import FlatSGD
 from cfl_bench.engine.round_server import RoundServer
@@ -125,15 +126,7 @@ class Federation:
         self.device = device
         self.model = FlatModel(model.to(device))
         s = schedule
-        self.clients = [
-            ClientState(
-                index=k,
-                generator=generator(s.seed, "client", k, device=device),
-                buffer=self._make_buffer(k) if strategy.needs_buffer else None,
-                decode=stream.as_model_input,
-            )
-            for k in range(s.num_clients)
-        ]
+        self.clients = new_clients(stream, s, strategy.needs_buffer, device)
         self.server = ServerState(
             model=self.model,
             global_params=self.model.params.detach().clone(),
@@ -163,16 +156,6 @@ class Federation:
         )
         self.executor: Executor = SequentialExecutor(trainer)
 
-    def _make_buffer(self, k: int) -> ReservoirBuffer:
-        s = self.schedule
-        return ReservoirBuffer(
-            s.buffer_size,
-            self.stream.input_shape,
-            self.stream.num_classes,
-            device=self.device,
-            generator=generator(s.seed, "buffer", k, device=self.device),
-        )
-
     @property
     def global_state(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.server.global_params, self.server.global_buffers
@@ -198,45 +181,54 @@ class Federation:
         else:
             self.data.restore(server.round_index, self.clients)
         for g in range(server.round_index, clock.total_rounds):
-            started = time.perf_counter()
-            t = clock.global_task(g)
-            server.task, server.round_in_task = t, g - clock.task_start(t)
-            server.rounds_per_task = clock.task_rounds(t)
-            self.enter_round(g)
-            server.round_index += 1
-            loss_sum, steps, train_seconds = self._round(out)
-            mean_loss = (loss_sum / max(steps, 1)).item()
-            ri = server.round_index
-            up, down = self.round_server.comm.end_round()
-            out.records += [
-                (ri, t, -1, "global", "bytes_up", up),
-                (ri, t, -1, "global", "bytes_down", down),
-                (ri, t, -1, "global", "train_loss", mean_loss),
-            ]
-            if not math.isfinite(mean_loss):
-                out.status = "diverged"
-                out.message = f"training loss became {mean_loss} in round {ri} (task {t + 1})"
-                out.costs.append(
-                    (ri, t, -1, "global", "round_time_s", time.perf_counter() - started)
-                )
+            if not self._play_round(g, out):
                 return self._finish(out)
-            self.measure.buffer_drift(out.records, self.clients, self.global_state, ri, t)
-            if server.is_task_end or s.eval_every_round:
-                upto = min(t + 1, s.num_tasks - 1)
-                drift = server.is_task_end
-                self.measure.evaluate(out.records, self.global_state, ri, t, upto, drift)
-            self.end_tasks(g)
-            out.costs += [
-                (ri, t, -1, "global", "round_time_s", time.perf_counter() - started),
-                (ri, t, -1, "global", "train_time_s", train_seconds),
-            ]
             if on_round_end is not None:
                 on_round_end(out)
             if on_round is not None:
                 acc = self.measure.latest_acc
-                on_round(RoundReport(ri, clock.total_rounds, t, s.num_tasks, acc))
+                on_round(
+                    RoundReport(
+                        server.round_index, clock.total_rounds, server.task, s.num_tasks, acc
+                    )
+                )
         out.status = "finished"
         return self._finish(out)
+
+    def _play_round(self, g: int, out: RunOutcome) -> bool:
+        """Round ``g`` (0-based) in the order of DESIGN.md §3, its records and costs added to
+        ``out``; False when the training loss diverged (``out`` then says so)."""
+        s, clock, server = self.schedule, self.clock, self.server
+        started = time.perf_counter()
+        t = clock.global_task(g)
+        server.task, server.round_in_task = t, g - clock.task_start(t)
+        server.rounds_per_task = clock.task_rounds(t)
+        self.enter_round(g)
+        server.round_index += 1
+        loss_sum, steps, train_seconds = self._round(out)
+        mean_loss = (loss_sum / max(steps, 1)).item()
+        ri = server.round_index
+        up, down = self.round_server.comm.end_round()
+        out.records += [
+            (ri, t, -1, "global", "bytes_up", up),
+            (ri, t, -1, "global", "bytes_down", down),
+            (ri, t, -1, "global", "train_loss", mean_loss),
+        ]
+        if not math.isfinite(mean_loss):
+            out.status = "diverged"
+            out.message = f"training loss became {mean_loss} in round {ri} (task {t + 1})"
+            out.costs.append((ri, t, -1, "global", "round_time_s", time.perf_counter() - started))
+            return False
+        self.measure.buffer_drift(out.records, self.clients, self.global_state, ri, t)
+        if server.is_task_end or s.eval_every_round:
+            upto = min(t + 1, s.num_tasks - 1)
+            self.measure.evaluate(out.records, self.global_state, ri, t, upto, server.is_task_end)
+        self.end_tasks(g)
+        out.costs += [
+            (ri, t, -1, "global", "round_time_s", time.perf_counter() - started),
+            (ri, t, -1, "global", "train_time_s", train_seconds),
+        ]
+        return True
 
     def _finish(self, out: RunOutcome) -> RunOutcome:
         out.comm_by_payload = dict(self.round_server.comm.by_payload)
@@ -289,40 +281,37 @@ class Federation:
 
     # -- state (checkpoints) ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything the next round needs, at a round end, as each unit's own state: the
-        server (θ_g, versions, traffic, participation generator, component state), every
-        client, the measurement references and the torch generators. Client data is not
-        saved: it is a deterministic gather of the stream's task data (``ClientData``)."""
-        return {
-            "server": self.round_server.state_dict(),
-            "clients": [c.state_dict() for c in self.clients],
-            "started_tasks": self.data.started_tasks,
-            "measurement": self.measure.state_dict(),
-            # Integer module buffers (BatchNorm's num_batches_tracked) live outside the flat
-            # vectors and persist across rounds.
-            "module_int_buffers": {
-                name: b
-                for name, b in self.model.module.named_buffers()
-                if not b.is_floating_point()
-            },
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state(self.device)
-            if self.device.type == "cuda"
-            else None,
-        }
+        """Everything the next round needs, at a round end (``engine.federation_state``)."""
+        return federation_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Put the federation back where :meth:`state_dict` found it; :meth:`run` then goes
         on with the next round."""
-        self.round_server.load_state_dict(state["server"])
-        for client, saved in zip(self.clients, state["clients"], strict=True):
-            client.load_state_dict(saved)
-        self.data.started_tasks = set(state["started_tasks"])
-        self.measure.load_state_dict(state["measurement"])
-        buffers = dict(self.model.module.named_buffers())
-        with torch.no_grad():
-            for name, value in state["module_int_buffers"].items():
-                buffers[name].copy_(value)
-        torch.set_rng_state(state["torch_rng"].cpu())
-        if state["cuda_rng"] is not None and self.device.type == "cuda":
-            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), self.device)
+        load_federation_state(self, state)
+
+
+def new_clients(
+    stream: Stream, schedule: Schedule, needs_buffer: bool, device: torch.device
+) -> list[ClientState]:
+    """The run's clients in their initial state: seeded generators, empty buffers (when
+    the strategy uses one) and the stream's input decoder."""
+    s = schedule
+
+    def buffer(k: int) -> ReservoirBuffer:
+        return ReservoirBuffer(
+            s.buffer_size,
+            stream.input_shape,
+            stream.num_classes,
+            device=device,
+            generator=generator(s.seed, "buffer", k, device=device),
+        )
+
+    return [
+        ClientState(
+            index=k,
+            generator=generator(s.seed, "client", k, device=device),
+            buffer=buffer(k) if needs_buffer else None,
+            decode=stream.as_model_input,
+        )
+        for k in range(s.num_clients)
+    ]
