@@ -131,6 +131,23 @@ def _read_text(path: Path) -> str:
         ) from None
 
 
+def _header_problem(header: list[str]) -> str:
+    """What is wrong with a targets file's header (the first problem), or ""."""
+    allowed = (*SELECTORS, *REQUIRED, *OPTIONAL)
+    unknown = [h for h in header if h not in allowed]
+    missing = [h for h in REQUIRED if h not in header]
+    twice = sorted({h for h in header if header.count(h) > 1})
+    if unknown:
+        return f"{unknown[0]!r} is not a known column"
+    if missing:
+        return f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing"
+    if twice:
+        return f"{twice[0]!r} appears twice"
+    if not any(h in SELECTORS for h in header):
+        return "no column selects leaderboard rows"
+    return ""
+
+
 def read_targets(path: str | Path) -> list[Target]:
     """Parse and validate a targets file; any problem is a UserError (exit code 2)."""
     if str(path) == "":  # Path("") would be the current folder
@@ -155,20 +172,7 @@ def read_targets(path: str | Path) -> list[Target]:
     except csv.Error as exc:
         raise UserError(f"targets file {path} is not valid CSV ({exc}); fix its quoting.") from None
     header = [h.strip() for h in rows[0]]
-    allowed = (*SELECTORS, *REQUIRED, *OPTIONAL)
-    unknown = [h for h in header if h not in allowed]
-    missing = [h for h in REQUIRED if h not in header]
-    twice = sorted({h for h in header if header.count(h) > 1})
-    if unknown:
-        problem = f"{unknown[0]!r} is not a known column"
-    elif missing:
-        problem = f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing"
-    elif twice:
-        problem = f"{twice[0]!r} appears twice"
-    elif not any(h in SELECTORS for h in header):
-        problem = "no column selects leaderboard rows"
-    else:
-        problem = ""
+    problem = _header_problem(header)
     if problem:
         raise UserError(
             f"targets file {path} has columns {', '.join(header) or 'none'}, so {problem}; it "

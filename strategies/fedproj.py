@@ -117,6 +117,23 @@ def load_fashion_public(
     return images.unsqueeze(1).to(device=device, dtype=torch.float32).div_(FASHION_LEVELS)
 
 
+def memory_batch(
+    client: ClientState, n: int, size: int, seed: int, device: torch.device
+) -> torch.Tensor:
+    """``size`` distinct indices among the ``n`` public examples Z_ens covers, drawn from the
+    client's own generator so the draws do not depend on other clients or components."""
+    import torch
+
+    from cfl_bench.seeding import generator
+
+    state = client.state_for(STATE_KEY)
+    gen = state.get("generator")
+    if not isinstance(gen, torch.Generator):
+        gen = generator(seed, STATE_KEY, client.index, device=device)
+        state["generator"] = gen
+    return torch.randperm(n, generator=gen, device=device)[: min(size, n)]
+
+
 def teacher_log_probs(z_ens: torch.Tensor, temperature: float) -> torch.Tensor:
     """log σ(Z_ens/T), computed once per round instead of at every local step."""
     from torch.nn import functional as F
@@ -312,29 +329,14 @@ class FedProj(Component):
         if self._scratch is None or self._scratch.shape != grads.shape:
             self._scratch = torch.empty_like(grads)
         g = self._scratch.copy_(grads)
-        idx = self._memory_batch(step.client, step.buffer_batch_size)
+        n = self._received.shape[0]
+        idx = memory_batch(step.client, n, step.buffer_batch_size, self.seed, self.device)
         step.model.zero_grad()
         logits = step.model.module(self.public_x[idx])
         kl_to_teacher(logits, self._received[idx], self.temperature).backward()
         # grads now holds g_glob; overwrite it with g − coef·g_glob without a new vector.
         coef = conflict_coefficient(g, grads, min_norm_sq=self.eps)
         grads.mul_(-coef).add_(g)
-
-    def _memory_batch(self, client: ClientState, size: int) -> torch.Tensor:
-        """``size`` distinct indices among the public examples Z_ens covers, drawn from the
-        client's own generator so the draws do not depend on other clients or components."""
-        import torch
-
-        from cfl_bench.seeding import generator
-
-        assert self._received is not None
-        state = client.state_for(STATE_KEY)
-        gen = state.get("generator")
-        if not isinstance(gen, torch.Generator):
-            gen = generator(self.seed, STATE_KEY, client.index, device=self.device)
-            state["generator"] = gen
-        n = self._received.shape[0]
-        return torch.randperm(n, generator=gen, device=self.device)[: min(size, n)]
 
     # -- client → server ----------------------------------------------------------------------
     def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:

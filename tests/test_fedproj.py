@@ -16,7 +16,7 @@ from cfl_bench.errors import UserError
 from cfl_bench.flat import FlatModel
 from strategies.compose import Strategy
 from strategies.fedavg import FedAvg
-from strategies.fedproj import FedProj, distill, teacher_log_probs
+from strategies.fedproj import FedProj, distill, memory_batch, teacher_log_probs
 from tests.helpers import client, digits_federation, env, linear_model, local_round, server, step
 from tests.synthetic_data import write_tiny_mnist
 
@@ -337,7 +337,9 @@ def test_holdout_memory_grows_per_task_and_z_ens_covers_only_its_prefix() -> Non
     st = step(model, cl, srv, first, torch.zeros(4, dtype=torch.long), buffer_batch_size=32)
     start(fp, cl, model)
     fp.transform_grad(st)
-    assert fp._memory_batch(cl, 32).sort().values.tolist() == [0, 1, 2, 3]
+    assert fp._received is not None and fp._received.shape[0] == 4
+    drawn = memory_batch(cl, fp._received.shape[0], 32, fp.seed, fp.device)
+    assert drawn.sort().values.tolist() == [0, 1, 2, 3]
     upload = Upload(0, model.params, model.buffers, 1)
     send(fp, cl, upload, srv)
     assert upload.extras["fedproj.logits"].shape == (8, 2)  # the whole current public set
