@@ -7,7 +7,8 @@ on a shared machine two separate runs differ by more than that. This script extr
 ``--before`` revision with ``git archive`` into a temporary directory, and then, pass after
 pass, runs the same protocol with the old and with the current tree. Before each run it
 swaps the project's packages in ``sys.modules``. torch stays loaded, so only our code
-differs. Each number is the best of ``--repeats`` interleaved passes.
+differs. Each number is the best of ``--repeats`` interleaved passes, the order of the
+two trees alternating from pass to pass.
 
 Protocol: the ``bench/throughput.py`` one. That is rot-mnist, the first ``--train-size``
 training images, 10 clients with 2 label shards each, batch 32, lr 0.01, 1 local epoch,
@@ -93,7 +94,10 @@ def main() -> None:
         run_once(paths, ROOT, "fedavg", args, Path(tmp) / "warm")  # oneDNN set-up, imports
         for rep in range(args.repeats):
             for strategy in STRATEGIES:
-                for label, tree in trees.items():
+                # Alternate which tree goes first: a process that has run longer (allocator
+                # state, caches) must not always favour the same side.
+                order = list(trees.items())
+                for label, tree in order if rep % 2 == 0 else order[::-1]:
                     out = Path(tmp) / f"{label}-{strategy}-{rep}"
                     wall, train = run_once(paths, tree, strategy, args, out)
                     slot = best.setdefault((label, strategy), [float("inf"), float("inf")])
