@@ -89,16 +89,7 @@ def server(model: FlatModel, clients: list[ClientState]) -> ServerState:
 
 def broadcast(srv: ServerState, payloads: dict[str, torch.Tensor] | None = None) -> Broadcast:
     """What ``srv`` would send its participants now (θ_g, ``payloads``, the round facts)."""
-    return Broadcast(
-        params=srv.global_params,
-        buffers=srv.global_buffers,
-        version=srv.version,
-        payloads=dict(payloads or {}),
-        round_index=srv.round_index,
-        task=srv.task,
-        is_task_end=srv.is_task_end,
-        device=srv.device,
-    )
+    return Broadcast.of(srv, payloads or {})
 
 
 def local_round(

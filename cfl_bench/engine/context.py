@@ -131,6 +131,20 @@ class Broadcast:
     is_task_end: bool
     device: torch.device
 
+    @classmethod
+    def of(cls, server: ServerState, payloads: dict[str, torch.Tensor]) -> Broadcast:
+        """What ``server`` sends its participants now: θ_g, ``payloads``, the round facts."""
+        return cls(
+            params=server.global_params,
+            buffers=server.global_buffers,
+            version=server.version,
+            payloads=dict(payloads),
+            round_index=server.round_index,
+            task=server.task,
+            is_task_end=server.is_task_end,
+            device=server.device,
+        )
+
 
 @dataclass(frozen=True)
 class LocalRound:

@@ -63,16 +63,7 @@ class RoundServer:
         for component in self.strategy.all:
             server.payloads.update(component.broadcast(server))
         self._check(list(server.payloads), "broadcast")
-        return Broadcast(
-            params=server.global_params,
-            buffers=server.global_buffers,
-            version=server.version,
-            payloads=dict(server.payloads),
-            round_index=server.round_index,
-            task=server.task,
-            is_task_end=server.is_task_end,
-            device=server.device,
-        )
+        return Broadcast.of(server, server.payloads)
 
     def _sample(self) -> list[ClientState]:
         clients = self.state.clients
