@@ -84,7 +84,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="best of N for each number")
+    parser.add_argument(
+        "--strategies", default=",".join(STRATEGIES), help="comma-separated, e.g. der+fedgp"
+    )
     args = parser.parse_args()
+    strategies = [name.strip() for name in args.strategies.split(",") if name.strip()]
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "before").mkdir()
         before = extract(args.before, Path(tmp) / "before")
@@ -93,7 +97,7 @@ def main() -> None:
         best: dict[tuple[str, str], list[float]] = {}
         run_once(paths, ROOT, "fedavg", args, Path(tmp) / "warm")  # oneDNN set-up, imports
         for rep in range(args.repeats):
-            for strategy in STRATEGIES:
+            for strategy in strategies:
                 # Alternate which tree goes first: a process that has run longer (allocator
                 # state, caches) must not always favour the same side.
                 order = list(trees.items())
@@ -105,7 +109,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.threads} thread(s); best of {args.repeats}")
     print(f"{'strategy':<11}{'wall before':>12}{'wall after':>11}{'after/before':>13}"
           f"{'train before':>13}{'train after':>12}{'after/before':>13}")  # fmt: skip
-    for strategy in STRATEGIES:
+    for strategy in strategies:
         wb, tb = best[("before", strategy)]
         wa, ta = best[("after", strategy)]
         # Ratios of throughput (samples/s): before-time / after-time; > 1 means faster now.
