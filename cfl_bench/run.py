@@ -170,6 +170,23 @@ def make_schedule(config: RunConfig, strategy: Strategy, num_tasks: int) -> Sche
     )
 
 
+def run_identity(
+    config: RunConfig, stream: Stream, strategy: Strategy, partitioner: Partitioner
+) -> tuple[dict[str, object], str, str]:
+    """The protocol (what makes runs comparable), its hash, and the hash of protocol +
+    strategy + seed (what makes a run the same run)."""
+    protocol = {
+        **config.protocol(),
+        "partition": partitioner.describe(),
+        **stream.protocol_fields(),
+        **strategy.protocol_changes(),
+    }
+    config_hash = canonical_hash(
+        {"protocol": protocol, "strategy": strategy.describe(), "seed": config.seed}
+    )
+    return protocol, canonical_hash(protocol), config_hash
+
+
 def plan_run(config: RunConfig) -> RunPlan:
     """Everything that can be refused from names, numbers and data, with nothing written.
 
@@ -196,16 +213,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     # Dropout draws from torch's default generator; seed it explicitly for this run.
     torch.manual_seed(derive_seed(config.seed, "dropout"))
     splits = plan_splits(stream, strategy, partitioner, config.clients, num_tasks, config.seed)
-    protocol = {
-        **config.protocol(),
-        "partition": partitioner.describe(),
-        **stream.protocol_fields(),
-        **strategy.protocol_changes(),
-    }
-    protocol_hash = canonical_hash(protocol)
-    config_hash = canonical_hash(
-        {"protocol": protocol, "strategy": strategy.describe(), "seed": config.seed}
-    )
+    protocol, protocol_hash, config_hash = run_identity(config, stream, strategy, partitioner)
     out = (
         Path(config.out)
         if config.out

@@ -166,6 +166,22 @@ def _spread_offsets(count: int, width: float = 0.36) -> np.ndarray:
     return (np.arange(count) / (count - 1) - 0.5) * width
 
 
+def _percentile_band(
+    ax: Any,
+    x: Sequence[float],
+    low: Sequence[float],
+    mid: Sequence[float],
+    high: Sequence[float],
+    median_label: str,
+    median_style: dict[str, Any],
+) -> None:
+    """The p10–p90 band over clients and its median line, in the first series colour
+    (the client-spread and buffer-drift figures draw the same summary of clients)."""
+    color = series_style(0)["color"]
+    ax.fill_between(x, low, high, color=color, alpha=0.15, linewidth=0, label="p10–p90")
+    ax.plot(x, mid, color=color, label=median_label, **median_style)
+
+
 def client_spread_svg(
     per_task: Mapping[int, Mapping[int, float]], num_tasks: int, figure_id: str
 ) -> str | None:
@@ -198,33 +214,16 @@ def client_spread_svg(
             reach += values.tolist()
         spread = [client_spread(list(per_task[t].values())) for t in tasks]
         x = [t + 1 for t in tasks]
-        style = series_style(0)
-        ax.fill_between(
-            x,
-            [s["p10"] for s in spread],
-            [s["p90"] for s in spread],
-            color=style["color"],
-            alpha=0.15,
-            linewidth=0,
-            label="p10–p90",
-        )
-        ax.plot(
-            x,
-            [s["p50"] for s in spread],
-            marker="o",
-            markersize=4,
-            linewidth=1.4,
-            color=style["color"],
-            label="median (p50)",
-            zorder=3,
-        )
-        for key in ("p10", "p90"):
+        low, mid, high = ([s[key] for s in spread] for key in ("p10", "p50", "p90"))
+        median = {"marker": "o", "markersize": 4, "linewidth": 1.4, "zorder": 3}
+        _percentile_band(ax, x, low, mid, high, "median (p50)", median)
+        for edge in (low, high):
             ax.plot(
                 x,
-                [s[key] for s in spread],
+                edge,
                 linestyle="--",
                 linewidth=0.9,
-                color=style["color"],
+                color=series_style(0)["color"],
                 label="_nolegend_",
                 zorder=3,
             )
@@ -270,26 +269,9 @@ def buffer_drift_svg(
                 np.nanpercentile(filled, q, axis=0, method="linear") if filled.size else []
                 for q in (10, 50, 90)
             )
-        style = series_style(0)
         if len(shown):
-            ax.fill_between(
-                shown,
-                low,
-                high,
-                color=style["color"],
-                alpha=0.15,
-                linewidth=0,
-                label="p10–p90",
-            )
-            ax.plot(
-                shown,
-                mid,
-                color=style["color"],
-                linewidth=1.5,
-                label="median",
-                marker="o" if len(shown) <= 40 else None,
-                markersize=3,
-            )
+            median = {"linewidth": 1.5, "marker": "o" if len(shown) <= 40 else None}
+            _percentile_band(ax, shown, low, mid, high, "median", {**median, "markersize": 3})
         finite = values[np.isfinite(values)]
         set_ylimits(ax, finite.tolist(), min_span=0.0, include=(0.0,))
         ax.set(xlabel="round", ylabel="buffer drift (mean KL, nats)", title="buffer drift")

@@ -356,6 +356,16 @@ def _disagreements(summary: dict[str, Any], metrics: dict[str, Any]) -> list[str
     return out
 
 
+def _stream_task_count(run_dir: str, config: dict[str, Any]) -> int:
+    """The task count config.json's stream description gives (runs that did not record it
+    in their identity); a refusal when it is missing or not a positive integer."""
+    stream = config.get("stream")
+    tasks = stream.get("num_tasks") if isinstance(stream, dict) else None
+    if type(tasks) is not int or tasks < 1:
+        raise _refuse(run_dir, "config.json does not say how many tasks the run has")
+    return tasks
+
+
 def load_run_data(run_dir: str) -> RunData:
     """Read and check everything a report shows about the run in ``run_dir``."""
     from cfl_bench.metrics import summarize
@@ -369,11 +379,7 @@ def load_run_data(run_dir: str) -> RunData:
         raise _refuse(run_dir, str(exc)) from None
     num_tasks = identity["num_tasks"]
     if num_tasks is None:
-        stream = config.get("stream")
-        tasks = stream.get("num_tasks") if isinstance(stream, dict) else None
-        if type(tasks) is not int or tasks < 1:
-            raise _refuse(run_dir, "config.json does not say how many tasks the run has")
-        num_tasks = tasks
+        num_tasks = _stream_task_count(run_dir, config)
     status = identity["status"]
     message = str(identity["message"] or "")
     if status == "incomplete":
