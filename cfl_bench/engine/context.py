@@ -90,7 +90,8 @@ class ClientState:
 
 @dataclass
 class ServerState:
-    """The server's view during a round: global model and what was exchanged."""
+    """The server's view during a round: θ_g, its version, the participants, the round's
+    place in the protocol (the broadcast itself is built from this: ``Broadcast.of``)."""
 
     model: FlatModel
     global_params: torch.Tensor
@@ -105,7 +106,6 @@ class ServerState:
     rounds_per_task: int = 1
     version: int = 0
     participants: list[ClientState] = field(default_factory=list)
-    payloads: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def model_bytes(self) -> int:

@@ -59,11 +59,11 @@ class RoundServer:
     def make_broadcast(self) -> Broadcast:
         """θ_g and the components' declared payloads, as they stand now."""
         server = self.state
-        server.payloads = {}
+        payloads: dict[str, torch.Tensor] = {}
         for component in self.strategy.all:
-            server.payloads.update(component.broadcast(server))
-        self._check(list(server.payloads), "broadcast")
-        return Broadcast.of(server, server.payloads)
+            payloads.update(component.broadcast(server))
+        self._check(list(payloads), "broadcast")
+        return Broadcast.of(server, payloads)
 
     def _sample(self) -> list[ClientState]:
         clients = self.state.clients
