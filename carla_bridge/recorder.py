@@ -1,0 +1,137 @@
+"""Record frames from any source into a folder in the shared dataset's layout.
+
+Why: a live CARLA drive is slow and needs a simulator; recording it once lets every later
+run replay it with :class:`~carla_bridge.replay.ReplaySource` (the recorded folder is
+re-readable by it, which the tests check). Each frame becomes
+
+* ``images/<split>/<name>.png`` (RGB),
+* ``labels/<split>/<name>.xml`` (VOC, coordinates in whole pixels),
+* ``labels_yolo_format/<split>/<name>.txt`` (YOLO),
+
+plus ``labels.txt`` (the class order) once. ``<name>`` is :attr:`Frame.name`,
+``<town>_<frame_id:06d>``, exactly the shared files' naming, so the client is *not* in the
+name. The contract for sources is therefore: within one town, a frame id names one picture.
+A replay source honours it (clients sharing a town show the same files); a live source
+with several vehicles must give each camera's frames distinct ids (e.g. the simulator frame
+times the number of clients plus the client). A recorder refuses a second, different frame
+under a name it already wrote (that would silently lose data) and overwrites files left by
+earlier recordings: one folder is one recording.
+
+Every file is written atomically (a temporary file in the same folder, then
+:func:`os.replace`), so a reader or a crash never sees half a file; no temporary file is
+left behind, even when writing fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from PIL import Image
+
+from carla_bridge.boxes import voc_text, yolo_text
+from carla_bridge.frames import CLASSES, Frame, FrameSource, TimeWindow
+from cfl_bench.errors import UserError
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` in one step: readers see the old file or the new one."""
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def _png_bytes(frame: Frame) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(frame.image, mode="RGB").save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _digest(frame: Frame) -> str:
+    """What makes two frames under one name the same picture: pixels, boxes, labels."""
+    hasher = hashlib.sha256()
+    for array in (frame.image, frame.boxes, frame.labels):
+        hasher.update(str(array.shape).encode())
+        hasher.update(array.tobytes())
+    return hasher.hexdigest()
+
+
+class FrameRecorder:
+    """Writes frames into ``root`` in the shared layout, under split ``split``."""
+
+    def __init__(self, root: str | Path, split: str = "train") -> None:
+        if split not in ("train", "test"):
+            raise UserError(f"recorder split {split!r} is unknown; use train or test")
+        self.root = Path(root)
+        self.split = split
+        self._written: dict[str, str] = {}  # name → digest, this recorder's frames only
+
+    def _folders(self) -> tuple[Path, Path, Path]:
+        """The three split folders, created (with ``labels.txt``) before the first frame."""
+        images, voc, yolo = (
+            self.root / kind / self.split for kind in ("images", "labels", "labels_yolo_format")
+        )
+        if not self._written:
+            for folder in (images, voc, yolo):
+                folder.mkdir(parents=True, exist_ok=True)
+            self._write_class_list()
+        return images, voc, yolo
+
+    def _write_class_list(self) -> None:
+        """``labels.txt`` once; a folder listing other classes belongs to another dataset."""
+        path = self.root / "labels.txt"
+        if path.is_file():
+            if path.read_text(encoding="utf-8").split() != list(CLASSES):
+                raise UserError(
+                    f"{path} lists other classes than {', '.join(CLASSES)}; "
+                    "record into an empty folder"
+                )
+            return
+        write_atomically(path, ("\n".join(CLASSES) + "\n").encode())
+
+    def write(self, frame: Frame) -> str:
+        """Write one frame's image and both label files; returns its name.
+
+        A frame this recorder already wrote (a replayed loop shows pictures again) is not
+        written twice.
+        """
+        name = frame.name
+        digest = _digest(frame)
+        previous = self._written.get(name)
+        if previous == digest:
+            return name
+        if previous is not None:
+            raise ValueError(
+                f"two different frames are both named {name} (client {frame.client}); the "
+                "source must give distinct frame ids within a town (see carla_bridge.recorder)"
+            )
+        images, voc, yolo = self._folders()
+        height, width = frame.image.shape[:2]
+        write_atomically(images / f"{name}.png", _png_bytes(frame))
+        xml = voc_text(frame.boxes, frame.labels, width, height, f"{name}.png")
+        write_atomically(voc / f"{name}.xml", xml.encode())
+        lines = yolo_text(frame.boxes, frame.labels, width, height)
+        write_atomically(yolo / f"{name}.txt", lines.encode())
+        self._written[name] = digest
+        return name
+
+    def record(self, source: FrameSource, windows: Sequence[TimeWindow]) -> int:
+        """Pull every client's frames for each window and write them; returns how many
+        frames were recorded (a picture streamed twice counts twice, its files are written
+        once)."""
+        count = 0
+        for window in windows:
+            for client_frames in source.frames(window).values():
+                for frame in client_frames:
+                    self.write(frame)
+                    count += 1
+        return count
