@@ -1,5 +1,6 @@
 """CARLA bridge: live CARLA client, recorder/replay and the detection task.
 
-Not built yet (see the issue tracker); the package exists so the layout of DESIGN.md §2 is
-stable from the first release.
+Built so far: the frame schema (``frames``), the live source (``live``, ``live_rig``) and
+its ground truth (``projection``, ``segmentation``); ``carla`` is imported only when a live
+drive starts. Recorder/replay and the detection task are still to come.
 """
