@@ -44,7 +44,7 @@ class Frame:
 
     client: int
     time: float  # simulated seconds since the source started
-    frame_id: int  # the simulator's frame number (file name number for replayed frames)
+    frame_id: int  # file name number (replayed frames); live: tick × 16 + client (live.py)
     domain: Domain
     image: np.ndarray  # H×W×3 uint8, RGB
     boxes: np.ndarray  # n×4 float32, xyxy pixels
