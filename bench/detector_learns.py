@@ -73,6 +73,7 @@ def _train_epoch(
     optimiser: torch.optim.Optimizer,
     data: tuple[torch.Tensor, torch.Tensor],
     batch: int,
+    flip: bool = True,
 ) -> float:
     """One shuffled pass; returns the mean batch loss."""
     images, targets = data
@@ -81,7 +82,7 @@ def _train_epoch(
     for start in range(0, len(order), batch):
         idx = order[start : start + batch]
         x, t = images[idx].float() / 255.0, targets[idx]
-        if torch.rand(()) < 0.5:
+        if flip and torch.rand(()) < 0.5:
             t = _flip(x, t)
         loss = objective.loss(model(x), t)
         optimiser.zero_grad()
@@ -98,6 +99,14 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--optimizer",
+        choices=("adam", "sgd"),
+        default="adam",
+        help="sgd: plain SGD with --momentum (what the federated engine's clients use)",
+    )
+    parser.add_argument("--momentum", type=float, default=0.0)
+    parser.add_argument("--no-flip", action="store_true", help="no horizontal flips")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
@@ -107,11 +116,15 @@ def main() -> None:
     objective = Detection()
     model = build_detector((3, HEIGHT, WIDTH), objective.num_classes)
     print(f"parameters {sum(p.numel() for p in model.parameters())}")
-    optimiser = torch.optim.Adam(model.parameters(), lr=args.lr)
+    optimiser = (
+        torch.optim.Adam(model.parameters(), lr=args.lr)
+        if args.optimizer == "adam"
+        else torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    )
     spent = 0.0
     for epoch in range(args.epochs):
         start = time.perf_counter()
-        loss = _train_epoch(model, objective, optimiser, train, args.batch)
+        loss = _train_epoch(model, objective, optimiser, train, args.batch, not args.no_flip)
         spent += time.perf_counter() - start
         print(f"epoch {epoch + 1}: loss {loss:.3f}, {time.perf_counter() - start:.1f} s")
     start = time.perf_counter()

@@ -31,11 +31,16 @@ class ReservoirBuffer:
         self,
         capacity: int,
         input_shape: tuple[int, ...],
-        num_outputs: int,
+        num_outputs: int | tuple[int, ...],
         *,
         device: torch.device,
         generator: torch.Generator,
+        target_shape: tuple[int, ...] = (),
+        target_dtype: torch.dtype = torch.long,
     ) -> None:
+        """``num_outputs`` is the width of a row of stored outputs (class logits) or the
+        shape of one (a detector's dense maps); ``target_shape`` / ``target_dtype`` describe
+        one example's target (a class id by default, padded boxes for detection)."""
         if capacity <= 0:
             raise ValueError("buffer capacity must be positive")
         self.capacity = capacity
@@ -45,8 +50,9 @@ class ReservoirBuffer:
         # never needs a data-dependent branch.
         rows = capacity + 1
         self.x = torch.zeros((rows, *input_shape), device=device)
-        self.y = torch.zeros(rows, dtype=torch.long, device=device)
-        self.logits = torch.zeros((rows, num_outputs), device=device)
+        self.y = torch.zeros((rows, *target_shape), dtype=target_dtype, device=device)
+        outputs = (num_outputs,) if isinstance(num_outputs, int) else tuple(num_outputs)
+        self.logits = torch.zeros((rows, *outputs), device=device)
         self.task = torch.zeros(rows, dtype=torch.long, device=device)
         self.num_seen = 0
 

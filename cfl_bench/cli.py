@@ -266,6 +266,9 @@ def results_table(summary: dict[str, Any], stream: str, strategy: str) -> Table:
             twin = task_il_twin(spec.key)
             cells.append("" if twin is None else cli_value(twin, summary))
         table.add_row(spec.narrow_label, *cells)
+    if summary.get("map50_T") is not None:  # a detection stream: the headline is mAP@0.5
+        table.add_row("mAP@[.5:.95] %", _fmt(summary.get("map_T")))
+        table.caption = "detection stream: Acc, Fgt, BWT and FWT are of mAP@0.5 (%)"
     return table
 
 
@@ -431,6 +434,16 @@ def report_cmd(
     from leaderboard.report import report_command
 
     report_command(run_dir, out)
+
+
+def _install_carla_commands() -> None:
+    """`cfl-bench carla demo|record` (their module imports the bridge only when called)."""
+    from cfl_bench.carla_cli import carla_app
+
+    app.add_typer(carla_app, name="carla")
+
+
+_install_carla_commands()
 
 
 @app.command("list")

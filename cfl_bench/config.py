@@ -36,6 +36,7 @@ from cfl_bench.trackers import parse_trackers
 
 BUFFER_OFFER = ("first_pass", "every_step")
 WEIGHTING = ("samples", "uniform")
+OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("auto", "cpu", "cuda")
 # Words that mean "not set" where a value arrives as text in a sweep (``--set tasks=none``).
 NULL_WORDS = frozenset({"none", "null"})
@@ -109,6 +110,13 @@ class RunConfig:
         minimum=0,
         maximum=100_000,
     )
+    lead_rounds: int = option(
+        0,
+        "extra rounds of the first task, so phases can differ in length (the CARLA highway "
+        "protocol: S urban rounds, then R - S after the shift)",
+        minimum=0,
+        maximum=100_000,
+    )
     epochs: int | None = option(
         None, "local epochs per round", minimum=1, default_text="the stream's"
     )
@@ -128,10 +136,16 @@ class RunConfig:
         maximum=1000,
         default_text="the stream's",
     )
+    optimizer: str | None = option(
+        None,
+        "local optimizer: sgd (with --momentum) or adam (moments restarted every round)",
+        choices=OPTIMIZERS,
+        default_text="the stream's",
+    )
     momentum: float = option(
         0.0, "local SGD momentum", minimum=0, maximum=1, maximum_exclusive=True
     )
-    weight_decay: float = option(0.0, "local SGD weight decay", minimum=0, maximum=1000)
+    weight_decay: float = option(0.0, "local weight decay (L2)", minimum=0, maximum=1000)
     buffer_size: int = option(200, "reservoir capacity M per client", minimum=1)
     buffer_offer: str = option(
         "first_pass",
@@ -218,6 +232,12 @@ class RunConfig:
         protocol=False,
         execution=True,
     )
+    save_model: bool = option(
+        False,
+        "write the final global model into the run directory (model.pt, a state_dict)",
+        protocol=False,
+        execution=True,
+    )
     log: str | None = option(
         None,
         "mirror the per-round records to experiment trackers, offline, inside the run "
@@ -234,7 +254,14 @@ class RunConfig:
 
     def protocol(self) -> dict[str, Any]:
         specs = option_specs()
-        return {k: v for k, v in self.to_dict().items() if specs[k].protocol}
+        protocol = {k: v for k, v in self.to_dict().items() if specs[k].protocol}
+        # Absent at their defaults, so the protocols of runs made before they existed keep
+        # their hashes (no extra rounds and SGD is what those runs did).
+        if not protocol.get("lead_rounds"):
+            protocol.pop("lead_rounds", None)
+        if protocol.get("optimizer") in (None, "sgd"):
+            protocol.pop("optimizer", None)
+        return protocol
 
 
 @cache

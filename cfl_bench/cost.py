@@ -482,6 +482,10 @@ def announce(plan: RunPlan, say: Callable[[str], None]) -> dict[str, object]:
     ``cost_estimate`` (``steps``, ``seconds`` — None when not estimated — and details)."""
     schedule, strategy = plan.schedule, plan.strategy
     clock = schedule.clock()
+    if plan.stream.per_round:
+        reason = "clients receive new data every round, so there are no shards to size"
+        say(f"{clock.total_rounds} rounds × {schedule.num_clients} clients; {reason}")
+        return {"steps": None, "seconds": None, "reason": reason}
     shards = shard_sizes(plan.splits, schedule.num_tasks)
     params = sum(p.numel() for p in plan.model.parameters() if p.requires_grad)
     history = strategy.learner.needs_history

@@ -95,6 +95,12 @@ class RecordedMetric:
 RECORDED: tuple[RecordedMetric, ...] = (
     RecordedMetric("acc", PERCENT, task_end=True, accuracy=True),
     RecordedMetric("acc_task_il", PERCENT, task_end=True, accuracy=True),
+    # Detection streams (CARLA): COCO mAP@0.5 and mAP@[.5:.95] in percent, per domain, and
+    # on the held-out test town (``test_``, eval task -1).
+    RecordedMetric("map50", PERCENT, task_end=True, accuracy=True),
+    RecordedMetric("map", PERCENT, task_end=True, accuracy=True),
+    RecordedMetric("test_map50", PERCENT),
+    RecordedMetric("test_map", PERCENT),
     RecordedMetric("client_acc", PERCENT),
     RecordedMetric("kl_drift", (0.0, INF), task_end=True),
     RecordedMetric("buffer_drift", (0.0, INF)),
@@ -169,25 +175,37 @@ def _v(*names: str) -> frozenset[str]:
 
 
 _CIL = ("class-il",)
+#: Keys that exist on detection streams only (CARLA: mAP by name, the test town). Those
+#: streams are domain-IL; ``metrics_for("detection")`` lists these keys.
+_DET = ("detection",)
 
 
-def _accuracy_block(source: str, task_il: bool) -> tuple[MetricSpec, ...]:
+def _accuracy_block(
+    source: str,
+    task_il: bool,
+    what: str = "",
+    columns: bool = True,
+    scenarios: tuple[str, ...] | None = None,
+) -> tuple[MetricSpec, ...]:
     """The long-named keys of one accuracy metric: ``acc_T``, ``fgt_acc_T``, ... (for
-    ``acc`` the leaderboard reads the short aliases instead, see :data:`METRICS`)."""
+    ``acc`` the leaderboard reads the short aliases instead, see :data:`METRICS`). ``what``
+    names the metric in descriptions; ``columns`` False keeps it off the leaderboard."""
     m = source
-    scen = _CIL if task_il else None
-    what = "task-IL " if task_il else ""
+    scen = _CIL if task_il else scenarios
+    what = what or ("task-IL " if task_il else "")
     common = {"unit": "percent", "source": m, "when_recorded": True, "scenarios": scen}
     return (
         MetricSpec(f"{m}_matrix", "accuracy matrix", f"{what}a[t][i] at each task end",
                    direction=None, family="accuracy", shape="matrix", range=PERCENT,
-                   compute="accuracy_matrix", column=f"{m}_matrix", **common),
+                   compute="accuracy_matrix", column=f"{m}_matrix" if columns else None,
+                   **common),
         MetricSpec(f"{m}_t", "Acc_t", f"{what}average accuracy after each task",
                    direction="higher", family="accuracy", shape="curve", range=PERCENT,
-                   compute="accuracy_curve", column=f"{m}_t", **common),
+                   compute="accuracy_curve", column=f"{m}_t" if columns else None, **common),
         MetricSpec(f"fgt_{m}_t", "Fgt_t", f"{what}Chaudhry forgetting after each task",
                    direction="lower", family="forgetting", shape="curve", range=DIFFERENCE,
-                   compute="forgetting_curve", column="fgt_task_il_t" if task_il else "fgt_t",
+                   compute="forgetting_curve",
+                   column=None if not columns else "fgt_task_il_t" if task_il else "fgt_t",
                    **common),
         MetricSpec(f"{m}_T", f"Acc_T {what}".strip(), f"{what}final average accuracy",
                    direction="higher", family="accuracy", range=PERCENT,
@@ -278,6 +296,15 @@ METRICS: tuple[MetricSpec, ...] = (
              views=_v("report")),
     # ... and its curves and matrix (its final values are the leaderboard columns above).
     *(s for s in _accuracy_block("acc_task_il", task_il=True) if s.shape != "scalar"),
+    # Detection streams: the same keys for mAP@0.5 and mAP@[.5:.95] by name (the accuracy
+    # aliases above then read mAP@0.5, the stream's headline: SummaryInputs.headline).
+    *_accuracy_block("map50", False, "mAP@0.5 ", columns=False, scenarios=_DET),
+    *_accuracy_block("map", False, "mAP@[.5:.95] ", columns=False, scenarios=_DET),
+    MetricSpec("test_map50_final", "test-town mAP@0.5", "mAP@0.5 (%) on the held-out test "
+               "town after the last round", unit="percent", direction="higher",
+               family="test town", range=PERCENT, compute="final_global_value",
+               source="test_map50", when_recorded=True, scenarios=_DET,
+               views=_v("cli", "report")),
     # Memory drift (KL on old tasks' probes). No range check: none was ever applied.
     MetricSpec("MD_T", "MD_T", "memory drift: mean KL on old tasks' probes (nats)",
                tooltip="memory drift (mean KL, nats)", unit="nats", direction="lower",

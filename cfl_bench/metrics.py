@@ -328,6 +328,19 @@ class SummaryInputs:
         self.records = records
         self.num_tasks = num_tasks
         self._cache: dict[tuple[str, str], Any] = {}
+        # The stream's headline metric: accuracy, or mAP@0.5 on a detection stream (which
+        # records no accuracy). The accuracy-named keys (Acc_T, Fgt_T, BWT, acc_matrix …)
+        # read it, so a detection run ranks and plots like any other.
+        self.headline = "acc"
+        if not self._has_global("acc") and self._has_global("map50"):
+            self.headline = "map50"
+
+    def _has_global(self, metric: str) -> bool:
+        rows = (self.records["scope"] == "global") & (self.records["metric"] == metric)
+        return bool(rows.any())
+
+    def _alias(self, metric: str) -> str:
+        return self.headline if metric == "acc" else metric
 
     def _cached(self, kind: str, metric: str, make: Any) -> Any:
         if (kind, metric) not in self._cache:
@@ -336,6 +349,7 @@ class SummaryInputs:
 
     def matrix(self, metric: str) -> np.ndarray:
         """The global task-end matrix of ``metric`` (:func:`matrix_from_records`)."""
+        metric = self._alias(metric)
         return self._cached(
             "matrix",
             metric,
@@ -344,6 +358,7 @@ class SummaryInputs:
 
     def initial(self, metric: str) -> np.ndarray:
         """b: the initial model's ``metric`` per task (:func:`initial_from_records`)."""
+        metric = self._alias(metric)
         return self._cached(
             "initial", metric, lambda: initial_from_records(self.records, metric, self.num_tasks)
         )
@@ -354,13 +369,8 @@ class SummaryInputs:
 
     def recorded(self, metric: str) -> bool:
         """Whether the run has global rows of ``metric``."""
-        return self._cached(
-            "recorded",
-            metric,
-            lambda: bool(
-                ((self.records["scope"] == "global") & (self.records["metric"] == metric)).any()
-            ),
-        )
+        metric = self._alias(metric)
+        return self._cached("recorded", metric, lambda: self._has_global(metric))
 
 
 # --------------------------------------------------------------------------------------------
@@ -417,6 +427,15 @@ def forward_transfer_of(inputs: SummaryInputs, source: str) -> float:
 def drift_curve(inputs: SummaryInputs, source: str) -> np.ndarray:
     """MD_t for every t, from the ``kl_drift`` matrix."""
     return memory_drift(inputs.matrix(source))
+
+
+def final_global_value(inputs: SummaryInputs, source: str) -> float | None:
+    """The last round's global value of ``source`` (a per-round measurement such as the
+    held-out test town's mAP); None when never recorded."""
+    rows = _select(inputs.records, source, "global")
+    if rows.empty:
+        return None
+    return float(rows.sort_values("round", kind="stable")["value"].astype(float).iloc[-1])
 
 
 def final_drift(inputs: SummaryInputs, source: str) -> float:

@@ -17,7 +17,11 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
     "linear": "one linear layer (a head on frozen embeddings)",
     "cifar-cnn": "small CNN: 3 conv-BN-pool blocks, global pool + linear, ~95k params (C×32×32)",
     "resnet18": "CIFAR ResNet-18 (3×3 stem, no max-pool, BN), 11.2M params (C×32×32)",
+    "centernet": "CenterNet-style detector from scratch: stride-4 heat map + offset + log-size "
+    "heads, GroupNorm (detection streams: carla-det, carla-highway)",
 }
+#: Models whose outputs are dense detection maps; every other model gives class logits.
+DETECTION_MODELS: frozenset[str] = frozenset({"centernet"})
 
 
 def check_model_name(name: str) -> None:

@@ -132,6 +132,12 @@ def _mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return MLP(in_features, num_classes)
 
 
+def _centernet(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    from carla_bridge.detector import build_detector  # only detection runs pay for it
+
+    return build_detector(tuple(input_shape), num_classes)
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     name: str
@@ -145,6 +151,7 @@ _BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "linear": _linear,
     "cifar-cnn": _cifar_cnn,
     "resnet18": _resnet18,
+    "centernet": _centernet,
 }
 # Names and descriptions come from the torch-free catalogue; a test pins that both list
 # the same models.

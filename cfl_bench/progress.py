@@ -24,6 +24,12 @@ class RoundReport:
     task: int  # 0-based global task
     num_tasks: int
     latest_acc: float | None
+    # For live views (the CARLA demo): examples each client trained on this round and its
+    # buffer fill, and the latest evaluation's headline score per evaluated task ("test" for
+    # a held-out test domain).
+    client_examples: tuple[int, ...] = ()
+    buffer_fill: tuple[int, ...] = ()
+    latest_scores: tuple[tuple[str, float], ...] = ()
 
 
 def clock(seconds: float) -> str:

@@ -20,11 +20,13 @@ import pandas as pd
 import torch
 
 from cfl_bench import cost, provenance
+from cfl_bench.atomic import atomic_write
 from cfl_bench.config import RunConfig, canonical_hash
 from cfl_bench.engine.loop import Federation, RunOutcome, Schedule
 from cfl_bench.engine.splits import TaskSplit, plan_splits
 from cfl_bench.errors import UserError
 from cfl_bench.metrics import summarize
+from cfl_bench.model_catalogue import DETECTION_MODELS
 from cfl_bench.models import MODELS, build_model
 from cfl_bench.progress import RoundReport
 from cfl_bench.resources import cuda_peak_bytes, peak_rss_bytes
@@ -140,6 +142,7 @@ def resolve_defaults(config: RunConfig) -> RunConfig:
         rounds_per_task=config.rounds_per_task or info.default_rounds_per_task,
         epochs=config.epochs or info.default_epochs,
         lr=config.lr or info.default_lr,
+        optimizer=config.optimizer or info.default_optimizer,
         buffer_batch_size=config.buffer_batch_size or config.batch_size,
     )
 
@@ -161,12 +164,14 @@ def make_schedule(config: RunConfig, strategy: Strategy, num_tasks: int) -> Sche
         replay_augment=bool(config.replay_augment),
         weighting=config.weighting,
         lr=float(config.lr or 0.0),
+        optimizer=str(config.optimizer),
         momentum=config.momentum,
         weight_decay=config.weight_decay,
         probe_size=config.probe_size,
         eval_every_round=config.eval_every_round,
         seed=config.seed,
         async_shift=config.async_shift,
+        lead_rounds=config.lead_rounds,
     )
 
 
@@ -204,6 +209,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     partitioner = partitioner_from_spec(str(config.partition))
     device = resolve_device(config.device)
     stream, config = load_stream(config, device)
+    check_model_fits(model_name, stream)
     num_tasks = resolved_int(config.tasks)
     strategy.setup(strategy_env(config, stream, device))
     schedule = make_schedule(config, strategy, num_tasks)
@@ -248,6 +254,22 @@ def plan_run(config: RunConfig) -> RunPlan:
     )
 
 
+def check_model_fits(model_name: str, stream: Stream) -> None:
+    """Refuse a detector on a classification stream and a classifier on a detection stream:
+    the objective would read outputs of the wrong shape and meaning."""
+    detects = "dense_outputs" in stream.objective.capabilities
+    if detects and model_name not in DETECTION_MODELS:
+        raise UserError(
+            f"stream {stream.name!r} is a detection stream and model '{model_name}' a "
+            f"classifier; use --model {' or '.join(sorted(DETECTION_MODELS))}."
+        )
+    if not detects and model_name in DETECTION_MODELS:
+        raise UserError(
+            f"model '{model_name}' is a detector and stream {stream.name!r} a classification "
+            "stream; use the stream's default model (omit --model) or another classifier."
+        )
+
+
 def load_stream(config: RunConfig, device: torch.device) -> tuple[Stream, RunConfig]:
     """The stream, and the config with what only the stream knows filled in (the task count
     of an Avalanche benchmark, whether replays are augmented) so the protocol records it."""
@@ -261,6 +283,7 @@ def load_stream(config: RunConfig, device: torch.device) -> tuple[Stream, RunCon
         download=config.download,
         train_size=config.train_size,
         test_size=config.test_size,
+        num_clients=config.clients,
     )
     if num_tasks == 0:  # the stream's own count (all of an Avalanche benchmark's experiences)
         config = dataclasses.replace(config, tasks=stream.num_tasks)
@@ -349,6 +372,11 @@ def run_in(
     one says where it resumes instead.
     """
     config = plan.config
+    if resume and not plan.stream.resumable:
+        raise UserError(
+            f"the unfinished run in '{plan.out}' streamed live frames, which cannot be replayed "
+            "from its checkpoint; pass --restart to start it over."
+        )
     if not resume:
         plan.resolved["cost_estimate"] = cost.announce(plan, say)
     federation = Federation(
@@ -384,12 +412,22 @@ def run_in(
     try:
         outcome = federation.run(on_round, keeper.round_end)
         keeper.finish(outcome)
+        if config.save_model:
+            save_global_model(federation, run_dir.path / "model.pt")
     except KeyboardInterrupt:
         raise keeper.interrupted(total) from None
     finally:
         for tracker in trackers:
             tracker.close()
+        plan.stream.close()
     return run_summary(keeper, outcome, plan)
+
+
+def save_global_model(federation: Federation, path: Path) -> None:
+    """θ_g as the module's ``state_dict`` (atomically), loadable into ``build_model``."""
+    federation.model.load(*federation.global_state)
+    state = {k: v.detach().cpu() for k, v in federation.model.module.state_dict().items()}
+    atomic_write(path, lambda fh: torch.save(state, fh))
 
 
 def open_run_trackers(plan: RunPlan, run_dir: RunDirectory) -> list[Tracker]:

@@ -28,6 +28,7 @@ _KNOWN = {
     "buffer_offer",
     "partition",
     "async_shift",
+    "lead_rounds",
     "lr",
     "momentum",
     "weight_decay",
@@ -99,6 +100,8 @@ def describe_protocol(protocol: Mapping[str, Any], scenario: str | None = None) 
         parts.append(describe_partition(p["partition"]))
     if p.get("async_shift"):
         parts.append(f"async shift {p['async_shift']}")
+    if p.get("lead_rounds"):
+        parts.append(f"first task +{p['lead_rounds']} rounds")
     if "model" in p:
         parts.append(f"model {p['model']}")
     if "lr" in p:

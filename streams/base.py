@@ -63,6 +63,21 @@ class TaskTest:
 
 
 @dataclass(frozen=True)
+class RoundData:
+    """What one client received during one round of a stream whose clients get new data
+    every round (frames streamed by a vehicle), in the stream's stored form.
+
+    ``keys`` name each row (a frame's town and number): a learner that keeps history (the
+    joint upper bound) trains on every distinct row a client has received, so a replayed
+    frame that comes round again is not counted twice.
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class StreamRequest:
     """What a run asks of a stream builder (``streams.builders``): how many tasks, the seed,
     the device, where the data is and whether it may be downloaded, and optional prefixes
@@ -75,6 +90,9 @@ class StreamRequest:
     download: bool
     train_size: int | None = None
     test_size: int | None = None
+    # The federation's client count: streams whose data belongs to clients (CARLA vehicles)
+    # need it; the others ignore it.
+    num_clients: int = 1
 
     def require_data_root(self) -> str:
         """The data folder of a stream that needs one; ``streams.catalogue``'s
@@ -96,6 +114,45 @@ class Stream(abc.ABC):
 
     # Whether ``augment`` changes inputs (train-time augmentation, e.g. CIFAR crop + flip).
     augments: bool = False
+    # One example's target: a class id by default; a detection stream stores padded boxes.
+    target_shape: tuple[int, ...] = ()
+    target_dtype: torch.dtype = torch.long
+
+    # Whether a checkpointed run can go on where it stopped (a live simulator cannot be
+    # rewound to the checkpoint's moment).
+    resumable: bool = True
+    # Whether clients receive new data every round (:meth:`round_data`) instead of one shard
+    # of each task's training split (a CARLA frame stream: vehicles keep driving).
+    per_round: bool = False
+
+    def round_data(
+        self, round_index: int, entries: dict[int, tuple[int, ...]]
+    ) -> dict[int, RoundData]:
+        """Each client's data of 0-based round ``round_index``; only streams with
+        ``per_round`` implement it.
+
+        ``entries[k]`` lists the first round of every task client k has entered, so its
+        current task is ``len(entries[k]) - 1``. Given by the task clock, not by the order of
+        calls, so a resumed run asks the same questions as an uninterrupted one.
+        """
+        raise NotImplementedError(f"stream {self.name!r} gives data per task, not per round")
+
+    def test_domain(self) -> TaskTest | None:
+        """A held-out test domain no task trains on (CARLA's Town05), evaluated beside the
+        tasks' own test sets and recorded as ``test_<metric>`` rows with eval task -1;
+        None for streams without one."""
+        return None
+
+    def close(self) -> None:
+        """Release what the stream holds when the run ends (a live CARLA source restores
+        the simulator); nothing by default."""
+        return None
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        """The shape of the model's output for one example (what a replay buffer stores):
+        class logits by default, dense maps for a detector."""
+        return (self.num_classes,)
 
     def augment(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Train-time augmentation of a batch of task inputs (identity unless overridden)."""

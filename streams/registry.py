@@ -45,6 +45,7 @@ def build_stream(
     download: bool,
     train_size: int | None = None,
     test_size: int | None = None,
+    num_clients: int = 1,
 ) -> Stream:
     """Load the base data of stream ``name`` and wrap it as a stream on ``device``.
 
@@ -63,6 +64,7 @@ def build_stream(
         download=download,
         train_size=train_size,
         test_size=test_size,
+        num_clients=num_clients,
     )
     return builder_of(info)(info, request)
 

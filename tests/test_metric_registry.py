@@ -154,8 +154,9 @@ def test_recorded_metrics_feed_the_report_checks() -> None:
     from leaderboard.run_data import CROSS_CHECKED, TASK_END_METRICS, VALUE_RANGES
 
     assert {r.name: r.range for r in registry.RECORDED} == VALUE_RANGES
-    assert set(TASK_END_METRICS) == {"acc", "acc_task_il", "kl_drift"}
+    assert set(TASK_END_METRICS) == {"acc", "acc_task_il", "map50", "map", "kl_drift"}
     assert set(CROSS_CHECKED) == {s.key for s in registry.view("cross_check")}
-    assert metrics.ACCURACY_METRICS == registry.ACCURACY_METRICS == ("acc", "acc_task_il")
+    accuracy_like = ("acc", "acc_task_il", "map50", "map")
+    assert metrics.ACCURACY_METRICS == registry.ACCURACY_METRICS == accuracy_like
     tags = {tag for tag, _, _ in scalars([(1, 0, 0, "global", "acc_task_il", 50.0)])}
     assert "acc_task_il/avg_seen" in tags

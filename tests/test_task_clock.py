@@ -145,3 +145,25 @@ def test_cli_records_the_offsets_and_prints_them(tmp_path: Path) -> None:
     assert code == 0 and ("delay" in output) == any(clock.offsets)
     code, output = in_process("run", "--async-shift", "-1", "--out", str(tmp_path / "bad"))
     assert code == 2 and "--async-shift must be an integer in [0, 100000], got -1." in output
+
+
+def test_lead_rounds_lengthen_the_first_task_only() -> None:
+    """--lead-rounds 50 with 10 rounds per task: the paper's 60 urban rounds, then 10."""
+    clock = TaskClock.draw(num_tasks=2, rounds_per_task=10, num_clients=3, shift=0, seed=0, lead=50)
+    assert clock.total_rounds == 70
+    assert [clock.eval_round(t) for t in range(2)] == [59, 69]
+    assert rounds_per_client_task(clock, 0) == [60, 10]
+    assert clock.global_task(59) == 0 and clock.global_task(60) == 1
+    assert clock.ending_tasks(59) == [(k, 0) for k in range(3)]
+
+
+def test_lead_rounds_add_to_an_async_shift() -> None:
+    plain = TaskClock.draw(num_tasks=3, rounds_per_task=4, num_clients=6, shift=2, seed=3)
+    led = TaskClock.draw(num_tasks=3, rounds_per_task=4, num_clients=6, shift=2, seed=3, lead=5)
+    assert led.offsets == tuple(o + 5 for o in plain.offsets)
+    assert led.total_rounds == plain.total_rounds + 5
+
+
+def test_negative_lead_is_refused() -> None:
+    with pytest.raises(UserError, match="--lead-rounds must be an integer >= 0"):
+        TaskClock.draw(num_tasks=2, rounds_per_task=2, num_clients=2, shift=0, seed=0, lead=-1)

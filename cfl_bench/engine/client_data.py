@@ -50,6 +50,9 @@ class ClientData:
         # Materialised train splits some client is still entering (several rounds under a
         # shift); a task's train data exists only from its first client's entry on.
         self.live_tasks: dict[int, TaskTrain] = {}
+        # Per-round streams: the distinct rows each client has received (learners that keep
+        # history train on all of them), by row key, in arrival order.
+        self.received: dict[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def split(self, t: int, num_clients: int) -> TaskSplit:
         """Task ``t``'s split among ``num_clients`` clients (planned once, then reused)."""
@@ -68,6 +71,9 @@ class ClientData:
         A task's start hooks run once, when its first client enters it (the server's public
         holdout of that task becomes usable then).
         """
+        if self.stream.per_round:
+            self._receive_round(g, clients, on_task_start)
+            return
         entering: dict[int, list[ClientState]] = {}
         for client in clients:
             t = self.clock.client_task(client.index, g)
@@ -107,12 +113,46 @@ class ClientData:
         self.shards[client.index] = [*history, shard]
         client.train_x, client.train_y = learner.training_data(self.shards[client.index])
 
+    def _receive_round(self, g: int, clients: list[ClientState], on_task_start: TaskStart) -> None:
+        """A per-round stream: every client trains on what it received in round ``g``
+        (plus every distinct row received before, for learners that keep history)."""
+        tasks = {c.index: self.clock.client_task(c.index, g) for c in clients}
+        for t in sorted(set(tasks.values()) - self.started_tasks):
+            self.started_tasks.add(t)
+            on_task_start(t, None)
+        entries = {
+            k: tuple(self.clock.client_task_start(k, t) for t in range(task + 1))
+            for k, task in tasks.items()
+        }
+        data = self.stream.round_data(g, entries)
+        history = self.strategy.learner.needs_history
+        for client in clients:
+            client.task = tasks[client.index]
+            got = data[client.index]
+            if not history:
+                client.train_x, client.train_y = got.x.to(self.device), got.y.to(self.device)
+                continue
+            seen = self.received.setdefault(client.index, {})
+            for row, key in enumerate(got.keys):
+                seen.setdefault(key, (got.x[row], got.y[row]))
+            client.train_x = torch.stack([x for x, _ in seen.values()]).to(self.device)
+            client.train_y = torch.stack([y for _, y in seen.values()]).to(self.device)
+
     def restore(self, next_round: int, clients: list[ClientState]) -> None:
         """Give every client the training data it held at the end of round ``next_round``−1.
 
         A client's data is its part of the task's deterministic tensors (plus the older tasks'
         parts for learners that keep history), so it is rebuilt instead of checkpointed.
         """
+        if self.stream.per_round:
+            # The task-start hooks already ran before the checkpoint (their effects are in the
+            # saved state); replaying the received rounds rebuilds the histories.
+            last = max(self.clock.client_task(c.index, next_round - 1) for c in clients)
+            self.started_tasks |= set(range(last + 1))
+            if self.strategy.learner.needs_history:
+                for g in range(next_round):
+                    self._receive_round(g, clients, lambda _t, _holdout: None)
+            return
         held = {c.index: self.clock.client_task(c.index, next_round - 1) for c in clients}
         history = self.strategy.learner.needs_history
         self.shards = {}

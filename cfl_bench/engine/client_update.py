@@ -22,7 +22,7 @@ import torch
 
 from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, StepContext, Upload
 from cfl_bench.engine.evaluation import EvalSet
-from cfl_bench.engine.optim import FlatSGD
+from cfl_bench.engine.optim import LocalOptimizer
 from cfl_bench.flat import FlatModel
 from cfl_bench.objective import Objective
 from strategies.base import Component
@@ -73,7 +73,7 @@ class LocalTrainer:
     decoder (stored compact rows → model inputs)."""
 
     model: FlatModel
-    optimizer: FlatSGD
+    optimizer: LocalOptimizer
     strategy: Strategy
     steps: StepSchedule
     augment: Augment | None

@@ -34,7 +34,7 @@ from cfl_bench.engine.evaluation import EvalSet
 from cfl_bench.engine.executor import Executor, SequentialExecutor
 from cfl_bench.engine.federation_state import federation_state, load_federation_state
 from cfl_bench.engine.measurement import Measurement, Record
-from cfl_bench.engine.optim import FlatSGD
+from cfl_bench.engine.optim import local_optimizer
 from cfl_bench.engine.round_server import RoundServer
 from cfl_bench.engine.splits import TaskSplit
 from cfl_bench.engine.task_clock import TaskClock
@@ -70,6 +70,8 @@ class Schedule:
     eval_every_round: bool
     seed: int
     async_shift: int = 0
+    lead_rounds: int = 0
+    optimizer: str = "sgd"
 
     @property
     def steps(self) -> StepSchedule:
@@ -88,7 +90,12 @@ class Schedule:
     def clock(self) -> TaskClock:
         """Who trains which task when (seeded per-client offsets under an async shift)."""
         return TaskClock.draw(
-            self.num_tasks, self.rounds_per_task, self.num_clients, self.async_shift, self.seed
+            self.num_tasks,
+            self.rounds_per_task,
+            self.num_clients,
+            self.async_shift,
+            self.seed,
+            lead=self.lead_rounds,
         )
 
 
@@ -143,7 +150,9 @@ class Federation:
         self.measure = Measurement(
             self.model, s.probe_size, stream.objective, stream.as_model_input
         )
-        optimizer = FlatSGD(self.model.params, self.model.grads, s.lr, s.momentum, s.weight_decay)
+        optimizer = local_optimizer(
+            s.optimizer, self.model.params, self.model.grads, s.lr, s.momentum, s.weight_decay
+        )
         augment = stream.augment if stream.augments else None
         trainer = LocalTrainer(
             self.model,
@@ -186,14 +195,23 @@ class Federation:
             if on_round_end is not None:
                 on_round_end(out)
             if on_round is not None:
-                acc = self.measure.latest_acc
-                on_round(
-                    RoundReport(
-                        server.round_index, clock.total_rounds, server.task, s.num_tasks, acc
-                    )
-                )
+                on_round(self.round_report())
         out.status = "finished"
         return self._finish(out)
+
+    def round_report(self) -> RoundReport:
+        """What the progress display shows after a round (host-side values only)."""
+        server, clients = self.server, self.clients
+        return RoundReport(
+            server.round_index,
+            self.clock.total_rounds,
+            server.task,
+            self.schedule.num_tasks,
+            self.measure.latest_acc,
+            client_examples=tuple(c.num_samples for c in clients),
+            buffer_fill=tuple(0 if c.buffer is None else c.buffer.filled for c in clients),
+            latest_scores=tuple(self.measure.latest_scores.items()),
+        )
 
     def _play_round(self, g: int, out: RunOutcome) -> bool:
         """Round ``g`` (0-based) in the order of DESIGN.md §3, its records and costs added to
@@ -239,6 +257,9 @@ class Federation:
         for i in range(self.schedule.num_tasks):
             task = self.stream.task_test(i)
             self.measure.add_eval_set(EvalSet(task.test_x, task.test_y, tuple(task.classes)))
+        test = self.stream.test_domain()
+        if test is not None:
+            self.measure.test_domain = EvalSet(test.test_x, test.test_y, tuple(test.classes))
 
     def enter_round(self, g: int) -> None:
         """Clients whose task changes in round ``g`` get their shard of the new task."""
@@ -301,9 +322,11 @@ def new_clients(
         return ReservoirBuffer(
             s.buffer_size,
             stream.input_shape,
-            stream.num_classes,
+            stream.output_shape,
             device=device,
             generator=generator(s.seed, "buffer", k, device=device),
+            target_shape=stream.target_shape,
+            target_dtype=stream.target_dtype,
         )
 
     return [

@@ -39,9 +39,14 @@ class Measurement:
         # Test data is kept in the stream's stored form (uint8 pixels): decoded per chunk.
         self.decode = decode
         self.eval_sets: list[EvalSet] = []
+        # A held-out test domain no task trains on (CARLA's Town05), or None.
+        self.test_domain: EvalSet | None = None
         self.reference_log_probs: dict[int, torch.Tensor] = {}
         # Mean accuracy over the seen tasks at the latest evaluation (progress display).
         self.latest_acc: float | None = None
+        # The latest evaluation's headline per evaluated task ("task 1", …, "test"), for
+        # live views; filled only when someone asks (one host sync per evaluation).
+        self.latest_scores: dict[str, float] = {}
 
     def add_eval_set(self, eval_set: EvalSet) -> None:
         self.eval_sets.append(eval_set)
@@ -70,6 +75,7 @@ class Measurement:
         module, objective = self.model.module, self.objective
         headline = objective.metrics[0]
         seen: list[torch.Tensor] = []
+        headlines: dict[str, torch.Tensor] = {}
         for i in range(upto + 1):
             e = self.eval_sets[i]
             scores = objective.score(objective.predict(module, e.x, self.decode), e.y, e.classes)
@@ -77,10 +83,25 @@ class Measurement:
                 records.append((round_index, trained_task, i, "global", metric, value))
             if i <= trained_task:
                 seen.append(scores[headline])
-        if drift:
+            headlines[f"task {i + 1}"] = scores[headline]
+        if self.test_domain is not None:
+            e = self.test_domain
+            scores = objective.score(objective.predict(module, e.x, self.decode), e.y, e.classes)
+            for metric, value in scores.items():
+                records.append((round_index, trained_task, -1, "global", f"test_{metric}", value))
+            headlines["test"] = scores[headline]
+        if drift and self.has_distribution:
             self._memory_drift(records, round_index, trained_task)
         self.latest_acc = None if not seen else float(torch.stack(seen).mean().item())
+        values = torch.stack(list(headlines.values())).tolist()  # one host sync
+        self.latest_scores = dict(zip(headlines, values, strict=True))
         return self.latest_acc
+
+    @property
+    def has_distribution(self) -> bool:
+        """Whether the objective's outputs are a predictive distribution (class logits):
+        memory and buffer drift are KL divergences, undefined for a detector's dense maps."""
+        return "class_logits" in self.objective.capabilities
 
     def _memory_drift(self, records: list[Record], round_index: int, trained_task: int) -> None:
         """KL of each older task's probe predictions from those right after its training."""
@@ -102,7 +123,7 @@ class Measurement:
         t: int,
     ) -> None:
         """Per client: mean KL(softmax(stored logits) ‖ softmax(θ_g)) on its buffer."""
-        if not clients or clients[0].buffer is None:
+        if not clients or clients[0].buffer is None or not self.has_distribution:
             return
         self.model.load(*global_state)
         objective = self.objective

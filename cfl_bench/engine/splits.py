@@ -56,8 +56,11 @@ def plan_splits(
     num_tasks: int,
     seed: int,
 ) -> dict[int, TaskSplit]:
-    """Every task's split; a task-independent partition is drawn once per distinct labels."""
+    """Every task's split; a task-independent partition is drawn once per distinct labels.
+    A per-round stream has none: its clients receive their own data (``round_data``)."""
     splits: dict[int, TaskSplit] = {}
+    if stream.per_round:
+        return splits
     reusable = partitioner.describe().get("per_task") is False
     previous: tuple[torch.Tensor, TaskSplit] | None = None
     for t in range(num_tasks):

@@ -13,6 +13,9 @@ Definitions (rounds are 0-based here; run records count them from 1):
 - Client k trains task 0 in rounds [0, R + o_k) and task t ≥ 1 in rounds
   [o_k + t·R, o_k + (t+1)·R): every boundary is delayed by o_k rounds. After its last task
   a client keeps training on it until the run ends.
+- ``--lead-rounds`` N adds N to every offset: the first task then lasts N rounds longer
+  for everyone (phases of different lengths, e.g. CARLA's 60 urban rounds before a 10-round
+  highway phase), and nothing else changes.
 - The run has T·R + L rounds, so the slowest client also gets R rounds of the last task.
 - **Evaluation**: task t counts as trained, and the global model is evaluated (accuracy
   matrix row t, memory drift, A-GEM-style task-end work of the server), at the end of round
@@ -44,17 +47,26 @@ class TaskClock:
 
     @classmethod
     def draw(
-        cls, num_tasks: int, rounds_per_task: int, num_clients: int, shift: int, seed: int
+        cls,
+        num_tasks: int,
+        rounds_per_task: int,
+        num_clients: int,
+        shift: int,
+        seed: int,
+        lead: int = 0,
     ) -> TaskClock:
-        """The seeded per-client offsets in {0, …, shift}; all zero when shift is 0."""
+        """The seeded per-client offsets in {0, …, shift}, each plus ``lead``: all clients
+        train the first task ``lead`` rounds longer (``--lead-rounds``)."""
+        if isinstance(lead, bool) or not isinstance(lead, int) or lead < 0:
+            raise UserError(f"--lead-rounds must be an integer >= 0, got {lead!r}")
         if isinstance(shift, bool) or not isinstance(shift, int) or shift < 0:
             raise UserError(f"--async-shift must be an integer >= 0, got {shift!r}")
         if shift == 0:
-            return cls(num_tasks, rounds_per_task, (0,) * num_clients)
+            return cls(num_tasks, rounds_per_task, (lead,) * num_clients)
         draws = torch.randint(
             0, shift + 1, (num_clients,), generator=generator(seed, "async-shift")
         )
-        return cls(num_tasks, rounds_per_task, tuple(int(o) for o in draws.tolist()))
+        return cls(num_tasks, rounds_per_task, tuple(lead + int(o) for o in draws.tolist()))
 
     @property
     def lag(self) -> int:
@@ -68,6 +80,10 @@ class TaskClock:
         """The task client ``client`` trains in 0-based round ``round_``."""
         shifted = (round_ - self.offsets[client]) // self.rounds_per_task
         return min(max(shifted, 0), self.num_tasks - 1)
+
+    def client_task_start(self, client: int, task: int) -> int:
+        """The first 0-based round in which client ``client`` trains task ``task``."""
+        return 0 if task == 0 else self.offsets[client] + task * self.rounds_per_task
 
     def eval_round(self, task: int) -> int:
         """The 0-based round after which task ``task`` is evaluated as trained."""
