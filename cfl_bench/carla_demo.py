@@ -32,6 +32,7 @@ DEMO_BUFFER = 200
 # A round brings 22-23 frames per vehicle: batches of 4 give the detector ~12 steps a round.
 DEMO_BATCH = 4
 DEMO_EPOCHS = 2
+DEMO_CHECKPOINT_EVERY = 10
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,8 @@ def demo_config(options: DemoOptions) -> Any:
         save_model=True,
         out=options.out,
         threads=options.threads,
-        checkpoint_every=0 if live else None,
+        # A checkpoint holds every buffer (~0.7 GB for 4 × 200 frames): every 10 rounds.
+        checkpoint_every=0 if live else DEMO_CHECKPOINT_EVERY,
     )
     return make_config(values)
 

@@ -128,6 +128,9 @@ class ClientData:
         history = self.strategy.learner.needs_history
         for client in clients:
             client.task = tasks[client.index]
+            # Every round's frames are new to the client: the first-pass buffer policy offers
+            # them in the round's first epoch (not only in a task's first round).
+            client.tasks_started.discard(client.task)
             got = data[client.index]
             if not history:
                 client.train_x, client.train_y = got.x.to(self.device), got.y.to(self.device)
