@@ -477,15 +477,22 @@ def local_training(fed: Federation) -> None:
 
 
 # -- what a run says ---------------------------------------------------------------------------
+def announce_per_round(
+    rounds: int, clients: int, say: Callable[[str], None]
+) -> dict[str, object]:
+    """A per-round stream (CARLA vehicles) has no shards to size the run from."""
+    reason = "clients receive new data every round, so there are no shards to size"
+    say(f"{rounds} rounds × {clients} clients; {reason}")
+    return {"steps": None, "seconds": None, "reason": reason}
+
+
 def announce(plan: RunPlan, say: Callable[[str], None]) -> dict[str, object]:
     """Say the run's size and, on CPU, its estimated duration; return config.json's
     ``cost_estimate`` (``steps``, ``seconds`` — None when not estimated — and details)."""
     schedule, strategy = plan.schedule, plan.strategy
     clock = schedule.clock()
     if plan.stream.per_round:
-        reason = "clients receive new data every round, so there are no shards to size"
-        say(f"{clock.total_rounds} rounds × {schedule.num_clients} clients; {reason}")
-        return {"steps": None, "seconds": None, "reason": reason}
+        return announce_per_round(clock.total_rounds, schedule.num_clients, say)
     shards = shard_sizes(plan.splits, schedule.num_tasks)
     params = sum(p.numel() for p in plan.model.parameters() if p.requires_grad)
     history = strategy.learner.needs_history

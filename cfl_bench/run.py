@@ -372,11 +372,7 @@ def run_in(
     one says where it resumes instead.
     """
     config = plan.config
-    if resume and not plan.stream.resumable:
-        raise UserError(
-            f"the unfinished run in '{plan.out}' streamed live frames, which cannot be replayed "
-            "from its checkpoint; pass --restart to start it over."
-        )
+    check_resumable(plan, resume)
     if not resume:
         plan.resolved["cost_estimate"] = cost.announce(plan, say)
     federation = Federation(
@@ -421,6 +417,15 @@ def run_in(
             tracker.close()
         plan.stream.close()
     return run_summary(keeper, outcome, plan)
+
+
+def check_resumable(plan: RunPlan, resume: bool) -> None:
+    """Refuse to resume a run whose stream cannot be rewound (live CARLA frames)."""
+    if resume and not plan.stream.resumable:
+        raise UserError(
+            f"the unfinished run in '{plan.out}' streamed live frames, which cannot be replayed "
+            "from its checkpoint; pass --restart to start it over."
+        )
 
 
 def save_global_model(federation: Federation, path: Path) -> None:

@@ -182,3 +182,47 @@ def test_the_joint_learner_trains_on_every_distinct_frame_received() -> None:
     assert started == [0, 1]
     # Town02 streams 26 frames (34 minus 8 held out): 9 rounds went round its loop.
     assert len(seen[1]) == 26 and clients[0].task == 1
+
+
+@pytest.mark.parametrize("strategy", ["der", "ideal"])
+def test_a_killed_carla_run_resumes_to_identical_records(tmp_path: Path, strategy: str) -> None:
+    """Killed in the shift phase (round 3 of 4, checkpoint after round 3): the resumed run
+    must ask the frame supply the same questions (shift times from the clock, histories
+    replayed) and end with the same records."""
+    from cfl_bench.config import make_config
+    from cfl_bench.run import execute
+    from tests.test_resume import assert_same_run, kill_after
+
+    root = requires_shared_data()
+    values = {
+        "stream": "carla-highway", "data_root": str(root), "strategy": strategy, "tasks": 2,
+        "clients": 2, "rounds_per_task": 2, "lead_rounds": 0, "batch_size": 8, "epochs": 1,
+        "threads": 1, "probe_size": 4, "buffer_size": 30, "checkpoint_every": 1,
+    }  # fmt: skip
+    whole = tmp_path / "whole"
+    execute(make_config({**values, "out": str(whole)}))
+    killed = {**values, "out": str(tmp_path / "killed")}
+    kill_after(killed, 3)
+    execute(make_config(killed))
+    assert_same_run(tmp_path / "killed", whole)
+
+
+def test_the_demo_writes_a_run_and_its_page(tmp_path: Path) -> None:
+    root = requires_shared_data()
+    out = tmp_path / "demo"
+    result = cli(
+        "carla", "demo", "--source", "replay", "--data-root", str(root), "--clients", "2",
+        "--rounds", "2", "--shift-round", "1", "--strategy", "fedavg", "--epochs", "1",
+        "--batch-size", "8", "--threads", "1", "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "round 2/2" in result.stdout and "mAP50" in result.stdout  # the plain live view
+    page = (out / "carla_demo.html").read_text(encoding="utf-8")
+    assert page.count("<svg") == 1 and page.count("data:image/png;base64,") == 3
+    for domain in ("urban (Town01–03)", "highway (Town04)", "Town05 (test town)"):
+        assert domain in page
+    config = json.loads((out / "config.json").read_text())["config"]
+    assert (config["stream"], config["rounds_per_task"], config["lead_rounds"]) == (
+        "carla-highway", 1, 0,
+    )  # fmt: skip
+    assert (out / "model.pt").exists()
