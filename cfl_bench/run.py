@@ -200,6 +200,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     exists, so an impossible split is refused without writing anything.
     """
     strategy = build_strategy(config.strategy)
+    asked_partition = config.partition
     config = resolve_defaults(config)
     model_name = str(config.model)
     if model_name not in MODELS:
@@ -209,7 +210,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     partitioner = partitioner_from_spec(str(config.partition))
     device = resolve_device(config.device)
     stream, config = load_stream(config, device)
-    check_model_fits(model_name, stream)
+    check_stream_fits(stream, model_name, asked_partition)
     num_tasks = resolved_int(config.tasks)
     strategy.setup(strategy_env(config, stream, device))
     schedule = make_schedule(config, strategy, num_tasks)
@@ -254,9 +255,15 @@ def plan_run(config: RunConfig) -> RunPlan:
     )
 
 
-def check_model_fits(model_name: str, stream: Stream) -> None:
-    """Refuse a detector on a classification stream and a classifier on a detection stream:
-    the objective would read outputs of the wrong shape and meaning."""
+def check_stream_fits(stream: Stream, model_name: str, asked_partition: str | None) -> None:
+    """Refuse a detector on a classification stream and a classifier on a detection stream
+    (the objective would read outputs of the wrong shape and meaning), and a partition on a
+    stream whose clients bring their own data every round (it would be ignored)."""
+    if stream.per_round and asked_partition is not None:
+        raise UserError(
+            f"stream {stream.name!r} gives each client (vehicle) its own frames every round, so "
+            "--partition does not apply; drop it."
+        )
     detects = "dense_outputs" in stream.objective.capabilities
     if detects and model_name not in DETECTION_MODELS:
         raise UserError(

@@ -149,6 +149,12 @@ def test_class_logit_methods_are_refused(tmp_path: Path, strategy: str, fragment
     assert_user_error(result, fragment)
 
 
+def test_a_partition_is_refused_on_a_per_round_stream(tmp_path: Path) -> None:
+    root = requires_shared_data()
+    base = [*RUN, "--data-root", str(root), "--out", str(tmp_path / "x")]
+    assert_user_error(cli(*base, "--partition", "iid"), "--partition does not apply")
+
+
 def test_model_and_objective_must_match(tmp_path: Path) -> None:
     root = requires_shared_data()
     result = cli(*RUN, "--data-root", str(root), "--model", "mlp", "--out", str(tmp_path / "x"))
