@@ -136,6 +136,14 @@ class RunConfig:
         maximum=1000,
         default_text="the stream's",
     )
+    lr_decay: float = option(
+        1.0,
+        "multiply the local learning rate by this every round: round r uses lr·decay^(r-1) "
+        "(FedNTD: 0.99)",
+        minimum=0,
+        minimum_exclusive=True,
+        maximum=1,
+    )
     optimizer: str | None = option(
         None,
         "local optimizer: sgd (with --momentum) or adam (moments restarted every round)",
@@ -261,6 +269,8 @@ class RunConfig:
             protocol.pop("lead_rounds", None)
         if protocol.get("optimizer") in (None, "sgd"):
             protocol.pop("optimizer", None)
+        if protocol.get("lr_decay") == 1.0:
+            protocol.pop("lr_decay", None)
         return protocol
 
 

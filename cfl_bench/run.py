@@ -172,6 +172,7 @@ def make_schedule(config: RunConfig, strategy: Strategy, num_tasks: int) -> Sche
         seed=config.seed,
         async_shift=config.async_shift,
         lead_rounds=config.lead_rounds,
+        lr_decay=config.lr_decay,
     )
 
 

@@ -30,6 +30,7 @@ _KNOWN = {
     "async_shift",
     "lead_rounds",
     "lr",
+    "lr_decay",
     "momentum",
     "weight_decay",
     "model",
@@ -105,7 +106,8 @@ def describe_protocol(protocol: Mapping[str, Any], scenario: str | None = None) 
     if "model" in p:
         parts.append(f"model {p['model']}")
     if "lr" in p:
-        parts.append(f"lr {p['lr']}")
+        decay = f" × {p['lr_decay']}/round" if p.get("lr_decay") not in (None, 1.0) else ""
+        parts.append(f"lr {p['lr']}{decay}")
     if p.get("momentum"):
         parts.append(f"momentum {p['momentum']}")
     if p.get("weight_decay"):

@@ -349,3 +349,16 @@ def test_leaderboard_without_out_writes_inside_the_first_argument(tmp_path: Path
     assert code == 2
     assert "is a run directory (it holds config.json)" in output and "--out" in output
     assert not (run_dir / "leaderboard").exists()
+
+
+def test_lr_decay_enters_the_protocol_only_when_it_decays(tmp_path: Path) -> None:
+    """--lr-decay 1 (the default) leaves the protocol hash of earlier runs unchanged."""
+    from cfl_bench.config import make_config
+
+    plain = make_config({"stream": "rot-digits"}).protocol()
+    same = make_config({"stream": "rot-digits", "lr_decay": 1.0}).protocol()
+    decayed = make_config({"stream": "rot-digits", "lr_decay": "0.99"}).protocol()
+    assert "lr_decay" not in plain and plain == same
+    assert decayed["lr_decay"] == 0.99
+    code, output = in_process("run", "--lr-decay", "0", "--out", str(tmp_path))
+    assert code == 2 and "lr-decay" in output

@@ -38,6 +38,9 @@ class StepSchedule:
     buffer_batch_size: int
     buffer_offer: str
     replay_augment: bool
+    # The local learning rate is multiplied by this every round (FedNTD's 0.99): round r
+    # (1-based) trains with lr · lr_decay^(r−1).
+    lr_decay: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,10 @@ class LocalTrainer:
     decode: Callable[[torch.Tensor], torch.Tensor] | None = None
     loss_terms: list[Component] = field(init=False)
     transforms: list[Component] = field(init=False)
+    base_lr: float = field(init=False)
 
     def __post_init__(self) -> None:
+        self.base_lr = self.optimizer.lr
         # Resolved once: the strategy's role lists are computed properties, and a step
         # must not sort the transform chain again.
         self.loss_terms = self.strategy.loss_terms
@@ -134,6 +139,7 @@ class LocalTrainer:
         s = self.steps
         self.model.module.train()
         self.optimizer.reset()
+        self.optimizer.lr = self.base_lr * s.lr_decay ** max(broadcast.round_index - 1, 0)
         first_visit = client.task not in client.tasks_started
         client.tasks_started.add(client.task)
         n = client.num_samples

@@ -72,6 +72,7 @@ class Schedule:
     async_shift: int = 0
     lead_rounds: int = 0
     optimizer: str = "sgd"
+    lr_decay: float = 1.0
 
     @property
     def steps(self) -> StepSchedule:
@@ -81,6 +82,7 @@ class Schedule:
             self.buffer_batch_size,
             self.buffer_offer,
             self.replay_augment,
+            self.lr_decay,
         )
 
     @property
