@@ -66,6 +66,14 @@ class RecordedFrame:
     boxes: np.ndarray
     labels: np.ndarray
 
+    def frame(self, client: int, t: float, image: np.ndarray | None = None) -> Frame:
+        """This recording as ``client``'s frame at simulated time ``t`` (the image read from
+        disk unless given, e.g. from a cache)."""
+        pixels = load_image(self.image_path) if image is None else image
+        return Frame(
+            client, t, self.frame_id, Domain.of_town(self.town), pixels, self.boxes, self.labels
+        )
+
 
 def _read_only(array: np.ndarray) -> np.ndarray:
     """Frames share cached arrays; freezing them stops one consumer corrupting the next."""
@@ -349,10 +357,7 @@ class ReplaySource:
         return self._to_frame(entry, client, t)
 
     def _to_frame(self, entry: RecordedFrame, client: int, t: float) -> Frame:
-        image = self._cache.get(entry.image_path)
-        return Frame(
-            client, t, entry.frame_id, Domain.of_town(entry.town), image, entry.boxes, entry.labels
-        )
+        return entry.frame(client, t, self._cache.get(entry.image_path))
 
     def _pace(self, window: TimeWindow) -> None:
         """Hold the window back until its end is due in wall time (no-op without pacing)."""

@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from carla_bridge.frames import Domain, Frame, FrameSource, TimeWindow
-from carla_bridge.replay import DomainShift, ReplaySource, load_image, scan_split
+from carla_bridge.frames import Frame, FrameSource, TimeWindow
+from carla_bridge.replay import DomainShift, ReplaySource, scan_split
 from cfl_bench.errors import UserError
 
 
@@ -112,11 +112,7 @@ class ReplaySupply:
                 f"{self.root} has no {self.test_town} frames in images/test; the CARLA streams "
                 "test on it: restore the shared dataset's test split"
             )
-        return [
-            Frame(-1, 0.0, e.frame_id, Domain.of_town(e.town), load_image(e.image_path),
-                  e.boxes, e.labels)
-            for e in towns[self.test_town]
-        ]  # fmt: skip
+        return [entry.frame(-1, 0.0) for entry in towns[self.test_town]]
 
     def close(self) -> None:
         if self._source is not None:

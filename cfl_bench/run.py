@@ -233,11 +233,7 @@ def plan_run(config: RunConfig) -> RunPlan:
         "protocol": protocol,
         "protocol_hash": protocol_hash,
         "config_hash": config_hash,
-        "strategy": strategy.describe(),
-        "stream": stream.describe(),
-        "schedule": {"rounds_per_task": schedule.rounds_per_task, "epochs": schedule.epochs},
-        "task_clock": schedule.clock().describe(),
-        "client_class_counts": class_count_tables(stream, splits),
+        **run_record(stream, strategy, schedule, splits),
         **provenance_record(device, threads),
     }
     return RunPlan(
@@ -254,6 +250,19 @@ def plan_run(config: RunConfig) -> RunPlan:
         out,
         resolved,
     )
+
+
+def run_record(
+    stream: Stream, strategy: Strategy, schedule: Schedule, splits: dict[int, TaskSplit]
+) -> dict[str, object]:
+    """What config.json says about the strategy, stream, schedule, clock and client data."""
+    return {
+        "strategy": strategy.describe(),
+        "stream": stream.describe(),
+        "schedule": {"rounds_per_task": schedule.rounds_per_task, "epochs": schedule.epochs},
+        "task_clock": schedule.clock().describe(),
+        "client_class_counts": class_count_tables(stream, splits),
+    }
 
 
 def check_stream_fits(stream: Stream, model_name: str, asked_partition: str | None) -> None:
