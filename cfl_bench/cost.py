@@ -477,9 +477,7 @@ def local_training(fed: Federation) -> None:
 
 
 # -- what a run says ---------------------------------------------------------------------------
-def announce_per_round(
-    rounds: int, clients: int, say: Callable[[str], None]
-) -> dict[str, object]:
+def announce_per_round(rounds: int, clients: int, say: Callable[[str], None]) -> dict[str, object]:
     """A per-round stream (CARLA vehicles) has no shards to size the run from."""
     reason = "clients receive new data every round, so there are no shards to size"
     say(f"{rounds} rounds × {clients} clients; {reason}")

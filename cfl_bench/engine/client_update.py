@@ -14,6 +14,7 @@ next client update starts.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -99,6 +100,7 @@ class LocalTrainer:
         local = self.start(job)
         started = time.perf_counter()
         loss_sum, steps = self.local_steps(job.client, job.broadcast)
+        local = dataclasses.replace(local, steps=steps)
         if self.model.params.device.type == "cuda":
             torch.cuda.synchronize(self.model.params.device)  # once per client: honest timing
         seconds = time.perf_counter() - started
@@ -110,10 +112,15 @@ class LocalTrainer:
         """Load θ_g into the working model and run the components' client-start hooks."""
         broadcast = job.broadcast
         self.model.load(broadcast.params, broadcast.buffers)
-        local = LocalRound(self.model, broadcast)
+        self.optimizer.lr = self.round_lr(broadcast.round_index)
+        local = LocalRound(self.model, broadcast, lr=self.optimizer.lr)
         for component in self.strategy.all:
             component.on_client_start(job.client, local)
         return local
+
+    def round_lr(self, round_index: int) -> float:
+        """The local learning rate of 1-based round ``round_index``: lr · decay^(r−1)."""
+        return self.base_lr * self.steps.lr_decay ** max(round_index - 1, 0)
 
     def finish(self, client: ClientState, local: LocalRound) -> Upload:
         """The upload: the local model plus the payloads ``after_local`` hooks add."""
@@ -139,7 +146,7 @@ class LocalTrainer:
         s = self.steps
         self.model.module.train()
         self.optimizer.reset()
-        self.optimizer.lr = self.base_lr * s.lr_decay ** max(broadcast.round_index - 1, 0)
+        self.optimizer.lr = self.round_lr(broadcast.round_index)
         first_visit = client.task not in client.tasks_started
         client.tasks_started.add(client.task)
         n = client.num_samples

@@ -149,10 +149,17 @@ class Broadcast:
 @dataclass(frozen=True)
 class LocalRound:
     """A client's side of one round: the broadcast it received and the model it trains
-    (loaded with θ_g before the first step; the local model after the last)."""
+    (loaded with θ_g before the first step; the local model after the last).
+
+    ``lr`` is the round's local learning rate (after ``--lr-decay``) and ``steps`` the local
+    steps taken (0 before training; ``after_local`` sees the count): SCAFFOLD's control
+    variates and FedNova's normalisation are functions of both.
+    """
 
     model: FlatModel
     broadcast: Broadcast
+    lr: float = 0.0
+    steps: int = 0
 
 
 @dataclass
