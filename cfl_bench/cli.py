@@ -261,6 +261,8 @@ def results_table(summary: dict[str, Any], stream: str, strategy: str) -> Table:
     for name in ("class-IL", "task-IL") if task_il else ("value",):
         table.add_column(name, justify="right", overflow="fold")
     for spec in view("cli"):
+        if spec.scenarios is not None and summary.get(spec.key) is None:
+            continue  # a scenario's own metric (the test town's mAP) on another stream
         cells = [cli_value(spec, summary)]
         if task_il:
             twin = task_il_twin(spec.key)

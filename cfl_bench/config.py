@@ -154,6 +154,13 @@ class RunConfig:
         0.0, "local SGD momentum", minimum=0, maximum=1, maximum_exclusive=True
     )
     weight_decay: float = option(0.0, "local weight decay (L2)", minimum=0, maximum=1000)
+    cutout: int = option(
+        0,
+        "Cutout square side in pixels added to the train augmentation (FedNTD: 16); 0 is none; "
+        "CIFAR-like image streams only",
+        minimum=0,
+        maximum=1024,
+    )
     buffer_size: int = option(200, "reservoir capacity M per client", minimum=1)
     buffer_offer: str = option(
         "first_pass",
@@ -271,6 +278,8 @@ class RunConfig:
             protocol.pop("optimizer", None)
         if protocol.get("lr_decay") == 1.0:
             protocol.pop("lr_decay", None)
+        if not protocol.get("cutout"):
+            protocol.pop("cutout", None)
         return protocol
 
 

@@ -17,6 +17,10 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
     "linear": "one linear layer (a head on frozen embeddings)",
     "cifar-cnn": "small CNN: 3 conv-BN-pool blocks, global pool + linear, ~95k params (C×32×32)",
     "resnet18": "CIFAR ResNet-18 (3×3 stem, no max-pool, BN), 11.2M params (C×32×32)",
+    "resnet8": "CIFAR ResNet-8 (FedDF / FedProj): 16-32-64 channels, one block per stage, "
+    "78k params (C×32×32)",
+    "fedavg-cnn": "FedAvg / FedNTD CNN: 2 conv5×5 (32, 64) + max-pool, fc 512, 2.16M params "
+    "on 3×32×32 (any C×H×W)",
     "centernet": "CenterNet-style detector from scratch: stride-4 heat map + offset + log-size "
     "heads, GroupNorm (detection streams: carla-det, carla-highway)",
 }

@@ -89,6 +89,30 @@ class CifarCNN(nn.Module):
         return self.head(F.adaptive_avg_pool2d(self.features(x), 1).flatten(1))
 
 
+class FedAvgCNN(nn.Module):
+    """The CNN of McMahan et al. (2017) as FedNTD's code builds it for CIFAR-10 and MNIST.
+
+    conv5×5(32, padding 2) → ReLU → max-pool 2 → conv5×5(64, padding 2) → ReLU → max-pool 2
+    → linear(64·H/4·W/4 → 512) → ReLU → linear(512 → C). No BatchNorm. On 3×32×32 inputs:
+    2,156,490 parameters, ~17.6 M multiply-adds per image (the FC layer holds 98 % of the
+    weights but the convolutions do most of the work). The same layers on 1×28×28 are
+    FedNTD's MNIST model.
+    """
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__()
+        channels, height, width = (int(d) for d in input_shape)
+        self.conv1 = nn.Conv2d(channels, 32, 5, padding=2)
+        self.conv2 = nn.Conv2d(32, 64, 5, padding=2)
+        self.fc = nn.Linear(64 * (height // 4) * (width // 4), 512)
+        self.classifier = nn.Linear(512, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.classifier(F.relu(self.fc(x.flatten(1))))
+
+
 def _require_cifar_shape(name: str, input_shape: tuple[int, ...]) -> None:
     if tuple(input_shape[1:]) != (32, 32):
         raise UserError(
@@ -107,6 +131,22 @@ def _resnet18(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 
     _require_cifar_shape("resnet18", input_shape)
     return CifarResNet18(num_classes, in_channels=int(input_shape[0]))
+
+
+def _resnet8(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    from cfl_bench.resnet import CifarResNet8
+
+    _require_cifar_shape("resnet8", input_shape)
+    return CifarResNet8(num_classes, in_channels=int(input_shape[0]))
+
+
+def _fedavg_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    if len(input_shape) != 3 or input_shape[1] < 4 or input_shape[2] < 4:
+        raise UserError(
+            f"model 'fedavg-cnn' needs C×H×W image inputs of at least 4×4 but the stream gives "
+            f"{'×'.join(map(str, input_shape))}; use --model mlp for this stream."
+        )
+    return FedAvgCNN(tuple(input_shape), num_classes)
 
 
 def _mnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
@@ -151,6 +191,8 @@ _BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "linear": _linear,
     "cifar-cnn": _cifar_cnn,
     "resnet18": _resnet18,
+    "resnet8": _resnet8,
+    "fedavg-cnn": _fedavg_cnn,
     "centernet": _centernet,
 }
 # Names and descriptions come from the torch-free catalogue; a test pins that both list

@@ -1,4 +1,11 @@
-"""The CIFAR ResNet-18 of the FedGP protocol (He et al. 2016, CIFAR variant).
+"""CIFAR ResNets: the ResNet-18 of the FedGP protocol and the ResNet-8 of FedDF / FedProj.
+
+ResNet-8 is He et al.'s CIFAR family (depth 6n + 2, n = 1): a 3×3 stem of 16 channels and
+three stages of one basic block each (16, 32, 64 channels, strides 1, 2, 2), global average
+pooling, one linear layer — 78,042 parameters for 10 classes, the model FedDF's and
+FedProj's CIFAR tables use.
+
+ResNet-18 (He et al. 2016, CIFAR variant):
 
 Differences from the ImageNet ResNet-18 that matter for 32×32 inputs: a 3×3 stride-1 stem
 convolution and no max-pool, so the four stages see 32, 16, 8 and 4 pixels; global average
@@ -55,3 +62,21 @@ class CifarResNet18(nn.Module):
         out = self.layer4(self.layer3(self.layer2(self.layer1(out))))
         out = F.adaptive_avg_pool2d(out, 1).flatten(1)
         return self.linear(out)
+
+
+class CifarResNet8(nn.Module):
+    """ResNet-8 for C×32×32 inputs (see the module docstring)."""
+
+    def __init__(self, num_classes: int, in_channels: int = 3) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 16, 3, stride=1, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.layer1 = BasicBlock(16, 16, 1)
+        self.layer2 = BasicBlock(16, 32, 2)
+        self.layer3 = BasicBlock(32, 64, 2)
+        self.linear = nn.Linear(64, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.layer3(self.layer2(self.layer1(out)))
+        return self.linear(F.adaptive_avg_pool2d(out, 1).flatten(1))

@@ -301,6 +301,7 @@ def load_stream(config: RunConfig, device: torch.device) -> tuple[Stream, RunCon
         train_size=config.train_size,
         test_size=config.test_size,
         num_clients=config.clients,
+        cutout=config.cutout,
     )
     if num_tasks == 0:  # the stream's own count (all of an Avalanche benchmark's experiences)
         config = dataclasses.replace(config, tasks=stream.num_tasks)

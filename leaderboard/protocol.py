@@ -33,6 +33,7 @@ _KNOWN = {
     "lr_decay",
     "momentum",
     "weight_decay",
+    "cutout",
     "model",
     "weighting",
     "train_size",
@@ -112,6 +113,8 @@ def describe_protocol(protocol: Mapping[str, Any], scenario: str | None = None) 
         parts.append(f"momentum {p['momentum']}")
     if p.get("weight_decay"):
         parts.append(f"weight decay {p['weight_decay']}")
+    if p.get("cutout"):
+        parts.append(f"cutout {p['cutout']}")
     if "weighting" in p:
         parts.append(f"weights {p['weighting']}")
     if p.get("train_size") is not None:

@@ -1,4 +1,4 @@
-"""Batched train-time augmentation for image streams: random crop with padding + flip.
+"""Batched train-time augmentation for image streams: random crop with padding + flip, Cutout.
 
 Why batched on the device: the CIFAR protocol (Mammoth, FedGP) augments every training batch
 with ``RandomCrop(32, padding=4)`` and ``RandomHorizontalFlip()``; done per sample through
@@ -48,6 +48,27 @@ def crop_flip(
         mirror = torch.rand(n, generator=generator, device=device) < 0.5
         out = torch.where(mirror[:, None, None, None], out.flip(3), out)
     return out
+
+
+def cutout(x: torch.Tensor, generator: torch.Generator, length: int) -> torch.Tensor:
+    """Cutout (DeVries & Taylor, 2017) as FedNTD's code applies it, for a whole batch.
+
+    Per sample, a centre (y, x) uniform over the image and the square rows
+    [y − length//2, y + length//2) × columns [x − length//2, x + length//2), clipped to the
+    image (a hole near the border is partly outside), set to 0. Applied after normalisation,
+    as in the authors' transform, so the hole shows the dataset mean. One mask per sample
+    from the caller's generator on the batch's device; no host round trip.
+    """
+    n, _, h, w = x.shape
+    device = x.device
+    half = length // 2
+    y = torch.randint(0, h, (n, 1), generator=generator, device=device)
+    c = torch.randint(0, w, (n, 1), generator=generator, device=device)
+    rows, cols = torch.arange(h, device=device), torch.arange(w, device=device)
+    in_rows = (rows >= y - half) & (rows < y + half)
+    in_cols = (cols >= c - half) & (cols < c + half)
+    hole = in_rows[:, :, None] & in_cols[:, None, :]
+    return torch.where(hole[:, None], torch.zeros((), dtype=x.dtype, device=device), x)
 
 
 def normalize(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:

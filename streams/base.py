@@ -93,6 +93,8 @@ class StreamRequest:
     # The federation's client count: streams whose data belongs to clients (CARLA vehicles)
     # need it; the others ignore it.
     num_clients: int = 1
+    # Cutout's square side in pixels (0: none); only image streams that declare it take it.
+    cutout: int = 0
 
     def require_data_root(self) -> str:
         """The data folder of a stream that needs one; ``streams.catalogue``'s

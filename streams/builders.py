@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from cfl_bench.errors import UserError
 from streams.base import Stream, StreamRequest
 from streams.catalogue import StreamInfo
 from streams.cifar import layout as cifar_layout
@@ -104,6 +105,67 @@ def build_class_il(info: StreamInfo, request: StreamRequest) -> Stream:
         mean=mean,
         std=std,
         device=torch.device(request.device),
+    )
+
+
+def build_static(info: StreamInfo, request: StreamRequest) -> Stream:
+    """mnist, fmnist, cifar10, cifar100, cinic10: one task with all classes."""
+    from streams.static import StaticStream, check_static_tasks
+
+    root = request.require_data_root()
+    check_data_root(
+        root, holds=info.data, download_hint=info.downloadable, may_create=request.download
+    )
+    check_static_tasks(info.name, request.num_tasks)
+    images, (mean, std) = _static_base(info, Path(root), request.download)
+    images = images.head(request.train_size, request.test_size)
+    return StaticStream(
+        images,
+        name=info.name,
+        mean=mean,
+        std=std,
+        device=torch.device(request.device),
+        crop_flip=images.input_shape[0] == 3,
+        cutout=request.cutout,
+    )
+
+
+def _static_base(
+    info: StreamInfo, root: Path, download: bool
+) -> tuple[ImageSplits, tuple[tuple[float, ...], tuple[float, ...]]]:
+    """The base images of a static stream and their normalisation statistics."""
+    from streams.static import FMNIST_STATS, MNIST_STATS
+
+    if info.base in _CIFAR:
+        loader, mean, std = _CIFAR[info.base]
+        return loader(root, download=download), (mean, std)
+    if info.base == "cinic10":
+        from streams.cinic import CINIC10_MEAN, CINIC10_STD, load_cinic10
+
+        return load_cinic10(root), (CINIC10_MEAN, CINIC10_STD)
+    if info.base == "mnist":
+        return _mnist_images(root, download=download), MNIST_STATS
+    return _fashion_images(root, download=download), FMNIST_STATS
+
+
+def _fashion_images(root: Path, *, download: bool) -> ImageSplits:
+    """Fashion-MNIST train and test; refuses a folder with the test split only (the shared
+    offline copy), which other commands use as public data."""
+    train_x, train_y, test_x, test_y = load_mnist(root, download=download, which="FashionMNIST")
+    if train_x.shape[0] == 0:
+        raise UserError(
+            f"stream 'fmnist' needs Fashion-MNIST's train split, and {root}/FashionMNIST/raw "
+            "holds only the test split; add train-images-idx3-ubyte.gz and "
+            "train-labels-idx1-ubyte.gz there, or pass --download"
+        )
+    return ImageSplits(
+        name="fashion-mnist",
+        train_x=train_x.unsqueeze(1),
+        train_y=train_y,
+        test_x=test_x.unsqueeze(1),
+        test_y=test_y,
+        levels=255,
+        num_classes=10,
     )
 
 

@@ -68,6 +68,8 @@ class StreamInfo:
     builder: str = ""
     base: str = ""
     classes_per_task: int = 0
+    # Whether train batches may get Cutout (``--cutout``): the CIFAR-like image streams.
+    supports_cutout: bool = False
 
     def data_line(self) -> str:
         """Where the stream's data comes from, as `cfl-bench list streams` shows it."""
@@ -125,6 +127,7 @@ def _cifar_info(name: str, base: str, label: str, *, tasks: int, per_task: int) 
         builder=f"{BUILDERS}:build_class_il",
         base=base,
         classes_per_task=per_task,
+        supports_cutout=True,
     )
 
 
@@ -206,6 +209,51 @@ for _name, _description, _tasks, _rounds, _holds in (
         builder="carla_bridge.stream:build_frame_stream",
         base="carla-object-detection",
     )
+
+
+# Static FL streams (streams.static): one task with all classes, the FL papers' setting.
+# Defaults follow FedNTD's CIFAR-10 protocol (5 local epochs, lr 0.01, class shards s = 2)
+# with the smaller model this suite runs on a CPU.
+STATIC_HOLDS = {
+    "mnist": MNIST_HOLDS,
+    "fmnist": "FashionMNIST/raw/{train,t10k}-*-ubyte.gz (torchvision layout, train and test)",
+    "cifar10": CIFAR_HOLDS["seq-cifar10"],
+    "cifar100": CIFAR_HOLDS["seq-cifar100"],
+    "cinic10": "CINIC-10/train/<class>/*.png and CINIC-10/test/<class>/*.png",
+}
+for _name, _label, _model in (
+    ("mnist", "MNIST", "fedavg-cnn"),
+    ("fmnist", "Fashion-MNIST", "fedavg-cnn"),
+    ("cifar10", "CIFAR-10", "fedavg-cnn"),
+    ("cifar100", "CIFAR-100", "fedavg-cnn"),
+    ("cinic10", "CINIC-10", "fedavg-cnn"),
+):
+    STREAMS[_name] = StreamInfo(
+        name=_name,
+        description=f"{_label}, one task with all classes (static non-IID FL)",
+        default_model=_model,
+        default_tasks=1,
+        default_partition="class-shards",
+        needs_data_root=True,
+        default_rounds_per_task=100,
+        default_epochs=5,
+        default_lr=0.01,
+        data=STATIC_HOLDS[_name],
+        downloadable=_name != "cinic10",
+        builder=f"{BUILDERS}:build_static",
+        base=_name,
+        supports_cutout=True,
+    )
+
+
+def check_cutout(info: StreamInfo, cutout: int) -> None:
+    """Refuse ``--cutout`` on a stream whose inputs are not images it augments."""
+    if cutout and not info.supports_cutout:
+        able = ", ".join(name for name, entry in STREAMS.items() if entry.supports_cutout)
+        raise UserError(
+            f"--cutout applies to the image streams {able}; stream {info.name!r} does not "
+            "take it, drop --cutout"
+        )
 
 
 def stream_info(name: str) -> StreamInfo:

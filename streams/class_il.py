@@ -22,7 +22,7 @@ import abc
 import torch
 
 from cfl_bench.errors import UserError
-from streams.augment import crop_flip, normalize
+from streams.augment import crop_flip, cutout, normalize
 from streams.base import Stream, TaskData, TaskTest, TaskTrain, decoded_task, images_identity
 from streams.images import ImageSplits
 
@@ -168,6 +168,8 @@ class ClassILStream(ClassSplitStream):
         mean: tuple[float, ...],
         std: tuple[float, ...],
         device: torch.device,
+        crop_flip: bool = True,
+        cutout: int = 0,
     ) -> None:
         super().__init__(
             name=name,
@@ -185,9 +187,25 @@ class ClassILStream(ClassSplitStream):
         self._images = images.to(self.device)
         black = torch.zeros(1, len(mean), 1, 1, device=self.device)
         self._fill = normalize(black, mean, std).flatten()
+        self.crop_flip, self.cutout = crop_flip, cutout
+        self.augments = crop_flip or cutout > 0
 
     def augment(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        return crop_flip(x, generator, padding=CROP_PADDING, fill=self._fill)
+        """Crop + flip (unless off), then Cutout when asked (FedNTD's order)."""
+        if self.crop_flip:
+            x = crop_flip(x, generator, padding=CROP_PADDING, fill=self._fill)
+        if self.cutout:
+            x = cutout(x, generator, self.cutout)
+        return x
+
+    def augmentation_text(self) -> str:
+        """The train-time augmentation, as ``describe`` records it."""
+        parts = (
+            [f"random crop (padding {CROP_PADDING}) + horizontal flip"] if self.crop_flip else []
+        )
+        if self.cutout:
+            parts.append(f"cutout {self.cutout}x{self.cutout} after normalisation")
+        return " + ".join(parts) or "none"
 
     def protocol_fields(self) -> dict[str, object]:
         return {"data": images_identity(self._base_name, self._images)}
@@ -197,7 +215,7 @@ class ClassILStream(ClassSplitStream):
             **self._base_description(),
             "base": self._base_name,
             "normalisation": {"mean": list(self.mean), "std": list(self.std)},
-            "augmentation": f"random crop (padding {CROP_PADDING}) + horizontal flip",
+            "augmentation": self.augmentation_text(),
         }
 
     def _stored(self, split: str, rows: torch.Tensor) -> torch.Tensor:

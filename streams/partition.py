@@ -102,6 +102,72 @@ class ShardPartitioner(Partitioner):
         }
 
 
+class ClassShardPartitioner(Partitioner):
+    """FedNTD's ``sharding`` split: every shard holds one class, each client s shards.
+
+    With K clients, s shards per client and C classes there are K·s shards, K·s / C per class
+    (so K·s must be a multiple of C). Each class's indices (ascending) are cut into that many
+    contiguous shards whose sizes differ by at most one — nothing is dropped, unlike
+    ``shards``, whose equal cuts of the label-sorted order can straddle two classes. The
+    shards' class labels, C copies each of … K·s/C, are shuffled into a K × s table (client k
+    gets the classes of row k, possibly one class twice, as in the authors' code), and each
+    class's shards are handed out in a seeded random order. Drawn once for all tasks, like
+    ``shards`` (the FL papers' static streams have one task).
+    """
+
+    name = "class-shards"
+
+    def __init__(self, shards_per_client: int = 2) -> None:
+        _check_positive_int("shards_per_client", shards_per_client)
+        self.shards_per_client = shards_per_client
+
+    def split(
+        self, labels: torch.Tensor, num_clients: int, *, task: int, seed: int
+    ) -> list[torch.Tensor]:
+        labels = _check_labels(labels)
+        _check_positive_int("number of clients", num_clients)
+        classes = torch.unique(labels)
+        per_class = self._shards_per_class(num_clients, int(classes.numel()))
+        rng = generator(seed, "partition", "class-shards")
+        shards: list[list[torch.Tensor]] = []
+        for c in classes.tolist():
+            rows = torch.nonzero(labels == c).flatten()
+            if rows.numel() < per_class:
+                raise UserError(
+                    f"the class-shards partition cuts every class into {per_class} shards but "
+                    f"class {c} has {rows.numel()} training samples; use fewer clients or "
+                    f"shards per client, or more data"
+                )
+            pieces = list(torch.tensor_split(rows, per_class))
+            order = torch.randperm(per_class, generator=rng).tolist()
+            shards.append([pieces[i] for i in order])
+        table = torch.arange(classes.numel()).repeat(per_class)
+        table = table[torch.randperm(table.numel(), generator=rng)]
+        table = table.view(num_clients, self.shards_per_client)
+        return [
+            torch.sort(torch.cat([shards[c].pop() for c in row.tolist()])).values for row in table
+        ]
+
+    def _shards_per_class(self, num_clients: int, num_classes: int) -> int:
+        total = num_clients * self.shards_per_client
+        if total % num_classes:
+            raise UserError(
+                f"the class-shards partition gives every class the same number of shards, so "
+                f"clients x shards_per_client ({num_clients} x {self.shards_per_client} = "
+                f"{total}) must be a multiple of the {num_classes} classes; change --clients "
+                f"or class-shards:shards_per_client"
+            )
+        return total // num_classes
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "shards_per_client": self.shards_per_client,
+            "shard": "one class; each class cut into equal contiguous shards (sizes differ <= 1)",
+            "per_task": False,
+        }
+
+
 class IIDPartitioner(Partitioner):
     """A uniformly random split into K near-equal parts (sizes differ by at most one).
 
@@ -255,6 +321,7 @@ class DirichletPartitioner(Partitioner):
 
 _PARTITIONER_TYPES: dict[str, type[Partitioner]] = {
     ShardPartitioner.name: ShardPartitioner,
+    ClassShardPartitioner.name: ClassShardPartitioner,
     IIDPartitioner.name: IIDPartitioner,
     DirichletPartitioner.name: DirichletPartitioner,
 }

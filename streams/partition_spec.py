@@ -23,6 +23,8 @@ from cfl_bench.text_values import (
 PARTITIONERS: dict[str, str] = {
     "shards": "sort by label, cut into equal shards, each client gets shards_per_client "
     "(default 2) at random; drawn once for all tasks (FedGP MNIST split)",
+    "class-shards": "FedNTD sharding: every shard one class, shards_per_client (default 2) "
+    "per client, K x s / C shards per class, nothing dropped; drawn once for all tasks",
     "iid": "uniformly random near-equal split; drawn once for all tasks",
     "dirichlet": "per-class Dir(alpha) label skew (default alpha 0.3), N/K balancing cap, "
     "redrawn until every client has min_size (default 10); drawn afresh per task",
@@ -62,7 +64,7 @@ def parse_partition_spec(spec: str) -> tuple[str, dict[str, object]]:
 
 
 # Other spellings users bring from papers and other code bases.
-_ALIASES: dict[str, str] = {"lda": "dirichlet"}
+_ALIASES: dict[str, str] = {"lda": "dirichlet", "sharding": "class-shards"}
 
 
 def unknown_partition(name: str, *, has_colon: bool) -> str:
@@ -109,6 +111,7 @@ def unknown_option(name: str, key: str) -> str:
 # ``ValueError("must …")`` for a bad value.
 OPTION_PARSERS: dict[str, dict[str, Callable[[str], object]]] = {
     "shards": {"shards_per_client": positive_int},
+    "class-shards": {"shards_per_client": positive_int},
     "iid": {},
     "dirichlet": {
         "alpha": positive_float,

@@ -21,6 +21,7 @@ from streams.catalogue import (
     AVALANCHE_STREAM_HELP,
     STREAMS,
     StreamInfo,
+    check_cutout,
     require_data_root,
     stream_info,
 )
@@ -46,6 +47,7 @@ def build_stream(
     train_size: int | None = None,
     test_size: int | None = None,
     num_clients: int = 1,
+    cutout: int = 0,
 ) -> Stream:
     """Load the base data of stream ``name`` and wrap it as a stream on ``device``.
 
@@ -56,6 +58,7 @@ def build_stream(
     # Cheap checks first: a missing --data-root is refused before any file is read,
     # downloaded or encoded (the builders check the folder and --tasks next).
     require_data_root(name, data_root)
+    check_cutout(info, cutout)
     request = StreamRequest(
         num_tasks=num_tasks,
         seed=seed,
@@ -65,6 +68,7 @@ def build_stream(
         train_size=train_size,
         test_size=test_size,
         num_clients=num_clients,
+        cutout=cutout,
     )
     return builder_of(info)(info, request)
 

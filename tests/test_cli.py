@@ -319,7 +319,7 @@ def test_python_dash_m_cfl_bench_is_the_command(tmp_path: Path) -> None:
     [
         (["--stream", "rot-digit"], "unknown stream 'rot-digit' (did you mean 'rot-digits'?)"),
         (["--stream", "ROT-MNIST"], "(did you mean 'rot-mnist'?)"),
-        (["--model", "resnet9000"], "unknown model 'resnet9000' (did you mean 'resnet18'?)"),
+        (["--model", "resnet180"], "unknown model 'resnet180' (did you mean 'resnet18'?)"),
         (["--model", "cnn"], "unknown model 'cnn'"),
         (["--strategy", "derr"], "unknown strategy component 'derr'; choose from: agem, der,"),
         (["--strategy", "derr"], "(did you mean 'der'?)."),

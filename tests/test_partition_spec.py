@@ -203,11 +203,11 @@ BAD: list[tuple[str, str]] = [
     (
         "dirichlt",
         "unknown partition 'dirichlt' (did you mean 'dirichlet'?); choose one of: "
-        "dirichlet, iid, shards.",
+        "class-shards, dirichlet, iid, shards.",
     ),
     ("shard", "unknown partition 'shard' (did you mean 'shards'?)"),
     ("lda", "unknown partition 'lda' (did you mean 'dirichlet'?)"),
-    ("foo", "unknown partition 'foo'; choose one of: dirichlet, iid, shards."),
+    ("foo", "unknown partition 'foo'; choose one of: class-shards, dirichlet, iid, shards."),
     (
         "DIRICHLET",
         "unknown partition 'DIRICHLET'; partition names are lower case, write 'dirichlet'.",
@@ -222,7 +222,7 @@ BAD: list[tuple[str, str]] = [
     ("dirichlet:ALPHA=1", "(option names are lower case: write 'alpha'); its options are:"),
     (
         "dirichlet:shards_per_client=3",
-        "('shards_per_client' is an option of shards); its options are: alpha",
+        "('shards_per_client' is an option of shards and class-shards); its options are: alpha",
     ),
     ("shards:alpha=1", "('alpha' is an option of dirichlet); its options are: shards_per_client."),
     (

@@ -77,7 +77,7 @@ def test_help_and_listings_import_no_heavy_package(args: list[str]) -> None:
     ("args", "fragment"),
     [
         (["--stream", "rot-digit"], "unknown stream 'rot-digit' (did you mean 'rot-digits'?)"),
-        (["--model", "resnet9000"], "unknown model 'resnet9000' (did you mean 'resnet18'?)"),
+        (["--model", "resnet180"], "unknown model 'resnet180' (did you mean 'resnet18'?)"),
         (["--strategy", "derr"], "unknown strategy component 'derr'"),
         (["--strategy", "der:alpha=inf"], "option der:alpha must be a finite number ≥ 0"),
         (["--strategy", "der+agem"], "two local learners"),
