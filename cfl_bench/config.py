@@ -193,6 +193,13 @@ class RunConfig:
         "evaluate after every round instead of at task ends only",
         flag_off="eval-task-end",
     )
+    diagnostics: bool = option(
+        False,
+        "measure what local training forgets, every round (needs --eval-every-round): each "
+        "participant's in-local / out-local accuracy and weight divergence, the global "
+        "model's class-wise forgetting (FedNTD)",
+        protocol=False,
+    )
     seed: int = option(0, "run seed", minimum=0, maximum=MAX_SEED, protocol=False)
     device: str = option("auto", "where to run", choices=DEVICES, protocol=False)
     threads: int | None = option(

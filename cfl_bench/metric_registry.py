@@ -54,7 +54,7 @@ __all__ = [
 Direction = Literal["higher", "lower"] | None
 #: ``percent``: accuracy or a difference of accuracies (%); ``nats``: a KL divergence;
 #: ``bytes``; ``seconds``; ``count``: a whole number.
-Unit = Literal["percent", "nats", "bytes", "seconds", "count"]
+Unit = Literal["percent", "nats", "bytes", "seconds", "count", "norm"]
 #: ``scalar``: one number; ``curve``: one value per task; ``matrix``: T × T.
 Shape = Literal["scalar", "curve", "matrix"]
 #: ``summary``: computed by :func:`cfl_bench.metrics.summarize` from records.csv; ``run``:
@@ -102,6 +102,12 @@ RECORDED: tuple[RecordedMetric, ...] = (
     RecordedMetric("test_map50", PERCENT),
     RecordedMetric("test_map", PERCENT),
     RecordedMetric("client_acc", PERCENT),
+    # --diagnostics (cfl_bench.engine.diagnostics): per participant and per round.
+    RecordedMetric("in_local_acc", PERCENT),
+    RecordedMetric("out_local_acc", PERCENT),
+    RecordedMetric("weight_divergence", (0.0, INF)),
+    RecordedMetric("class_forgetting", (-100.0, 100.0)),
+    RecordedMetric("round_forgetting", PERCENT),
     RecordedMetric("kl_drift", (0.0, INF), task_end=True),
     RecordedMetric("buffer_drift", (0.0, INF)),
     RecordedMetric("bytes_up", (0.0, INF)),
@@ -339,6 +345,24 @@ METRICS: tuple[MetricSpec, ...] = (
                  "after the final task", unit="percent", direction="higher",
                  family="clients", range=PERCENT, compute=f"client_{p}", source="client_acc")
       for p in ("p10", "p50", "p90")),
+    # --diagnostics (FedNTD): what local training forgets, at the last round.
+    *(MetricSpec(key, label, description, unit=unit, direction=direction,
+                 family="diagnostics", range=bounds, compute=compute, source=source,
+                 when_recorded=True, column=key, views=_v("report"))
+      for key, label, description, unit, direction, bounds, compute, source in (
+          ("in_local_acc_final", "in-local acc", "local models' accuracy on the classes "
+           "their client holds, weighted by its class shares (FedNTD), last round",
+           "percent", "higher", PERCENT, "client_mean_final", "in_local_acc"),
+          ("out_local_acc_final", "out-local acc", "local models' accuracy on the classes "
+           "their client lacks (FedNTD), last round", "percent", "higher", PERCENT,
+           "client_mean_final", "out_local_acc"),
+          ("weight_divergence_final", "weight divergence", "mean ‖θ_k − θ_g‖ of the last "
+           "round's local models", "norm", "lower", (0.0, INF), "client_mean_final",
+           "weight_divergence"),
+          ("class_forgetting_final", "class forgetting", "global model's class-wise "
+           "forgetting over rounds, FedNTD eq. 5, after the last round", "percent",
+           "lower", (-100.0, 100.0), "final_global_value", "class_forgetting"),
+      )),
     # Cost, written by the run (only summary.json knows it).
     MetricSpec("wall_time_s", "wall time", "wall-clock time per run", unit="seconds",
                short="time", direction="lower", family="cost", fmt=".1f", range=AMOUNT,

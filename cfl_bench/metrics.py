@@ -368,9 +368,14 @@ class SummaryInputs:
         return self._cached("spread", metric, lambda: _client_spread_of(self, metric))
 
     def recorded(self, metric: str) -> bool:
-        """Whether the run has global rows of ``metric``."""
+        """Whether the run has global rows of ``metric``, or client rows of a metric only
+        clients record (the diagnostics' in-local accuracy)."""
         metric = self._alias(metric)
-        return self._cached("recorded", metric, lambda: self._has_global(metric))
+        return self._cached(
+            "recorded",
+            metric,
+            lambda: self._has_global(metric) or bool((self.records["metric"] == metric).any()),
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -436,6 +441,19 @@ def final_global_value(inputs: SummaryInputs, source: str) -> float | None:
     if rows.empty:
         return None
     return float(rows.sort_values("round", kind="stable")["value"].astype(float).iloc[-1])
+
+
+def client_mean_final(inputs: SummaryInputs, source: str) -> float | None:
+    """Mean over the last round's participants of a per-client measurement (the
+    diagnostics' in-local accuracy, weight divergence); None when never recorded."""
+    records = inputs.records
+    rows = records[
+        (records["metric"] == source) & records["scope"].astype(str).str.startswith("client_")
+    ]
+    if rows.empty:
+        return None
+    rows = rows.astype({"round": int})
+    return float(rows[rows["round"] == rows["round"].max()]["value"].astype(float).mean())
 
 
 def final_drift(inputs: SummaryInputs, source: str) -> float:

@@ -31,6 +31,7 @@ from cfl_bench.models import MODELS, build_model
 from cfl_bench.progress import RoundReport
 from cfl_bench.resources import cuda_peak_bytes, peak_rss_bytes
 from cfl_bench.round_keeper import RoundKeeper
+from cfl_bench.run_checks import check_diagnostics
 from cfl_bench.run_dir import RunDirectory, free_bytes, os_problem
 from cfl_bench.seeding import derive_seed
 from cfl_bench.threads import (
@@ -173,6 +174,7 @@ def make_schedule(config: RunConfig, strategy: Strategy, num_tasks: int) -> Sche
         async_shift=config.async_shift,
         lead_rounds=config.lead_rounds,
         lr_decay=config.lr_decay,
+        diagnostics=config.diagnostics,
     )
 
 
@@ -212,6 +214,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     device = resolve_device(config.device)
     stream, config = load_stream(config, device)
     check_stream_fits(stream, model_name, asked_partition)
+    check_diagnostics(config, stream.objective.capabilities)
     num_tasks = resolved_int(config.tasks)
     strategy.setup(strategy_env(config, stream, device))
     schedule = make_schedule(config, strategy, num_tasks)

@@ -52,6 +52,9 @@ class ClientJob:
     client: ClientState
     broadcast: Broadcast
     probes: list[EvalSet] | None = None
+    # ``--diagnostics``: the current task's probe, on which the client measures its local
+    # model class by class (``engine.diagnostics``).
+    diagnose: EvalSet | None = None
 
 
 @dataclass
@@ -64,6 +67,9 @@ class ClientResult:
     steps: int
     train_seconds: float
     probe_accuracy: torch.Tensor | None = None
+    # ``--diagnostics``: the local model's per-class accuracy and ‖θ_k − θ_g‖.
+    class_accuracy: torch.Tensor | None = None
+    weight_divergence: torch.Tensor | None = None
 
 
 Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
@@ -105,8 +111,11 @@ class LocalTrainer:
             torch.cuda.synchronize(self.model.params.device)  # once per client: honest timing
         seconds = time.perf_counter() - started
         probe_accuracy = None if job.probes is None else self.score(job.probes)
-        upload = self.finish(job.client, local)
-        return ClientResult(job.client, upload, loss_sum, steps, seconds, probe_accuracy)
+        result = ClientResult(job.client, self.finish(job.client, local), loss_sum, steps, seconds)
+        result.probe_accuracy = probe_accuracy
+        if job.diagnose is not None:
+            result.class_accuracy, result.weight_divergence = self.diagnose(job)
+        return result
 
     def start(self, job: ClientJob) -> LocalRound:
         """Load θ_g into the working model and run the components' client-start hooks."""
@@ -129,6 +138,17 @@ class LocalTrainer:
         for component in self.strategy.all:
             component.after_local(client, upload, local)
         return upload
+
+    def diagnose(self, job: ClientJob) -> tuple[torch.Tensor, torch.Tensor]:
+        """The local model's per-class accuracy on ``job.diagnose`` and its distance from
+        the broadcast θ_g (``engine.diagnostics``)."""
+        from cfl_bench.engine.diagnostics import class_accuracy
+
+        assert job.diagnose is not None
+        probe = job.diagnose
+        logits = self.objective.predict(self.model.module, probe.x, self.decode)
+        divergence = torch.linalg.vector_norm(self.model.params.detach() - job.broadcast.params)
+        return class_accuracy(logits, probe.y, int(logits.shape[1])), divergence
 
     def score(self, probes: list[EvalSet]) -> torch.Tensor:
         """Mean headline metric (accuracy) of the local model over ``probes`` (one per seen

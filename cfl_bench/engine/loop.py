@@ -73,6 +73,7 @@ class Schedule:
     lead_rounds: int = 0
     optimizer: str = "sgd"
     lr_decay: float = 1.0
+    diagnostics: bool = False
 
     @property
     def steps(self) -> StepSchedule:
@@ -150,7 +151,7 @@ class Federation:
             self.server, strategy, s.clients_per_round, s.weighting, s.seed
         )
         self.measure = Measurement(
-            self.model, s.probe_size, stream.objective, stream.as_model_input
+            self.model, s.probe_size, stream.objective, stream.as_model_input, s.diagnostics
         )
         optimizer = local_optimizer(
             s.optimizer, self.model.params, self.model.grads, s.lr, s.momentum, s.weight_decay
@@ -282,7 +283,10 @@ class Federation:
         server = self.server
         broadcast = self.round_server.open_round()
         probes = self.measure.probes(server.task) if server.is_task_end else None
-        jobs = self.round_server.jobs(broadcast, probes)
+        # (The cost estimate's warm-up round runs before the evaluation sets exist.)
+        measured = self.schedule.diagnostics and bool(self.measure.eval_sets)
+        diagnose = self.measure.probe(server.task) if measured else None
+        jobs = self.round_server.jobs(broadcast, probes, diagnose)
         loss_sum = torch.zeros((), device=self.device)
         totals = {"steps": 0, "seconds": 0.0}
 
@@ -296,6 +300,8 @@ class Federation:
                 Measurement.client_spread(
                     out.records, server.round_index, server.task, index, result.probe_accuracy
                 )
+            if result.class_accuracy is not None:
+                Measurement.client_diagnostics(out.records, server.round_index, server.task, result)
             self.round_server.receive(result)
 
         self.executor.train(jobs, receive)

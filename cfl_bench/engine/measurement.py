@@ -14,7 +14,14 @@ from typing import Any
 
 import torch
 
+from cfl_bench.engine.client_update import ClientResult
 from cfl_bench.engine.context import ClientState
+from cfl_bench.engine.diagnostics import (
+    ClassForgetting,
+    class_accuracy,
+    class_shares,
+    local_split_accuracy,
+)
 from cfl_bench.engine.evaluation import EvalSet, mean_kl
 from cfl_bench.flat import FlatModel
 from cfl_bench.objective import Objective
@@ -32,8 +39,11 @@ class Measurement:
         probe_size: int,
         objective: Objective,
         decode: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        diagnostics: bool = False,
     ) -> None:
         self.model = model
+        # ``--diagnostics``: the global model's class-wise forgetting across rounds.
+        self.forgetting = ClassForgetting() if diagnostics else None
         self.probe_size = probe_size
         self.objective = objective
         # Test data is kept in the stream's stored form (uint8 pixels): decoded per chunk.
@@ -78,9 +88,12 @@ class Measurement:
         headlines: dict[str, torch.Tensor] = {}
         for i in range(upto + 1):
             e = self.eval_sets[i]
-            scores = objective.score(objective.predict(module, e.x, self.decode), e.y, e.classes)
+            logits = objective.predict(module, e.x, self.decode)
+            scores = objective.score(logits, e.y, e.classes)
             for metric, value in scores.items():
                 records.append((round_index, trained_task, i, "global", metric, value))
+            if self.forgetting is not None and i == trained_task:
+                self._class_forgetting(records, round_index, trained_task, e, logits)
             if i <= trained_task:
                 seen.append(scores[headline])
             headlines[f"task {i + 1}"] = scores[headline]
@@ -136,6 +149,31 @@ class Measurement:
             scope = f"client_{client.index}"
             records.append((round_index, t, -1, scope, "buffer_drift", mean_kl(stored, current)))
 
+    def _class_forgetting(
+        self, records: list[Record], round_index: int, task: int, e: EvalSet, logits: torch.Tensor
+    ) -> None:
+        """The global model's class-wise forgetting on the current task (diagnostics)."""
+        assert self.forgetting is not None
+        class_acc = class_accuracy(logits, e.y, int(logits.shape[1]))
+        forgetting, drop = self.forgetting.update(class_acc)
+        records.append((round_index, task, task, "global", "class_forgetting", forgetting))
+        records.append((round_index, task, task, "global", "round_forgetting", drop))
+
+    @staticmethod
+    def client_diagnostics(
+        records: list[Record], round_index: int, task: int, result: ClientResult
+    ) -> None:
+        """A client's in-local / out-local accuracy and weight divergence (diagnostics)."""
+        client = result.client
+        assert result.class_accuracy is not None and client.train_y is not None
+        shares = class_shares(client.train_y, int(result.class_accuracy.shape[0]))
+        inside, outside = local_split_accuracy(result.class_accuracy, shares)
+        scope = f"client_{client.index}"
+        records.append((round_index, task, -1, scope, "in_local_acc", inside))
+        records.append((round_index, task, -1, scope, "out_local_acc", outside))
+        divergence = result.weight_divergence
+        records.append((round_index, task, -1, scope, "weight_divergence", divergence))
+
     @staticmethod
     def client_spread(
         records: list[Record], round_index: int, task: int, client: int, value: torch.Tensor
@@ -146,8 +184,13 @@ class Measurement:
 
     # -- state (checkpoints) ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"reference_log_probs": self.reference_log_probs, "latest_acc": self.latest_acc}
+        state = {"reference_log_probs": self.reference_log_probs, "latest_acc": self.latest_acc}
+        if self.forgetting is not None:
+            state["class_forgetting"] = self.forgetting.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.reference_log_probs = dict(state["reference_log_probs"])
         self.latest_acc = state["latest_acc"]
+        if self.forgetting is not None:
+            self.forgetting.load_state_dict(state["class_forgetting"])

@@ -84,12 +84,17 @@ class RoundServer:
             self.comm.down(server.model_bytes, "model")
             client.model_version = server.version
 
-    def jobs(self, broadcast: Broadcast, probes: list[EvalSet] | None) -> list[ClientJob]:
+    def jobs(
+        self,
+        broadcast: Broadcast,
+        probes: list[EvalSet] | None,
+        diagnose: EvalSet | None = None,
+    ) -> list[ClientJob]:
         """The participants' jobs, their downloads counted."""
         jobs = []
         for client in self.state.participants:
             self.send(client, broadcast)
-            jobs.append(ClientJob(client, broadcast, probes))
+            jobs.append(ClientJob(client, broadcast, probes, diagnose))
         return jobs
 
     # -- uploads ------------------------------------------------------------------------------
