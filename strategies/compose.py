@@ -220,12 +220,9 @@ class Strategy:
 
     def setup(self, env: StrategyEnv) -> None:
         for c in self.all:
-            missing = c.requires - capabilities(env)
-            if missing:
-                raise UserError(
-                    f"'{c.name}' needs {', '.join(sorted(missing))}, which stream "
-                    f"'{env.stream_name}' does not provide; pick another stream or drop it."
-                )
+            refusal = requirement_refusal(c, env)
+            if refusal is not None:
+                raise UserError(refusal)
             c.objective = env.objective
             c.setup(env)
 
@@ -244,9 +241,29 @@ class Strategy:
 
 
 def capabilities(env: StrategyEnv) -> frozenset[str]:
-    """What a stream offers components: its objective's capabilities (class logits for
-    every classification stream)."""
-    return env.objective.capabilities
+    """What a run offers components: its objective's capabilities (class logits for every
+    classification stream) and its model's (``features`` for models with a representation)."""
+    return env.objective.capabilities | env.model.capabilities
+
+
+def requirement_refusal(component: Component, env: StrategyEnv) -> str | None:
+    """The sentence refusing ``component`` when the model or the stream lacks something it
+    requires, naming what would provide it; None when nothing is missing."""
+    missing = component.requires - capabilities(env)
+    for need in sorted(missing):
+        models = env.model.models_offering(need)
+        if models:  # a model capability: another --model fixes it
+            model = f"model '{env.model.name}'" if env.model.name else "this run's model"
+            return (
+                f"'{component.name}' needs the model's {need}, which {model} does not "
+                f"provide; use --model {' or '.join(models)}, or drop '{component.name}'."
+            )
+    if missing:
+        return (
+            f"'{component.name}' needs {', '.join(sorted(missing))}, which stream "
+            f"'{env.stream_name}' does not provide; pick another stream or drop it."
+        )
+    return None
 
 
 def build_strategy(text: str) -> Strategy:
