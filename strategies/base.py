@@ -138,6 +138,11 @@ def text(raw: str) -> str:
     return raw
 
 
+#: Capabilities a model (not the stream's objective) provides; the run's model facts say which
+#: of them its model has (``cfl_bench.model_catalogue`` lists them per model).
+MODEL_CAPABILITIES: frozenset[str] = frozenset({"features"})
+
+
 @dataclass(frozen=True)
 class ModelFacts:
     """What the run's model offers components beyond its outputs, bound by the run from the

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from cfl_bench.errors import UserError
 from cfl_bench.text_values import split_options
-from strategies.base import Component, Learner, Role, StrategyEnv, quoted
+from strategies.base import MODEL_CAPABILITIES, Component, Learner, Role, StrategyEnv, quoted
 from strategies.registry import component_classes
 
 # "+" separates components unless it is a number's sign: directly after "=" or after a digit
@@ -250,14 +250,14 @@ def requirement_refusal(component: Component, env: StrategyEnv) -> str | None:
     """The sentence refusing ``component`` when the model or the stream lacks something it
     requires, naming what would provide it; None when nothing is missing."""
     missing = component.requires - capabilities(env)
-    for need in sorted(missing):
+    for need in sorted(missing & MODEL_CAPABILITIES):  # another --model fixes these
+        model = f"model '{env.model.name}'" if env.model.name else "this run's model"
         models = env.model.models_offering(need)
-        if models:  # a model capability: another --model fixes it
-            model = f"model '{env.model.name}'" if env.model.name else "this run's model"
-            return (
-                f"'{component.name}' needs the model's {need}, which {model} does not "
-                f"provide; use --model {' or '.join(models)}, or drop '{component.name}'."
-            )
+        fix = f"use --model {' or '.join(models)}" if models else "use a model that has them"
+        return (
+            f"'{component.name}' needs the model's {need}, which {model} does not provide; "
+            f"{fix}, or drop '{component.name}'."
+        )
     if missing:
         return (
             f"'{component.name}' needs {', '.join(sorted(missing))}, which stream "
