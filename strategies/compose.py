@@ -19,9 +19,8 @@ Validation refuses, each with one sentence naming the fix: empty pieces (``der+`
 ``der++fedgp``, ``der:``, ``der:alpha=1,``), a second ``:`` or ``=``, unknown names and
 options, options given twice, components given twice, two learners, two aggregators, and
 components whose requirements the stream or the model does not meet — before any data is
-loaded. Why
-empty pieces are refused rather than skipped: they are where something was meant to be
-written (an unset shell variable in ``der:alpha=1,$MORE``), and a run that silently drops it
+loaded. Why empty pieces are refused rather than skipped: they are where something was meant
+to be written (an unset shell variable in ``der:alpha=1,$MORE``), and a run that silently drops it
 would be recorded as if the user had asked for the defaults.
 """
 
