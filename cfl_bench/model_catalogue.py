@@ -26,6 +26,27 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
 }
 #: Models whose outputs are dense detection maps; every other model gives class logits.
 DETECTION_MODELS: frozenset[str] = frozenset({"centernet"})
+#: What each model offers strategy components beyond its outputs. ``features``: the model has
+#: ``representation(x)`` (the features its last layer reads) and ``classify(z)``, with
+#: ``forward(x) == classify(representation(x))`` (MOON requires it; a test pins both).
+MODEL_CAPABILITIES: dict[str, frozenset[str]] = {
+    name: frozenset({"features"})
+    for name in ("mnist-cnn", "mlp", "cifar-cnn", "resnet18", "resnet8", "fedavg-cnn")
+}
+
+
+def model_capabilities(name: str) -> frozenset[str]:
+    """The capabilities of model ``name`` (none for a model the table does not list)."""
+    return MODEL_CAPABILITIES.get(name, frozenset())
+
+
+def models_offering() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Each capability with the models that offer it (sorted), for refusals' hints."""
+    capabilities = sorted(set().union(*MODEL_CAPABILITIES.values()))
+    return tuple(
+        (cap, tuple(sorted(m for m, caps in MODEL_CAPABILITIES.items() if cap in caps)))
+        for cap in capabilities
+    )
 
 
 def check_model_name(name: str) -> None:

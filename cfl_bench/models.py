@@ -34,11 +34,18 @@ class MnistCNN(nn.Module):
         self.fc2 = nn.Linear(50, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classify(self.representation(x))
+
+    def representation(self, x: torch.Tensor) -> torch.Tensor:
+        """The 50 features the last layer reads (after fc1, ReLU and dropout)."""
         x = F.relu(F.max_pool2d(self.conv1(x), 2))
         x = F.relu(F.max_pool2d(self.conv2_drop(self.conv2(x)), 2))
         x = x.flatten(1)
-        x = F.dropout(F.relu(self.fc1(x)), training=self.training)
-        return self.fc2(x)
+        return F.dropout(F.relu(self.fc1(x)), training=self.training)
+
+    def classify(self, z: torch.Tensor) -> torch.Tensor:
+        """Class logits of a representation: ``forward(x) == classify(representation(x))``."""
+        return self.fc2(z)
 
 
 class MLP(nn.Module):
@@ -57,6 +64,14 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+    def representation(self, x: torch.Tensor) -> torch.Tensor:
+        """The second hidden layer's activations (what the output layer reads)."""
+        return self.net[:-1](x)
+
+    def classify(self, z: torch.Tensor) -> torch.Tensor:
+        """Class logits of a representation: ``forward(x) == classify(representation(x))``."""
+        return self.net[-1](z)
 
 
 class CifarCNN(nn.Module):
@@ -86,7 +101,15 @@ class CifarCNN(nn.Module):
         self.head = nn.Linear(128, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(F.adaptive_avg_pool2d(self.features(x), 1).flatten(1))
+        return self.classify(self.representation(x))
+
+    def representation(self, x: torch.Tensor) -> torch.Tensor:
+        """The globally pooled 128 channels the linear head reads."""
+        return F.adaptive_avg_pool2d(self.features(x), 1).flatten(1)
+
+    def classify(self, z: torch.Tensor) -> torch.Tensor:
+        """Class logits of a representation: ``forward(x) == classify(representation(x))``."""
+        return self.head(z)
 
 
 class FedAvgCNN(nn.Module):
@@ -108,9 +131,17 @@ class FedAvgCNN(nn.Module):
         self.classifier = nn.Linear(512, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classify(self.representation(x))
+
+    def representation(self, x: torch.Tensor) -> torch.Tensor:
+        """The 512 ReLU features the classifier reads (MOON's z in FedNTD's code)."""
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.classifier(F.relu(self.fc(x.flatten(1))))
+        return F.relu(self.fc(x.flatten(1)))
+
+    def classify(self, z: torch.Tensor) -> torch.Tensor:
+        """Class logits of a representation: ``forward(x) == classify(representation(x))``."""
+        return self.classifier(z)
 
 
 def _require_cifar_shape(name: str, input_shape: tuple[int, ...]) -> None:

@@ -58,10 +58,17 @@ class CifarResNet18(nn.Module):
         self.linear = nn.Linear(512, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classify(self.representation(x))
+
+    def representation(self, x: torch.Tensor) -> torch.Tensor:
+        """The globally pooled 512 channels the linear layer reads."""
         out = F.relu(self.bn1(self.conv1(x)))
         out = self.layer4(self.layer3(self.layer2(self.layer1(out))))
-        out = F.adaptive_avg_pool2d(out, 1).flatten(1)
-        return self.linear(out)
+        return F.adaptive_avg_pool2d(out, 1).flatten(1)
+
+    def classify(self, z: torch.Tensor) -> torch.Tensor:
+        """Class logits of a representation: ``forward(x) == classify(representation(x))``."""
+        return self.linear(z)
 
 
 class CifarResNet8(nn.Module):
@@ -77,6 +84,14 @@ class CifarResNet8(nn.Module):
         self.linear = nn.Linear(64, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classify(self.representation(x))
+
+    def representation(self, x: torch.Tensor) -> torch.Tensor:
+        """The globally pooled 64 channels the linear layer reads."""
         out = F.relu(self.bn1(self.conv1(x)))
         out = self.layer3(self.layer2(self.layer1(out)))
-        return self.linear(F.adaptive_avg_pool2d(out, 1).flatten(1))
+        return F.adaptive_avg_pool2d(out, 1).flatten(1)
+
+    def classify(self, z: torch.Tensor) -> torch.Tensor:
+        """Class logits of a representation: ``forward(x) == classify(representation(x))``."""
+        return self.linear(z)

@@ -26,7 +26,7 @@ from cfl_bench.engine.loop import Federation, RunOutcome, Schedule
 from cfl_bench.engine.splits import TaskSplit, plan_splits
 from cfl_bench.errors import UserError
 from cfl_bench.metrics import summarize
-from cfl_bench.model_catalogue import DETECTION_MODELS
+from cfl_bench.model_catalogue import DETECTION_MODELS, model_capabilities, models_offering
 from cfl_bench.models import MODELS, build_model
 from cfl_bench.progress import RoundReport
 from cfl_bench.resources import cuda_peak_bytes, peak_rss_bytes
@@ -42,7 +42,7 @@ from cfl_bench.threads import (
     usable_cores,
 )
 from cfl_bench.trackers import Tracker, check_available, open_trackers, parse_trackers
-from strategies.base import StrategyEnv
+from strategies.base import ModelFacts, StrategyEnv
 from strategies.compose import Strategy, build_strategy
 from streams.base import Stream
 from streams.partition import Partitioner, client_class_counts, partitioner_from_spec
@@ -326,6 +326,9 @@ def strategy_env(config: RunConfig, stream: Stream, device: torch.device) -> Str
         data_root=config.data_root,
         public_images=functools.partial(public_images, config.data_root),
         objective=stream.objective,
+        model=ModelFacts(
+            str(config.model), model_capabilities(str(config.model)), models_offering()
+        ),
     )
 
 

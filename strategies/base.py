@@ -138,6 +138,30 @@ def text(raw: str) -> str:
     return raw
 
 
+#: Capabilities a model (not the stream's objective) provides; the run's model facts say which
+#: of them its model has (``cfl_bench.model_catalogue`` lists them per model).
+MODEL_CAPABILITIES: frozenset[str] = frozenset({"features"})
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the run's model offers components beyond its outputs, bound by the run from the
+    torch-free model catalogue (strategies import no catalogue).
+
+    ``features``: the model has ``representation(x)`` (the features its classifier reads) and
+    ``classify(z)``, with ``forward(x) == classify(representation(x))`` (MOON contrasts
+    representations). ``offered_by`` names, per capability, the models that offer it, for the
+    refusal's hint.
+    """
+
+    name: str = ""
+    capabilities: frozenset[str] = frozenset()
+    offered_by: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def models_offering(self, capability: str) -> tuple[str, ...]:
+        return dict(self.offered_by).get(capability, ())
+
+
 @dataclass(frozen=True)
 class StrategyEnv:
     """What a component may know about the run when it is set up."""
@@ -159,6 +183,8 @@ class StrategyEnv:
     # take their loss from it (``Component.objective``) and their requirements are checked
     # against its capabilities.
     objective: Objective = field(default_factory=Classification)
+    # The run's model: its name and capabilities (none unless the run says so).
+    model: ModelFacts = field(default_factory=ModelFacts)
 
 
 class Component:
@@ -210,6 +236,11 @@ class Component:
     def adjust_schedule(self, rounds_per_task: int, epochs: int) -> tuple[int, int]:
         """Components that change the communication schedule (FedGP equal_comm) do it here."""
         return rounds_per_task, epochs
+
+    def wants_representation(self) -> bool:
+        """Whether the local steps must keep the batch's representation
+        (``StepContext.representation``); only a component requiring ``features`` may ask."""
+        return False
 
     def resolved_options(self) -> dict[str, object]:
         return dict(self.values)
@@ -301,7 +332,12 @@ class Learner(Component):
     def loss(self, step: StepContext) -> torch.Tensor:
         """Forward the batch, store the outputs in ``step.outputs``, return the objective's
         loss."""
-        step.outputs = step.model.module(step.x)
+        module = step.model.module
+        if step.keep_representation:  # the same operations as module(x), z kept on the way
+            step.representation = module.representation(step.x)
+            step.outputs = module.classify(step.representation)
+        else:
+            step.outputs = module(step.x)
         return self.objective.loss(step.outputs, step.y)
 
     def training_data(

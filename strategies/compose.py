@@ -18,9 +18,9 @@ such as ``fedprox:mu=1e+20`` parse back. Numbers are plain decimals (see
 Validation refuses, each with one sentence naming the fix: empty pieces (``der+``, ``+der``,
 ``der++fedgp``, ``der:``, ``der:alpha=1,``), a second ``:`` or ``=``, unknown names and
 options, options given twice, components given twice, two learners, two aggregators, and
-components whose requirements the stream does not meet — before any data is loaded. Why
-empty pieces are refused rather than skipped: they are where something was meant to be
-written (an unset shell variable in ``der:alpha=1,$MORE``), and a run that silently drops it
+components whose requirements the stream or the model does not meet — before any data is
+loaded. Why empty pieces are refused rather than skipped: they are where something was meant
+to be written (an unset shell variable in ``der:alpha=1,$MORE``), and a run that silently drops it
 would be recorded as if the user had asked for the defaults.
 """
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from cfl_bench.errors import UserError
 from cfl_bench.text_values import split_options
-from strategies.base import Component, Learner, Role, StrategyEnv, quoted
+from strategies.base import MODEL_CAPABILITIES, Component, Learner, Role, StrategyEnv, quoted
 from strategies.registry import component_classes
 
 # "+" separates components unless it is a number's sign: directly after "=" or after a digit
@@ -220,12 +220,9 @@ class Strategy:
 
     def setup(self, env: StrategyEnv) -> None:
         for c in self.all:
-            missing = c.requires - capabilities(env)
-            if missing:
-                raise UserError(
-                    f"'{c.name}' needs {', '.join(sorted(missing))}, which stream "
-                    f"'{env.stream_name}' does not provide; pick another stream or drop it."
-                )
+            refusal = requirement_refusal(c, env)
+            if refusal is not None:
+                raise UserError(refusal)
             c.objective = env.objective
             c.setup(env)
 
@@ -244,9 +241,29 @@ class Strategy:
 
 
 def capabilities(env: StrategyEnv) -> frozenset[str]:
-    """What a stream offers components: its objective's capabilities (class logits for
-    every classification stream)."""
-    return env.objective.capabilities
+    """What a run offers components: its objective's capabilities (class logits for every
+    classification stream) and its model's (``features`` for models with a representation)."""
+    return env.objective.capabilities | env.model.capabilities
+
+
+def requirement_refusal(component: Component, env: StrategyEnv) -> str | None:
+    """The sentence refusing ``component`` when the model or the stream lacks something it
+    requires, naming what would provide it; None when nothing is missing."""
+    missing = component.requires - capabilities(env)
+    for need in sorted(missing & MODEL_CAPABILITIES):  # another --model fixes these
+        model = f"model '{env.model.name}'" if env.model.name else "this run's model"
+        models = env.model.models_offering(need)
+        fix = f"use --model {' or '.join(models)}" if models else "use a model that has them"
+        return (
+            f"'{component.name}' needs the model's {need}, which {model} does not provide; "
+            f"{fix}, or drop '{component.name}'."
+        )
+    if missing:
+        return (
+            f"'{component.name}' needs {', '.join(sorted(missing))}, which stream "
+            f"'{env.stream_name}' does not provide; pick another stream or drop it."
+        )
+    return None
 
 
 def build_strategy(text: str) -> Strategy:

@@ -9,12 +9,14 @@ from strategies.derpp import DERPP
 from strategies.er import ER
 from strategies.fedavg import FedAvg
 from strategies.fedcurv import FedCurv
+from strategies.feddyn import FedDyn
 from strategies.fedgp import FedGP
 from strategies.fedntd import FedNTD
 from strategies.fedproj import FedProj
 from strategies.fedprox import FedProx
 from strategies.ideal import Ideal
 from strategies.ifa import IFA
+from strategies.moon import MOON
 
 
 def component_classes() -> dict[str, type[Component]]:
@@ -31,10 +33,12 @@ def component_classes() -> dict[str, type[Component]]:
         FedProx,
         FedCurv,
         FedNTD,
+        MOON,
         # gradient transforms, aggregators, schedules
         FedProj,
         FedGP,
         IFA,
+        FedDyn,
     ]
     return {cls.name: cls for cls in classes}
 

@@ -15,9 +15,10 @@ from cfl_bench.engine.loop import Federation, Schedule
 from cfl_bench.engine.optim import FlatSGD
 from cfl_bench.engine.round_server import RoundServer
 from cfl_bench.flat import FlatModel
+from cfl_bench.model_catalogue import model_capabilities, models_offering
 from cfl_bench.models import build_model
 from cfl_bench.objective import Classification
-from strategies.base import Component, StrategyEnv
+from strategies.base import Component, ModelFacts, StrategyEnv
 from strategies.compose import Strategy, build_strategy
 from streams.partition import ShardPartitioner
 from streams.public_data import public_images
@@ -173,6 +174,7 @@ def digits_federation(
             data_root=None,
             public_images=functools.partial(public_images, None),
             objective=stream.objective,
+            model=ModelFacts("mlp", model_capabilities("mlp"), models_offering()),
         )
     )
     torch.manual_seed(0)

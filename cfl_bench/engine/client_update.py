@@ -93,9 +93,11 @@ class LocalTrainer:
     loss_terms: list[Component] = field(init=False)
     transforms: list[Component] = field(init=False)
     base_lr: float = field(init=False)
+    keep_representation: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.base_lr = self.optimizer.lr
+        self.keep_representation = any(c.wants_representation() for c in self.strategy.all)
         # Resolved once: the strategy's role lists are computed properties, and a step
         # must not sort the transform chain again.
         self.loss_terms = self.strategy.loss_terms
@@ -200,6 +202,7 @@ class LocalTrainer:
                     buffer_batch_size=s.buffer_batch_size,
                     raw_x=None if augment is None else raw,
                     replay_augment=replay_augment,
+                    keep_representation=self.keep_representation,
                 )
                 loss_sum += self.step(step)
                 steps += 1

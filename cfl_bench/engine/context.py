@@ -196,6 +196,11 @@ class StepContext:
     raw_x: torch.Tensor | None = None
     # Train augmentation re-applied to replayed buffer inputs (None: replay as stored).
     replay_augment: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # Whether the learner's forward keeps the batch's representation (the features the
+    # classifier reads) in ``representation``: set when a component asks for it (MOON), so
+    # it costs no second forward pass.
+    keep_representation: bool = False
+    representation: torch.Tensor | None = None
 
     def replay_input(self, x: torch.Tensor) -> torch.Tensor:
         """A buffer draw's inputs as the model should see them during local training."""
