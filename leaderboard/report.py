@@ -255,10 +255,13 @@ def task_figures(data: RunData, scenario_label: str) -> list[dict[str, Any]]:
 
 
 def round_figures(data: RunData) -> list[dict[str, Any]]:
+    from leaderboard.report_curves import round_accuracy_svg
     from leaderboard.report_plots import rounds_svg
     from leaderboard.run_data import per_round
 
     records = data.records
+    ends = [e for e in data.eval_rounds if e <= max(data.rounds_done, 1)]
+    curves = round_accuracy_svg(records, ends, "r-round-acc")
     svg = rounds_svg(
         per_round(records, "train_loss"),
         per_round(records, "bytes_up", "sum"),
@@ -269,6 +272,10 @@ def round_figures(data: RunData) -> list[dict[str, Any]]:
     )
     return _figures(
         [
+            (curves, "Accuracy (%) of the global model after every round (--eval-every-round; "
+             "the final round's value is Acc_T, never the best round's). With --diagnostics, "
+             "right: the round's participants' mean accuracy on the classes they hold and on "
+             "those they lack, and the global model's class-wise forgetting (FedNTD eq. 5)."),
             (svg, "Left: training loss per round (mean over the round's local steps). Right: "
              "bytes sent up (clients → server) and down per round, all clients together. "
              "Dotted lines: task ends (where the accuracy matrix is measured)."),

@@ -95,3 +95,19 @@ def test_diagnostics_need_per_round_evaluation(tmp_path: Path) -> None:
         result.output
     )
     assert not (tmp_path / "x").exists()
+
+
+def test_the_report_draws_the_per_round_curves(tmp_path: Path) -> None:
+    from leaderboard.report_curves import accuracy_by_round, diagnostics_by_round
+
+    _run(tmp_path / "diag", "--diagnostics")
+    records = pd.read_csv(tmp_path / "diag" / "records.csv")
+    acc = accuracy_by_round(records)
+    assert list(acc.index) == [0, 1, 2, 3] and list(acc.columns) == [0]
+    diagnostics = diagnostics_by_round(records)
+    assert list(diagnostics.columns) == ["in_local_acc", "out_local_acc", "class_forgetting"]
+    assert list(diagnostics.index) == [1, 2, 3]
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "diag")])
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "diag" / "report.html").read_text()
+    assert 'id="r-round-acc-figure_1"' in page and "what local training forgets" in page
