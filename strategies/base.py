@@ -112,6 +112,11 @@ class Option:
     # How a parsed value is written back in the strategy's canonical name; it must parse
     # to the same value (e.g. ifa's generation None → "task").
     show: Callable[[object], str] = lambda value: AUTO if value is None else str(value)
+    # An option added after runs were recorded: left at its default it is not written into
+    # the run's config (``Component.resolved_options``), so those runs keep their protocol
+    # hash and sweeps still recognise them as done. Only for options whose default keeps
+    # the behaviour the earlier runs had.
+    quiet_default: bool = False
 
     def convert(self, component: str, raw: str) -> object:
         """The typed value of ``raw``, or a ``UserError`` naming the option and the rule.
@@ -243,7 +248,10 @@ class Component:
         return False
 
     def resolved_options(self) -> dict[str, object]:
-        return dict(self.values)
+        """The options the run's config records: every value, except quiet options left at
+        their default (see ``Option.quiet_default``)."""
+        quiet = {o.name for o in self.options if o.quiet_default and o.name not in self.explicit}
+        return {k: v for k, v in self.values.items() if k not in quiet}
 
     def holdout_per_task(self, train_size: int) -> int:
         """Of a task's ``train_size`` examples, how many no client may hold (FedProj's

@@ -81,3 +81,22 @@ def test_transform_chain_order_is_fixed() -> None:
 def test_refusals_are_user_errors(text: str, fragment: str) -> None:
     with pytest.raises(UserError, match=fragment):
         build_strategy(text)
+
+
+def test_quiet_default_options_stay_out_of_the_recorded_config() -> None:
+    """An option added after runs were recorded keeps their config (and protocol hash)
+    unchanged while it is left at its default, and is recorded once it is written."""
+    from typing import ClassVar
+
+    from strategies.base import Component, Option, positive_int
+
+    class Probe(Component):
+        name: ClassVar[str] = "probe"
+        options: ClassVar[tuple[Option, ...]] = (
+            Option("old", 1, "recorded since the first runs", positive_int),
+            Option("new", 2, "added later", positive_int, quiet_default=True),
+        )
+
+    assert Probe().resolved_options() == {"old": 1}
+    assert Probe({"new": 2}).resolved_options() == {"old": 1, "new": 2}
+    assert Probe({"new": 3}).resolved_options() == {"old": 1, "new": 3}
