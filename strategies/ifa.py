@@ -9,6 +9,13 @@ aggregation, a selected part of the global parameters is reset:
   parameter count is nearest to ρ·P, at least one layer. Whole layers cannot hit ρ·P
   exactly: on ``mnist-cnn`` (21,840 parameters) ρ = 0.2 selects the output layer fc2
   (510 parameters, 2.3 %), because adding fc1 would reach 75.8 %.
+  That is ``later_unit=params`` (default). ``later_unit=layers`` is the paper's reading:
+  the last max(1, round(ρ·L)) of the model's L weight layers (convolutions and linear
+  layers; a normalisation layer's affine parameters go with the weight layer before it,
+  as in every ResNet's conv→BN pairs). On the CIFAR ResNet-18 (11.17M parameters,
+  21 weight layers) ρ = 0.2 resets the last 4 (fc, layer4's last two convolutions and
+  its shortcut: 43.5 % of the parameters), while ``params`` resets 21.2 % (the suffix
+  from layer4.1.conv2).
 * ``mode=random`` — round(ρ·P) scalar parameters drawn uniformly without replacement, a fresh
   draw per generation from the seeded generator ``(seed, "ifa", generation)``.
 
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+from cfl_bench.errors import UserError
 from strategies.base import Component, Option, StrategyEnv, positive_int, text, unit_fraction
 
 if TYPE_CHECKING:
@@ -29,6 +37,16 @@ if TYPE_CHECKING:
 
     from cfl_bench.engine.context import ServerState
     from cfl_bench.flat import ParamSlice
+
+
+def suggest_generation(total: int) -> int | None:
+    """A generation length that resets at least once but not after the last round of a
+    ``total``-round run: the largest N ≤ 0.4·total not dividing it (two or more resets),
+    else any N < total not dividing it; None when there is none (total ≤ 2)."""
+    for n in [*range(int(0.4 * total), 1, -1), *range(total - 1, 1, -1)]:
+        if total % n:
+            return n
+    return None
 
 
 def generation_length(raw: str) -> int | None:
@@ -44,14 +62,7 @@ def generation_length(raw: str) -> int | None:
 
 def later_layers_start(slices: tuple[ParamSlice, ...], rho: float) -> int:
     """Flat offset where the selected suffix of whole layers begins (``mode=later``)."""
-    layers: list[tuple[str, int, int]] = []  # (module name, start, numel), parameters() order
-    for s in slices:
-        module = s.name.rpartition(".")[0]
-        if layers and layers[-1][0] == module:
-            name, start, numel = layers[-1]
-            layers[-1] = (name, start, numel + s.numel)
-        else:
-            layers.append((module, s.start, s.numel))
+    layers = _layers(slices)
     total = sum(numel for _, _, numel in layers)
     target = rho * total
     best_start, best_gap, count = layers[-1][1], float("inf"), 0
@@ -61,6 +72,42 @@ def later_layers_start(slices: tuple[ParamSlice, ...], rho: float) -> int:
         if gap < best_gap:
             best_start, best_gap = start, gap
     return best_start
+
+
+def _layers(slices: tuple[ParamSlice, ...]) -> list[tuple[str, int, int]]:
+    """(module name, flat start, numel) of every module that owns parameters, in
+    ``parameters()`` order."""
+    layers: list[tuple[str, int, int]] = []
+    for s in slices:
+        module = s.name.rpartition(".")[0]
+        if layers and layers[-1][0] == module:
+            name, start, numel = layers[-1]
+            layers[-1] = (name, start, numel + s.numel)
+        else:
+            layers.append((module, s.start, s.numel))
+    return layers
+
+
+def later_weight_layers_start(
+    slices: tuple[ParamSlice, ...], rho: float, norm_modules: frozenset[str]
+) -> int:
+    """Flat offset where the last max(1, round(ρ·L)) weight layers begin
+    (``later_unit=layers``): L counts the modules owning parameters that are not in
+    ``norm_modules``; a norm layer's parameters belong to the weight layer before it, so
+    the suffix starts at a weight layer and takes every norm layer after it."""
+    weight_layers = [start for name, start, _ in _layers(slices) if name not in norm_modules]
+    if not weight_layers:  # a model made only of norm layers: reset everything
+        return 0
+    count = max(1, round(rho * len(weight_layers)))
+    return weight_layers[-min(count, len(weight_layers))]
+
+
+def norm_module_names(module: torch.nn.Module) -> frozenset[str]:
+    """Names of the normalisation layers (batch, group, layer, instance norm) of ``module``."""
+    from torch import nn
+
+    kinds = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+    return frozenset(name for name, m in module.named_modules() if isinstance(m, kinds))
 
 
 def random_selection(num_params: int, rho: float, seed: int, index: int) -> torch.Tensor:
@@ -95,6 +142,15 @@ class IFA(Component):
             show=lambda value: "task" if value is None else str(value),
         ),
         Option(
+            "later_unit",
+            "params",
+            "mode=later: params = the suffix of whole layers nearest ρ·P parameters; "
+            "layers = the last round(ρ·L) of the L weight layers (the paper)",
+            text,
+            choices=("params", "layers"),
+            quiet_default=True,
+        ),
+        Option(
             "reset_to",
             "generation_start",
             "reset to the generation's starting values or to the initial ones",
@@ -109,10 +165,40 @@ class IFA(Component):
         generation = self.values["generation"]
         self.generation = generation if isinstance(generation, int) else None
         self.to_init = self.values["reset_to"] == "init"
+        self.by_layers = self.values["later_unit"] == "layers"
+        self.static = env.scenario == "static"
+        self.num_tasks = env.num_tasks
         self.seed = env.seed
         self.initial: torch.Tensor | None = None
         self.start: torch.Tensor | None = None
         self.resets = 0
+
+    def adjust_schedule(self, rounds_per_task: int, epochs: int) -> tuple[int, int]:
+        """Refuse a static run whose last round ends a generation: its reset would come
+        after the final aggregation, so the one accuracy a static run reports would be of a
+        freshly reset model that never adapted (the caveat in docs/methods.md, fatal here).
+        A generation longer than the run never resets and is refused too. Continual streams
+        keep the documented behaviour: their later tasks adapt."""
+        total = rounds_per_task * self.num_tasks
+        if not self.static:
+            return rounds_per_task, epochs
+        if self.generation is None or total % self.generation == 0:
+            every = "one task's" if self.generation is None else str(self.generation)
+            problem = (
+                f"ifa resets θ_g every {every} rounds, so on a static stream it would reset "
+                f"the final model after round {total} with no round left to adapt"
+            )
+        elif self.generation > total:
+            problem = f"ifa:generation={self.generation} never resets in a {total}-round run"
+        else:
+            return rounds_per_task, epochs
+        suggestion = suggest_generation(total)
+        if suggestion is None:
+            raise UserError(f"{problem}; give the run at least 3 rounds.")
+        raise UserError(
+            f"{problem}; give ifa:generation=N with N < {total} not dividing {total} "
+            f"(e.g. ifa:generation={suggestion})."
+        )
 
     def _starts(self, server: ServerState) -> bool:
         if self.generation is None:  # one (global) task: see cfl_bench.engine.task_clock
@@ -137,7 +223,7 @@ class IFA(Component):
         assert source is not None  # on_round_start ran for this generation
         params = server.global_params
         if self.mode == "later":
-            begin = later_layers_start(server.model.slices, self.rho)
+            begin = self._later_start(server)
             params[begin:] = source[begin:]
         else:
             idx = random_selection(params.numel(), self.rho, self.seed, self.resets).to(
@@ -145,3 +231,10 @@ class IFA(Component):
             )
             params[idx] = source[idx]
         self.resets += 1
+
+    def _later_start(self, server: ServerState) -> int:
+        slices = server.model.slices
+        if not self.by_layers:
+            return later_layers_start(slices, self.rho)
+        norms = norm_module_names(server.model.module)
+        return later_weight_layers_start(slices, self.rho, norms)

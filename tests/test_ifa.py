@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 from cfl_bench.engine.context import ServerState
+from cfl_bench.errors import UserError
 from cfl_bench.flat import FlatModel
 from cfl_bench.models import build_model
-from strategies.ifa import IFA, later_layers_start, random_selection
+from strategies.ifa import (
+    IFA,
+    later_layers_start,
+    later_weight_layers_start,
+    norm_module_names,
+    random_selection,
+    suggest_generation,
+)
 from tests.helpers import env, server
 
 
@@ -79,3 +88,68 @@ def test_later_selection_on_the_mnist_cnn() -> None:
     assert later_layers_start(model.slices, 0.2) == 21_840 - 510  # fc2 only
     assert later_layers_start(model.slices, 0.7) == 21_840 - 16_560  # fc1 + fc2
     assert later_layers_start(model.slices, 1.0) == 0
+
+
+def test_later_unit_layers_counts_weight_layers_with_their_norms() -> None:
+    """conv(3→2, 3×3) 56, bn 4, conv(2→2, 1×1) 6, bn 4, linear(2→3) 9: L = 3 weight layers.
+    ρ = 0.4 → round(1.2) = 1 layer (the linear); ρ = 0.5 → round(1.5) = 2 (from the second
+    conv, its BN included); ρ = 0.01 still resets one layer."""
+    module = nn.Sequential(
+        nn.Conv2d(3, 2, 3), nn.BatchNorm2d(2), nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2),
+        nn.Flatten(), nn.Linear(2, 3),
+    )  # fmt: skip
+    model = FlatModel(module)
+    norms = norm_module_names(module)
+    assert norms == frozenset({"1", "3"})
+    assert later_weight_layers_start(model.slices, 0.4, norms) == 56 + 4 + 6 + 4
+    assert later_weight_layers_start(model.slices, 0.5, norms) == 56 + 4
+    assert later_weight_layers_start(model.slices, 0.01, norms) == 70
+    assert later_weight_layers_start(model.slices, 1.0, norms) == 0
+
+
+def test_later_units_differ_on_resnet18_as_the_paper_reading_says() -> None:
+    """ρ = 0.2 on the CIFAR ResNet-18: the paper's last 4 of 21 weight layers are 43.5 % of
+    the parameters; the nearest-ρ·P suffix is 21.2 %."""
+    module = build_model("resnet18", (3, 32, 32), 10)
+    model = FlatModel(module)
+    total = model.params.numel()
+    by_layers = later_weight_layers_start(model.slices, 0.2, norm_module_names(module))
+    by_params = later_layers_start(model.slices, 0.2)
+    assert round(100 * (total - by_layers) / total, 1) == 43.5
+    assert round(100 * (total - by_params) / total, 1) == 21.2
+    starts = {s.start: s.name for s in model.slices}
+    assert starts[by_layers] == "layer4.0.shortcut.0.weight"
+
+
+def test_later_unit_layers_resets_what_it_selects() -> None:
+    _, srv = two_layer_server()
+    start = srv.global_params.clone()
+    ifa = IFA({"rho": 0.9, "later_unit": "layers"})  # round(1.8) = both linear layers
+    ifa.setup(env())
+    run_generation(ifa, srv, 2)
+    assert torch.equal(srv.global_params, start)
+    assert IFA({"later_unit": "layers"}).resolved_options()["later_unit"] == "layers"
+    assert "later_unit" not in IFA().resolved_options()  # quiet default: old hashes hold
+
+
+@pytest.mark.parametrize("generation", [None, 10, 20, 25])
+def test_static_runs_refuse_a_reset_after_the_last_round(generation: int | None) -> None:
+    """20 rounds: one task's generation, 10 and 20 reset the final model; 25 never resets."""
+    ifa = IFA({} if generation is None else {"generation": generation})
+    ifa.setup(env("cifar10", "static", 10, 1))
+    with pytest.raises(UserError, match=r"ifa:generation=8\)\.$"):
+        ifa.adjust_schedule(20, 1)
+
+
+def test_static_runs_accept_generations_that_leave_rounds_to_adapt() -> None:
+    ifa = IFA({"generation": 8})
+    ifa.setup(env("cifar10", "static", 10, 1))
+    assert ifa.adjust_schedule(20, 1) == (20, 1)
+    continual = IFA()  # continual streams keep the documented task-end reset
+    continual.setup(env())
+    assert continual.adjust_schedule(20, 1) == (20, 1)
+    too_short = IFA({"generation": 1})
+    too_short.setup(env("cifar10", "static", 10, 1))
+    with pytest.raises(UserError, match="at least 3 rounds"):
+        too_short.adjust_schedule(2, 1)
+    assert [suggest_generation(t) for t in (2, 3, 4, 10, 20, 100)] == [None, 2, 3, 4, 8, 40]
