@@ -450,6 +450,16 @@ def _install_carla_commands() -> None:
 _install_carla_commands()
 
 
+def _install_pilot_commands() -> None:
+    """`cfl-bench pilot boundary` (torch, scikit-learn and matplotlib load only when called)."""
+    from cfl_bench.pilot.cli import install
+
+    install(app, user_errors)
+
+
+_install_pilot_commands()
+
+
 @app.command("list")
 @user_errors
 def list_cmd(
