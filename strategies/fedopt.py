@@ -10,9 +10,10 @@ Federated Visual Classification", 2019 (server momentum):
     v   ← β·v + (θ_old − θ_avg)          (v = 0 before the first round)
     θ_g ← θ_old − η_s·v
 
-Defaults β = 0.7, η_s = 1: FedNTD's config/fedavgm.json (``avgm_beta`` 0.7) and its
-``algorithms/fedavgm/utils.py``, which steps θ_g ← θ_old − v, i.e. η_s = 1. (Hsu et al. sweep
-β ∈ {0.7, 0.9, 0.97, 0.99} with effective rate η_s/(1 − β).) β = 0 and η_s = 1 is FedAvg.
+Options ``momentum`` (β) and ``server_lr`` (η_s); defaults β = 0.7, η_s = 1: FedNTD's
+config/fedavgm.json (``avgm_beta`` 0.7) and its ``algorithms/fedavgm/utils.py``, which steps
+θ_g ← θ_old − v, i.e. η_s = 1. (Hsu et al. sweep β together with η_s and read the results
+by the effective rate η_s/(1 − β).) β = 0 with η_s = 1 is FedAvg.
 
 ``fedopt`` — Reddi, Charles, Zaheer, Garrett, Rush, Konečný, Kumar and McMahan, "Adaptive
 Federated Optimization", ICLR 2021 (Algorithm 2), per coordinate:
@@ -134,14 +135,14 @@ class FedAvgM(_ServerOptimizer):
     summary: ClassVar[str] = "server momentum: v ← βv + (θ_old − θ_avg); θ_g ← θ_old − η_s·v"
     paper: ClassVar[str] = "Hsu et al., 2019 (FedAvgM)"
     options: ClassVar[tuple[Option, ...]] = (
-        Option("beta", 0.7, "server momentum β (FedNTD's config/fedavgm.json)", decay),
+        Option("momentum", 0.7, "server momentum β (FedNTD's config/fedavgm.json)", decay),
         Option("server_lr", 1.0, "server learning rate η_s (FedNTD's code: 1)", positive_float),
     )
     state_attributes: ClassVar[tuple[str, ...]] = ("velocity",)
 
     def setup(self, env: StrategyEnv) -> None:
         super().setup(env)
-        self.beta = float(str(self.values["beta"]))
+        self.beta = float(str(self.values["momentum"]))
         self.server_lr = float(str(self.values["server_lr"]))
         self.velocity: torch.Tensor | None = None
 

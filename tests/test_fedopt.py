@@ -58,7 +58,7 @@ def test_server_momentum_over_two_rounds_by_hand() -> None:
 
 
 def test_server_momentum_with_a_server_learning_rate() -> None:
-    avgm = fedavgm(beta=0.5, server_lr=0.5)
+    avgm = fedavgm(momentum=0.5, server_lr=0.5)
     # round 1: v = [1, −2]; θ_g = [1, 1] − 0.5·v = [0.5, 2]
     assert torch.allclose(_round(avgm, [1.0, 1.0], [0.0, 3.0]), torch.tensor([0.5, 2.0]))
     # round 2: v = 0.5·[1, −2] + ([0.5, 2] − [0.5, 1]) = [0.5, 0]; θ_g = [0.25, 2]
@@ -67,7 +67,7 @@ def test_server_momentum_with_a_server_learning_rate() -> None:
 
 def test_momentum_zero_is_fedavg() -> None:
     assert torch.allclose(
-        _round(fedavgm(beta=0.0), [1.0, 1.0], [3.0, -2.0]), torch.tensor([3.0, -2.0])
+        _round(fedavgm(momentum=0.0), [1.0, 1.0], [3.0, -2.0]), torch.tensor([3.0, -2.0])
     )
 
 
@@ -108,7 +108,7 @@ def test_yogi_and_adagrad_second_moments_by_hand() -> None:
 
 
 def test_defaults_auto_server_lr_and_explicit_values() -> None:
-    assert FedAvgM().values == {"beta": 0.7, "server_lr": 1.0}  # FedNTD's config and code
+    assert FedAvgM().values == {"momentum": 0.7, "server_lr": 1.0}  # FedNTD's config and code
     assert FedOpt().values == {
         "server_opt": "adam",
         "server_lr": None,
@@ -140,7 +140,7 @@ def test_state_survives_a_checkpoint() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("fedavgm:beta=1", r"fedavgm:beta must be a number in \[0, 1\)"),
+        ("fedavgm:momentum=1", r"fedavgm:momentum must be a number in \[0, 1\)"),
         ("fedavgm:server_lr=0", r"fedavgm:server_lr must be .*> 0"),
         ("fedopt:server_opt=sgd", r"fedopt:server_opt must be one of adam, yogi, adagrad"),
         ("fedopt:beta2=1", r"fedopt:beta2 must be a number in \[0, 1\)"),
