@@ -25,8 +25,7 @@ Choices (why):
 
 - ρ is the run's ``--momentum`` (``StrategyEnv.momentum``), so a_k describes the optimizer
   the clients actually ran. Weight decay only adds λθ to the gradient before momentum, so it
-  is part of the "gradient" the vector normalises and needs no term of its own (as in the
-  authors' code, which adds weight decay to the gradient before accumulating).
+  is part of the "gradient" the vector normalises and needs no term of its own.
 - Local Adam is refused: its step is not a fixed linear combination of the gradients, so no
   normalising vector exists.
 - p_k are always data-size weights (the paper's), whatever ``--weighting`` says; BatchNorm
