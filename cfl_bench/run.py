@@ -329,6 +329,8 @@ def strategy_env(config: RunConfig, stream: Stream, device: torch.device) -> Str
         model=ModelFacts(
             str(config.model), model_capabilities(str(config.model)), models_offering()
         ),
+        optimizer=str(config.optimizer or "sgd"),
+        momentum=float(config.momentum),
     )
 
 

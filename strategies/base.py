@@ -190,6 +190,11 @@ class StrategyEnv:
     objective: Objective = field(default_factory=Classification)
     # The run's model: its name and capabilities (none unless the run says so).
     model: ModelFacts = field(default_factory=ModelFacts)
+    # The clients' local optimizer (``--optimizer``: sgd or adam) and its SGD momentum
+    # (``--momentum``): FedNova's normalising vector and SCAFFOLD's control-variate divisor
+    # depend on how a local step moves θ, and both refuse what they cannot normalise.
+    optimizer: str = "sgd"
+    momentum: float = 0.0
 
 
 class Component:

@@ -41,15 +41,18 @@ _SEPARATOR = re.compile(r"(?<!=)(?<![0-9][eE])\+|\+(?![0-9.])")
 _COUNT_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
 
 #: The gradient-transform chain of a local step, in order. A-GEM's projection is the
-#: learner's ``refine_grad`` and runs before the chain; FedProj's distillation projection
-#: comes next and FedGP's buffer projection last, so g_ref constrains the final direction.
-#: Every component with the gradient-transform role must be listed (tests/test_compose.py).
-TRANSFORM_CHAIN: tuple[str, ...] = ("fedproj", "fedgp")
+#: learner's ``refine_grad`` and runs before the chain; SCAFFOLD's control-variate correction
+#: comes first (it corrects the data gradient, which the projections then constrain), then
+#: FedProj's distillation projection, and FedGP's buffer projection last, so g_ref
+#: constrains the final direction. Every component with the gradient-transform role must be
+#: listed (tests/test_compose.py).
+TRANSFORM_CHAIN: tuple[str, ...] = ("scaffold", "fedproj", "fedgp")
 
 #: The server hooks after aggregation, in order; ``*`` stands for every component not named
-#: (in written order, the learner first). IFA resets θ_g before anything reads it; FedGP
-#: asks for its reference gradient last, at the final θ_g of the round.
-SERVER_HOOK_ORDER: tuple[str, ...] = ("ifa", "*", "fedgp")
+#: (in written order, the learner first). SCAFFOLD's server step (θ_old + η_g·(θ_avg − θ_old))
+#: makes θ_g final first; IFA resets θ_g before anything else reads it; FedGP asks for its
+#: reference gradient last, at the final θ_g of the round.
+SERVER_HOOK_ORDER: tuple[str, ...] = ("scaffold", "ifa", "*", "fedgp")
 
 
 @dataclass(frozen=True)

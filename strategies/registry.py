@@ -11,12 +11,15 @@ from strategies.fedavg import FedAvg
 from strategies.fedcurv import FedCurv
 from strategies.feddyn import FedDyn
 from strategies.fedgp import FedGP
+from strategies.fednova import FedNova
 from strategies.fedntd import FedNTD
+from strategies.fedopt import FedAvgM, FedOpt
 from strategies.fedproj import FedProj
 from strategies.fedprox import FedProx
 from strategies.ideal import Ideal
 from strategies.ifa import IFA
 from strategies.moon import MOON
+from strategies.scaffold import Scaffold
 
 
 def component_classes() -> dict[str, type[Component]]:
@@ -39,6 +42,11 @@ def component_classes() -> dict[str, type[Component]]:
         FedGP,
         IFA,
         FedDyn,
+        # static-FL baselines: drift correction and server optimizers
+        Scaffold,
+        FedNova,
+        FedAvgM,
+        FedOpt,
     ]
     return {cls.name: cls for cls in classes}
 

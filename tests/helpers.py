@@ -175,6 +175,8 @@ def digits_federation(
             public_images=functools.partial(public_images, None),
             objective=stream.objective,
             model=ModelFacts("mlp", model_capabilities("mlp"), models_offering()),
+            optimizer=schedule.optimizer,
+            momentum=schedule.momentum,
         )
     )
     torch.manual_seed(0)
