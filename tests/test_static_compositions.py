@@ -21,6 +21,11 @@ ALLOWED = [
     "der+fedgp+ifa:generation=2",
     "fedavg+feddyn+fedntd",
     "fedavg+fedproj",
+    "fedavg+scaffold+ifa:generation=2",
+    "fedavg+scaffold+fedgp",
+    "fedavg+fednova",
+    "der+fedavgm",
+    "fedavg+fedopt:server_opt=yogi",
 ]
 
 REFUSED = {
@@ -30,6 +35,7 @@ REFUSED = {
     "feddyn+fedproj": "overrides aggregation twice",
     "der+er": "two local learners",
     "fedavg+fedavg": "appears twice",
+    "fedavg+fednova+feddyn": "overrides aggregation twice",
 }
 
 
