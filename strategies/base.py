@@ -180,10 +180,14 @@ class StrategyEnv:
     batch_size: int
     input_shape: tuple[int, ...]
     data_root: str | None
-    # Public (unlabelled) images by set name, uint8 (N, 28, 28), or None when the data root
+    # Public (unlabelled) images by set name, uint8 (N, C, H, W), or None when the data root
     # lacks them: the run binds ``streams.public_data.public_images`` to its --data-root, so
     # strategies read datasets without importing streams. None: this run offers no public data.
     public_images: Callable[[str], torch.Tensor | None] | None = None
+    # The stream's ``as_model_input``: stored uint8 images → the model's float inputs (scaled,
+    # and normalised where the stream normalises), so public images look like the stream's.
+    # None: scale to [0, 1] only (what the unnormalised MNIST streams do).
+    public_inputs: Callable[[torch.Tensor], torch.Tensor] | None = None
     # The stream's task objective (loss, predictions, metric, buffer outputs); components
     # take their loss from it (``Component.objective``) and their requirements are checked
     # against its capabilities.

@@ -38,11 +38,9 @@ counted as communication.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from cfl_bench.engine.payloads import Payload
-from cfl_bench.errors import UserError
 from strategies.base import (
     Component,
     Option,
@@ -53,68 +51,25 @@ from strategies.base import (
     positive_int,
     text,
 )
+from strategies.distillation import distill, kl_to_teacher, teacher_log_probs
 from strategies.projection import conflict_coefficient
+from strategies.public_set import (
+    AUTO_PUBLIC_SIZE,
+    PUBLIC_CHOICES,
+    PUBLIC_SHAPES,
+    holdout_protocol,
+    holdout_size,
+    load_public,
+    resolve_public,
+    with_holdout,
+)
 
 if TYPE_CHECKING:
     import torch
 
     from cfl_bench.engine.context import ClientState, LocalRound, ServerState, StepContext, Upload
-    from cfl_bench.flat import FlatModel
 
-PUBLIC_CHOICES = ("auto", "fashion-mnist", "holdout")
-FASHION_SHAPE = (1, 28, 28)
-FASHION_LEVELS = 255.0
 STATE_KEY = "fedproj"
-AUTO_PUBLIC_SIZE = 1000
-
-
-def resolve_public(choice: str, input_shape: tuple[int, ...]) -> str:
-    """``auto`` → fashion-mnist for the 1×28×28 MNIST streams (the paper's pairing of MNIST
-    with a Fashion-MNIST proxy), holdout for any other input shape."""
-    if choice != "auto":
-        return choice
-    return "fashion-mnist" if tuple(input_shape) == FASHION_SHAPE else "holdout"
-
-
-def load_fashion_public(
-    env: StrategyEnv, size: int, seed: int, device: torch.device
-) -> torch.Tensor:
-    """A seeded random subset of ``size`` Fashion-MNIST test images, float32 in [0, 1],
-    shaped (N, 1, 28, 28) on ``device`` (all 10k images when ``size`` is larger).
-
-    The images come from ``env.public_images`` (the run's reader of public sets, bound to
-    its --data-root); only the test split exists in the shared offline copy, and a public
-    set never needs labels.
-    """
-    import torch
-
-    from cfl_bench.seeding import generator
-
-    if tuple(env.input_shape) != FASHION_SHAPE:
-        shape = "×".join(str(d) for d in env.input_shape)
-        raise UserError(
-            f"fedproj:public=fashion-mnist has 1×28×28 images but this stream's inputs are "
-            f"{shape}; use fedproj:public=holdout for this stream."
-        )
-    read = env.public_images
-    images = None if env.data_root is None or read is None else read("fashion-mnist")
-    if images is None:
-        if env.data_root is None:
-            where = "no --data-root was given"
-        elif read is None:
-            where = "this run offers no public data"
-        else:
-            where = f"{Path(env.data_root) / 'FashionMNIST' / 'raw'} lacks t10k-*-ubyte[.gz]"
-        raise UserError(
-            f"fedproj:public=fashion-mnist needs the Fashion-MNIST test split but {where}; "
-            "pass --data-root with FashionMNIST/raw/t10k-*-ubyte.gz under it, or use "
-            "fedproj:public=holdout."
-        )
-    count = images.shape[0]
-    if size < count:
-        pick = torch.randperm(count, generator=generator(seed, "fedproj", "public"))[:size]
-        images = images[torch.sort(pick).values]
-    return images.unsqueeze(1).to(device=device, dtype=torch.float32).div_(FASHION_LEVELS)
 
 
 def memory_batch(
@@ -132,74 +87,6 @@ def memory_batch(
         gen = generator(seed, STATE_KEY, client.index, device=device)
         state["generator"] = gen
     return torch.randperm(n, generator=gen, device=device)[: min(size, n)]
-
-
-def teacher_log_probs(z_ens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log σ(Z_ens/T), computed once per round instead of at every local step."""
-    from torch.nn import functional as F
-
-    return F.log_softmax(z_ens.float() / temperature, dim=1)
-
-
-def kl_to_teacher(logits: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
-    """KL(σ(Z_ens/T) ‖ σ(f/T)), batchmean, given the teacher's log-probabilities."""
-    from torch.nn import functional as F
-
-    student = F.log_softmax(logits / temperature, dim=1)
-    return F.kl_div(student, teacher, reduction="batchmean", log_target=True)
-
-
-def add_proximal_grad_(
-    grads: torch.Tensor, params: torch.Tensor, anchor: torch.Tensor, gamma: float
-) -> None:
-    """Add ∇ γ·‖θ − θ_avg‖² = 2γ(θ − θ_avg) to the flat gradient.
-
-    θ − θ_avg is formed first (one temporary, server side only): adding 2γθ and −2γθ_avg
-    separately would cancel catastrophically for large γ and leave rounding noise at θ = θ_avg.
-    """
-    grads.add_(params - anchor, alpha=2.0 * gamma)
-
-
-def distill(
-    model: FlatModel,
-    x: torch.Tensor,
-    teacher: torch.Tensor,
-    anchor: torch.Tensor,
-    *,
-    temperature: float,
-    gamma: float,
-    epochs: int,
-    lr: float,
-    batch_size: int,
-    gen: torch.Generator,
-) -> None:
-    """Adam on T²·KL(teacher ‖ σ(f(x)/T)) + γ·‖θ − anchor‖², in place on ``model``.
-
-    ``anchor`` must not alias ``model.params`` (it is θ_avg, a snapshot). Gradients are
-    zeroed through the flat vector: ``Optimizer.zero_grad`` would set each ``param.grad`` to
-    None and break the views into ``model.grads``.
-    """
-    import torch
-
-    module = model.module
-    was_training = module.training
-    module.train()
-    optimizer = torch.optim.Adam(module.parameters(), lr=lr)
-    n = x.shape[0]
-    scale = temperature * temperature
-    try:
-        for _ in range(epochs):
-            order = torch.randperm(n, generator=gen, device=gen.device)
-            for start in range(0, n, batch_size):
-                batch = order[start : start + batch_size]
-                model.zero_grad()
-                loss = scale * kl_to_teacher(module(x[batch]), teacher[batch], temperature)
-                loss.backward()
-                if gamma > 0:
-                    add_proximal_grad_(model.grads, model.params, anchor, gamma)
-                optimizer.step()
-    finally:
-        module.train(was_training)
 
 
 class FedProj(Component):
@@ -264,10 +151,9 @@ class FedProj(Component):
         self.seed = env.seed
         self.batch_size = env.batch_size
         self.public_x: torch.Tensor | None = None
-        if public == "fashion-mnist":
-            self.public_x = load_fashion_public(
-                env, self.public_size or AUTO_PUBLIC_SIZE, env.seed, env.device
-            )
+        if public in PUBLIC_SHAPES:
+            size = self.public_size or AUTO_PUBLIC_SIZE
+            self.public_x = load_public(env, self.name, public, size, env.seed)
         self.z_ens: torch.Tensor | None = None
         self.teacher: torch.Tensor | None = None  # log σ(Z_ens/T)
         self._logit_sum: torch.Tensor | None = None
@@ -278,21 +164,16 @@ class FedProj(Component):
         self._received: torch.Tensor | None = None
 
     def holdout_per_task(self, train_size: int) -> int:
-        """Holdout mode: ``public_size`` per task, or by default 10% of the task's training
-        examples (at most 1000) — a fixed 1000 would take 70% of a small stream's data."""
-        if self.values["public"] != "holdout":
-            return 0
+        """Holdout mode: ``public_size`` per task, or 10 % of the task (at most 1000)."""
         size = self.values["public_size"]
-        if size is not None:
-            return int(str(size))
-        return max(1, min(AUTO_PUBLIC_SIZE, train_size // 10))
+        public_size = int(str(size)) if size is not None else None
+        return holdout_size(str(self.values["public"]), public_size, train_size)
 
     def protocol_changes(self) -> dict[str, object]:
         """A holdout takes training data away from every client: a different protocol."""
-        if self.values["public"] != "holdout":
-            return {}
         size = self.values["public_size"]
-        return {"public_holdout_per_task": size if size is not None else "10% (at most 1000)"}
+        public_size = int(str(size)) if size is not None else None
+        return holdout_protocol(str(self.values["public"]), public_size)
 
     # -- data ---------------------------------------------------------------------------------
     def on_task_start(self, server: ServerState, task: int, holdout: torch.Tensor | None) -> None:
@@ -301,12 +182,8 @@ class FedProj(Component):
         Z_ens keeps covering only the examples it was computed on; the new slice gets
         ensemble logits at the end of this task's first round.
         """
-        import torch
-
-        if self.public != "holdout" or holdout is None or holdout.shape[0] == 0:
-            return
-        part = holdout.to(device=self.device, dtype=torch.float32)
-        self.public_x = part if self.public_x is None else torch.cat([self.public_x, part])
+        if self.public == "holdout":
+            self.public_x = with_holdout(self.public_x, holdout, self.device)
 
     # -- server → client ----------------------------------------------------------------------
     def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:

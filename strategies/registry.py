@@ -9,6 +9,7 @@ from strategies.derpp import DERPP
 from strategies.er import ER
 from strategies.fedavg import FedAvg
 from strategies.fedcurv import FedCurv
+from strategies.feddf import FedDF
 from strategies.feddyn import FedDyn
 from strategies.fedgp import FedGP
 from strategies.fedntd import FedNTD
@@ -39,6 +40,7 @@ def component_classes() -> dict[str, type[Component]]:
         FedGP,
         IFA,
         FedDyn,
+        FedDF,
     ]
     return {cls.name: cls for cls in classes}
 
