@@ -472,6 +472,9 @@ def warm_round(fed: Federation, task: StoredTask, split: TaskSplit, idx: torch.T
     holdout = None if held is None else fed.stream.as_model_input(task.train.train_x[held])
     for component in fed.strategy.all:
         component.on_task_start(server, 0, holdout)
+    if holdout is not None and held is not None:
+        for component in fed.strategy.all:
+            component.on_holdout_labels(server, 0, holdout, task.train.train_y[held])
     give(fed, task, idx)
     server.rounds_per_task = 2  # not a task end: no client-spread evaluation
     server.round_index += 1

@@ -19,7 +19,7 @@ step t, torch's ``CosineAnnealingLR`` with η_min = 0) and optional gradient-nor
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -144,6 +144,35 @@ def distill(
                 add_proximal_grad_(model.grads, model.params, anchor, gamma)
             if clip_norm is not None:
                 clip_grad_norm_(model.grads, clip_norm)
+            optimizer.step()
+    finally:
+        module.train(was_training)
+
+
+def train_labelled(
+    model: FlatModel,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    *,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    gen: torch.Generator,
+) -> None:
+    """Adam on ``loss_fn(f(x), y)`` for ``epochs`` shuffled passes, in place on ``model``:
+    the server's supervised warm-up on labelled public data (FedProj's round 0), with the
+    same optimiser and batching as the distillation above."""
+    import torch
+
+    module = model.module
+    was_training = module.training
+    module.train()
+    optimizer = torch.optim.Adam(module.parameters(), lr=lr)
+    try:
+        for batch in batch_indices(x.shape[0], batch_size, gen, epochs=epochs):
+            model.zero_grad()
+            loss_fn(module(x[batch]), y[batch]).backward()
             optimizer.step()
     finally:
         module.train(was_training)
