@@ -118,8 +118,9 @@ class StrategyWork:
     gref_samples: int | None = None  # FedGP: per contributing client (None: no FedGP)
     gref_interval: int = 1
     fisher_samples: int | None = None  # FedCurv: per participant (None: no FedCurv)
-    public_per_task: tuple[int, ...] | None = None  # FedProj: public examples after task t
+    public_per_task: tuple[int, ...] | None = None  # FedProj/FedDF: public examples after task t
     distill_epochs: int = 1
+    distill_steps: int = 0  # FedDF: batches of the run's batch size per round
 
 
 @dataclass(frozen=True)
@@ -242,6 +243,7 @@ def workload(
             public = work.public_per_task[min(max(tasks), T - 1)]
             parts["public logits"] += cpr * public
             parts["distillation"] += work.distill_epochs * public
+            parts["distillation"] += work.distill_steps * min(s.batch_size, public)
         if work.gref_samples is not None and (g + 1) % work.gref_interval == 0:
             mean_fill = sum(filled) / K
             parts["reference gradient"] += cpr * min(work.gref_samples, mean_fill)
@@ -281,13 +283,23 @@ def strategy_work(
             public_per_task=public_sizes(strategy, splits),
             distill_epochs=int(str(values["fedproj"]["distill_epochs"])),
         )
+    if "feddf" in values:
+        work = dataclasses.replace(
+            work,
+            public_per_task=public_sizes(strategy, splits, "feddf"),
+            distill_epochs=0,
+            distill_steps=int(str(values["feddf"]["distill_steps"])),
+        )
     return work
 
 
-def public_sizes(strategy: Strategy, splits: dict[int, TaskSplit]) -> tuple[int, ...]:
-    """FedProj's public set after each task: the fixed set, or the holdouts so far."""
-    fedproj = next(c for c in strategy.all if c.name == "fedproj")
-    fixed = getattr(fedproj, "public_x", None)
+def public_sizes(
+    strategy: Strategy, splits: dict[int, TaskSplit], name: str = "fedproj"
+) -> tuple[int, ...]:
+    """The public set of component ``name`` (FedProj, FedDF) after each task: the fixed
+    set, or the holdouts so far."""
+    owner = next(c for c in strategy.all if c.name == name)
+    fixed = getattr(owner, "public_x", None)
     base = int(fixed.shape[0]) if isinstance(fixed, torch.Tensor) else 0
     sizes, held = [], 0
     for t in range(len(splits)):
@@ -460,6 +472,9 @@ def warm_round(fed: Federation, task: StoredTask, split: TaskSplit, idx: torch.T
     holdout = None if held is None else fed.stream.as_model_input(task.train.train_x[held])
     for component in fed.strategy.all:
         component.on_task_start(server, 0, holdout)
+    if holdout is not None and held is not None:
+        for component in fed.strategy.all:
+            component.on_holdout_labels(server, 0, holdout, task.train.train_y[held])
     give(fed, task, idx)
     server.rounds_per_task = 2  # not a task end: no client-spread evaluation
     server.round_index += 1

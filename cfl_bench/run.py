@@ -325,6 +325,7 @@ def strategy_env(config: RunConfig, stream: Stream, device: torch.device) -> Str
         input_shape=tuple(stream.input_shape),
         data_root=config.data_root,
         public_images=functools.partial(public_images, config.data_root),
+        public_inputs=stream.as_model_input,
         objective=stream.objective,
         model=ModelFacts(
             str(config.model), model_capabilities(str(config.model)), models_offering()

@@ -6,6 +6,7 @@ and the paper it follows; the engine calls only the hooks below, in the order DE
 fixes (docs/architecture.md draws it):
 
     task start       component.on_task_start(server, task, holdout)  (public holdout slice)
+                     component.on_holdout_labels(server, task, x, y)  (its labels, if any)
     round start      component.on_round_start(server)        (IFA generation snapshot)
                      component.broadcast(server)            → declared payloads (counted)
     client start     component.on_client_start(client, local)   (local: LocalRound)
@@ -54,6 +55,7 @@ from cfl_bench.text_values import (  # noqa: F401 - the option parsers component
     boolean,
     finite_float,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
     quoted,
@@ -180,10 +182,14 @@ class StrategyEnv:
     batch_size: int
     input_shape: tuple[int, ...]
     data_root: str | None
-    # Public (unlabelled) images by set name, uint8 (N, 28, 28), or None when the data root
+    # Public (unlabelled) images by set name, uint8 (N, C, H, W), or None when the data root
     # lacks them: the run binds ``streams.public_data.public_images`` to its --data-root, so
     # strategies read datasets without importing streams. None: this run offers no public data.
     public_images: Callable[[str], torch.Tensor | None] | None = None
+    # The stream's ``as_model_input``: stored uint8 images → the model's float inputs (scaled,
+    # and normalised where the stream normalises), so public images look like the stream's.
+    # None: scale to [0, 1] only (what the unnormalised MNIST streams do).
+    public_inputs: Callable[[torch.Tensor], torch.Tensor] | None = None
     # The stream's task objective (loss, predictions, metric, buffer outputs); components
     # take their loss from it (``Component.objective``) and their requirements are checked
     # against its capabilities.
@@ -286,6 +292,13 @@ class Component:
     # -- data ---------------------------------------------------------------------------------
     def on_task_start(self, server: ServerState, task: int, holdout: torch.Tensor | None) -> None:
         """A task's data was assigned; ``holdout`` are the inputs withheld from every client."""
+
+    def on_holdout_labels(
+        self, server: ServerState, task: int, x: torch.Tensor, y: torch.Tensor
+    ) -> None:
+        """Right after ``on_task_start``, when the task withholds a holdout: its inputs and
+        labels (FedProj's round-0 warm-up trains on them; every other component ignores
+        them — the holdout is unlabelled public data to them)."""
 
     def on_round_start(self, server: ServerState) -> None:
         """Before the broadcast of round ``server.round_index`` (1-based)."""

@@ -26,95 +26,73 @@ examples Z_ens covers,
 so the local step never increases the distance to the global knowledge to first order.
 Before the first ensemble exists (the first round of the run) there is no projection.
 
-Public data (option ``public``): ``fashion-mnist`` (the Fashion-MNIST test split, a seeded
-subset of ``public_size`` images, default 1000; for the 1×28×28 MNIST streams) or ``holdout``
-(every task withholds ``public_size`` of its training inputs from all clients, default 10 % of
-them up to 1000; the memory is the union of the slices of the tasks seen so far). A holdout
-changes what the clients hold, so it is part of the protocol hash (``protocol_changes``).
-``auto`` picks fashion-mnist for 1×28×28 streams and holdout otherwise. The public inputs are
-assumed to be available to every client beforehand, like a public dataset, so they are not
-counted as communication.
+Public data (option ``public``, ``strategies.public_set``): ``fashion-mnist`` (the
+Fashion-MNIST test split, a seeded subset of ``public_size`` images, default 1000; for the
+1×28×28 MNIST streams), ``cifar100`` (the CIFAR-100 train split, for 3×32×32 streams such as
+CIFAR-10) or ``holdout`` (every task withholds ``public_size`` of its training inputs from all
+clients, default 10 % of them up to 1000; the memory is the union of the slices of the tasks
+seen so far). A holdout changes what the clients hold, so it is part of the protocol hash
+(``protocol_changes``). ``auto`` picks fashion-mnist for 1×28×28 streams and holdout
+otherwise. The public inputs are assumed to be available to every client beforehand, like a
+public dataset, so they are not counted as communication.
+
+The papers' variants (options added later, ``quiet_default``: their defaults keep the
+behaviour above, the one earlier runs recorded):
+
+- ``memory_temperature``: ``T`` (default) uses T in the client's memory loss as above;
+  ``1`` is the papers' memory loss, KL(σ(Z_ens) ‖ σ(f(x_pub; θ))) — T only on the server.
+- ``memory``: ``batch`` (default) takes g_glob on a fresh random batch of the memory of the
+  step's buffer batch size; ``all`` is the papers' L_mem over the whole memory M: g_glob
+  depends on θ, so each local step then runs a forward and backward pass over all |M|
+  memory examples (up to 1000 per task seen) instead of one batch — |M|/batch times the
+  memory cost per step.
+- ``warmup_epochs`` (default 0): the first paper's algorithm starts with round 0 on the
+  server: cross-entropy on *labelled* public data before round 1. Labels exist only for a
+  holdout (``on_holdout_labels``), so it needs ``public=holdout``: when task 0's holdout
+  arrives, θ_g trains on it with its labels for that many epochs (Adam at ``distill_lr``,
+  batches of the run's batch size: the server's optimiser, our choice — the paper names
+  none for round 0).
+- ``anchor``: what γ·‖θ − anchor‖² pulls towards: ``snapshot`` (default) the FedAvg mean
+  θ_avg (``--weighting``), ``mean`` the unweighted mean of the round's client models (the
+  paper's weight-divergence term), ``global`` the previous round's θ_g. Only meaningful with
+  γ > 0, so another anchor with γ = 0 is refused.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from cfl_bench.engine.payloads import Payload
-from cfl_bench.errors import UserError
 from strategies.base import (
     Component,
     Option,
     Role,
     StrategyEnv,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
     text,
 )
+from strategies.distillation import distill, kl_to_teacher, teacher_log_probs
 from strategies.projection import conflict_coefficient
+from strategies.public_set import (
+    AUTO_PUBLIC_SIZE,
+    PUBLIC_CHOICES,
+    PUBLIC_SHAPES,
+    holdout_protocol,
+    holdout_size,
+    load_public,
+    resolve_public,
+    with_holdout,
+)
 
 if TYPE_CHECKING:
     import torch
 
     from cfl_bench.engine.context import ClientState, LocalRound, ServerState, StepContext, Upload
-    from cfl_bench.flat import FlatModel
 
-PUBLIC_CHOICES = ("auto", "fashion-mnist", "holdout")
-FASHION_SHAPE = (1, 28, 28)
-FASHION_LEVELS = 255.0
 STATE_KEY = "fedproj"
-AUTO_PUBLIC_SIZE = 1000
-
-
-def resolve_public(choice: str, input_shape: tuple[int, ...]) -> str:
-    """``auto`` → fashion-mnist for the 1×28×28 MNIST streams (the paper's pairing of MNIST
-    with a Fashion-MNIST proxy), holdout for any other input shape."""
-    if choice != "auto":
-        return choice
-    return "fashion-mnist" if tuple(input_shape) == FASHION_SHAPE else "holdout"
-
-
-def load_fashion_public(
-    env: StrategyEnv, size: int, seed: int, device: torch.device
-) -> torch.Tensor:
-    """A seeded random subset of ``size`` Fashion-MNIST test images, float32 in [0, 1],
-    shaped (N, 1, 28, 28) on ``device`` (all 10k images when ``size`` is larger).
-
-    The images come from ``env.public_images`` (the run's reader of public sets, bound to
-    its --data-root); only the test split exists in the shared offline copy, and a public
-    set never needs labels.
-    """
-    import torch
-
-    from cfl_bench.seeding import generator
-
-    if tuple(env.input_shape) != FASHION_SHAPE:
-        shape = "×".join(str(d) for d in env.input_shape)
-        raise UserError(
-            f"fedproj:public=fashion-mnist has 1×28×28 images but this stream's inputs are "
-            f"{shape}; use fedproj:public=holdout for this stream."
-        )
-    read = env.public_images
-    images = None if env.data_root is None or read is None else read("fashion-mnist")
-    if images is None:
-        if env.data_root is None:
-            where = "no --data-root was given"
-        elif read is None:
-            where = "this run offers no public data"
-        else:
-            where = f"{Path(env.data_root) / 'FashionMNIST' / 'raw'} lacks t10k-*-ubyte[.gz]"
-        raise UserError(
-            f"fedproj:public=fashion-mnist needs the Fashion-MNIST test split but {where}; "
-            "pass --data-root with FashionMNIST/raw/t10k-*-ubyte.gz under it, or use "
-            "fedproj:public=holdout."
-        )
-    count = images.shape[0]
-    if size < count:
-        pick = torch.randperm(count, generator=generator(seed, "fedproj", "public"))[:size]
-        images = images[torch.sort(pick).values]
-    return images.unsqueeze(1).to(device=device, dtype=torch.float32).div_(FASHION_LEVELS)
 
 
 def memory_batch(
@@ -132,74 +110,6 @@ def memory_batch(
         gen = generator(seed, STATE_KEY, client.index, device=device)
         state["generator"] = gen
     return torch.randperm(n, generator=gen, device=device)[: min(size, n)]
-
-
-def teacher_log_probs(z_ens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log σ(Z_ens/T), computed once per round instead of at every local step."""
-    from torch.nn import functional as F
-
-    return F.log_softmax(z_ens.float() / temperature, dim=1)
-
-
-def kl_to_teacher(logits: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
-    """KL(σ(Z_ens/T) ‖ σ(f/T)), batchmean, given the teacher's log-probabilities."""
-    from torch.nn import functional as F
-
-    student = F.log_softmax(logits / temperature, dim=1)
-    return F.kl_div(student, teacher, reduction="batchmean", log_target=True)
-
-
-def add_proximal_grad_(
-    grads: torch.Tensor, params: torch.Tensor, anchor: torch.Tensor, gamma: float
-) -> None:
-    """Add ∇ γ·‖θ − θ_avg‖² = 2γ(θ − θ_avg) to the flat gradient.
-
-    θ − θ_avg is formed first (one temporary, server side only): adding 2γθ and −2γθ_avg
-    separately would cancel catastrophically for large γ and leave rounding noise at θ = θ_avg.
-    """
-    grads.add_(params - anchor, alpha=2.0 * gamma)
-
-
-def distill(
-    model: FlatModel,
-    x: torch.Tensor,
-    teacher: torch.Tensor,
-    anchor: torch.Tensor,
-    *,
-    temperature: float,
-    gamma: float,
-    epochs: int,
-    lr: float,
-    batch_size: int,
-    gen: torch.Generator,
-) -> None:
-    """Adam on T²·KL(teacher ‖ σ(f(x)/T)) + γ·‖θ − anchor‖², in place on ``model``.
-
-    ``anchor`` must not alias ``model.params`` (it is θ_avg, a snapshot). Gradients are
-    zeroed through the flat vector: ``Optimizer.zero_grad`` would set each ``param.grad`` to
-    None and break the views into ``model.grads``.
-    """
-    import torch
-
-    module = model.module
-    was_training = module.training
-    module.train()
-    optimizer = torch.optim.Adam(module.parameters(), lr=lr)
-    n = x.shape[0]
-    scale = temperature * temperature
-    try:
-        for _ in range(epochs):
-            order = torch.randperm(n, generator=gen, device=gen.device)
-            for start in range(0, n, batch_size):
-                batch = order[start : start + batch_size]
-                model.zero_grad()
-                loss = scale * kl_to_teacher(module(x[batch]), teacher[batch], temperature)
-                loss.backward()
-                if gamma > 0:
-                    add_proximal_grad_(model.grads, model.params, anchor, gamma)
-                optimizer.step()
-    finally:
-        module.train(was_training)
 
 
 class FedProj(Component):
@@ -245,6 +155,41 @@ class FedProj(Component):
         Option("distill_epochs", 1, "server distillation epochs per round", positive_int),
         Option("distill_lr", 1e-4, "server Adam learning rate", positive_float),
         Option("eps", 1e-8, "no client projection when ‖g_glob‖² ≤ eps", non_negative_float),
+        Option(
+            "memory_temperature",
+            "T",
+            "client memory loss at temperature T (T) or without it (1: the papers' form; T "
+            "stays on the server)",
+            text,
+            choices=("T", "1"),
+            quiet_default=True,
+        ),
+        Option(
+            "memory",
+            "batch",
+            "g_glob on a random memory batch of the buffer batch size (batch) or on the "
+            "whole memory at every step (all: the papers' L_mem; |M|/batch times the cost)",
+            text,
+            choices=("batch", "all"),
+            quiet_default=True,
+        ),
+        Option(
+            "warmup_epochs",
+            0,
+            "epochs of server cross-entropy on the labelled holdout before round 1 (the "
+            "first paper's round 0; needs public=holdout)",
+            non_negative_int,
+            quiet_default=True,
+        ),
+        Option(
+            "anchor",
+            "snapshot",
+            "γ's anchor: snapshot (the FedAvg mean θ_avg), mean (unweighted client mean: the "
+            "paper's), global (previous θ_g); needs gamma > 0",
+            text,
+            choices=("snapshot", "mean", "global"),
+            quiet_default=True,
+        ),
     )
 
     def setup(self, env: StrategyEnv) -> None:
@@ -260,39 +205,62 @@ class FedProj(Component):
         self.distill_epochs = int(str(self.values["distill_epochs"]))
         self.distill_lr = float(str(self.values["distill_lr"]))
         self.eps = float(str(self.values["eps"]))
+        # log σ(Z_ens/τ) and the memory KL on the client use τ = T, or 1 (the papers' form).
+        self.client_temperature = (
+            self.temperature if self.values["memory_temperature"] == "T" else 1.0
+        )
+        self.memory = str(self.values["memory"])
+        self.warmup_epochs = int(str(self.values["warmup_epochs"]))
+        self.anchor = str(self.values["anchor"])
+        self.refuse_variants(public)
         self.device = env.device
         self.seed = env.seed
         self.batch_size = env.batch_size
         self.public_x: torch.Tensor | None = None
-        if public == "fashion-mnist":
-            self.public_x = load_fashion_public(
-                env, self.public_size or AUTO_PUBLIC_SIZE, env.seed, env.device
-            )
+        if public in PUBLIC_SHAPES:
+            size = self.public_size or AUTO_PUBLIC_SIZE
+            self.public_x = load_public(env, self.name, public, size, env.seed)
         self.z_ens: torch.Tensor | None = None
         self.teacher: torch.Tensor | None = None  # log σ(Z_ens/T)
         self._logit_sum: torch.Tensor | None = None
         self._logit_count = 0
         self._distill_gen = generator(env.seed, STATE_KEY, "distill", device=env.device)
         self._scratch: torch.Tensor | None = None
-        # Client side: log σ(Z_ens/T) of the ensemble the training client received.
+        # Client side: log σ(Z_ens/τ) of the ensemble the training client received.
         self._received: torch.Tensor | None = None
+        # This round's anchor material (anchor=mean: Σθ_k and the count; anchor=global: θ_g
+        # as the round began), empty at every round end where checkpoints are written.
+        self._param_sum: torch.Tensor | None = None
+        self._param_count = 0
+        self._previous: torch.Tensor | None = None
+
+    def refuse_variants(self, public: str) -> None:
+        """Refuse variants that would silently do nothing or cannot run."""
+        from cfl_bench.errors import UserError
+
+        if self.warmup_epochs > 0 and public != "holdout":
+            raise UserError(
+                f"fedproj:warmup_epochs trains on labelled public data, which only "
+                f"fedproj:public=holdout has (public is {public}); use public=holdout or "
+                "warmup_epochs=0."
+            )
+        if self.anchor != "snapshot" and self.gamma == 0:
+            raise UserError(
+                f"fedproj:anchor={self.anchor} sets the anchor of γ·‖θ − anchor‖², which does "
+                "nothing at gamma=0; set fedproj:gamma above 0 or drop the anchor."
+            )
 
     def holdout_per_task(self, train_size: int) -> int:
-        """Holdout mode: ``public_size`` per task, or by default 10% of the task's training
-        examples (at most 1000) — a fixed 1000 would take 70% of a small stream's data."""
-        if self.values["public"] != "holdout":
-            return 0
+        """Holdout mode: ``public_size`` per task, or 10 % of the task (at most 1000)."""
         size = self.values["public_size"]
-        if size is not None:
-            return int(str(size))
-        return max(1, min(AUTO_PUBLIC_SIZE, train_size // 10))
+        public_size = int(str(size)) if size is not None else None
+        return holdout_size(str(self.values["public"]), public_size, train_size)
 
     def protocol_changes(self) -> dict[str, object]:
         """A holdout takes training data away from every client: a different protocol."""
-        if self.values["public"] != "holdout":
-            return {}
         size = self.values["public_size"]
-        return {"public_holdout_per_task": size if size is not None else "10% (at most 1000)"}
+        public_size = int(str(size)) if size is not None else None
+        return holdout_protocol(str(self.values["public"]), public_size)
 
     # -- data ---------------------------------------------------------------------------------
     def on_task_start(self, server: ServerState, task: int, holdout: torch.Tensor | None) -> None:
@@ -301,12 +269,35 @@ class FedProj(Component):
         Z_ens keeps covering only the examples it was computed on; the new slice gets
         ensemble logits at the end of this task's first round.
         """
+        if self.public == "holdout":
+            self.public_x = with_holdout(self.public_x, holdout, self.device)
+
+    def on_holdout_labels(
+        self, server: ServerState, task: int, x: torch.Tensor, y: torch.Tensor
+    ) -> None:
+        """``warmup_epochs`` > 0: the first paper's round 0 — before round 1, θ_g learns task
+        0's labelled holdout with the stream's loss (Adam at ``distill_lr``)."""
         import torch
 
-        if self.public != "holdout" or holdout is None or holdout.shape[0] == 0:
+        from cfl_bench.seeding import generator
+        from strategies.distillation import train_labelled
+
+        if self.warmup_epochs == 0 or task != 0 or x.shape[0] == 0:
             return
-        part = holdout.to(device=self.device, dtype=torch.float32)
-        self.public_x = part if self.public_x is None else torch.cat([self.public_x, part])
+        model = server.model
+        model.load(server.global_params, server.global_buffers)
+        train_labelled(
+            model,
+            x.to(device=self.device, dtype=torch.float32),
+            y.to(self.device),
+            self.objective.loss,
+            epochs=self.warmup_epochs,
+            lr=self.distill_lr,
+            batch_size=self.batch_size,
+            gen=generator(self.seed, STATE_KEY, "warmup", device=self.device),
+        )
+        server.global_params = model.params.detach().clone()
+        server.global_buffers = model.buffers.detach().clone()
 
     # -- server → client ----------------------------------------------------------------------
     def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
@@ -317,7 +308,8 @@ class FedProj(Component):
         same tensor the server distilled with; recomputing it keeps the client side free of
         server state)."""
         z_ens = local.broadcast.payloads.get("fedproj.z_ens")
-        self._received = None if z_ens is None else teacher_log_probs(z_ens, self.temperature)
+        tau = self.client_temperature
+        self._received = None if z_ens is None else teacher_log_probs(z_ens, tau)
 
     # -- local step ---------------------------------------------------------------------------
     def transform_grad(self, step: StepContext) -> None:
@@ -329,14 +321,25 @@ class FedProj(Component):
         if self._scratch is None or self._scratch.shape != grads.shape:
             self._scratch = torch.empty_like(grads)
         g = self._scratch.copy_(grads)
-        n = self._received.shape[0]
-        idx = memory_batch(step.client, n, step.buffer_batch_size, self.seed, self.device)
         step.model.zero_grad()
-        logits = step.model.module(self.public_x[idx])
-        kl_to_teacher(logits, self._received[idx], self.temperature).backward()
+        self.memory_loss(step).backward()
         # grads now holds g_glob; overwrite it with g − coef·g_glob without a new vector.
         coef = conflict_coefficient(g, grads, min_norm_sq=self.eps)
         grads.mul_(-coef).add_(g)
+
+    def memory_loss(self, step: StepContext) -> torch.Tensor:
+        """KL(σ(Z_ens/τ) ‖ σ(f(x_m; θ)/τ)) on a random memory batch (memory=batch) or on the
+        whole memory (memory=all); τ = T or 1 (``memory_temperature``)."""
+        assert self._received is not None and self.public_x is not None  # transform_grad
+        n = self._received.shape[0]
+        if self.memory == "all":  # the whole memory M at every step
+            logits = step.model.module(self.public_x[:n])
+            teacher = self._received
+        else:
+            idx = memory_batch(step.client, n, step.buffer_batch_size, self.seed, self.device)
+            logits = step.model.module(self.public_x[idx])
+            teacher = self._received[idx]
+        return kl_to_teacher(logits, teacher, self.client_temperature)
 
     # -- client → server ----------------------------------------------------------------------
     def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:
@@ -348,7 +351,9 @@ class FedProj(Component):
         upload.extras["fedproj.logits"] = predict_logits(local.model.module, self.public_x)
 
     def receive_upload(self, upload: Upload, server: ServerState) -> None:
-        """The server sums the clients' public logits into this round's ensemble."""
+        """The server sums the clients' public logits into this round's ensemble (and, for
+        the ``mean`` and ``global`` anchors, the client models or the round's θ_g)."""
+        self.collect_anchor(upload, server)
         logits = upload.extras.get("fedproj.logits")
         if logits is None:
             return
@@ -358,22 +363,49 @@ class FedProj(Component):
             self._logit_sum.add_(logits)
         self._logit_count += 1
 
+    def collect_anchor(self, upload: Upload, server: ServerState) -> None:
+        """anchor=mean: sum θ_k; anchor=global: keep θ_g as it was before this round's
+        aggregation replaces it (copied at the round's first upload)."""
+        if self.gamma == 0:
+            return
+        if self.anchor == "mean":
+            if self._param_sum is None:
+                self._param_sum = upload.params.detach().clone()
+            else:
+                self._param_sum.add_(upload.params)
+            self._param_count += 1
+        elif self.anchor == "global" and self._previous is None:
+            self._previous = server.global_params.detach().clone()
+
+    def anchor_params(self, theta_avg: torch.Tensor) -> torch.Tensor:
+        """The round's anchor of γ·‖θ − anchor‖² (snapshot: θ_avg itself); the per-round
+        material is reset for the next round."""
+        param_sum, count, previous = self._param_sum, self._param_count, self._previous
+        self._param_sum, self._param_count, self._previous = None, 0, None
+        if self.anchor == "mean" and param_sum is not None and count > 0:
+            return param_sum.div_(count)
+        if self.anchor == "global" and previous is not None:
+            return previous
+        return theta_avg
+
     # -- server -------------------------------------------------------------------------------
     def aggregate(self, server: ServerState) -> None:
         """Distil Z_ens into the FedAvg mean; keep Z_ens as next round's client memory."""
         if self._logit_sum is None or self._logit_count == 0 or self.public_x is None:
+            self.anchor_params(server.global_params)  # drop this round's anchor material
             return
         z_ens = self._logit_sum.div_(self._logit_count)
         self._logit_sum, self._logit_count = None, 0  # each round's ensemble starts afresh
         teacher = self.remember(z_ens)
         theta_avg = server.global_params.detach().clone()  # snapshot, never the live θ
+        anchor = self.anchor_params(theta_avg)
         model = server.model
         model.load(theta_avg, server.global_buffers)
         distill(
             model,
             self.public_x[: z_ens.shape[0]],
             teacher,
-            theta_avg,
+            anchor,
             temperature=self.temperature,
             gamma=self.gamma,
             epochs=self.distill_epochs,

@@ -9,6 +9,7 @@ from strategies.derpp import DERPP
 from strategies.er import ER
 from strategies.fedavg import FedAvg
 from strategies.fedcurv import FedCurv
+from strategies.feddf import FedDF
 from strategies.feddyn import FedDyn
 from strategies.fedgp import FedGP
 from strategies.fednova import FedNova
@@ -47,6 +48,7 @@ def component_classes() -> dict[str, type[Component]]:
         FedNova,
         FedAvgM,
         FedOpt,
+        FedDF,
     ]
     return {cls.name: cls for cls in classes}
 

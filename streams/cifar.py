@@ -114,6 +114,19 @@ def cifar_present(root: str | Path, which: str) -> bool:
     return all(data_file(folder / name, title=spec.title, root=root) for name in spec.files)
 
 
+def cifar_train_present(root: str | Path, which: str) -> bool:
+    """Whether the train files of ``which`` exist (a public set reads nothing else)."""
+    spec = layout(which)
+    folder = cifar_dir(root, which)
+    return all(data_file(folder / name, title=spec.title, root=root) for name in spec.train_files)
+
+
+def load_cifar_train_images(root: str | Path, which: str) -> torch.Tensor:
+    """The train images of ``which``, uint8 (N, 3, 32, 32), checked like the full loader's
+    (labels are read and checked too, then dropped: a public set is unlabelled)."""
+    return _read_split(root, layout(which), layout(which).train_files)[0]
+
+
 def load_cifar10(root: str | Path, *, download: bool) -> ImageSplits:
     """CIFAR-10 (or a subset in the same layout): uint8 (N, 3, 32, 32) images, 10 classes."""
     return load_cifar(root, "cifar10", download=download)

@@ -22,6 +22,8 @@ from streams.partition import Partitioner
 
 # Called once per task, when its first client enters it, with the public holdout inputs.
 TaskStart = Callable[[int, "torch.Tensor | None"], None]
+# Then, when the task withholds a holdout, with its inputs and labels.
+HoldoutLabels = Callable[[int, torch.Tensor, torch.Tensor], None]
 
 
 class ClientData:
@@ -65,11 +67,18 @@ class ClientData:
             self.splits[t] = split
         return split
 
-    def advance(self, g: int, clients: list[ClientState], on_task_start: TaskStart) -> None:
+    def advance(
+        self,
+        g: int,
+        clients: list[ClientState],
+        on_task_start: TaskStart,
+        on_holdout_labels: HoldoutLabels | None = None,
+    ) -> None:
         """Give every client whose task changes in round ``g`` its shard of the new task.
 
         A task's start hooks run once, when its first client enters it (the server's public
-        holdout of that task becomes usable then).
+        holdout of that task becomes usable then, and its labels go to
+        ``on_holdout_labels``).
         """
         if self.stream.per_round:
             self._receive_round(g, clients, on_task_start)
@@ -89,6 +98,8 @@ class ClientData:
                 stored = None if held is None else task.train_x[held.to(task.train_x.device)]
                 holdout = None if stored is None else self.stream.as_model_input(stored)
                 on_task_start(t, holdout)
+                if holdout is not None and held is not None and on_holdout_labels is not None:
+                    on_holdout_labels(t, holdout, task.train_y[held.to(task.train_y.device)])
             for client in group:
                 self.assign(client, t, task.train_x, task.train_y, split.parts)
         # Keep a materialised task only while some client has yet to enter it.

@@ -266,7 +266,7 @@ class Federation:
 
     def enter_round(self, g: int) -> None:
         """Clients whose task changes in round ``g`` get their shard of the new task."""
-        self.data.advance(g, self.clients, self._start_task)
+        self.data.advance(g, self.clients, self._start_task, self._holdout_labels)
 
     def end_tasks(self, g: int) -> None:
         """The learner's task-end work for the clients that finish a task in round ``g``,
@@ -277,6 +277,10 @@ class Federation:
     def _start_task(self, t: int, holdout: torch.Tensor | None) -> None:
         for component in self.strategy.all:
             component.on_task_start(self.server, t, holdout)
+
+    def _holdout_labels(self, t: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        for component in self.strategy.all:
+            component.on_holdout_labels(self.server, t, x, y)
 
     def _round(self, out: RunOutcome) -> tuple[torch.Tensor, int, float]:
         """One round; returns the summed loss, the step count and the local-training seconds."""
