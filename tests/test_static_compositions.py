@@ -26,6 +26,7 @@ ALLOWED = [
     "fedavg+fednova",
     "der+fedavgm",
     "fedavg+fedopt:server_opt=yogi",
+    "fedavg+feddf",
 ]
 
 REFUSED = {
