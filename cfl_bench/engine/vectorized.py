@@ -5,7 +5,8 @@ The participating clients' parameters are stacked along a leading client axis, �
 
     vmap(grad_and_value(ℓ)) over clients,   ℓ(θ_k; x_k, y_k, m_k) = Σ_i m_ki·CE_i / max(Σ_i m_ki, 1)
 
-(``functional_call`` of the one working module with client k's row as its parameters),
+(``functional_call`` of the one working module with views of client k's row as its
+parameters),
 followed by one batched optimizer update of all rows. It reproduces the sequential
 executor's client update, not an approximation of it:
 
@@ -179,29 +180,33 @@ class BatchedOptimizer:
             self.momentum = template.momentum
 
     def step(
-        self, params: torch.Tensor, grads: torch.Tensor, active: torch.Tensor, t: int
+        self, params: torch.Tensor, grads: torch.Tensor, active: torch.Tensor | None, t: int
     ) -> torch.Tensor:
-        """The parameters after step ``t`` (1-based) of the ``active`` ((C,) bool) rows."""
-        keep = active[:, None]
+        """The parameters after step ``t`` (1-based) of the ``active`` ((C,) bool) rows;
+        ``active`` None: every row steps (no masking pass over C×P)."""
+        keep = None if active is None else active[:, None]
         g = grads.add(params, alpha=self.weight_decay) if self.weight_decay else grads
         if self.adam:
-            return torch.where(keep, self._adam(params, g, keep, t), params)
+            return masked(keep, self._adam(params, g, keep, t), params)
         if self.momentum:
-            self.first = torch.where(keep, self.first.mul(self.momentum).add(g), self.first)
+            self.first = masked(keep, self.first.mul(self.momentum).add(g), self.first)
             g = self.first
-        return torch.where(keep, params.add(g, alpha=-self.lr), params)
+        return masked(keep, params.add(g, alpha=-self.lr), params)
 
     def _adam(
-        self, params: torch.Tensor, g: torch.Tensor, keep: torch.Tensor, t: int
+        self, params: torch.Tensor, g: torch.Tensor, keep: torch.Tensor | None, t: int
     ) -> torch.Tensor:
         b1, b2 = self.betas
-        self.first = torch.where(keep, self.first.mul(b1).add(g, alpha=1 - b1), self.first)
-        self.second = torch.where(
-            keep, self.second.mul(b2).addcmul(g, g, value=1 - b2), self.second
-        )
+        self.first = masked(keep, self.first.mul(b1).add(g, alpha=1 - b1), self.first)
+        self.second = masked(keep, self.second.mul(b2).addcmul(g, g, value=1 - b2), self.second)
         step_size = self.lr / (1 - b1**t)
         denominator = (self.second / (1 - b2**t)).sqrt_().add_(self.eps)
         return params.addcdiv(self.first, denominator, value=-step_size)
+
+
+def masked(keep: torch.Tensor | None, updated: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """``updated`` on the kept rows, ``old`` (bit for bit) on the others."""
+    return updated if keep is None else torch.where(keep, updated, old)
 
 
 class VectorizedExecutor:
@@ -218,19 +223,33 @@ class VectorizedExecutor:
         self.loss_and_grad = vmap(grad_and_value(self._client_loss))
 
     def _client_loss(
-        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+        self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
-        """One client's mean cross-entropy over its real (mask 1) examples, at ``flat``."""
+        """One client's mean cross-entropy over its real (mask 1) examples at ``params``."""
         from torch.func import functional_call
         from torch.nn import functional as F
 
-        params = {
-            s.name: flat[s.start : s.start + s.numel].view(s.shape)
-            for s in self.trainer.model.slices
-        }
         outputs = functional_call(self.trainer.model.module, params, (x,))
         per_example = F.cross_entropy(outputs, y, reduction="none")
         return (per_example * mask).sum() / mask.sum().clamp(min=1)
+
+    def _gradients(
+        self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every client's flat gradient (C, P) and loss (C,) at its row of ``params``.
+
+        Why per-parameter views and not the flat row: differentiating through slices of one
+        flat vector makes autograd build a zero (C, P) tensor per parameter and add them up
+        (six full-size passes for the MLP); per-parameter gradients are joined by one ``cat``.
+        """
+        slices = self.trainer.model.slices
+        count = params.shape[0]
+        views = {
+            s.name: params[:, s.start : s.start + s.numel].view(count, *s.shape) for s in slices
+        }
+        grads, losses = self.loss_and_grad(views, x, y, mask)
+        flat = torch.cat([grads[s.name].reshape(count, -1) for s in slices], dim=1)
+        return flat, losses
 
     def train(self, jobs: Sequence[ClientJob], sink: ResultSink) -> None:
         size = self.clients_per_chunk or max(len(jobs), 1)
@@ -257,13 +276,14 @@ class VectorizedExecutor:
         with torch.no_grad():
             for s in range(max((b.total for b in batches), default=0)):
                 x, y, mask, active = self._lock_step_batch(batches, s)
-                grads, losses = self.loss_and_grad(params, x, y, mask)
+                grads, losses = self._gradients(params, x, y, mask)
                 if anchor is not None:
                     diff = params - anchor
                     grads = grads.add(diff, alpha=self.mu)
                     losses = losses + 0.5 * self.mu * (diff * diff).sum(dim=1)
-                params = optimizer.step(params, grads, active, s + 1)
-                loss_sums += torch.where(active, losses, torch.zeros_like(losses))
+                every = bool(active.all())
+                params = optimizer.step(params, grads, None if every else active, s + 1)
+                loss_sums += losses if every else torch.where(active, losses, 0.0)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = (time.perf_counter() - started) / max(len(jobs), 1)
