@@ -37,6 +37,7 @@ from cfl_bench.trackers import parse_trackers
 BUFFER_OFFER = ("first_pass", "every_step")
 WEIGHTING = ("samples", "uniform")
 OPTIMIZERS = ("sgd", "adam")
+EXECUTORS = ("sequential", "vectorized")
 DEVICES = ("auto", "cpu", "cuda")
 # Words that mean "not set" where a value arrives as text in a sweep (``--set tasks=none``).
 NULL_WORDS = frozenset({"none", "null"})
@@ -211,6 +212,24 @@ class RunConfig:
         maximum=256,
         protocol=False,
         default_text="automatic",
+    )
+    executor: str = option(
+        "sequential",
+        "how clients train: sequential (one after another) or vectorized (a round's clients "
+        "in lock-step with torch.func; fedavg and fedavg+fedprox, models without BatchNorm "
+        "or dropout; see docs/executors.md)",
+        choices=EXECUTORS,
+        protocol=False,
+        execution=True,
+    )
+    clients_per_chunk: int | None = option(
+        None,
+        "with --executor vectorized: train a round's clients N at a time (bounds memory)",
+        minimum=1,
+        maximum=100_000,
+        protocol=False,
+        execution=True,
+        default_text="all of a round's clients",
     )
     data_root: str | None = option(
         None,

@@ -359,8 +359,15 @@ def measure(
         task_seconds = time.perf_counter() - t0
         # One client, one epoch: a local step costs the same in every epoch, and a shard of
         # k batches then times exactly k steps.
+        # (Steps are timed through the sequential trainer whatever the run's executor.)
         scratch = dataclasses.replace(
-            schedule, num_clients=1, participation=1.0, async_shift=0, epochs=1
+            schedule,
+            num_clients=1,
+            participation=1.0,
+            async_shift=0,
+            epochs=1,
+            executor="sequential",
+            clients_per_chunk=None,
         )
         fed = Federation(
             stream,

@@ -175,6 +175,8 @@ def make_schedule(config: RunConfig, strategy: Strategy, num_tasks: int) -> Sche
         lead_rounds=config.lead_rounds,
         lr_decay=config.lr_decay,
         diagnostics=config.diagnostics,
+        executor=config.executor,
+        clients_per_chunk=config.clients_per_chunk,
     )
 
 
@@ -220,6 +222,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     schedule = make_schedule(config, strategy, num_tasks)
     torch.manual_seed(derive_seed(config.seed, "model-init"))
     model = build_model(model_name, stream.input_shape, stream.num_classes)
+    check_executor(config, strategy, model, stream.objective)
     threads = configure_cpu(device, config.threads, model, tuple(stream.input_shape))
     # Dropout draws from torch's default generator; seed it explicitly for this run.
     torch.manual_seed(derive_seed(config.seed, "dropout"))
@@ -253,6 +256,21 @@ def plan_run(config: RunConfig) -> RunPlan:
         out,
         resolved,
     )
+
+
+def check_executor(
+    config: RunConfig, strategy: Strategy, model: torch.nn.Module, objective: object
+) -> None:
+    """Refuse what the chosen executor cannot run, before anything is written."""
+    if config.executor == "vectorized":
+        from cfl_bench.engine.vectorized import check_vectorizable
+
+        check_vectorizable(strategy, model, objective, str(config.model))
+    elif config.clients_per_chunk is not None:
+        raise UserError(
+            "--clients-per-chunk applies to --executor vectorized only; drop it or add "
+            "--executor vectorized."
+        )
 
 
 def run_record(

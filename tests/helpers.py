@@ -20,7 +20,7 @@ from cfl_bench.models import build_model
 from cfl_bench.objective import Classification
 from strategies.base import Component, ModelFacts, StrategyEnv
 from strategies.compose import Strategy, build_strategy
-from streams.partition import ShardPartitioner
+from streams.partition import Partitioner, ShardPartitioner
 from streams.public_data import public_images
 from streams.registry import build_stream
 
@@ -126,6 +126,8 @@ def digits_federation(
     *,
     train_size: int | None = None,
     test_size: int | None = None,
+    partitioner: Partitioner | None = None,
+    model: str = "mlp",
     **overrides: object,
 ) -> Federation:
     """A small engine run on the embedded rot-digits stream with an MLP (CPU, seed 0)."""
@@ -174,14 +176,14 @@ def digits_federation(
             data_root=None,
             public_images=functools.partial(public_images, None),
             objective=stream.objective,
-            model=ModelFacts("mlp", model_capabilities("mlp"), models_offering()),
+            model=ModelFacts(model, model_capabilities(model), models_offering()),
             optimizer=schedule.optimizer,
             momentum=schedule.momentum,
         )
     )
     torch.manual_seed(0)
-    model = build_model("mlp", stream.input_shape, stream.num_classes)
-    return Federation(stream, ShardPartitioner(), strat, model, schedule, CPU)
+    module = build_model(model, stream.input_shape, stream.num_classes)
+    return Federation(stream, partitioner or ShardPartitioner(), strat, module, schedule, CPU)
 
 
 def enter_task(fed: Federation, t: int) -> None:

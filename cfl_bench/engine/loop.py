@@ -74,6 +74,11 @@ class Schedule:
     optimizer: str = "sgd"
     lr_decay: float = 1.0
     diagnostics: bool = False
+    # How the client side runs (``engine.executor``; results are the same up to float
+    # rounding): "sequential" or "vectorized", the latter ``clients_per_chunk`` clients at a
+    # time (None: all of a round's participants at once).
+    executor: str = "sequential"
+    clients_per_chunk: int | None = None
 
     @property
     def steps(self) -> StepSchedule:
@@ -166,7 +171,7 @@ class Federation:
             stream.objective,
             stream.as_model_input,
         )
-        self.executor: Executor = SequentialExecutor(trainer)
+        self.executor: Executor = make_executor(trainer, s)
 
     @property
     def global_state(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -321,6 +326,15 @@ class Federation:
         """Put the federation back where :meth:`state_dict` found it; :meth:`run` then goes
         on with the next round."""
         load_federation_state(self, state)
+
+
+def make_executor(trainer: LocalTrainer, schedule: Schedule) -> Executor:
+    """The executor ``schedule.executor`` names, running ``trainer``'s client updates."""
+    if schedule.executor == "vectorized":
+        from cfl_bench.engine.vectorized import VectorizedExecutor
+
+        return VectorizedExecutor(trainer, schedule.clients_per_chunk)
+    return SequentialExecutor(trainer)
 
 
 def new_clients(

@@ -1,0 +1,147 @@
+"""Local-training throughput and peak memory of the sequential vs the vectorized executor.
+
+    python -m bench.executors --data-root ../shared/data [--repeats 3] [--with-1000]
+
+Protocol: rot-mnist, fedavg, the MLP (``--model mlp``: the stream's default MNIST CNN has
+dropout, which the vectorized executor refuses), the first ``--train-size`` training images
+of one task split in label shards among K clients, batch 32, 1 local epoch, CPU, one
+thread. Rows: K = 10 and 100 with every client per round, K = 100 with participation 0.1,
+and with ``--with-1000`` K = 1000 at participation 0.1 (off by default: its data set-up
+alone takes most of a minute).
+
+What is measured: samples/s = examples trained in one round / seconds inside
+``executor.train`` of that round (the second of two rounds, so one-time set-up such as
+functorch's first ``vmap`` is not counted), and the peak RSS growth of the run over the
+RSS it had once its data and model were set up (``ru_maxrss``; each measurement runs in
+its own process, forked after torch is imported, so the high-water mark is its own).
+Every number is the best of ``--repeats`` passes, the two executors alternating first
+within each pass; ratios are vectorized / sequential, measured in this one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import resource
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from cfl_bench.config import make_config
+from cfl_bench.engine.client_update import ClientJob
+from cfl_bench.engine.executor import Executor, ResultSink
+from cfl_bench.engine.loop import Federation
+from cfl_bench.run import plan_run
+
+EXECUTORS = ("sequential", "vectorized")
+
+
+class Timed:
+    """An executor wrapper counting each round's trained examples and train seconds."""
+
+    def __init__(self, inner: Executor, epochs: int) -> None:
+        self.inner, self.epochs = inner, epochs
+        self.rounds: list[tuple[int, float]] = []
+
+    def train(self, jobs: Sequence[ClientJob], sink: ResultSink) -> None:
+        started = time.perf_counter()
+        self.inner.train(jobs, sink)
+        seconds = time.perf_counter() - started
+        self.rounds.append((sum(j.client.num_samples for j in jobs) * self.epochs, seconds))
+
+    def answer(self, *args: object) -> None:
+        self.inner.answer(*args)  # type: ignore[arg-type]
+
+    def end_tasks(self, *args: object) -> None:
+        self.inner.end_tasks(*args)  # type: ignore[arg-type]
+
+
+def rss_bytes() -> int:
+    """The current resident set size of this process."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * resource.getpagesize()
+
+
+def measure(args: argparse.Namespace, clients: int, participation: float, executor: str):  # type: ignore[no-untyped-def]
+    """(samples/s of the last round, peak RSS growth in bytes) of one run, in this process."""
+    torch.set_num_threads(1)
+    cfg = make_config(
+        {
+            "stream": "rot-mnist", "strategy": "fedavg", "model": "mlp",
+            "data_root": args.data_root, "train_size": args.train_size, "test_size": 200,
+            "tasks": 1, "rounds_per_task": 2, "epochs": 1, "clients": clients,
+            "participation": participation, "executor": executor, "threads": 1,
+            "device": "cpu", "seed": 0, "probe_size": 50, "out": "/tmp/bench_executors",
+            "clients_per_chunk": args.clients_per_chunk if executor == "vectorized" else None,
+        }
+    )  # fmt: skip
+    plan = plan_run(cfg)
+    fed = Federation(
+        plan.stream,
+        plan.partitioner,
+        plan.strategy,
+        plan.model,
+        plan.schedule,
+        plan.device,
+        plan.splits,
+    )
+    timed = Timed(fed.executor, plan.schedule.epochs)
+    fed.executor = timed  # type: ignore[assignment]
+    start_rss = rss_bytes()
+    fed.run()
+    samples, seconds = timed.rounds[-1]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return samples / seconds, max(peak - start_rss, 0)
+
+
+def _child(args: argparse.Namespace, row: tuple[int, float], executor: str, queue) -> None:  # type: ignore[no-untyped-def]
+    queue.put(measure(args, row[0], row[1], executor))
+
+
+def forked(args: argparse.Namespace, row: tuple[int, float], executor: str) -> tuple[float, int]:
+    """``measure`` in a forked child, so its peak memory is its own."""
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    process = ctx.Process(target=_child, args=(args, row, executor, queue))
+    process.start()
+    process.join()  # (the result is two numbers: the queue cannot fill up)
+    if process.exitcode != 0:
+        raise SystemExit(f"the {executor} measurement of K = {row[0]} failed")
+    return queue.get(timeout=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-root", default="../shared/data")
+    parser.add_argument("--train-size", type=int, default=6000)
+    parser.add_argument("--repeats", type=int, default=3, help="best of N for each number")
+    parser.add_argument("--clients-per-chunk", type=int, default=None)
+    parser.add_argument("--with-1000", action="store_true", help="add K = 1000 (slow)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    rows = [(10, 1.0), (100, 1.0), (100, 0.1)] + ([(1000, 0.1)] if args.with_1000 else [])
+    best: dict[tuple[tuple[int, float], str], tuple[float, int]] = {}
+    for repeat in range(args.repeats):
+        for row in rows:
+            order = EXECUTORS if repeat % 2 == 0 else EXECUTORS[::-1]
+            for executor in order:
+                rate, peak = forked(args, row, executor)
+                old = best.get((row, executor), (0.0, peak))
+                best[(row, executor)] = (max(old[0], rate), min(old[1], peak))
+    print(
+        f"{'K':>5} {'part.':>5} {'clients/rd':>10} {'seq samples/s':>14} {'vec samples/s':>14} "
+        f"{'ratio':>6} {'seq peak MiB':>12} {'vec peak MiB':>12}"
+    )
+    for row in rows:
+        (seq, seq_peak), (vec, vec_peak) = best[(row, "sequential")], best[(row, "vectorized")]
+        per_round = max(1, round(row[0] * row[1]))
+        print(
+            f"{row[0]:>5} {row[1]:>5} {per_round:>10} {seq:>14.0f} {vec:>14.0f} "
+            f"{vec / seq:>6.2f} {seq_peak / 2**20:>12.1f} {vec_peak / 2**20:>12.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

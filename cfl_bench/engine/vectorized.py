@@ -1,0 +1,341 @@
+"""The vectorized executor: a round's clients trained in lock-step with ``torch.func``.
+
+The participating clients' parameters are stacked along a leading client axis, θ ∈ R^{C×P}
+(every row starts at the broadcast θ_g), and every local step is one call of
+
+    vmap(grad_and_value(ℓ)) over clients,   ℓ(θ_k; x_k, y_k, m_k) = Σ_i m_ki·CE_i / max(Σ_i m_ki, 1)
+
+(``functional_call`` of the one working module with views of client k's row as its
+parameters),
+followed by one batched optimizer update of all rows. It reproduces the sequential
+executor's client update, not an approximation of it:
+
+- **Same batches.** Client k draws from its own seeded generator in the sequential order:
+  ``randperm(n_k)`` at the start of each epoch, then the stream's train augmentation of each
+  batch. Generators are per client, so drawing client by client within a lock-step keeps
+  every client's sequence intact.
+- **Unequal shards and last partial batches.** A client's batch at a lock-step has
+  b ≤ batch_size examples; it is padded to batch_size with mask m = 0, and the loss is the
+  mean over its real examples only. A client whose steps are done (or that holds no data)
+  has ``active`` = 0: its row and optimizer state are kept by ``torch.where`` — a true no-op,
+  even with momentum and weight decay, so each row equals training that client alone.
+- **Same optimizer.** SGD: g ← ∇ + λθ; v ← μv + g (v₀ = 0, so v₁ = g as in ``FlatSGD``);
+  θ ← θ − η·v. Adam (``FlatAdam``): g ← ∇ + λθ; m ← β₁m + (1−β₁)g; s ← β₂s + (1−β₂)g²;
+  θ ← θ − η/(1−β₁^t) · m / (√(s/(1−β₂^t)) + ε), with t the client's own step count. State
+  starts at zero every round, as ``LocalOptimizer.reset`` does.
+- **FedProx** (the one supported loss term) is closed-form: ∇ += μ(θ − θ_g) after the
+  loss gradient, and the reported step loss adds (μ/2)‖θ − θ_g‖², as ``FedProx.penalty``.
+
+Supported: the ``fedavg`` learner alone or with ``fedprox``, classification streams, models
+whose parameters are all they hold (no BatchNorm statistics, no dropout). Why the refusals:
+BatchNorm's running statistics are buffers updated inside the forward, which ``vmap`` over
+a shared module cannot keep per client; dropout draws its masks from torch's global
+generator in client order, which lock-step training cannot replay, so results would differ
+from the sequential executor's; every other component has per-step hooks (buffers, gradient
+transforms, representations) that are written against one working model. The client spread
+(task-end probes) and ``--diagnostics`` load each client's final row into the working model
+and run the sequential code, once per client per round. ``answer`` and ``end_tasks`` run at
+θ_g and are the sequential executor's.
+
+Uploads are streamed: after a chunk of clients is trained, each client's row is handed to
+the sink as its upload (valid until the sink returns), so the server code is unchanged.
+``clients_per_chunk`` bounds memory: a chunk of C clients holds C×P parameters, gradients
+and optimizer state, and a C×batch_size batch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from cfl_bench.engine.client_update import ClientJob, ClientResult, LocalTrainer, StepSchedule
+from cfl_bench.engine.context import ClientState, Upload
+from cfl_bench.engine.executor import AnswerSink, ResultSink, SequentialExecutor
+from cfl_bench.engine.optim import FlatAdam, FlatSGD
+from cfl_bench.engine.payloads import ClientRequest
+from cfl_bench.errors import UserError
+from cfl_bench.objective import Classification
+from strategies.compose import Strategy
+
+# Models built from the catalogue that hold nothing but parameters (no BatchNorm, no dropout).
+VECTORIZABLE_MODELS = ("fedavg-cnn", "linear", "mlp")
+SUPPORTED_COMPONENTS = ("fedprox",)
+FALLBACK = "use --executor sequential"
+
+
+def check_strategy(strategy: Strategy) -> None:
+    """Refuse compositions the vectorized executor does not implement (one sentence each)."""
+    if strategy.learner.name != "fedavg":
+        raise UserError(
+            f"the vectorized executor supports the fedavg learner only, not "
+            f"'{strategy.learner.name}' (its local steps use hooks written for one working "
+            f"model); {FALLBACK}."
+        )
+    for component in strategy.components:
+        if component.name not in SUPPORTED_COMPONENTS:
+            raise UserError(
+                f"the vectorized executor supports fedavg alone or with fedprox, not "
+                f"'{component.name}' (its client-side hooks are written for one working "
+                f"model); {FALLBACK}."
+            )
+
+
+def check_model(module: nn.Module, name: str | None = None) -> None:
+    """Refuse models with BatchNorm statistics or dropout (and, by name, any catalogue model
+    not known to hold parameters only)."""
+    batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
+    if batch_norm or any(b.is_floating_point() for b in module.buffers()):
+        shown = f"model '{name}'" if name else "the model"
+        raise UserError(
+            f"the vectorized executor cannot train {shown}: its BatchNorm running statistics "
+            f"are updated inside the forward and cannot be kept per client under vmap; "
+            f"{FALLBACK} (or a model without BatchNorm: {', '.join(VECTORIZABLE_MODELS)})."
+        )
+    dropout = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in module.modules())
+    if dropout or (name is not None and name not in VECTORIZABLE_MODELS):
+        shown = f"model '{name}'" if name else "the model"
+        raise UserError(
+            f"the vectorized executor cannot train {shown}: its dropout draws masks from "
+            f"torch's global generator client after client, which lock-step training cannot "
+            f"replay; {FALLBACK} (or --model {' or '.join(VECTORIZABLE_MODELS)})."
+        )
+
+
+def check_vectorizable(
+    strategy: Strategy, module: nn.Module, objective: object, model_name: str | None = None
+) -> None:
+    """Everything the vectorized executor refuses, checked before a run starts."""
+    check_strategy(strategy)
+    check_model(module, model_name)
+    if not isinstance(objective, Classification):
+        raise UserError(
+            "the vectorized executor supports classification streams only (its masked mean "
+            f"is a per-example cross-entropy); {FALLBACK}."
+        )
+
+
+class ClientBatches:
+    """One client's batches in the sequential executor's order, drawn one at a time.
+
+    ``randperm`` at the start of each epoch, then for each batch its rows' inputs and (when
+    the stream augments) the augmentation, all from the client's own generator.
+    """
+
+    def __init__(
+        self,
+        client: ClientState,
+        steps: StepSchedule,
+        augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None,
+        device: torch.device,
+    ) -> None:
+        self.client, self.batch_size, self.augment, self.device = (
+            client,
+            steps.batch_size,
+            augment,
+            device,
+        )
+        n = client.num_samples
+        has_data = n > 0 and client.train_x is not None and client.train_y is not None
+        self.n = n if has_data else 0
+        self.total = steps.epochs * math.ceil(self.n / self.batch_size)
+        self.order: torch.Tensor | None = None
+        self.start = self.n  # the first draw starts an epoch
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The client's next batch (inputs as the model sees them, labels)."""
+        client, gen = self.client, self.client.generator
+        if self.start >= self.n:
+            self.order = torch.randperm(self.n, device=self.device, generator=gen)
+            self.start = 0
+        assert self.order is not None and client.train_y is not None
+        rows = self.order[self.start : self.start + self.batch_size]
+        self.start += self.batch_size
+        raw = client.inputs(rows)
+        x = raw if self.augment is None else self.augment(raw, gen)
+        return x, client.train_y[rows]
+
+
+class BatchedOptimizer:
+    """``FlatSGD`` / ``FlatAdam``'s update applied to every row of θ ∈ R^{C×P} at once;
+    rows whose client is not ``active`` keep their parameters and state exactly.
+
+    A client takes real steps on lock-steps 0 … S_k − 1 and none after, so at lock-step s
+    every active client is at its own step t = s + 1: Adam's bias corrections are the same
+    Python floats ``FlatAdam`` computes, and its arithmetic is reproduced op for op.
+    """
+
+    def __init__(self, template: FlatSGD | FlatAdam, lr: float, params: torch.Tensor) -> None:
+        self.adam = isinstance(template, FlatAdam)
+        self.lr, self.weight_decay = lr, template.weight_decay
+        self.first = torch.zeros_like(params)
+        self.momentum = 0.0
+        if isinstance(template, FlatAdam):
+            self.betas, self.eps = template.betas, template.eps
+            self.second = torch.zeros_like(params)
+        else:
+            self.momentum = template.momentum
+
+    def step(
+        self, params: torch.Tensor, grads: torch.Tensor, active: torch.Tensor | None, t: int
+    ) -> torch.Tensor:
+        """The parameters after step ``t`` (1-based) of the ``active`` ((C,) bool) rows;
+        ``active`` None: every row steps (no masking pass over C×P)."""
+        keep = None if active is None else active[:, None]
+        g = grads.add(params, alpha=self.weight_decay) if self.weight_decay else grads
+        if self.adam:
+            return masked(keep, self._adam(params, g, keep, t), params)
+        if self.momentum:
+            self.first = masked(keep, self.first.mul(self.momentum).add(g), self.first)
+            g = self.first
+        return masked(keep, params.add(g, alpha=-self.lr), params)
+
+    def _adam(
+        self, params: torch.Tensor, g: torch.Tensor, keep: torch.Tensor | None, t: int
+    ) -> torch.Tensor:
+        b1, b2 = self.betas
+        self.first = masked(keep, self.first.mul(b1).add(g, alpha=1 - b1), self.first)
+        self.second = masked(keep, self.second.mul(b2).addcmul(g, g, value=1 - b2), self.second)
+        step_size = self.lr / (1 - b1**t)
+        denominator = (self.second / (1 - b2**t)).sqrt_().add_(self.eps)
+        return params.addcdiv(self.first, denominator, value=-step_size)
+
+
+def masked(keep: torch.Tensor | None, updated: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """``updated`` on the kept rows, ``old`` (bit for bit) on the others."""
+    return updated if keep is None else torch.where(keep, updated, old)
+
+
+class VectorizedExecutor:
+    """Clients trained in lock-step, ``clients_per_chunk`` at a time (None: all at once)."""
+
+    def __init__(self, trainer: LocalTrainer, clients_per_chunk: int | None = None) -> None:
+        check_vectorizable(trainer.strategy, trainer.model.module, trainer.objective)
+        from torch.func import grad_and_value, vmap
+
+        self.trainer = trainer
+        self.sequential = SequentialExecutor(trainer)
+        self.clients_per_chunk = clients_per_chunk
+        self.mu = sum(float(getattr(c, "mu", 0.0)) for c in trainer.strategy.components)
+        self.loss_and_grad = vmap(grad_and_value(self._client_loss))
+
+    def _client_loss(
+        self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """One client's mean cross-entropy over its real (mask 1) examples at ``params``."""
+        from torch.func import functional_call
+        from torch.nn import functional as F
+
+        outputs = functional_call(self.trainer.model.module, params, (x,))
+        per_example = F.cross_entropy(outputs, y, reduction="none")
+        return (per_example * mask).sum() / mask.sum().clamp(min=1)
+
+    def _gradients(
+        self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every client's flat gradient (C, P) and loss (C,) at its row of ``params``.
+
+        Why per-parameter views and not the flat row: differentiating through slices of one
+        flat vector makes autograd build a zero (C, P) tensor per parameter and add them up
+        (six full-size passes for the MLP); per-parameter gradients are joined by one ``cat``.
+        """
+        slices = self.trainer.model.slices
+        count = params.shape[0]
+        views = {
+            s.name: params[:, s.start : s.start + s.numel].view(count, *s.shape) for s in slices
+        }
+        grads, losses = self.loss_and_grad(views, x, y, mask)
+        flat = torch.cat([grads[s.name].reshape(count, -1) for s in slices], dim=1)
+        return flat, losses
+
+    def train(self, jobs: Sequence[ClientJob], sink: ResultSink) -> None:
+        size = self.clients_per_chunk or max(len(jobs), 1)
+        for first in range(0, len(jobs), size):
+            self._train_chunk(jobs[first : first + size], sink)
+
+    def _train_chunk(self, jobs: Sequence[ClientJob], sink: ResultSink) -> None:
+        """Train ``jobs`` in lock-step, then hand each client's row to ``sink``."""
+        trainer = self.trainer
+        rounds = {job.broadcast.round_index for job in jobs}
+        if len(rounds) != 1:
+            raise RuntimeError("a chunk of client jobs must belong to one round")
+        lr = trainer.round_lr(rounds.pop())
+        trainer.optimizer.lr = lr
+        device = trainer.model.params.device
+        started = time.perf_counter()
+        batches = [ClientBatches(j.client, trainer.steps, trainer.augment, device) for j in jobs]
+        for job in jobs:
+            job.client.tasks_started.add(job.client.task)
+        params = torch.stack([job.broadcast.params for job in jobs])
+        anchor = params.clone() if self.mu else None
+        optimizer = BatchedOptimizer(trainer.optimizer, lr, params)
+        loss_sums = torch.zeros(len(jobs), device=device, dtype=params.dtype)
+        with torch.no_grad():
+            for s in range(max((b.total for b in batches), default=0)):
+                x, y, mask, active = self._lock_step_batch(batches, s)
+                grads, losses = self._gradients(params, x, y, mask)
+                if anchor is not None:
+                    diff = params - anchor
+                    grads = grads.add(diff, alpha=self.mu)
+                    losses = losses + 0.5 * self.mu * (diff * diff).sum(dim=1)
+                every = bool(active.all())
+                params = optimizer.step(params, grads, None if every else active, s + 1)
+                loss_sums += losses if every else torch.where(active, losses, 0.0)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = (time.perf_counter() - started) / max(len(jobs), 1)
+        for i, job in enumerate(jobs):
+            sink(self._result(job, params[i], loss_sums[i], batches[i].total, seconds))
+        if jobs:  # the working model ends where the sequential executor leaves it
+            trainer.model.load(params[-1], jobs[-1].broadcast.buffers)
+
+    def _lock_step_batch(
+        self, batches: list[ClientBatches], s: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Lock-step ``s``: every client's batch padded to batch_size, the example mask and
+        which clients take a real step."""
+        drawn = [b.next() if s < b.total else None for b in batches]
+        real = [d for d in drawn if d is not None]
+        x0, y0 = real[0]
+        size, count = self.trainer.steps.batch_size, len(batches)
+        x = x0.new_zeros((count, size, *x0.shape[1:]))
+        y = y0.new_zeros((count, size, *y0.shape[1:]))
+        mask = torch.zeros(count, size, dtype=x0.dtype, device=x0.device)
+        for i, d in enumerate(drawn):
+            if d is not None:
+                b = d[1].shape[0]
+                x[i, :b], y[i, :b], mask[i, :b] = d[0], d[1], 1
+        active = torch.tensor([d is not None for d in drawn], device=x0.device)
+        return x, y, mask, active
+
+    def _result(
+        self, job: ClientJob, row: torch.Tensor, loss_sum: torch.Tensor, steps: int, seconds: float
+    ) -> ClientResult:
+        """Client ``job``'s result with its row as the upload; probes and diagnostics run
+        on the working model loaded with the row (the sequential code)."""
+        trainer, client = self.trainer, job.client
+        upload = Upload(client.index, row, job.broadcast.buffers, client.num_samples)
+        result = ClientResult(client, upload, loss_sum, steps, seconds)
+        if job.probes is not None or job.diagnose is not None:
+            trainer.model.load(row, job.broadcast.buffers)
+            if job.probes is not None:
+                result.probe_accuracy = trainer.score(job.probes)
+            if job.diagnose is not None:
+                result.class_accuracy, result.weight_divergence = trainer.diagnose(job)
+        return result
+
+    def answer(
+        self,
+        request: ClientRequest,
+        global_state: tuple[torch.Tensor, torch.Tensor],
+        sink: AnswerSink,
+    ) -> None:
+        self.sequential.answer(request, global_state, sink)
+
+    def end_tasks(
+        self, ending: list[tuple[ClientState, int]], global_state: tuple[torch.Tensor, torch.Tensor]
+    ) -> None:
+        self.sequential.end_tasks(ending, global_state)
