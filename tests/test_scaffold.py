@@ -85,9 +85,9 @@ def test_option_ii_control_variate_by_hand() -> None:
 
 
 def test_option_ii_momentum_divisor_uses_fednovas_step_count() -> None:
-    plain, _ = _train_by_hand(scaffold(momentum=0.5), lr=0.1, steps=2)
+    plain, _ = _train_by_hand(scaffold(momentum=0.5, divisor="steps"), lr=0.1, steps=2)
     assert torch.allclose(plain, torch.tensor([-0.925, -1.75]))  # divisor=steps ignores ρ
-    scaled, _ = _train_by_hand(scaffold(momentum=0.5, divisor="momentum"), lr=0.1, steps=2)
+    scaled, _ = _train_by_hand(scaffold(momentum=0.5), lr=0.1, steps=2)  # the default
     # a_K = [2 − 0.5(1 − 0.25)/0.5]/0.5 = 2.5: c_k⁺ = [0.5, 3] + [−0.285, −0.95]/0.25
     assert torch.allclose(scaled, torch.tensor([0.5 - 1.14, 3.0 - 3.8]))
 
@@ -155,7 +155,7 @@ def test_state_survives_a_checkpoint_and_defaults() -> None:
     again = scaffold()
     again.load_state_dict(sc.state_dict())
     assert again.c is not None and sc.c is not None and torch.equal(again.c, sc.c)
-    assert Scaffold().values == {"variate": "II", "server_lr": 1.0, "divisor": "steps"}
+    assert Scaffold().values == {"variate": "II", "server_lr": 1.0, "divisor": "momentum"}
 
 
 @pytest.mark.parametrize(
