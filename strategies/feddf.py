@@ -53,11 +53,9 @@ from strategies.public_set import (
     AUTO_PUBLIC_SIZE,
     PUBLIC_CHOICES,
     PUBLIC_SHAPES,
-    holdout_protocol,
-    holdout_size,
+    PublicSetUser,
     load_public,
     resolve_public,
-    with_holdout,
 )
 
 if TYPE_CHECKING:
@@ -69,7 +67,7 @@ if TYPE_CHECKING:
 CLIP_NORM = 5.0  # the authors' clip_grad_norm_ before every student step
 
 
-class FedDF(Component):
+class FedDF(PublicSetUser, Component):
     name: ClassVar[str] = "feddf"
     roles: ClassVar[frozenset[Role]] = frozenset({Role.AGGREGATOR})
     summary: ClassVar[str] = (
@@ -129,22 +127,6 @@ class FedDF(Component):
         self._logit_sum: torch.Tensor | None = None
         self._logit_count = 0
         self._scratch: FlatModel | None = None
-
-    def holdout_per_task(self, train_size: int) -> int:
-        size = self.values["public_size"]
-        public_size = int(str(size)) if size is not None else None
-        return holdout_size(str(self.values["public"]), public_size, train_size)
-
-    def protocol_changes(self) -> dict[str, object]:
-        size = self.values["public_size"]
-        public_size = int(str(size)) if size is not None else None
-        return holdout_protocol(str(self.values["public"]), public_size)
-
-    # -- data ---------------------------------------------------------------------------------
-    def on_task_start(self, server: ServerState, task: int, holdout: torch.Tensor | None) -> None:
-        """Holdout mode: the task's withheld inputs join the public set."""
-        if self.public == "holdout":
-            self.public_x = with_holdout(self.public_x, holdout, self.device)
 
     # -- server -------------------------------------------------------------------------------
     def receive_upload(self, upload: Upload, server: ServerState) -> None:

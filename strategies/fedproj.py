@@ -80,11 +80,9 @@ from strategies.public_set import (
     AUTO_PUBLIC_SIZE,
     PUBLIC_CHOICES,
     PUBLIC_SHAPES,
-    holdout_protocol,
-    holdout_size,
+    PublicSetUser,
     load_public,
     resolve_public,
-    with_holdout,
 )
 
 if TYPE_CHECKING:
@@ -112,7 +110,7 @@ def memory_batch(
     return torch.randperm(n, generator=gen, device=device)[: min(size, n)]
 
 
-class FedProj(Component):
+class FedProj(PublicSetUser, Component):
     name: ClassVar[str] = "fedproj"
     roles: ClassVar[frozenset[Role]] = frozenset({Role.GRAD_TRANSFORM, Role.AGGREGATOR})
     payloads: ClassVar[tuple[Payload, ...]] = (
@@ -250,28 +248,7 @@ class FedProj(Component):
                 "nothing at gamma=0; set fedproj:gamma above 0 or drop the anchor."
             )
 
-    def holdout_per_task(self, train_size: int) -> int:
-        """Holdout mode: ``public_size`` per task, or 10 % of the task (at most 1000)."""
-        size = self.values["public_size"]
-        public_size = int(str(size)) if size is not None else None
-        return holdout_size(str(self.values["public"]), public_size, train_size)
-
-    def protocol_changes(self) -> dict[str, object]:
-        """A holdout takes training data away from every client: a different protocol."""
-        size = self.values["public_size"]
-        public_size = int(str(size)) if size is not None else None
-        return holdout_protocol(str(self.values["public"]), public_size)
-
     # -- data ---------------------------------------------------------------------------------
-    def on_task_start(self, server: ServerState, task: int, holdout: torch.Tensor | None) -> None:
-        """Holdout mode: the task's withheld inputs join the public memory (tasks seen so far).
-
-        Z_ens keeps covering only the examples it was computed on; the new slice gets
-        ensemble logits at the end of this task's first round.
-        """
-        if self.public == "holdout":
-            self.public_x = with_holdout(self.public_x, holdout, self.device)
-
     def on_holdout_labels(
         self, server: ServerState, task: int, x: torch.Tensor, y: torch.Tensor
     ) -> None:

@@ -137,3 +137,34 @@ def with_holdout(
         return public_x
     part = holdout.to(device=device, dtype=torch.float32)
     return part if public_x is None else torch.cat([public_x, part])
+
+
+class PublicSetUser:
+    """The public-set bookkeeping FedProj and FedDF share, as component methods: how much a
+    holdout withholds, what it changes in the protocol, and growing the public set with each
+    task's holdout. Mixed in before ``Component`` (``class FedDF(PublicSetUser,
+    Component)``), so these override the component defaults."""
+
+    values: dict[str, object]
+    public: str
+    public_x: torch.Tensor | None
+    device: torch.device
+
+    def declared_public_size(self) -> int | None:
+        size = self.values["public_size"]
+        return int(str(size)) if size is not None else None
+
+    def holdout_per_task(self, train_size: int) -> int:
+        """Holdout mode: ``public_size`` per task, or 10 % of the task (at most 1000)."""
+        return holdout_size(str(self.values["public"]), self.declared_public_size(), train_size)
+
+    def protocol_changes(self) -> dict[str, object]:
+        """A holdout takes training data away from every client: a different protocol."""
+        return holdout_protocol(str(self.values["public"]), self.declared_public_size())
+
+    def on_task_start(self, server: object, task: int, holdout: torch.Tensor | None) -> None:
+        """Holdout mode: the task's withheld inputs join the public set (tasks seen so far).
+        FedProj's Z_ens keeps covering only the examples it was computed on; the new slice
+        gets ensemble logits at the end of this task's first round."""
+        if self.public == "holdout":
+            self.public_x = with_holdout(self.public_x, holdout, self.device)

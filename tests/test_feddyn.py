@@ -8,14 +8,12 @@ from typing import cast
 import pytest
 import torch
 
-from cfl_bench.config import make_config
 from cfl_bench.engine.context import Upload
 from cfl_bench.errors import UserError
-from cfl_bench.run import execute
 from strategies.compose import build_strategy
 from strategies.feddyn import FedDyn, dynamic_penalty_
 from tests.helpers import client, env, linear_model, local_round, server, step
-from tests.test_resume import assert_same_run, options, uninterrupted
+from tests.test_resume import assert_resumes_after_crash, uninterrupted
 
 
 def feddyn(**values: object) -> FedDyn:
@@ -157,16 +155,4 @@ def test_digits_run_finishes_and_resumes_identically(tmp_path: Path) -> None:
     whole = uninterrupted(tmp_path, "feddyn", **extra)
     summary = (whole / "summary.json").read_text()
     assert '"status": "finished"' in summary
-    values = options("feddyn", tmp_path / "crashed", **extra)
-
-    class CrashError(Exception):
-        pass
-
-    def crash(report: object) -> None:
-        if getattr(report, "round_index", 0) == 3:
-            raise CrashError
-
-    with pytest.raises(CrashError):
-        execute(make_config(values), crash)
-    execute(make_config(values))
-    assert_same_run(tmp_path / "crashed", whole)
+    assert_resumes_after_crash(tmp_path / "crashed", "feddyn", whole, **extra)

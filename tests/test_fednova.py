@@ -17,7 +17,7 @@ from cfl_bench.run import execute
 from strategies.compose import build_strategy
 from strategies.fednova import TAU, FedNova, momentum_steps
 from tests.helpers import broadcast, client, env, linear_model, server
-from tests.test_resume import assert_same_run, options, uninterrupted
+from tests.test_resume import assert_resumes_after_crash, options, uninterrupted
 from tests.test_zoo_cli import CLIENTS, per_round, run
 
 
@@ -115,16 +115,4 @@ def test_digits_run_counts_tau_and_resumes_identically(tmp_path: Path) -> None:
     assert len(per_round(records, "bytes_up")) == 4
     extra = {"model": "mlp", "participation": 0.5, "momentum": 0.5}
     whole = uninterrupted(tmp_path, "fednova", **extra)
-    values = options("fednova", tmp_path / "crashed", **extra)
-
-    class CrashError(Exception):
-        pass
-
-    def crash(report: object) -> None:
-        if getattr(report, "round_index", 0) == 3:
-            raise CrashError
-
-    with pytest.raises(CrashError):
-        execute(make_config(values), crash)
-    execute(make_config(values))
-    assert_same_run(tmp_path / "crashed", whole)
+    assert_resumes_after_crash(tmp_path / "crashed", "fednova", whole, **extra)

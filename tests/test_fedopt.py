@@ -9,15 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from cfl_bench.config import make_config
 from cfl_bench.engine.context import Upload
 from cfl_bench.errors import UserError
-from cfl_bench.run import execute
 from strategies.base import Component
 from strategies.compose import build_strategy
 from strategies.fedopt import FedAvgM, FedOpt
 from tests.helpers import client, env, linear_model, server
-from tests.test_resume import assert_same_run, options, uninterrupted
+from tests.test_resume import assert_resumes_after_crash, uninterrupted
 from tests.test_zoo_cli import run
 
 
@@ -158,19 +156,7 @@ def test_bad_configurations_are_refused(text: str, message: str) -> None:
 def test_digits_run_finishes_and_resumes_identically(tmp_path: Path, strategy: str) -> None:
     extra = {"model": "mlp", "participation": 0.5}
     whole = uninterrupted(tmp_path, strategy, **extra)
-    values = options(strategy, tmp_path / "crashed", **extra)
-
-    class CrashError(Exception):
-        pass
-
-    def crash(report: object) -> None:
-        if getattr(report, "round_index", 0) == 3:
-            raise CrashError
-
-    with pytest.raises(CrashError):
-        execute(make_config(values), crash)
-    execute(make_config(values))
-    assert_same_run(tmp_path / "crashed", whole)
+    assert_resumes_after_crash(tmp_path / "crashed", strategy, whole, **extra)
 
 
 def test_server_momentum_learns_on_digits(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from strategies.compose import build_strategy
 from strategies.fedavg import FedAvg
 from strategies.moon import MOON, model_contrastive_loss
 from tests.helpers import client, env, local_round, server, step
-from tests.test_resume import assert_same_run, options, uninterrupted
+from tests.test_resume import assert_resumes_after_crash, uninterrupted
 
 MLP_FACTS = ModelFacts("mlp", model_capabilities("mlp"), models_offering())
 
@@ -180,16 +180,4 @@ def test_digits_run_contrasts_finishes_and_resumes_identically(tmp_path: Path) -
     whole = uninterrupted(tmp_path, "moon:mu=5", **extra)
     plain = uninterrupted(tmp_path / "plain", "fedavg", **extra)
     assert (whole / "records.csv").read_bytes() != (plain / "records.csv").read_bytes()
-    values = options("moon:mu=5", tmp_path / "crashed", **extra)
-
-    class CrashError(Exception):
-        pass
-
-    def crash(report: object) -> None:
-        if getattr(report, "round_index", 0) == 3:
-            raise CrashError
-
-    with pytest.raises(CrashError):
-        execute(make_config(values), crash)
-    execute(make_config(values))
-    assert_same_run(tmp_path / "crashed", whole)
+    assert_resumes_after_crash(tmp_path / "crashed", "moon:mu=5", whole, **extra)

@@ -87,6 +87,28 @@ def assert_same_run(resumed: Path, whole: Path) -> None:
     assert not (resumed / "checkpoint.pt").exists()  # removed when the run finished
 
 
+class CrashError(Exception):
+    """Raised from a round hook to stop a run the way a crash would, after a checkpoint."""
+
+
+def assert_resumes_after_crash(
+    out: Path, strategy: str, whole: Path, crash_round: int = 3, **extra: Any
+) -> None:
+    """Run ``strategy`` into ``out``, crash it after round ``crash_round`` (in process: the
+    component state a checkpoint must keep is what is being tested, not the signal), resume
+    it, and check it equals the uninterrupted run ``whole``."""
+    values = options(strategy, out, **extra)
+
+    def crash(report: object) -> None:
+        if getattr(report, "round_index", 0) == crash_round:
+            raise CrashError
+
+    with pytest.raises(CrashError):
+        execute(make_config(values), crash)
+    execute(make_config(values))
+    assert_same_run(out, whole)
+
+
 @pytest.mark.parametrize(
     "strategy",
     ["fedavg", "der+fedgp", "der+fedcurv+fedgp+ifa:generation=3", "fedavg+fedproj"],

@@ -11,14 +11,12 @@ from typing import cast
 import pytest
 import torch
 
-from cfl_bench.config import make_config
 from cfl_bench.engine.context import LocalRound, Upload
 from cfl_bench.errors import UserError
-from cfl_bench.run import execute
 from strategies.compose import build_strategy
 from strategies.scaffold import DC, C, Scaffold, local_gradient
 from tests.helpers import broadcast, client, env, linear_model, server, step
-from tests.test_resume import assert_same_run, options, uninterrupted
+from tests.test_resume import assert_resumes_after_crash, uninterrupted
 from tests.test_zoo_cli import CLIENTS, MODEL, per_round, run
 
 
@@ -214,19 +212,7 @@ def test_digits_run_resumes_identically(tmp_path: Path) -> None:
     extra = {"model": "mlp", "participation": 0.5}
     strategy = "scaffold:server_lr=0.8"
     whole = uninterrupted(tmp_path, strategy, **extra)
-    values = options(strategy, tmp_path / "crashed", **extra)
-
-    class CrashError(Exception):
-        pass
-
-    def crash(report: object) -> None:
-        if getattr(report, "round_index", 0) == 3:
-            raise CrashError
-
-    with pytest.raises(CrashError):
-        execute(make_config(values), crash)
-    execute(make_config(values))
-    assert_same_run(tmp_path / "crashed", whole)
+    assert_resumes_after_crash(tmp_path / "crashed", strategy, whole, **extra)
 
 
 def test_broadcast_payload_is_c() -> None:
