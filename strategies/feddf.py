@@ -50,12 +50,8 @@ from typing import TYPE_CHECKING, ClassVar
 from strategies.base import Component, Option, Role, StrategyEnv, positive_float, positive_int, text
 from strategies.distillation import distill, teacher_log_probs
 from strategies.public_set import (
-    AUTO_PUBLIC_SIZE,
     PUBLIC_CHOICES,
-    PUBLIC_SHAPES,
     PublicSetUser,
-    load_public,
-    resolve_public,
 )
 
 if TYPE_CHECKING:
@@ -109,20 +105,12 @@ class FedDF(PublicSetUser, Component):
     def setup(self, env: StrategyEnv) -> None:
         from cfl_bench.seeding import generator
 
-        public = resolve_public(str(self.values["public"]), env.input_shape)
-        self.values["public"] = public  # the run's config records the resolved choice
-        self.public = public
-        size = self.values["public_size"]
-        self.public_size = int(str(size)) if size is not None else None
+        self.setup_public(env)
         self.temperature = float(str(self.values["temperature"]))
         self.distill_steps = int(str(self.values["distill_steps"]))
         self.distill_lr = float(str(self.values["distill_lr"]))
-        self.device = env.device
         self.batch_size = env.batch_size
-        self.public_x: torch.Tensor | None = None
-        if public in PUBLIC_SHAPES:
-            count = self.public_size or AUTO_PUBLIC_SIZE
-            self.public_x = load_public(env, self.name, public, count, env.seed)
+        self.load_named_public(env, self.name)
         self._distill_gen = generator(env.seed, self.name, "distill", device=env.device)
         self._logit_sum: torch.Tensor | None = None
         self._logit_count = 0

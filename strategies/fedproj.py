@@ -77,12 +77,8 @@ from strategies.base import (
 from strategies.distillation import distill, kl_to_teacher, teacher_log_probs
 from strategies.projection import conflict_coefficient
 from strategies.public_set import (
-    AUTO_PUBLIC_SIZE,
     PUBLIC_CHOICES,
-    PUBLIC_SHAPES,
     PublicSetUser,
-    load_public,
-    resolve_public,
 )
 
 if TYPE_CHECKING:
@@ -193,11 +189,7 @@ class FedProj(PublicSetUser, Component):
     def setup(self, env: StrategyEnv) -> None:
         from cfl_bench.seeding import generator
 
-        public = resolve_public(str(self.values["public"]), env.input_shape)
-        self.values["public"] = public  # the run's config records the resolved choice
-        self.public = public
-        size = self.values["public_size"]
-        self.public_size = int(str(size)) if size is not None else None
+        public = self.setup_public(env)
         self.temperature = float(str(self.values["temperature"]))
         self.gamma = float(str(self.values["gamma"]))
         self.distill_epochs = int(str(self.values["distill_epochs"]))
@@ -211,13 +203,9 @@ class FedProj(PublicSetUser, Component):
         self.warmup_epochs = int(str(self.values["warmup_epochs"]))
         self.anchor = str(self.values["anchor"])
         self.refuse_variants(public)
-        self.device = env.device
         self.seed = env.seed
         self.batch_size = env.batch_size
-        self.public_x: torch.Tensor | None = None
-        if public in PUBLIC_SHAPES:
-            size = self.public_size or AUTO_PUBLIC_SIZE
-            self.public_x = load_public(env, self.name, public, size, env.seed)
+        self.load_named_public(env, self.name)
         self.z_ens: torch.Tensor | None = None
         self.teacher: torch.Tensor | None = None  # log σ(Z_ens/T)
         self._logit_sum: torch.Tensor | None = None

@@ -147,8 +147,27 @@ class PublicSetUser:
 
     values: dict[str, object]
     public: str
+    public_size: int | None
     public_x: torch.Tensor | None
     device: torch.device
+
+    def setup_public(self, env: StrategyEnv) -> str:
+        """Resolve option ``public`` (``auto`` → by input shape; the run's config records
+        the resolved choice) and the declared size; the set itself starts empty."""
+        public = resolve_public(str(self.values["public"]), env.input_shape)
+        self.values["public"] = public
+        self.public = public
+        self.public_size = self.declared_public_size()
+        self.device = env.device
+        self.public_x = None
+        return public
+
+    def load_named_public(self, env: StrategyEnv, owner: str) -> None:
+        """A named set (fashion-mnist, cifar100): its seeded subset of ``public_size``
+        images (default 1000), as model inputs; a holdout arrives task by task instead."""
+        if self.public in PUBLIC_SHAPES:
+            count = self.public_size or AUTO_PUBLIC_SIZE
+            self.public_x = load_public(env, owner, self.public, count, env.seed)
 
     def declared_public_size(self) -> int | None:
         size = self.values["public_size"]
