@@ -196,8 +196,9 @@ def test_client_batches_follow_the_sequential_draw_order() -> None:
         for start in (0, 2, 4):
             rows = order[start : start + 2]
             expected.append((augment(cl.train_x[rows], gen), rows))
-    for (x, y), (ex, ey) in zip(drawn, expected, strict=True):
+    for (x, y, raw), (ex, ey) in zip(drawn, expected, strict=True):
         assert torch.equal(x, ex) and torch.equal(y, ey)
+        assert torch.equal(raw, cl.train_x[ey])  # the un-augmented rows (y = row index)
 
 
 def test_the_masked_mean_is_the_mean_over_real_examples() -> None:
@@ -210,16 +211,17 @@ def test_the_masked_mean_is_the_mean_over_real_examples() -> None:
     padded_y = torch.cat([y, torch.zeros(2, dtype=torch.long)])
     mask = torch.tensor([1.0, 1, 1, 0, 0])
     params = dict(fed.model.module.named_parameters())
-    loss = executor._client_loss(params, padded_x, padded_y, mask)
+    loss, outputs = executor._client_loss(params, padded_x, padded_y, mask)
     plain = torch.nn.functional.cross_entropy(fed.model.module(x), y)
     assert loss.item() == pytest.approx(plain.item(), rel=1e-6)
+    assert torch.allclose(outputs[:3], fed.model.module(x))  # what a buffer would store
 
 
 @pytest.mark.parametrize(
     ("strategy", "model", "match"),
     [
-        ("der", "mlp", "fedavg learner only, not 'der'"),
-        ("fedavg+fedcurv", "mlp", "not 'fedcurv'"),
+        ("agem", "mlp", "learners fedavg, er, der, derpp, not 'agem'"),
+        ("der+fedcurv", "mlp", "not 'fedcurv'"),
         ("fedavg+fedgp", "mlp", "not 'fedgp'"),
         ("fedavg", "mnist-cnn", "dropout"),
         ("fedavg", "resnet8", "BatchNorm"),
@@ -242,8 +244,8 @@ def test_a_model_with_float_buffers_is_refused_without_its_name() -> None:
 
 def test_a_run_refuses_before_writing_anything(tmp_path: object) -> None:
     base = {"stream": "rot-digits", "threads": 1, "out": str(tmp_path), "clients": 4}
-    with pytest.raises(UserError, match="not 'der'"):
-        plan_run(make_config({**base, "strategy": "der", "executor": "vectorized"}))
+    with pytest.raises(UserError, match="not 'agem'"):
+        plan_run(make_config({**base, "strategy": "agem", "executor": "vectorized"}))
     with pytest.raises(UserError, match="--clients-per-chunk applies to --executor vectorized"):
         plan_run(make_config({**base, "clients_per_chunk": 2}))
     with pytest.raises(UserError, match="executor"):

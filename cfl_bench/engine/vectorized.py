@@ -57,30 +57,58 @@ from cfl_bench.engine.context import ClientState, Upload
 from cfl_bench.engine.executor import AnswerSink, ResultSink, SequentialExecutor
 from cfl_bench.engine.optim import FlatAdam, FlatSGD
 from cfl_bench.engine.payloads import ClientRequest
+from cfl_bench.engine.vectorized_replay import (
+    SUPPORTED_LEARNERS,
+    ReplayBatch,
+    draw_replay,
+    observe_all,
+    replay_loss,
+    replay_plan,
+)
 from cfl_bench.errors import UserError
 from cfl_bench.objective import Classification
+from strategies.base import Component
 from strategies.compose import Strategy
 
 # Models built from the catalogue that hold nothing but parameters (no BatchNorm, no dropout).
 VECTORIZABLE_MODELS = ("fedavg-cnn", "linear", "mlp")
+# The one component with client-side hooks the lock-step implements (closed-form penalty).
 SUPPORTED_COMPONENTS = ("fedprox",)
+# Component hooks that run on the client; a component overriding none of them acts on the
+# server only (aggregators, server optimizers, IFA's resets) and is executor-independent.
+CLIENT_HOOKS = (
+    "on_client_start",
+    "loss_term",
+    "penalty",
+    "transform_grad",
+    "after_local",
+    "wants_representation",
+)
 FALLBACK = "use --executor sequential"
+
+
+def client_hooks(component: Component) -> list[str]:
+    """The client-side hooks ``component``'s class overrides."""
+    cls = type(component)
+    return [h for h in CLIENT_HOOKS if getattr(cls, h) is not getattr(Component, h)]
 
 
 def check_strategy(strategy: Strategy) -> None:
     """Refuse compositions the vectorized executor does not implement (one sentence each)."""
-    if strategy.learner.name != "fedavg":
+    learner = strategy.learner
+    if type(learner) not in SUPPORTED_LEARNERS:
+        names = ", ".join(cls.name for cls in SUPPORTED_LEARNERS)
         raise UserError(
-            f"the vectorized executor supports the fedavg learner only, not "
-            f"'{strategy.learner.name}' (its local steps use hooks written for one working "
-            f"model); {FALLBACK}."
+            f"the vectorized executor supports the learners {names}, not '{learner.name}' "
+            f"(its local steps use hooks written for one working model); {FALLBACK}."
         )
     for component in strategy.components:
-        if component.name not in SUPPORTED_COMPONENTS:
+        hooks = client_hooks(component)
+        if hooks and component.name not in SUPPORTED_COMPONENTS:
             raise UserError(
-                f"the vectorized executor supports fedavg alone or with fedprox, not "
-                f"'{component.name}' (its client-side hooks are written for one working "
-                f"model); {FALLBACK}."
+                f"the vectorized executor supports fedprox and server-only components, not "
+                f"'{component.name}' (its client-side {', '.join(hooks)} are written for one "
+                f"working model); {FALLBACK}."
             )
 
 
@@ -122,7 +150,8 @@ class ClientBatches:
     """One client's batches in the sequential executor's order, drawn one at a time.
 
     ``randperm`` at the start of each epoch, then for each batch its rows' inputs and (when
-    the stream augments) the augmentation, all from the client's own generator.
+    the stream augments) the augmentation, all from the client's own generator. ``epoch``
+    is the epoch of the batch drawn last (the buffer's first-pass policy reads it).
     """
 
     def __init__(
@@ -144,19 +173,22 @@ class ClientBatches:
         self.total = steps.epochs * math.ceil(self.n / self.batch_size)
         self.order: torch.Tensor | None = None
         self.start = self.n  # the first draw starts an epoch
+        self.epoch = -1
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The client's next batch (inputs as the model sees them, labels)."""
+    def next(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The client's next batch: inputs as the model sees them, labels, and the inputs
+        before augmentation (what a replay buffer stores)."""
         client, gen = self.client, self.client.generator
         if self.start >= self.n:
             self.order = torch.randperm(self.n, device=self.device, generator=gen)
             self.start = 0
+            self.epoch += 1
         assert self.order is not None and client.train_y is not None
         rows = self.order[self.start : self.start + self.batch_size]
         self.start += self.batch_size
         raw = client.inputs(rows)
         x = raw if self.augment is None else self.augment(raw, gen)
-        return x, client.train_y[rows]
+        return x, client.train_y[rows], raw
 
 
 class BatchedOptimizer:
@@ -204,6 +236,16 @@ class BatchedOptimizer:
         return params.addcdiv(self.first, denominator, value=-step_size)
 
 
+def masked_cross_entropy(
+    outputs: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Mean cross-entropy over the real (mask 1) examples of a padded batch (0 if none)."""
+    from torch.nn import functional as F
+
+    per_example = F.cross_entropy(outputs, y, reduction="none")
+    return (per_example * mask).sum() / mask.sum().clamp(min=1)
+
+
 def masked(keep: torch.Tensor | None, updated: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
     """``updated`` on the kept rows, ``old`` (bit for bit) on the others."""
     return updated if keep is None else torch.where(keep, updated, old)
@@ -219,24 +261,51 @@ class VectorizedExecutor:
         self.trainer = trainer
         self.sequential = SequentialExecutor(trainer)
         self.clients_per_chunk = clients_per_chunk
-        self.mu = sum(float(getattr(c, "mu", 0.0)) for c in trainer.strategy.components)
-        self.loss_and_grad = vmap(grad_and_value(self._client_loss))
+        components = trainer.strategy.components
+        self.mu = sum(float(getattr(c, "mu", 0.0)) for c in components if c.name == "fedprox")
+        self.plan = replay_plan(trainer.strategy.learner)
+        self.loss_and_grad = vmap(grad_and_value(self._client_loss, has_aux=True))
+        self.replay_loss_and_grad = vmap(grad_and_value(self._replay_client_loss, has_aux=True))
 
     def _client_loss(
         self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        """One client's mean cross-entropy over its real (mask 1) examples at ``params``."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One client's mean cross-entropy over its real (mask 1) examples at ``params``,
+        and the batch's outputs (what a replay buffer stores)."""
         from torch.func import functional_call
-        from torch.nn import functional as F
 
         outputs = functional_call(self.trainer.model.module, params, (x,))
-        per_example = F.cross_entropy(outputs, y, reduction="none")
-        return (per_example * mask).sum() / mask.sum().clamp(min=1)
+        return masked_cross_entropy(outputs, y, mask), outputs
+
+    def _replay_client_loss(
+        self,
+        params: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_client_loss`` plus the replay terms of the learner's plan: the batch and the
+        replay rows (``ReplayBatch``'s tensors, sliced to this client) in one forward."""
+        from torch.func import functional_call
+
+        rx = replay[0]
+        joint = torch.cat([x, rx.flatten(0, 1)])
+        out = functional_call(self.trainer.model.module, params, (joint,))
+        outputs, replayed = out[: x.shape[0]], out[x.shape[0] :].unflatten(0, rx.shape[:2])
+        extra = replay_loss(replayed, ReplayBatch(*replay), self.plan.terms)
+        return masked_cross_entropy(outputs, y, mask) + extra, outputs
 
     def _gradients(
-        self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every client's flat gradient (C, P) and loss (C,) at its row of ``params``.
+        self,
+        params: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        replay: ReplayBatch | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every client's flat gradient (C, P), loss (C,) and batch outputs (C, batch, K)
+        at its row of ``params``.
 
         Why per-parameter views and not the flat row: differentiating through slices of one
         flat vector makes autograd build a zero (C, P) tensor per parameter and add them up
@@ -247,9 +316,13 @@ class VectorizedExecutor:
         views = {
             s.name: params[:, s.start : s.start + s.numel].view(count, *s.shape) for s in slices
         }
-        grads, losses = self.loss_and_grad(views, x, y, mask)
+        if replay is None:
+            grads, (losses, outputs) = self.loss_and_grad(views, x, y, mask)
+        else:
+            rows = (replay.x, replay.y, replay.logits, replay.mask)
+            grads, (losses, outputs) = self.replay_loss_and_grad(views, x, y, mask, rows)
         flat = torch.cat([grads[s.name].reshape(count, -1) for s in slices], dim=1)
-        return flat, losses
+        return flat, losses, outputs
 
     def train(self, jobs: Sequence[ClientJob], sink: ResultSink) -> None:
         size = self.clients_per_chunk or max(len(jobs), 1)
@@ -267,6 +340,10 @@ class VectorizedExecutor:
         device = trainer.model.params.device
         started = time.perf_counter()
         batches = [ClientBatches(j.client, trainer.steps, trainer.augment, device) for j in jobs]
+        # The buffer's first-pass policy: offer during the first epoch of a task's first round.
+        every_step = trainer.steps.buffer_offer == "every_step"
+        first_visit = [j.client.task not in j.client.tasks_started for j in jobs]
+        clients = [job.client for job in jobs]
         for job in jobs:
             job.client.tasks_started.add(job.client.task)
         params = torch.stack([job.broadcast.params for job in jobs])
@@ -275,15 +352,13 @@ class VectorizedExecutor:
         loss_sums = torch.zeros(len(jobs), device=device, dtype=params.dtype)
         with torch.no_grad():
             for s in range(max((b.total for b in batches), default=0)):
-                x, y, mask, active = self._lock_step_batch(batches, s)
-                grads, losses = self._gradients(params, x, y, mask)
-                if anchor is not None:
-                    diff = params - anchor
-                    grads = grads.add(diff, alpha=self.mu)
-                    losses = losses + 0.5 * self.mu * (diff * diff).sum(dim=1)
-                every = bool(active.all())
-                params = optimizer.step(params, grads, None if every else active, s + 1)
-                loss_sums += losses if every else torch.where(active, losses, 0.0)
+                drawn = [b.next() if s < b.total else None for b in batches]
+                pairs = zip(first_visit, batches, strict=True)
+                offers = [every_step or (first and b.epoch == 0) for first, b in pairs]
+                params, losses = self._lock_step(
+                    params, anchor, optimizer, clients, drawn, offers, s
+                )
+                loss_sums += losses
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = (time.perf_counter() - started) / max(len(jobs), 1)
@@ -292,15 +367,45 @@ class VectorizedExecutor:
         if jobs:  # the working model ends where the sequential executor leaves it
             trainer.model.load(params[-1], jobs[-1].broadcast.buffers)
 
+    def _lock_step(
+        self,
+        params: torch.Tensor,
+        anchor: torch.Tensor | None,
+        optimizer: BatchedOptimizer,
+        clients: list[ClientState],
+        drawn: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None],
+        offers: list[bool],
+        s: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Lock-step ``s`` (0-based) in the sequential step order: loss (batch and replay),
+        gradient, FedProx, optimizer step, then buffer insertion of the batch with its
+        outputs before the step. Returns the parameters after it and each client's step
+        loss (0 for clients that took no step)."""
+        trainer = self.trainer
+        x, y, mask, active = self._lock_step_batch(drawn)
+        stepping = [c if d is not None else None for c, d in zip(clients, drawn, strict=True)]
+        replay_augment = trainer.augment if trainer.steps.replay_augment else None
+        size = trainer.steps.buffer_batch_size
+        replay = draw_replay(stepping, self.plan, size, replay_augment)
+        grads, losses, outputs = self._gradients(params, x, y, mask, replay)
+        if anchor is not None:
+            diff = params - anchor
+            grads = grads.add(diff, alpha=self.mu)
+            losses = losses + 0.5 * self.mu * (diff * diff).sum(dim=1)
+        every = bool(active.all())
+        params = optimizer.step(params, grads, None if every else active, s + 1)
+        stored = [None if d is None else (d[2], d[1]) for d in drawn]
+        observe_all(trainer.strategy.learner, clients, offers, stored, outputs)
+        return params, losses if every else torch.where(active, losses, 0.0)
+
     def _lock_step_batch(
-        self, batches: list[ClientBatches], s: int
+        self, drawn: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Lock-step ``s``: every client's batch padded to batch_size, the example mask and
-        which clients take a real step."""
-        drawn = [b.next() if s < b.total else None for b in batches]
+        """Every client's batch (``drawn``; None: no step) padded to batch_size, the example
+        mask and which clients take a real step."""
         real = [d for d in drawn if d is not None]
-        x0, y0 = real[0]
-        size, count = self.trainer.steps.batch_size, len(batches)
+        x0, y0, _ = real[0]
+        size, count = self.trainer.steps.batch_size, len(drawn)
         x = x0.new_zeros((count, size, *x0.shape[1:]))
         y = y0.new_zeros((count, size, *y0.shape[1:]))
         mask = torch.zeros(count, size, dtype=x0.dtype, device=x0.device)
