@@ -1,13 +1,18 @@
 """Local-training throughput and peak memory of the sequential vs the vectorized executor.
 
     python -m bench.executors --data-root ../shared/data [--repeats 3] [--with-1000]
+        [--learners fedavg,er,der]
 
-Protocol: rot-mnist, fedavg, the MLP (``--model mlp``: the stream's default MNIST CNN has
+Protocol: rot-mnist, the MLP (``--model mlp``: the stream's default MNIST CNN has
 dropout, which the vectorized executor refuses), the first ``--train-size`` training images
 of one task split in label shards among K clients, batch 32, 1 local epoch, CPU, one
-thread. Rows: K = 10 and 100 with every client per round, K = 100 with participation 0.1,
-and with ``--with-1000`` K = 1000 at participation 0.1 (off by default: its data set-up
-alone takes most of a minute).
+thread. Rows: fedavg at K = 10 and 100 with every client per round, K = 100 with
+participation 0.1, and with ``--with-1000`` K = 1000 at participation 0.1 (off by default:
+its data set-up alone takes most of a minute); each replay learner of ``--learners`` (er,
+der by default) at K = 10 and 100 with every client, buffer 200 per client and replay
+batches of 32 (the defaults) and ``--buffer-offer every_step``, so the measured second
+round replays and inserts at every step (the per-client draws and insertions are the
+vectorized executor's Python-level part).
 
 What is measured: samples/s = examples trained in one round / seconds inside
 ``executor.train`` of that round (the second of two rounds, so one-time set-up such as
@@ -64,17 +69,22 @@ def rss_bytes() -> int:
     return pages * resource.getpagesize()
 
 
-def measure(args: argparse.Namespace, clients: int, participation: float, executor: str):  # type: ignore[no-untyped-def]
+Row = tuple[str, int, float]  # (learner, K, participation)
+
+
+def measure(args: argparse.Namespace, row: Row, executor: str):  # type: ignore[no-untyped-def]
     """(samples/s of the last round, peak RSS growth in bytes) of one run, in this process."""
     torch.set_num_threads(1)
+    learner, clients, participation = row
     cfg = make_config(
         {
-            "stream": "rot-mnist", "strategy": "fedavg", "model": "mlp",
+            "stream": "rot-mnist", "strategy": learner, "model": "mlp",
             "data_root": args.data_root, "train_size": args.train_size, "test_size": 200,
             "tasks": 1, "rounds_per_task": 2, "epochs": 1, "clients": clients,
             "participation": participation, "executor": executor, "threads": 1,
             "device": "cpu", "seed": 0, "probe_size": 50, "out": "/tmp/bench_executors",
             "clients_per_chunk": args.clients_per_chunk if executor == "vectorized" else None,
+            "buffer_offer": "every_step",
         }
     )  # fmt: skip
     plan = plan_run(cfg)
@@ -96,11 +106,11 @@ def measure(args: argparse.Namespace, clients: int, participation: float, execut
     return samples / seconds, max(peak - start_rss, 0)
 
 
-def _child(args: argparse.Namespace, row: tuple[int, float], executor: str, queue) -> None:  # type: ignore[no-untyped-def]
-    queue.put(measure(args, row[0], row[1], executor))
+def _child(args: argparse.Namespace, row: Row, executor: str, queue) -> None:  # type: ignore[no-untyped-def]
+    queue.put(measure(args, row, executor))
 
 
-def forked(args: argparse.Namespace, row: tuple[int, float], executor: str) -> tuple[float, int]:
+def forked(args: argparse.Namespace, row: Row, executor: str) -> tuple[float, int]:
     """``measure`` in a forked child, so its peak memory is its own."""
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
@@ -108,7 +118,7 @@ def forked(args: argparse.Namespace, row: tuple[int, float], executor: str) -> t
     process.start()
     process.join()  # (the result is two numbers: the queue cannot fill up)
     if process.exitcode != 0:
-        raise SystemExit(f"the {executor} measurement of K = {row[0]} failed")
+        raise SystemExit(f"the {executor} measurement of {row[0]} at K = {row[1]} failed")
     return queue.get(timeout=10)
 
 
@@ -119,10 +129,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="best of N for each number")
     parser.add_argument("--clients-per-chunk", type=int, default=None)
     parser.add_argument("--with-1000", action="store_true", help="add K = 1000 (slow)")
+    parser.add_argument(
+        "--learners", default="fedavg,er,der", help="comma-separated learners to measure"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = [(10, 1.0), (100, 1.0), (100, 0.1)] + ([(1000, 0.1)] if args.with_1000 else [])
-    best: dict[tuple[tuple[int, float], str], tuple[float, int]] = {}
+    rows: list[Row] = []
+    for learner in args.learners.split(","):
+        if learner == "fedavg":
+            sizes = [(10, 1.0), (100, 1.0), (100, 0.1)] + [(1000, 0.1)] * args.with_1000
+        else:
+            sizes = [(10, 1.0), (100, 1.0)]
+        rows += [(learner, k, p) for k, p in sizes]
+    best: dict[tuple[Row, str], tuple[float, int]] = {}
     for repeat in range(args.repeats):
         for row in rows:
             order = EXECUTORS if repeat % 2 == 0 else EXECUTORS[::-1]
@@ -131,14 +150,14 @@ def main() -> None:
                 old = best.get((row, executor), (0.0, peak))
                 best[(row, executor)] = (max(old[0], rate), min(old[1], peak))
     print(
-        f"{'K':>5} {'part.':>5} {'clients/rd':>10} {'seq samples/s':>14} {'vec samples/s':>14} "
-        f"{'ratio':>6} {'seq peak MiB':>12} {'vec peak MiB':>12}"
+        f"{'learner':>7} {'K':>5} {'part.':>5} {'clients/rd':>10} {'seq samples/s':>14} "
+        f"{'vec samples/s':>14} {'ratio':>6} {'seq peak MiB':>12} {'vec peak MiB':>12}"
     )
     for row in rows:
         (seq, seq_peak), (vec, vec_peak) = best[(row, "sequential")], best[(row, "vectorized")]
-        per_round = max(1, round(row[0] * row[1]))
+        per_round = max(1, round(row[1] * row[2]))
         print(
-            f"{row[0]:>5} {row[1]:>5} {per_round:>10} {seq:>14.0f} {vec:>14.0f} "
+            f"{row[0]:>7} {row[1]:>5} {row[2]:>5} {per_round:>10} {seq:>14.0f} {vec:>14.0f} "
             f"{vec / seq:>6.2f} {seq_peak / 2**20:>12.1f} {vec_peak / 2**20:>12.1f}"
         )
 

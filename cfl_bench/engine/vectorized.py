@@ -25,17 +25,25 @@ executor's client update, not an approximation of it:
   starts at zero every round, as ``LocalOptimizer.reset`` does.
 - **FedProx** (the one supported loss term) is closed-form: ∇ += μ(θ − θ_g) after the
   loss gradient, and the reported step loss adds (μ/2)‖θ − θ_g‖², as ``FedProx.penalty``.
+- **Replay learners** (ER, DER, DER++; ``engine.vectorized_replay``): the buffer draws,
+  replay augmentations and reservoir insertions run client by client on the clients' own
+  buffers and generators, in the sequential order; the replay forward and backward are
+  part of the vmapped per-client loss (padded and masked: an empty buffer adds no term),
+  and insertion stores the outputs of that same vmapped forward, taken before the step.
 
-Supported: the ``fedavg`` learner alone or with ``fedprox``, classification streams, models
-whose parameters are all they hold (no BatchNorm statistics, no dropout). Why the refusals:
-BatchNorm's running statistics are buffers updated inside the forward, which ``vmap`` over
-a shared module cannot keep per client; dropout draws its masks from torch's global
-generator in client order, which lock-step training cannot replay, so results would differ
-from the sequential executor's; every other component has per-step hooks (buffers, gradient
-transforms, representations) that are written against one working model. The client spread
-(task-end probes) and ``--diagnostics`` load each client's final row into the working model
-and run the sequential code, once per client per round. ``answer`` and ``end_tasks`` run at
-θ_g and are the sequential executor's.
+Supported: the learners fedavg, er, der and derpp, with fedprox and with any component
+that overrides no client-side hook (``CLIENT_HOOKS``: server optimizers, IFA, FedDF's
+server distillation act on θ_g only, so the executor cannot change them); classification
+streams; models whose parameters are all they hold (no BatchNorm statistics, no dropout).
+Why the refusals: BatchNorm's running statistics are buffers updated inside the forward,
+which ``vmap`` over a shared module cannot keep per client; dropout draws its masks from
+torch's global generator in client order, which lock-step training cannot replay, so
+results would differ from the sequential executor's; the other learners and client-side
+components (A-GEM's projection, the joint learner's history, gradient transforms,
+client-start state, representations) have per-step hooks written against one working
+model. The client spread (task-end probes) and ``--diagnostics`` load each client's final
+row into the working model and run the sequential code, once per client per round.
+``answer`` and ``end_tasks`` run at θ_g and are the sequential executor's.
 
 Uploads are streamed: after a chunk of clients is trained, each client's row is handed to
 the sink as its upload (valid until the sink returns), so the server code is unchanged.

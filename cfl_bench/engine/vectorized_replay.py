@@ -36,9 +36,9 @@ forward of the union equals separate forwards up to float rounding, with one ker
 launch instead of 1 + T. Insertion stores the current batch's outputs of that same
 vmapped forward (taken before the step, as ``step.outputs`` is).
 
-The buffers stay the per-client ``ReservoirBuffer`` objects (checkpoints, A-GEM-free
-task-end code and the sequential executor read them); a stacked (C, M, …) buffer with a
-batched reservoir insert is later work.
+The buffers stay the per-client ``ReservoirBuffer`` objects, which checkpoints and the
+sequential executor read unchanged; stacked (C, M, …) buffers with a batched reservoir
+insert over clients are later work.
 """
 
 from __future__ import annotations
