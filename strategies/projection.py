@@ -41,3 +41,17 @@ def project_conflicting_(
     """In-place variant on the flat gradient: one fused multiply-add, no new vector."""
     coef = conflict_coefficient(g, ref, ref_sq, min_norm_sq)
     g.addcmul_(ref, coef, value=-1.0)
+
+
+def conflict_coefficients(
+    g: torch.Tensor, ref: torch.Tensor, ref_sq: torch.Tensor | None = None, min_norm_sq: float = 0.0
+) -> torch.Tensor:
+    """``conflict_coefficient`` of every row of ``g`` (C, P) against one ``ref`` (P,): a
+    (C,) tensor, from one matrix-vector product (the vectorized executor's clients)."""
+    import torch
+
+    dot = g @ ref
+    if ref_sq is None:
+        ref_sq = torch.dot(ref, ref)
+    conflict = (dot < 0) & (ref_sq > min_norm_sq)
+    return torch.where(conflict, dot / torch.clamp(ref_sq, min=torch.finfo(g.dtype).tiny), 0.0)

@@ -221,8 +221,8 @@ def test_the_masked_mean_is_the_mean_over_real_examples() -> None:
     ("strategy", "model", "match"),
     [
         ("agem", "mlp", "learners fedavg, er, der, derpp, not 'agem'"),
-        ("der+fedcurv", "mlp", "not 'fedcurv'"),
-        ("fedavg+fedgp", "mlp", "not 'fedgp'"),
+        ("der+fedproj", "mlp", "not 'fedproj'"),
+        ("fedavg+moon", "mlp", "not 'moon'"),
         ("fedavg", "mnist-cnn", "dropout"),
         ("fedavg", "resnet8", "BatchNorm"),
         ("fedavg", "cifar-cnn", "BatchNorm"),

@@ -23,26 +23,32 @@ executor's client update, not an approximation of it:
   θ ← θ − η·v. Adam (``FlatAdam``): g ← ∇ + λθ; m ← β₁m + (1−β₁)g; s ← β₂s + (1−β₂)g²;
   θ ← θ − η/(1−β₁^t) · m / (√(s/(1−β₂^t)) + ε), with t the client's own step count. State
   starts at zero every round, as ``LocalOptimizer.reset`` does.
-- **FedProx** (the one supported loss term) is closed-form: ∇ += μ(θ − θ_g) after the
-  loss gradient, and the reported step loss adds (μ/2)‖θ − θ_g‖², as ``FedProx.penalty``.
+- **Client-side components** (FedProx, FedDyn, FedCurv, SCAFFOLD, FedGP, FedNova;
+  ``engine.vectorized_fl``): each client's ``LocalTrainer.start`` (``on_client_start``)
+  runs before the first lock-step and its ``LocalTrainer.finish`` (``after_local``, with
+  the client's row loaded) after the last, per client as sequentially; the per-step
+  penalties and gradient transforms are closed forms batched over the client axis, in the
+  sequential order (penalties, then ``TRANSFORM_CHAIN``).
 - **Replay learners** (ER, DER, DER++; ``engine.vectorized_replay``): the buffer draws,
   replay augmentations and reservoir insertions run client by client on the clients' own
   buffers and generators, in the sequential order; the replay forward and backward are
   part of the vmapped per-client loss (padded and masked: an empty buffer adds no term),
   and insertion stores the outputs of that same vmapped forward, taken before the step.
 
-Supported: the learners fedavg, er, der and derpp, with fedprox and with any component
-that overrides no client-side hook (``CLIENT_HOOKS``: server optimizers, IFA, FedDF's
-server distillation act on θ_g only, so the executor cannot change them); classification
+Supported: the learners fedavg, er, der and derpp, with the components of
+``vectorized_fl.BATCHED`` and with any component that overrides no client-side hook
+(``CLIENT_HOOKS``: server optimizers, IFA, FedDF's server distillation act on θ_g only, so
+the executor cannot change them); classification
 streams; models whose parameters are all they hold (no BatchNorm statistics, no dropout).
 Why the refusals: BatchNorm's running statistics are buffers updated inside the forward,
 which ``vmap`` over a shared module cannot keep per client; dropout draws its masks from
 torch's global generator in client order, which lock-step training cannot replay, so
 results would differ from the sequential executor's; the other learners and client-side
-components (A-GEM's projection, the joint learner's history, gradient transforms,
-client-start state, representations) have per-step hooks written against one working
-model. The client spread (task-end probes) and ``--diagnostics`` load each client's final
-row into the working model and run the sequential code, once per client per round.
+components (A-GEM's per-step reference gradient, the joint learner's history, FedProj's
+public-set projection, FedNTD's and MOON's loss terms and representations) have per-step
+hooks written against one working model. The client spread (task-end probes) and
+``--diagnostics`` load each client's final row into the working model and run the
+sequential code, once per client per round.
 ``answer`` and ``end_tasks`` run at θ_g and are the sequential executor's.
 
 Uploads are streamed: after a chunk of clients is trained, each client's row is handed to
@@ -53,6 +59,7 @@ and optimizer state, and a C×batch_size batch.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -61,10 +68,11 @@ import torch
 from torch import nn
 
 from cfl_bench.engine.client_update import ClientJob, ClientResult, LocalTrainer, StepSchedule
-from cfl_bench.engine.context import ClientState, Upload
+from cfl_bench.engine.context import ClientState, LocalRound, Upload
 from cfl_bench.engine.executor import AnswerSink, ResultSink, SequentialExecutor
 from cfl_bench.engine.optim import FlatAdam, FlatSGD
 from cfl_bench.engine.payloads import ClientRequest
+from cfl_bench.engine.vectorized_fl import BATCHED, BatchedHooks
 from cfl_bench.engine.vectorized_replay import (
     SUPPORTED_LEARNERS,
     ReplayBatch,
@@ -80,8 +88,6 @@ from strategies.compose import Strategy
 
 # Models built from the catalogue that hold nothing but parameters (no BatchNorm, no dropout).
 VECTORIZABLE_MODELS = ("fedavg-cnn", "linear", "mlp")
-# The one component with client-side hooks the lock-step implements (closed-form penalty).
-SUPPORTED_COMPONENTS = ("fedprox",)
 # Component hooks that run on the client; a component overriding none of them acts on the
 # server only (aggregators, server optimizers, IFA's resets) and is executor-independent.
 CLIENT_HOOKS = (
@@ -112,11 +118,12 @@ def check_strategy(strategy: Strategy) -> None:
         )
     for component in strategy.components:
         hooks = client_hooks(component)
-        if hooks and component.name not in SUPPORTED_COMPONENTS:
+        if hooks and type(component) not in BATCHED:
+            names = ", ".join(cls.name for cls in BATCHED)
             raise UserError(
-                f"the vectorized executor supports fedprox and server-only components, not "
-                f"'{component.name}' (its client-side {', '.join(hooks)} are written for one "
-                f"working model); {FALLBACK}."
+                f"the vectorized executor supports the client-side components {names} and "
+                f"server-only components, not '{component.name}' (its client-side "
+                f"{', '.join(hooks)} are written for one working model); {FALLBACK}."
             )
 
 
@@ -269,8 +276,11 @@ class VectorizedExecutor:
         self.trainer = trainer
         self.sequential = SequentialExecutor(trainer)
         self.clients_per_chunk = clients_per_chunk
-        components = trainer.strategy.components
-        self.mu = sum(float(getattr(c, "mu", 0.0)) for c in components if c.name == "fedprox")
+        # Whether any component uploads or updates client state after training (its
+        # ``after_local`` needs the client's row in the working model).
+        self.finishing = any(
+            type(c).after_local is not Component.after_local for c in trainer.strategy.all
+        )
         self.plan = replay_plan(trainer.strategy.learner)
         self.loss_and_grad = vmap(grad_and_value(self._client_loss, has_aux=True))
         self.replay_loss_and_grad = vmap(grad_and_value(self._replay_client_loss, has_aux=True))
@@ -344,8 +354,9 @@ class VectorizedExecutor:
         if len(rounds) != 1:
             raise RuntimeError("a chunk of client jobs must belong to one round")
         lr = trainer.round_lr(rounds.pop())
-        trainer.optimizer.lr = lr
         device = trainer.model.params.device
+        locals_, hooks = self._start(jobs)
+        trainer.optimizer.lr = lr
         started = time.perf_counter()
         batches = [ClientBatches(j.client, trainer.steps, trainer.augment, device) for j in jobs]
         # The buffer's first-pass policy: offer during the first epoch of a task's first round.
@@ -355,7 +366,6 @@ class VectorizedExecutor:
         for job in jobs:
             job.client.tasks_started.add(job.client.task)
         params = torch.stack([job.broadcast.params for job in jobs])
-        anchor = params.clone() if self.mu else None
         optimizer = BatchedOptimizer(trainer.optimizer, lr, params)
         loss_sums = torch.zeros(len(jobs), device=device, dtype=params.dtype)
         with torch.no_grad():
@@ -364,21 +374,41 @@ class VectorizedExecutor:
                 pairs = zip(first_visit, batches, strict=True)
                 offers = [every_step or (first and b.epoch == 0) for first, b in pairs]
                 params, losses = self._lock_step(
-                    params, anchor, optimizer, clients, drawn, offers, s
+                    params, hooks, optimizer, clients, drawn, offers, s
                 )
                 loss_sums += losses
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = (time.perf_counter() - started) / max(len(jobs), 1)
         for i, job in enumerate(jobs):
-            sink(self._result(job, params[i], loss_sums[i], batches[i].total, seconds))
+            local = dataclasses.replace(locals_[i], steps=batches[i].total)
+            sink(self._result(job, local, params[i], loss_sums[i], seconds))
         if jobs:  # the working model ends where the sequential executor leaves it
             trainer.model.load(params[-1], jobs[-1].broadcast.buffers)
+
+    def _start(
+        self, jobs: Sequence[ClientJob]
+    ) -> tuple[list[LocalRound], tuple[list[BatchedHooks], list[BatchedHooks]]]:
+        """Each client's ``LocalTrainer.start`` (θ_g loaded, ``on_client_start`` hooks), in
+        chunk order, each followed by the batched hooks' capture of that client's rows.
+        Returns the clients' local rounds and the (penalty, transform) hooks in the
+        sequential step order."""
+        strategy = self.trainer.strategy
+        batched = {id(c): BATCHED[type(c)](c) for c in strategy.components if type(c) in BATCHED}
+        locals_ = []
+        for job in jobs:
+            local = self.trainer.start(job)
+            for hook in batched.values():
+                hook.capture(job.client, local)
+            locals_.append(local)
+        penalties = [batched[id(c)] for c in self.trainer.loss_terms if id(c) in batched]
+        transforms = [batched[id(c)] for c in self.trainer.transforms if id(c) in batched]
+        return locals_, (penalties, transforms)
 
     def _lock_step(
         self,
         params: torch.Tensor,
-        anchor: torch.Tensor | None,
+        hooks: tuple[list[BatchedHooks], list[BatchedHooks]],
         optimizer: BatchedOptimizer,
         clients: list[ClientState],
         drawn: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None],
@@ -396,10 +426,11 @@ class VectorizedExecutor:
         size = trainer.steps.buffer_batch_size
         replay = draw_replay(stepping, self.plan, size, replay_augment)
         grads, losses, outputs = self._gradients(params, x, y, mask, replay)
-        if anchor is not None:
-            diff = params - anchor
-            grads = grads.add(diff, alpha=self.mu)
-            losses = losses + 0.5 * self.mu * (diff * diff).sum(dim=1)
+        penalties, transforms = hooks
+        for hook in penalties:
+            grads, losses = hook.penalty(params, grads, losses)
+        for hook in transforms:
+            grads = hook.transform(grads)
         every = bool(active.all())
         params = optimizer.step(params, grads, None if every else active, s + 1)
         stored = [None if d is None else (d[2], d[1]) for d in drawn]
@@ -425,19 +456,28 @@ class VectorizedExecutor:
         return x, y, mask, active
 
     def _result(
-        self, job: ClientJob, row: torch.Tensor, loss_sum: torch.Tensor, steps: int, seconds: float
+        self,
+        job: ClientJob,
+        local: LocalRound,
+        row: torch.Tensor,
+        loss_sum: torch.Tensor,
+        seconds: float,
     ) -> ClientResult:
-        """Client ``job``'s result with its row as the upload; probes and diagnostics run
-        on the working model loaded with the row (the sequential code)."""
+        """Client ``job``'s result with its row as the upload. Probes, diagnostics and the
+        components' ``after_local`` hooks run on the working model loaded with the row (the
+        sequential code, in its order: probes, upload, diagnostics)."""
         trainer, client = self.trainer, job.client
         upload = Upload(client.index, row, job.broadcast.buffers, client.num_samples)
-        result = ClientResult(client, upload, loss_sum, steps, seconds)
-        if job.probes is not None or job.diagnose is not None:
-            trainer.model.load(row, job.broadcast.buffers)
-            if job.probes is not None:
-                result.probe_accuracy = trainer.score(job.probes)
-            if job.diagnose is not None:
-                result.class_accuracy, result.weight_divergence = trainer.diagnose(job)
+        result = ClientResult(client, upload, loss_sum, local.steps, seconds)
+        if job.probes is None and job.diagnose is None and not self.finishing:
+            return result
+        trainer.model.load(row, job.broadcast.buffers)
+        if job.probes is not None:
+            result.probe_accuracy = trainer.score(job.probes)
+        if self.finishing:
+            result.upload = trainer.finish(client, local)
+        if job.diagnose is not None:
+            result.class_accuracy, result.weight_divergence = trainer.diagnose(job)
         return result
 
     def answer(

@@ -1,0 +1,198 @@
+"""Client-side FL components under the vectorized executor: per-step hooks batched over the
+chunk's clients, per-round hooks run client by client.
+
+The sequential client update of a component runs (``LocalTrainer``; ``strategies.base``)
+
+    start     on_client_start(client, local)          once per client, model at θ_g
+    per step  penalty → (refine_grad) → transform_grad  on the one working model
+    finish    after_local(client, upload, local)       once per client, model at θ_k
+
+The vectorized executor keeps ``start`` and ``finish`` as they are: it calls
+``LocalTrainer.start`` for each client of a chunk before the first lock-step (the working
+model then holds θ_g, as sequentially) and ``LocalTrainer.finish`` for each after the last
+(with that client's row loaded into the working model, ``local.steps`` its step count).
+They are cheap next to the steps, and per client by nature (SCAFFOLD's c_k update,
+FedCurv's Fisher on the client's own examples from its own generator, FedDyn's h_k update,
+FedNova's τ_k). Whatever a component keeps for the client training *now* (SCAFFOLD's
+c − c_k, FedCurv's U − u_k) lives in one attribute that the next client's start
+overwrites, so each ``BatchedHooks`` captures its rows right after that client's start.
+
+The per-step hooks are batched over the client axis of θ ∈ R^{C×P} and ∇ ∈ R^{C×P}, in the
+sequential order (penalties in ``Strategy.loss_terms`` order, then the transforms in
+``compose.TRANSFORM_CHAIN`` order), each the closed form of the component's own code:
+
+- FedProx:  ∇ += μ(θ − θ_g);               loss += (μ/2)‖θ − θ_g‖²
+- FedDyn:   ∇ += α(θ − θ_g) − h_k;         loss += (α/2)‖θ − θ_g‖² − ⟨h_k, θ⟩
+- FedCurv:  ∇ += 2λ(θ⊙U'_k − V'_k);        loss += λ(⟨θ, θ⊙U'_k − V'_k⟩ − ⟨θ, V'_k⟩)
+  with U'_k = U − u_k, V'_k = V − v_k when the client's own u_k is in the broadcast sums
+- SCAFFOLD: ∇ += c − c_k
+- FedGP:    ∇ ← ∇ − coef_k·g_ref, coef_k = (∇_k·g_ref)/‖g_ref‖² where ∇_k·g_ref < 0, else 0
+  (``projection.conflict_coefficients``: one matrix-vector product and a ``torch.where``,
+  no host read of a tensor value)
+
+θ_g is the same for every client of a round, so it is one broadcast row, not C copies.
+Per-client vectors (h_k, c − c_k, U'_k and V'_k) are stacked (C, P) tensors: SCAFFOLD and
+FedDyn add one C×P tensor to a chunk's memory, FedCurv two. Rows of clients whose steps
+are done get any value: the batched optimizer keeps their parameters (``masked``).
+
+FedGP's reference gradient (``client_request`` → the executor's ``answer``) is computed at
+θ_g after aggregation by the sequential executor's ``answer``, unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+import torch
+
+from strategies.base import Component
+from strategies.fedcurv import FedCurv
+from strategies.feddyn import FedDyn
+from strategies.fedgp import FedGP
+from strategies.fednova import FedNova
+from strategies.fedprox import FedProx
+from strategies.projection import conflict_coefficients
+from strategies.scaffold import Scaffold
+
+if TYPE_CHECKING:
+    from cfl_bench.engine.context import ClientState, LocalRound
+
+
+class BatchedHooks:
+    """One component's per-step client hooks over a chunk's clients (default: none).
+
+    ``capture`` runs right after each client's ``on_client_start`` (in chunk order);
+    ``penalty`` and ``transform`` run at every lock-step on the whole chunk.
+    """
+
+    def __init__(self, component: Component) -> None:
+        self.component = component
+
+    def capture(self, client: ClientState, local: LocalRound) -> None:
+        """Keep what the component set up for ``client`` (its row of per-client state)."""
+
+    def penalty(
+        self, params: torch.Tensor, grads: torch.Tensor, losses: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(∇, loss) after the component's penalty for every client."""
+        return grads, losses
+
+    def transform(self, grads: torch.Tensor) -> torch.Tensor:
+        """∇ after the component's gradient transform for every client."""
+        return grads
+
+
+class ProxHooks(BatchedHooks):
+    """FedProx: ∇ += μ(θ − θ_g); loss += (μ/2)‖θ − θ_g‖² (``fedprox.proximal_penalty_``)."""
+
+    anchor: torch.Tensor | None = None
+
+    def capture(self, client: ClientState, local: LocalRound) -> None:
+        self.anchor = local.broadcast.params
+
+    def penalty(
+        self, params: torch.Tensor, grads: torch.Tensor, losses: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.anchor is not None
+        mu = cast(FedProx, self.component).mu
+        diff = params - self.anchor
+        return grads.add(diff, alpha=mu), losses + 0.5 * mu * (diff * diff).sum(dim=1)
+
+
+class DynHooks(BatchedHooks):
+    """FedDyn: ∇ += α(θ − θ_g) − h_k; loss += (α/2)‖θ − θ_g‖² − ⟨h_k, θ⟩
+    (``feddyn.dynamic_penalty_``), with h_k the client's state at its start."""
+
+    def __init__(self, component: Component) -> None:
+        super().__init__(component)
+        self.rows: list[torch.Tensor] = []
+        self.anchor: torch.Tensor | None = None
+        self.h: torch.Tensor | None = None
+
+    def capture(self, client: ClientState, local: LocalRound) -> None:
+        self.anchor = local.broadcast.params
+        self.rows.append(cast(torch.Tensor, client.state_for(self.component.name)["h"]))
+
+    def penalty(
+        self, params: torch.Tensor, grads: torch.Tensor, losses: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.anchor is not None
+        if self.h is None:  # a copy: after_local updates each h_k in place
+            self.h = torch.stack(self.rows)
+        alpha = cast(FedDyn, self.component).alpha
+        diff = params - self.anchor
+        grads = grads.add(diff, alpha=alpha).sub_(self.h)
+        value = 0.5 * alpha * (diff * diff).sum(dim=1) - (self.h * params).sum(dim=1)
+        return grads, losses + value
+
+
+class CurvHooks(BatchedHooks):
+    """FedCurv: ∇ += 2λ(θ⊙U' − V'); loss += λ(⟨θ, θ⊙U' − V'⟩ − ⟨θ, V'⟩)
+    (``fedcurv.curvature_penalty_``), U', V' the client's sums less its own u_k, v_k."""
+
+    def __init__(self, component: Component) -> None:
+        super().__init__(component)
+        self.rows: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        self.others: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def capture(self, client: ClientState, local: LocalRound) -> None:
+        self.rows.append(cast(FedCurv, self.component)._others)
+
+    def penalty(
+        self, params: torch.Tensor, grads: torch.Tensor, losses: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        lam = cast(FedCurv, self.component).lam
+        # Either every client of a round has the broadcast sums or none has (first round).
+        if lam == 0 or any(row is None for row in self.rows):
+            return grads, losses
+        if self.others is None:
+            rows = cast(list[tuple[torch.Tensor, torch.Tensor]], self.rows)
+            self.others = (torch.stack([u for u, _ in rows]), torch.stack([v for _, v in rows]))
+        others_u, others_v = self.others
+        inner = params * others_u - others_v
+        value = lam * ((params * inner).sum(dim=1) - (params * others_v).sum(dim=1))
+        return grads.add(inner, alpha=2.0 * lam), losses + value
+
+
+class ScaffoldHooks(BatchedHooks):
+    """SCAFFOLD: ∇ += c − c_k (the correction ``on_client_start`` set for each client)."""
+
+    def __init__(self, component: Component) -> None:
+        super().__init__(component)
+        self.rows: list[torch.Tensor] = []
+        self.correction: torch.Tensor | None = None
+
+    def capture(self, client: ClientState, local: LocalRound) -> None:
+        correction = cast(Scaffold, self.component)._correction
+        assert correction is not None, "on_client_start sets the correction"
+        self.rows.append(correction)
+
+    def transform(self, grads: torch.Tensor) -> torch.Tensor:
+        if self.correction is None:
+            self.correction = torch.stack(self.rows)
+        return grads.add(self.correction)
+
+
+class GPHooks(BatchedHooks):
+    """FedGP: each client's gradient projected against the broadcast g_ref where they
+    conflict (``projection.project_conflicting_`` row by row)."""
+
+    def transform(self, grads: torch.Tensor) -> torch.Tensor:
+        fedgp = cast(FedGP, self.component)
+        if fedgp.gref is None:
+            return grads
+        coef = conflict_coefficients(grads, fedgp.gref, fedgp.gref_sq)
+        return grads.addcmul(coef[:, None], fedgp.gref[None, :], value=-1.0)
+
+
+# Client-side components the vectorized executor implements (exact classes: a subclass may
+# override a hook), and the batched form of their per-step hooks. FedNova's one client hook
+# is ``after_local`` (τ_k), which runs per client unchanged.
+BATCHED: dict[type[Component], type[BatchedHooks]] = {
+    FedProx: ProxHooks,
+    FedDyn: DynHooks,
+    FedCurv: CurvHooks,
+    Scaffold: ScaffoldHooks,
+    FedGP: GPHooks,
+    FedNova: BatchedHooks,
+}

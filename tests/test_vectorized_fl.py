@@ -1,0 +1,156 @@
+"""Client-side FL components under the vectorized executor (``engine.vectorized_fl``): equal
+to the sequential executor, per-client component state included.
+
+Runs as tests/test_vectorized_replay.py: embedded rot-digits, MLP, 2 tasks × 2 rounds,
+4 clients with unequal Dirichlet shards, a 20-example buffer, replay batches of 8.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from cfl_bench.engine import vectorized_fl
+from cfl_bench.engine.loop import Federation
+from cfl_bench.engine.vectorized import check_strategy
+from cfl_bench.engine.vectorized_fl import BATCHED, DynHooks, GPHooks
+from cfl_bench.errors import UserError
+from strategies.compose import build_strategy
+from strategies.projection import conflict_coefficients
+from tests.helpers import client, env
+from tests.test_vectorized import one_thread  # noqa: F401 - the fixture
+from tests.test_vectorized_replay import assert_same_buffers, run_both
+
+
+def assert_same_client_state(seq: Federation, vec: Federation, component: str) -> None:
+    """Every client's tensors kept for ``component`` (c_k, h_k, u_k, v_k) agree to float
+    rounding, and at least one client holds a non-zero one."""
+    nonzero = False
+    for c, d in zip(seq.clients, vec.clients, strict=True):
+        one, two = c.state_for(component), d.state_for(component)
+        assert one.keys() == two.keys()
+        for key, value in one.items():
+            other = two[key]
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                assert isinstance(other, torch.Tensor)
+                assert torch.allclose(value, other, rtol=1e-4, atol=1e-6), (component, key)
+                nonzero = nonzero or bool(value.abs().max() > 0)
+            elif isinstance(value, torch.Generator):
+                assert isinstance(other, torch.Generator)
+                assert torch.equal(value.get_state(), other.get_state())
+            else:
+                assert value == other, (component, key)
+    assert nonzero, component
+
+
+def test_der_fedgp_equals_and_projects(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The FedGP protocol: g_ref from each client's buffer after every round, projection at
+    # every step of rounds 2 to 4. Count the conflicting rows the batched projection met.
+    conflicts: list[int] = []
+
+    def counting(*args: torch.Tensor) -> torch.Tensor:
+        coef = conflict_coefficients(*args)
+        conflicts.append(int((coef != 0).sum()))
+        return coef
+
+    monkeypatch.setattr(vectorized_fl, "conflict_coefficients", counting)
+    seq, vec = run_both("der+fedgp")
+    assert_same_buffers(seq, vec)
+    gref = [c.gref for c in (seq.strategy.components[0], vec.strategy.components[0])]
+    assert gref[0] is not None and gref[1] is not None
+    assert torch.allclose(gref[0], gref[1], rtol=0, atol=1e-5)
+    assert sum(conflicts) > 0 and len(conflicts) > 10  # projections happened, batched
+
+
+@pytest.mark.parametrize(
+    ("strategy", "component"),
+    [
+        ("fedavg+scaffold", "scaffold"),
+        ("scaffold+ifa:generation=1", "scaffold"),
+        ("fedavg+scaffold:variate=I", "scaffold"),
+        ("er+fedcurv", "fedcurv"),
+        ("fedavg+feddyn", "feddyn"),
+    ],
+)
+def test_client_state_components_equal(strategy: str, component: str) -> None:
+    seq, vec = run_both(strategy)
+    assert_same_client_state(seq, vec, component)
+
+
+def test_scaffold_with_momentum_and_fednova_equal() -> None:
+    run_both("fedavg+fednova", momentum=0.5, epochs=2)
+    seq, vec = run_both("fedavg+scaffold:server_lr=0.5", momentum=0.9)
+    assert_same_client_state(seq, vec, "scaffold")
+
+
+def test_every_batched_hook_in_one_composition_equals() -> None:
+    # Penalties (FedProx, FedCurv) then transforms (SCAFFOLD, then FedGP's projection).
+    seq, vec = run_both("derpp+fedprox:mu=0.1+fedcurv:lam=0.5+scaffold+fedgp")
+    assert_same_buffers(seq, vec)
+    assert_same_client_state(seq, vec, "scaffold")
+
+
+@pytest.mark.parametrize(
+    ("strategy", "match"),
+    [
+        ("agem", "not 'agem'"),
+        ("ideal", "not 'ideal'"),
+        ("fedavg+fedntd", "'fedntd' \\(its client-side on_client_start, loss_term"),
+        ("fedavg+moon", "'moon'.*wants_representation"),
+        ("fedavg+fedproj", "'fedproj'"),
+    ],
+)
+def test_remaining_client_side_components_are_refused(strategy: str, match: str) -> None:
+    with pytest.raises(UserError, match=match) as caught:
+        check_strategy(build_strategy(strategy))
+    assert str(caught.value).endswith("use --executor sequential.")
+
+
+def test_supported_components_pass_the_check() -> None:
+    for name in ("fedgp", "scaffold", "fedcurv", "feddyn", "fednova", "fedprox"):
+        check_strategy(build_strategy(f"der+{name}"))
+    assert sorted(cls.name for cls in BATCHED) == sorted(
+        ["fedcurv", "feddyn", "fedgp", "fednova", "fedprox", "scaffold"]
+    )
+
+
+def test_conflict_coefficients_by_hand() -> None:
+    # r = (1, 0), ‖r‖² = 1. Row (−2, 1): g·r = −2 < 0, coef −2; row (3, 5): no conflict, 0;
+    # row (0, 1): g·r = 0, not a conflict, 0.
+    g = torch.tensor([[-2.0, 1.0], [3.0, 5.0], [0.0, 1.0]])
+    ref = torch.tensor([1.0, 0.0])
+    assert conflict_coefficients(g, ref).tolist() == [-2.0, 0.0, 0.0]
+    # FedProj's ε: ‖r‖² = 1 ≤ ε = 1 switches projection off.
+    assert conflict_coefficients(g, ref, min_norm_sq=1.0).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_batched_fedgp_projection_by_hand() -> None:
+    # g_ref = (0, 2), ‖g_ref‖² = 4. Row (1, −1): g·r = −2, coef −0.5, g − coef·r = (1, 0);
+    # row (1, 1): g·r = 2, kept.
+    fedgp = build_strategy("fedavg+fedgp").components[0]
+    fedgp.setup(env())
+    fedgp.gref = torch.tensor([0.0, 2.0])  # type: ignore[attr-defined]
+    fedgp.gref_sq = torch.tensor(4.0)  # type: ignore[attr-defined]
+    grads = torch.tensor([[1.0, -1.0], [1.0, 1.0]])
+    assert GPHooks(fedgp).transform(grads).tolist() == [[1.0, 0.0], [1.0, 1.0]]
+
+
+def test_batched_feddyn_penalty_by_hand() -> None:
+    # α = 0.5, θ_g = (1, 1). Client 0: θ = (3, 1), h = (1, 0): ∇ += 0.5·(2, 0) − (1, 0) =
+    # (0, 0), loss += 0.25·4 − 3 = −2. Client 1: θ = (1, 1), h = (0, 2): ∇ += (0, −2),
+    # loss += 0 − 2 = −2.
+    feddyn = build_strategy("fedavg+feddyn:alpha=0.5").components[0]
+    feddyn.setup(env())
+    hooks = DynHooks(feddyn)
+    anchor = torch.ones(2)
+    for h in ([1.0, 0.0], [0.0, 2.0]):
+        one = client(0, None)
+        one.state_for("feddyn")["h"] = torch.tensor(h)
+        local = SimpleNamespace(broadcast=SimpleNamespace(params=anchor))
+        hooks.capture(one, local)  # type: ignore[arg-type]
+    params = torch.tensor([[3.0, 1.0], [1.0, 1.0]])
+    grads, losses = hooks.penalty(params, torch.zeros(2, 2), torch.zeros(2))
+    assert grads.tolist() == [[0.0, 0.0], [0.0, -2.0]]
+    assert losses.tolist() == [-2.0, -2.0]
