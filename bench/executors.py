@@ -1,7 +1,7 @@
 """Local-training throughput and peak memory of the sequential vs the vectorized executor.
 
     python -m bench.executors --data-root ../shared/data [--repeats 3] [--with-1000]
-        [--learners fedavg,er,der]
+        [--learners fedavg,er,der,der+fedgp]
 
 Protocol: rot-mnist, the MLP (``--model mlp``: the stream's default MNIST CNN has
 dropout, which the vectorized executor refuses), the first ``--train-size`` training images
@@ -12,7 +12,9 @@ its data set-up alone takes most of a minute); each replay learner of ``--learne
 der by default) at K = 10 and 100 with every client, buffer 200 per client and replay
 batches of 32 (the defaults) and ``--buffer-offer every_step``, so the measured second
 round replays and inserts at every step (the per-client draws and insertions are the
-vectorized executor's Python-level part).
+vectorized executor's Python-level part). A "learner" may be a composition: ``der+fedgp``
+(the FedGP paper's protocol) adds FedGP's batched projection at every step of the second
+round, against the reference gradient that the clients computed after the first.
 
 What is measured: samples/s = examples trained in one round / seconds inside
 ``executor.train`` of that round (the second of two rounds, so one-time set-up such as
@@ -130,7 +132,9 @@ def main() -> None:
     parser.add_argument("--clients-per-chunk", type=int, default=None)
     parser.add_argument("--with-1000", action="store_true", help="add K = 1000 (slow)")
     parser.add_argument(
-        "--learners", default="fedavg,er,der", help="comma-separated learners to measure"
+        "--learners",
+        default="fedavg,er,der,der+fedgp",
+        help="comma-separated learners (or compositions) to measure",
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -150,14 +154,14 @@ def main() -> None:
                 old = best.get((row, executor), (0.0, peak))
                 best[(row, executor)] = (max(old[0], rate), min(old[1], peak))
     print(
-        f"{'learner':>7} {'K':>5} {'part.':>5} {'clients/rd':>10} {'seq samples/s':>14} "
+        f"{'learner':>10} {'K':>5} {'part.':>5} {'clients/rd':>10} {'seq samples/s':>14} "
         f"{'vec samples/s':>14} {'ratio':>6} {'seq peak MiB':>12} {'vec peak MiB':>12}"
     )
     for row in rows:
         (seq, seq_peak), (vec, vec_peak) = best[(row, "sequential")], best[(row, "vectorized")]
         per_round = max(1, round(row[1] * row[2]))
         print(
-            f"{row[0]:>7} {row[1]:>5} {row[2]:>5} {per_round:>10} {seq:>14.0f} {vec:>14.0f} "
+            f"{row[0]:>10} {row[1]:>5} {row[2]:>5} {per_round:>10} {seq:>14.0f} {vec:>14.0f} "
             f"{vec / seq:>6.2f} {seq_peak / 2**20:>12.1f} {vec_peak / 2**20:>12.1f}"
         )
 

@@ -216,8 +216,9 @@ class RunConfig:
     executor: str = option(
         "sequential",
         "how clients train: sequential (one after another) or vectorized (a round's clients "
-        "in lock-step with torch.func; learners fedavg, er, der, derpp with fedprox or "
-        "server-only components, models without BatchNorm or dropout; see docs/executors.md)",
+        "in lock-step with torch.func; learners fedavg, er, der, derpp with fedprox, "
+        "feddyn, fedcurv, scaffold, fedgp, fednova or server-only components, models "
+        "without BatchNorm or dropout; see docs/executors.md)",
         choices=EXECUTORS,
         protocol=False,
         execution=True,
