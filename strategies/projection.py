@@ -46,12 +46,13 @@ def project_conflicting_(
 def conflict_coefficients(
     g: torch.Tensor, ref: torch.Tensor, ref_sq: torch.Tensor | None = None, min_norm_sq: float = 0.0
 ) -> torch.Tensor:
-    """``conflict_coefficient`` of every row of ``g`` (C, P) against one ``ref`` (P,): a
-    (C,) tensor, from one matrix-vector product (the vectorized executor's clients)."""
+    """``conflict_coefficient`` of every row of ``g`` (C, P) against one shared ``ref`` (P,)
+    or against its own row of ``ref`` (C, P): a (C,) tensor (the vectorized executor's
+    clients; a shared reference is one matrix-vector product)."""
     import torch
 
-    dot = g @ ref
+    dot = g @ ref if ref.dim() == 1 else (g * ref).sum(dim=1)
     if ref_sq is None:
-        ref_sq = torch.dot(ref, ref)
+        ref_sq = torch.dot(ref, ref) if ref.dim() == 1 else (ref * ref).sum(dim=1)
     conflict = (dot < 0) & (ref_sq > min_norm_sq)
     return torch.where(conflict, dot / torch.clamp(ref_sq, min=torch.finfo(g.dtype).tiny), 0.0)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cfl_bench.engine import vectorized_fl
+from cfl_bench.engine import vectorized, vectorized_fl
 from cfl_bench.engine.loop import Federation
 from cfl_bench.engine.vectorized import check_strategy
 from cfl_bench.engine.vectorized_fl import BATCHED, DynHooks, GPHooks
@@ -20,8 +20,8 @@ from cfl_bench.errors import UserError
 from strategies.compose import build_strategy
 from strategies.projection import conflict_coefficients
 from tests.helpers import client, env
-from tests.test_vectorized import one_thread  # noqa: F401 - the fixture
-from tests.test_vectorized_replay import assert_same_buffers, run_both
+from tests.test_vectorized import assert_same, both, one_thread  # noqa: F401 - the fixture
+from tests.test_vectorized_replay import REPLAY, assert_same_buffers, run_both
 
 
 def assert_same_client_state(seq: Federation, vec: Federation, component: str) -> None:
@@ -48,14 +48,7 @@ def assert_same_client_state(seq: Federation, vec: Federation, component: str) -
 def test_der_fedgp_equals_and_projects(monkeypatch: pytest.MonkeyPatch) -> None:
     # The FedGP protocol: g_ref from each client's buffer after every round, projection at
     # every step of rounds 2 to 4. Count the conflicting rows the batched projection met.
-    conflicts: list[int] = []
-
-    def counting(*args: torch.Tensor) -> torch.Tensor:
-        coef = conflict_coefficients(*args)
-        conflicts.append(int((coef != 0).sum()))
-        return coef
-
-    monkeypatch.setattr(vectorized_fl, "conflict_coefficients", counting)
+    conflicts = count_conflicts(monkeypatch, vectorized_fl)
     seq, vec = run_both("der+fedgp")
     assert_same_buffers(seq, vec)
     gref = [c.gref for c in (seq.strategy.components[0], vec.strategy.components[0])]
@@ -95,7 +88,6 @@ def test_every_batched_hook_in_one_composition_equals() -> None:
 @pytest.mark.parametrize(
     ("strategy", "match"),
     [
-        ("agem", "not 'agem'"),
         ("ideal", "not 'ideal'"),
         ("fedavg+fedntd", "'fedntd' \\(its client-side on_client_start, loss_term"),
         ("fedavg+moon", "'moon'.*wants_representation"),
@@ -116,6 +108,42 @@ def test_supported_components_pass_the_check() -> None:
     )
 
 
+def count_conflicts(monkeypatch: pytest.MonkeyPatch, module: object) -> list[int]:
+    """Record, at every call of ``module``'s ``conflict_coefficients``, how many rows
+    conflicted (a non-zero coefficient)."""
+    conflicts: list[int] = []
+
+    def counting(*args: torch.Tensor) -> torch.Tensor:
+        coef = conflict_coefficients(*args)
+        conflicts.append(int((coef != 0).sum()))
+        return coef
+
+    monkeypatch.setattr(module, "conflict_coefficients", counting)
+    return conflicts
+
+
+def test_agem_equals_and_projects(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A-GEM's reference draw per step (buffer generator, then the replay augmentation from
+    # the client's generator), its batched gradient and the per-client projection.
+    conflicts = count_conflicts(monkeypatch, vectorized)
+    seq, vec = run_both("agem", augment=True, momentum=0.5)
+    assert_same_buffers(seq, vec)
+    assert sum(conflicts) > 0 and len(conflicts) > 10
+
+
+def test_agem_task_end_fill_and_a_composition_chunked_equal() -> None:
+    # task_end: no insertion during training, the buffer filled at task ends (sequential
+    # end_tasks), so the second task's steps project against the first task's examples.
+    seq, vec = run_both("agem:agem_fill=task_end")
+    for c, d in zip(seq.clients, vec.clients, strict=True):
+        assert c.buffer is not None and d.buffer is not None and c.buffer.filled > 0
+        assert torch.equal(c.buffer.x, d.buffer.x) and torch.equal(c.buffer.y, d.buffer.y)
+    strategy = "agem+fedprox:mu=0.1+scaffold+fedgp"
+    seq, a, vec, b = both(strategy, vectorized={"clients_per_chunk": 3}, **REPLAY)
+    assert_same(seq, a, vec, b)
+    assert_same_client_state(seq, vec, "scaffold")
+
+
 def test_conflict_coefficients_by_hand() -> None:
     # r = (1, 0), ‖r‖² = 1. Row (−2, 1): g·r = −2 < 0, coef −2; row (3, 5): no conflict, 0;
     # row (0, 1): g·r = 0, not a conflict, 0.
@@ -124,6 +152,10 @@ def test_conflict_coefficients_by_hand() -> None:
     assert conflict_coefficients(g, ref).tolist() == [-2.0, 0.0, 0.0]
     # FedProj's ε: ‖r‖² = 1 ≤ ε = 1 switches projection off.
     assert conflict_coefficients(g, ref, min_norm_sq=1.0).tolist() == [0.0, 0.0, 0.0]
+    # A reference per row (A-GEM): row 0 against (0, 2): g·r = 2, kept; row 1 against
+    # (−1, 0): g·r = −3, ‖r‖² = 1, coef −3; row 2 against (0, 0): nothing to project on.
+    refs = torch.tensor([[0.0, 2.0], [-1.0, 0.0], [0.0, 0.0]])
+    assert conflict_coefficients(g, refs).tolist() == [0.0, -3.0, 0.0]
 
 
 def test_batched_fedgp_projection_by_hand() -> None:

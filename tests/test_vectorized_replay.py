@@ -100,7 +100,6 @@ def test_server_only_components_are_allowed_and_equal(strategy: str) -> None:
 @pytest.mark.parametrize(
     ("strategy", "match"),
     [
-        ("agem", "not 'agem'"),
         ("ideal", "not 'ideal'"),
         ("fedavg+fedntd", "'fedntd'"),
         ("fedavg+moon", "'moon'.*wants_representation"),

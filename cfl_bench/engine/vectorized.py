@@ -35,7 +35,11 @@ executor's client update, not an approximation of it:
   part of the vmapped per-client loss (padded and masked: an empty buffer adds no term),
   and insertion stores the outputs of that same vmapped forward, taken before the step.
 
-Supported: the learners fedavg, er, der and derpp, with the components of
+- **A-GEM**: each client's reference draw per step (client by client, as the replay
+  draws), the reference gradients g_b in one more vmapped backward at the clients' rows,
+  and the projection g ← g − coef·g_b row by row (``projection.conflict_coefficients``).
+
+Supported: the learners fedavg, er, der, derpp and agem, with the components of
 ``vectorized_fl.BATCHED`` and with any component that overrides no client-side hook
 (``CLIENT_HOOKS``: server optimizers, IFA, FedDF's server distillation act on θ_g only, so
 the executor cannot change them); classification
@@ -44,7 +48,7 @@ Why the refusals: BatchNorm's running statistics are buffers updated inside the 
 which ``vmap`` over a shared module cannot keep per client; dropout draws its masks from
 torch's global generator in client order, which lock-step training cannot replay, so
 results would differ from the sequential executor's; the other learners and client-side
-components (A-GEM's per-step reference gradient, the joint learner's history, FedProj's
+components (the joint learner's growing history, FedProj's
 public-set projection, FedNTD's and MOON's loss terms and representations) have per-step
 hooks written against one working model. The client spread (task-end probes) and
 ``--diagnostics`` load each client's final row into the working model and run the
@@ -78,6 +82,8 @@ from cfl_bench.engine.vectorized_replay import (
     ReplayBatch,
     draw_replay,
     observe_all,
+    observes,
+    reference_plan,
     replay_loss,
     replay_plan,
 )
@@ -85,6 +91,7 @@ from cfl_bench.errors import UserError
 from cfl_bench.objective import Classification
 from strategies.base import Component
 from strategies.compose import Strategy
+from strategies.projection import conflict_coefficients
 
 # Models built from the catalogue that hold nothing but parameters (no BatchNorm, no dropout).
 VECTORIZABLE_MODELS = ("fedavg-cnn", "linear", "mlp")
@@ -282,6 +289,8 @@ class VectorizedExecutor:
             type(c).after_local is not Component.after_local for c in trainer.strategy.all
         )
         self.plan = replay_plan(trainer.strategy.learner)
+        self.reference = reference_plan(trainer.strategy.learner)
+        self.observes = observes(trainer.strategy.learner)
         self.loss_and_grad = vmap(grad_and_value(self._client_loss, has_aux=True))
         self.replay_loss_and_grad = vmap(grad_and_value(self._replay_client_loss, has_aux=True))
 
@@ -416,9 +425,10 @@ class VectorizedExecutor:
         s: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Lock-step ``s`` (0-based) in the sequential step order: loss (batch and replay),
-        gradient, FedProx, optimizer step, then buffer insertion of the batch with its
-        outputs before the step. Returns the parameters after it and each client's step
-        loss (0 for clients that took no step)."""
+        gradient, penalties, A-GEM's refinement, gradient transforms, optimizer step, then
+        buffer insertion of the batch with its outputs before the step. Returns the
+        parameters after it and each client's step loss (0 for clients that took no
+        step)."""
         trainer = self.trainer
         x, y, mask, active = self._lock_step_batch(drawn)
         stepping = [c if d is not None else None for c, d in zip(clients, drawn, strict=True)]
@@ -429,13 +439,37 @@ class VectorizedExecutor:
         penalties, transforms = hooks
         for hook in penalties:
             grads, losses = hook.penalty(params, grads, losses)
+        if self.reference is not None:
+            grads = self._refine(params, grads, stepping, replay_augment)
         for hook in transforms:
             grads = hook.transform(grads)
         every = bool(active.all())
         params = optimizer.step(params, grads, None if every else active, s + 1)
         stored = [None if d is None else (d[2], d[1]) for d in drawn]
-        observe_all(trainer.strategy.learner, clients, offers, stored, outputs)
+        if self.observes:
+            observe_all(trainer.strategy.learner, clients, offers, stored, outputs)
         return params, losses if every else torch.where(active, losses, 0.0)
+
+    def _refine(
+        self,
+        params: torch.Tensor,
+        grads: torch.Tensor,
+        stepping: list[ClientState | None],
+        augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """A-GEM's ``refine_grad`` for every client: draw its reference sample (buffer
+        generator, then the replay augmentation from its generator, as sequentially), take
+        g_b = ∇ mean CE on it at the client's row (one vmapped backward, padded rows
+        masked), and project: g ← g − coef·g_b where g·g_b < 0. A client with an empty
+        buffer (or no step) has g_b = 0 exactly, hence coef = 0: no projection."""
+        assert self.reference is not None
+        size = self.trainer.steps.buffer_batch_size
+        draw = draw_replay(stepping, self.reference, size, augment)
+        if draw is None:
+            return grads
+        ref, _, _ = self._gradients(params, draw.x[:, 0], draw.y[:, 0], draw.mask[:, 0])
+        coef = conflict_coefficients(grads, ref)
+        return grads.addcmul(ref, coef[:, None], value=-1.0)
 
     def _lock_step_batch(
         self, drawn: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]

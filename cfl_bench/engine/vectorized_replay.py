@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from cfl_bench.engine.context import ClientState
+from strategies.agem import AGEM
 from strategies.base import Learner
 from strategies.der import DER
 from strategies.derpp import DERPP
@@ -57,7 +58,7 @@ from strategies.fedavg import FedAvg
 
 # The learners whose local step the vectorized executor reproduces (exact classes: a
 # subclass may override ``loss`` or ``observe``).
-SUPPORTED_LEARNERS: tuple[type[Learner], ...] = (FedAvg, ER, DER, DERPP)
+SUPPORTED_LEARNERS: tuple[type[Learner], ...] = (FedAvg, ER, DER, DERPP, AGEM)
 
 Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 
@@ -82,8 +83,21 @@ class ReplayPlan:
     terms: tuple[ReplayTerm, ...] = ()
 
 
+def reference_plan(learner: Learner) -> ReplayPlan | None:
+    """A-GEM's reference draw: one buffer sample per step, whose mean CE gradient g_b the
+    step's gradient is projected against (after the penalties, before the transforms);
+    None for the other learners."""
+    return ReplayPlan(1, (ReplayTerm(0, "ce", 1.0),)) if type(learner) is AGEM else None
+
+
+def observes(learner: Learner) -> bool:
+    """Whether the learner's ``observe`` offers batches to the buffer (A-GEM's ``task_end``
+    fill does not: its buffer is filled at task ends)."""
+    return not (type(learner) is AGEM and learner.fill != "reservoir")
+
+
 def replay_plan(learner: Learner) -> ReplayPlan:
-    """The replay plan of one of ``SUPPORTED_LEARNERS`` (fedavg: none)."""
+    """The replay plan of one of ``SUPPORTED_LEARNERS`` (fedavg and agem: none)."""
     if type(learner) is ER:
         return ReplayPlan(1, (ReplayTerm(0, "ce", 1.0),))
     if type(learner) is DER:
