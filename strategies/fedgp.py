@@ -123,6 +123,7 @@ class FedGP(Component):
             lambda client, model: buffer_gradient(client, model, samples, self.objective),
             self.receive_reply,
             train_mode=self.values["gref_mode"] == "train",
+            gradient_data=lambda client: buffer_examples(client, samples),
         )
 
     def receive_reply(self, reply: Reply) -> None:
@@ -133,16 +134,23 @@ class FedGP(Component):
         self.gref_sq = torch.dot(self.gref, self.gref)
 
 
+def buffer_examples(client: ClientState, samples: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """The examples of g_ref_k: ``samples`` drawn from the client's buffer (its buffer
+    generator), or all of it."""
+    buffer = client.buffer
+    assert buffer is not None  # only clients with a filled buffer contribute
+    draw = buffer.all() if samples == "all" else buffer.sample(int(str(samples)))
+    assert draw is not None
+    return draw.x, draw.y
+
+
 def buffer_gradient(
     client: ClientState, model: FlatModel, samples: object, objective: Objective
 ) -> torch.Tensor:
     """g_ref_k: ∇ of the objective's loss on ``samples`` of the client's buffer (or all of
     it) at the model as loaded (θ_g); the result is the model's gradient vector, valid until
     the next backward."""
-    buffer = client.buffer
-    assert buffer is not None  # only clients with a filled buffer contribute
-    draw = buffer.all() if samples == "all" else buffer.sample(int(str(samples)))
-    assert draw is not None
+    x, y = buffer_examples(client, samples)
     model.zero_grad()
-    objective.loss(model.module(draw.x), draw.y).backward()
+    objective.loss(model.module(x), y).backward()
     return model.grads

@@ -57,6 +57,11 @@ class ClientRequest:
     compute: Callable[[ClientState, FlatModel], torch.Tensor]
     on_reply: Callable[[Reply], None]
     train_mode: bool
+    # Set when ``compute`` is ∇ of the objective's mean loss at θ_g on the examples this
+    # returns for a client (inputs as the model sees them, labels; any random draw made
+    # here, from the client's own generators): an executor may then draw for every client,
+    # in order, and take all the gradients in one batched backward (the vectorized one).
+    gradient_data: Callable[[ClientState], tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,9 @@ public-set projection, FedNTD's and MOON's loss terms and representations) have 
 hooks written against one working model. The client spread (task-end probes) and
 ``--diagnostics`` load each client's final row into the working model and run the
 sequential code, once per client per round.
-``answer`` and ``end_tasks`` run at θ_g and are the sequential executor's.
+``answer`` batches gradient requests (FedGP's g_ref_k: one vmapped backward at θ_g over
+the requested clients' draws); other requests and ``end_tasks`` are the sequential
+executor's.
 
 Uploads are streamed: after a chunk of clients is trained, each client's row is handed to
 the sink as its upload (valid until the sink returns), so the server code is unchanged.
@@ -266,6 +268,20 @@ def masked_cross_entropy(
 
     per_example = F.cross_entropy(outputs, y, reduction="none")
     return (per_example * mask).sum() / mask.sum().clamp(min=1)
+
+
+def pad_examples(
+    examples: Sequence[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Clients' (inputs, labels) padded to the longest: (C, m, …), (C, m) and the row mask."""
+    x0, y0 = examples[0]
+    count, rows = len(examples), max(y.shape[0] for _, y in examples)
+    x = x0.new_zeros((count, rows, *x0.shape[1:]))
+    y = y0.new_zeros((count, rows, *y0.shape[1:]))
+    mask = torch.zeros(count, rows, dtype=x0.dtype, device=x0.device)
+    for i, (xi, yi) in enumerate(examples):
+        x[i, : yi.shape[0]], y[i, : yi.shape[0]], mask[i, : yi.shape[0]] = xi, yi, 1
+    return x, y, mask
 
 
 def masked(keep: torch.Tensor | None, updated: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
@@ -520,7 +536,24 @@ class VectorizedExecutor:
         global_state: tuple[torch.Tensor, torch.Tensor],
         sink: AnswerSink,
     ) -> None:
-        self.sequential.answer(request, global_state, sink)
+        """A gradient request (``ClientRequest.gradient_data``: FedGP's g_ref_k) in one
+        vmapped backward per chunk: each client's examples drawn in request order (its own
+        generators, as sequentially), padded with a row mask, every gradient taken at θ_g
+        (the model's mode is irrelevant: vectorizable models have no dropout or
+        BatchNorm). Any other request is the sequential executor's."""
+        if request.gradient_data is None:
+            self.sequential.answer(request, global_state, sink)
+            return
+        size = self.clients_per_chunk or max(len(request.clients), 1)
+        for first in range(0, len(request.clients), size):
+            chunk = request.clients[first : first + size]
+            examples = [request.gradient_data(client) for client in chunk]
+            x, y, mask = pad_examples(examples)
+            params = global_state[0].expand(len(chunk), -1)
+            grads, _, _ = self._gradients(params, x, y, mask)
+            for client, row in zip(chunk, grads, strict=True):
+                sink(client, row)
+        self.trainer.model.load(*global_state)  # where the sequential answer leaves it
 
     def end_tasks(
         self, ending: list[tuple[ClientState, int]], global_state: tuple[torch.Tensor, torch.Tensor]

@@ -35,8 +35,8 @@ Per-client vectors (h_k, c − c_k, U'_k and V'_k) are stacked (C, P) tensors: S
 FedDyn add one C×P tensor to a chunk's memory, FedCurv two. Rows of clients whose steps
 are done get any value: the batched optimizer keeps their parameters (``masked``).
 
-FedGP's reference gradient (``client_request`` → the executor's ``answer``) is computed at
-θ_g after aggregation by the sequential executor's ``answer``, unchanged.
+FedGP's reference gradient (``client_request`` → the executor's ``answer``) is batched by
+``VectorizedExecutor.answer`` (the request's ``gradient_data``).
 """
 
 from __future__ import annotations
