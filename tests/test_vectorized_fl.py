@@ -16,9 +16,10 @@ from cfl_bench.engine import vectorized, vectorized_fl
 from cfl_bench.engine.executor import SequentialExecutor
 from cfl_bench.engine.loop import Federation
 from cfl_bench.engine.vectorized import check_strategy
-from cfl_bench.engine.vectorized_fl import BATCHED, DynHooks, GPHooks
+from cfl_bench.engine.vectorized_fl import BATCHED, DynHooks, GPHooks, NTDHooks
 from cfl_bench.errors import UserError
 from strategies.compose import build_strategy
+from strategies.fedntd import not_true_distillation
 from strategies.projection import conflict_coefficients
 from tests.helpers import client, env
 from tests.test_vectorized import Skewed, assert_same, both, one_thread  # noqa: F401 - the fixture
@@ -122,7 +123,6 @@ def test_every_batched_hook_in_one_composition_equals() -> None:
     ("strategy", "match"),
     [
         ("ideal", "not 'ideal'"),
-        ("fedavg+fedntd", "'fedntd' \\(its client-side on_client_start, loss_term"),
         ("fedavg+moon", "'moon'.*wants_representation"),
         ("fedavg+fedproj", "'fedproj'"),
     ],
@@ -134,11 +134,10 @@ def test_remaining_client_side_components_are_refused(strategy: str, match: str)
 
 
 def test_supported_components_pass_the_check() -> None:
-    for name in ("fedgp", "scaffold", "fedcurv", "feddyn", "fednova", "fedprox"):
+    names = ["fedcurv", "feddyn", "fedgp", "fednova", "fedntd", "fedprox", "scaffold"]
+    for name in names:
         check_strategy(build_strategy(f"der+{name}"))
-    assert sorted(cls.name for cls in BATCHED) == sorted(
-        ["fedcurv", "feddyn", "fedgp", "fednova", "fedprox", "scaffold"]
-    )
+    assert sorted(cls.name for cls in BATCHED) == names
 
 
 def count_conflicts(monkeypatch: pytest.MonkeyPatch, module: object) -> list[int]:
@@ -175,6 +174,29 @@ def test_agem_task_end_fill_and_a_composition_chunked_equal() -> None:
     seq, a, vec, b = both(strategy, vectorized={"clients_per_chunk": 3}, **REPLAY)
     assert_same(seq, a, vec, b)
     assert_same_client_state(seq, vec, "scaffold")
+
+
+def test_fedntd_equals() -> None:
+    # The teacher's logits at θ_g on each client's (augmented) batch, the not-true
+    # distillation in the vmapped loss, with replay (DER's joint forward) and without.
+    run_both("fedavg+fedntd")
+    run_both("der+fedntd:beta=0.5,tau=2", augment=True)
+    run_both("fedavg+fedntd:beta=0")  # no term
+
+
+def test_masked_not_true_distillation_equals_the_batchmean_on_real_rows() -> None:
+    # Rows 0 and 1 real, row 2 padding (its logits 9s must not count): the masked mean
+    # equals fedntd.not_true_distillation (batchmean) on the two real rows.
+    ntd = build_strategy("fedavg+fedntd:beta=0.5,tau=2").components[0]
+    ntd.setup(env(num_classes=3))
+    outputs = torch.tensor([[1.0, 2.0, 0.5], [0.0, -1.0, 3.0], [9.0, 9.0, 9.0]])
+    teacher = torch.tensor([[0.5, 0.0, 2.0], [1.0, 1.0, 0.0], [9.0, -9.0, 9.0]])
+    y = torch.tensor([0, 2, 1])
+    mask = torch.tensor([1.0, 1.0, 0.0])
+    value = NTDHooks(ntd).batch_term(outputs, y, mask, teacher)
+    expected = 0.5 * not_true_distillation(outputs[:2], teacher[:2], y[:2], 2.0)
+    assert value.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert expected.item() > 0
 
 
 def test_conflict_coefficients_by_hand() -> None:

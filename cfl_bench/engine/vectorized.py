@@ -23,12 +23,12 @@ executor's client update, not an approximation of it:
   θ ← θ − η·v. Adam (``FlatAdam``): g ← ∇ + λθ; m ← β₁m + (1−β₁)g; s ← β₂s + (1−β₂)g²;
   θ ← θ − η/(1−β₁^t) · m / (√(s/(1−β₂^t)) + ε), with t the client's own step count. State
   starts at zero every round, as ``LocalOptimizer.reset`` does.
-- **Client-side components** (FedProx, FedDyn, FedCurv, SCAFFOLD, FedGP, FedNova;
+- **Client-side components** (FedProx, FedDyn, FedCurv, SCAFFOLD, FedGP, FedNova, FedNTD;
   ``engine.vectorized_fl``): each client's ``LocalTrainer.start`` (``on_client_start``)
   runs before the first lock-step and its ``LocalTrainer.finish`` (``after_local``, with
   the client's row loaded) after the last, per client as sequentially; the per-step
-  penalties and gradient transforms are closed forms batched over the client axis, in the
-  sequential order (penalties, then ``TRANSFORM_CHAIN``).
+  output loss terms (FedNTD), penalties and gradient transforms are batched over the
+  client axis, in the sequential order (loss terms, penalties, then ``TRANSFORM_CHAIN``).
 - **Replay learners** (ER, DER, DER++; ``engine.vectorized_replay``): the buffer draws,
   replay augmentations and reservoir insertions run client by client on the clients' own
   buffers and generators, in the sequential order; the replay forward and backward are
@@ -49,8 +49,8 @@ which ``vmap`` over a shared module cannot keep per client; dropout draws its ma
 torch's global generator in client order, which lock-step training cannot replay, so
 results would differ from the sequential executor's; the other learners and client-side
 components (the joint learner's growing history, FedProj's
-public-set projection, FedNTD's and MOON's loss terms and representations) have per-step
-hooks written against one working model. The client spread (task-end probes) and
+public-set projection, MOON's representations of three models) have per-step hooks
+written against one working model. The client spread (task-end probes) and
 ``--diagnostics`` load each client's final row into the working model and run the
 sequential code, once per client per round.
 ``answer`` batches gradient requests (FedGP's g_ref_k: one vmapped backward at θ_g over
@@ -78,7 +78,7 @@ from cfl_bench.engine.context import ClientState, LocalRound, Upload
 from cfl_bench.engine.executor import AnswerSink, ResultSink, SequentialExecutor
 from cfl_bench.engine.optim import FlatAdam, FlatSGD
 from cfl_bench.engine.payloads import ClientRequest
-from cfl_bench.engine.vectorized_fl import BATCHED, BatchedHooks
+from cfl_bench.engine.vectorized_fl import BATCHED, BatchedHooks, ChunkHooks
 from cfl_bench.engine.vectorized_replay import (
     SUPPORTED_LEARNERS,
     ReplayBatch,
@@ -305,20 +305,37 @@ class VectorizedExecutor:
             type(c).after_local is not Component.after_local for c in trainer.strategy.all
         )
         self.plan = replay_plan(trainer.strategy.learner)
+        self.terms: list[BatchedHooks] = []  # the output terms of the gradient being taken
         self.reference = reference_plan(trainer.strategy.learner)
         self.observes = observes(trainer.strategy.learner)
         self.loss_and_grad = vmap(grad_and_value(self._client_loss, has_aux=True))
         self.replay_loss_and_grad = vmap(grad_and_value(self._replay_client_loss, has_aux=True))
 
     def _client_loss(
-        self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+        self,
+        params: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        aux: tuple[torch.Tensor, ...] = (),
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One client's mean cross-entropy over its real (mask 1) examples at ``params``,
-        and the batch's outputs (what a replay buffer stores)."""
+        """One client's mean cross-entropy over its real (mask 1) examples at ``params``
+        plus the output terms (``aux``: their per-client inputs), and the batch's outputs
+        (what a replay buffer stores)."""
         from torch.func import functional_call
 
         outputs = functional_call(self.trainer.model.module, params, (x,))
-        return masked_cross_entropy(outputs, y, mask), outputs
+        loss = masked_cross_entropy(outputs, y, mask) + self._output_terms(outputs, y, mask, aux)
+        return loss, outputs
+
+    def _output_terms(
+        self, outputs: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, aux: tuple
+    ) -> torch.Tensor | float:
+        """The components' loss terms on one client's batch outputs (FedNTD's), in order."""
+        total: torch.Tensor | float = 0.0
+        for hook, inputs in zip(self.terms, aux, strict=True):
+            total = total + hook.batch_term(outputs, y, mask, inputs)
+        return total
 
     def _replay_client_loss(
         self,
@@ -327,6 +344,7 @@ class VectorizedExecutor:
         y: torch.Tensor,
         mask: torch.Tensor,
         replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+        aux: tuple[torch.Tensor, ...] = (),
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``_client_loss`` plus the replay terms of the learner's plan: the batch and the
         replay rows (``ReplayBatch``'s tensors, sliced to this client) in one forward."""
@@ -337,6 +355,7 @@ class VectorizedExecutor:
         out = functional_call(self.trainer.model.module, params, (joint,))
         outputs, replayed = out[: x.shape[0]], out[x.shape[0] :].unflatten(0, rx.shape[:2])
         extra = replay_loss(replayed, ReplayBatch(*replay), self.plan.terms)
+        extra = extra + self._output_terms(outputs, y, mask, aux)
         return masked_cross_entropy(outputs, y, mask) + extra, outputs
 
     def _gradients(
@@ -346,9 +365,10 @@ class VectorizedExecutor:
         y: torch.Tensor,
         mask: torch.Tensor,
         replay: ReplayBatch | None = None,
+        terms: Sequence[BatchedHooks] = (),
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every client's flat gradient (C, P), loss (C,) and batch outputs (C, batch, K)
-        at its row of ``params``.
+        at its row of ``params``, with the components' output ``terms`` in the loss.
 
         Why per-parameter views and not the flat row: differentiating through slices of one
         flat vector makes autograd build a zero (C, P) tensor per parameter and add them up
@@ -359,11 +379,13 @@ class VectorizedExecutor:
         views = {
             s.name: params[:, s.start : s.start + s.numel].view(count, *s.shape) for s in slices
         }
+        self.terms = list(terms)
+        aux = tuple(hook.batch_inputs(x) for hook in self.terms)
         if replay is None:
-            grads, (losses, outputs) = self.loss_and_grad(views, x, y, mask)
+            grads, (losses, outputs) = self.loss_and_grad(views, x, y, mask, aux)
         else:
             rows = (replay.x, replay.y, replay.logits, replay.mask)
-            grads, (losses, outputs) = self.replay_loss_and_grad(views, x, y, mask, rows)
+            grads, (losses, outputs) = self.replay_loss_and_grad(views, x, y, mask, rows, aux)
         flat = torch.cat([grads[s.name].reshape(count, -1) for s in slices], dim=1)
         return flat, losses, outputs
 
@@ -411,13 +433,10 @@ class VectorizedExecutor:
         if jobs:  # the working model ends where the sequential executor leaves it
             trainer.model.load(params[-1], jobs[-1].broadcast.buffers)
 
-    def _start(
-        self, jobs: Sequence[ClientJob]
-    ) -> tuple[list[LocalRound], tuple[list[BatchedHooks], list[BatchedHooks]]]:
+    def _start(self, jobs: Sequence[ClientJob]) -> tuple[list[LocalRound], ChunkHooks]:
         """Each client's ``LocalTrainer.start`` (θ_g loaded, ``on_client_start`` hooks), in
         chunk order, each followed by the batched hooks' capture of that client's rows.
-        Returns the clients' local rounds and the (penalty, transform) hooks in the
-        sequential step order."""
+        Returns the clients' local rounds and the hooks in the sequential step order."""
         strategy = self.trainer.strategy
         batched = {id(c): BATCHED[type(c)](c) for c in strategy.components if type(c) in BATCHED}
         locals_ = []
@@ -426,14 +445,14 @@ class VectorizedExecutor:
             for hook in batched.values():
                 hook.capture(job.client, local)
             locals_.append(local)
-        penalties = [batched[id(c)] for c in self.trainer.loss_terms if id(c) in batched]
+        losses = [batched[id(c)] for c in self.trainer.loss_terms if id(c) in batched]
         transforms = [batched[id(c)] for c in self.trainer.transforms if id(c) in batched]
-        return locals_, (penalties, transforms)
+        return locals_, ChunkHooks(losses, transforms)
 
     def _lock_step(
         self,
         params: torch.Tensor,
-        hooks: tuple[list[BatchedHooks], list[BatchedHooks]],
+        hooks: ChunkHooks,
         optimizer: BatchedOptimizer,
         clients: list[ClientState],
         drawn: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None],
@@ -451,13 +470,12 @@ class VectorizedExecutor:
         replay_augment = trainer.augment if trainer.steps.replay_augment else None
         size = trainer.steps.buffer_batch_size
         replay = draw_replay(stepping, self.plan, size, replay_augment)
-        grads, losses, outputs = self._gradients(params, x, y, mask, replay)
-        penalties, transforms = hooks
-        for hook in penalties:
+        grads, losses, outputs = self._gradients(params, x, y, mask, replay, hooks.outputs)
+        for hook in hooks.losses:
             grads, losses = hook.penalty(params, grads, losses)
         if self.reference is not None:
             grads = self._refine(params, grads, stepping, replay_augment)
-        for hook in transforms:
+        for hook in hooks.transforms:
             grads = hook.transform(grads)
         every = bool(active.all())
         params = optimizer.step(params, grads, None if every else active, s + 1)

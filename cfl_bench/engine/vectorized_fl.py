@@ -18,9 +18,14 @@ c − c_k, FedCurv's U − u_k) lives in one attribute that the next client's st
 overwrites, so each ``BatchedHooks`` captures its rows right after that client's start.
 
 The per-step hooks are batched over the client axis of θ ∈ R^{C×P} and ∇ ∈ R^{C×P}, in the
-sequential order (penalties in ``Strategy.loss_terms`` order, then the transforms in
-``compose.TRANSFORM_CHAIN`` order), each the closed form of the component's own code:
+sequential order (output terms inside the loss, then penalties, both in
+``Strategy.loss_terms`` order, then the transforms in ``compose.TRANSFORM_CHAIN`` order),
+each the closed form of the component's own code:
 
+- FedNTD:   loss += β·τ²·KL(softmax(z̃_g/τ) ‖ softmax(z̃/τ)) on the not-true classes, a
+  term of the vmapped loss (masked mean over the client's real rows = batchmean), with
+  the teacher logits z_g (θ_g, eval mode, no gradient) of every client's batch computed
+  once per lock-step outside the vmap
 - FedProx:  ∇ += μ(θ − θ_g);               loss += (μ/2)‖θ − θ_g‖²
 - FedDyn:   ∇ += α(θ − θ_g) − h_k;         loss += (α/2)‖θ − θ_g‖² − ⟨h_k, θ⟩
 - FedCurv:  ∇ += 2λ(θ⊙U'_k − V'_k);        loss += λ(⟨θ, θ⊙U'_k − V'_k⟩ − ⟨θ, V'_k⟩)
@@ -41,6 +46,7 @@ FedGP's reference gradient (``client_request`` → the executor's ``answer``) is
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -50,6 +56,7 @@ from strategies.fedcurv import FedCurv
 from strategies.feddyn import FedDyn
 from strategies.fedgp import FedGP
 from strategies.fednova import FedNova
+from strategies.fedntd import FedNTD, drop_true_class
 from strategies.fedprox import FedProx
 from strategies.projection import conflict_coefficients
 from strategies.scaffold import Scaffold
@@ -80,6 +87,35 @@ class BatchedHooks:
     def transform(self, grads: torch.Tensor) -> torch.Tensor:
         """∇ after the component's gradient transform for every client."""
         return grads
+
+    # A loss term on the batch's outputs (``loss_term``) is two halves: ``batch_inputs``
+    # (C, batch, …) computed outside the vmapped loss (no gradient: FedNTD's teacher
+    # logits), then ``batch_term`` inside it, per client, on its outputs, labels and mask.
+    has_batch_term = False
+
+    def batch_inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """What ``batch_term`` needs beyond the outputs, for every client's batch ``x``."""
+        raise NotImplementedError
+
+    def batch_term(
+        self, outputs: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, inputs: torch.Tensor
+    ) -> torch.Tensor:
+        """The term for one client (inside ``vmap``), a mean over its real rows."""
+        raise NotImplementedError
+
+
+@dataclass
+class ChunkHooks:
+    """A chunk's batched hooks in the sequential step order: ``losses`` (the loss terms,
+    written order: output terms join the loss, penalties follow the backward) and the
+    ``transforms`` (``TRANSFORM_CHAIN`` order)."""
+
+    losses: list[BatchedHooks]
+    transforms: list[BatchedHooks]
+
+    @property
+    def outputs(self) -> list[BatchedHooks]:
+        return [hook for hook in self.losses if hook.has_batch_term]
 
 
 class ProxHooks(BatchedHooks):
@@ -185,6 +221,34 @@ class GPHooks(BatchedHooks):
         return grads.addcmul(coef[:, None], fedgp.gref[None, :], value=-1.0)
 
 
+class NTDHooks(BatchedHooks):
+    """FedNTD: β·τ²·KL(softmax(z̃_g/τ) ‖ softmax(z̃/τ)) on the not-true classes, the mean
+    over the client's real rows (``fedntd.not_true_distillation``'s batchmean), with z_g
+    the teacher's (θ_g, eval mode, no gradient) logits on the same batch."""
+
+    @property
+    def has_batch_term(self) -> bool:  # type: ignore[override]
+        return cast(FedNTD, self.component).beta != 0
+
+    def batch_inputs(self, x: torch.Tensor) -> torch.Tensor:
+        teacher = cast(FedNTD, self.component).teacher
+        assert teacher is not None, "on_client_start loads the teacher"
+        with torch.no_grad():
+            return teacher.module(x.flatten(0, 1)).unflatten(0, x.shape[:2])
+
+    def batch_term(
+        self, outputs: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, inputs: torch.Tensor
+    ) -> torch.Tensor:
+        from torch.nn import functional as F
+
+        ntd = cast(FedNTD, self.component)
+        tau = ntd.tau
+        student = F.log_softmax(drop_true_class(outputs, y) / tau, dim=1)
+        teacher = F.log_softmax(drop_true_class(inputs, y) / tau, dim=1)
+        per_row = (teacher.exp() * (teacher - student)).sum(dim=1)
+        return ntd.beta * tau * tau * (per_row * mask).sum() / mask.sum().clamp(min=1)
+
+
 # Client-side components the vectorized executor implements (exact classes: a subclass may
 # override a hook), and the batched form of their per-step hooks. FedNova's one client hook
 # is ``after_local`` (τ_k), which runs per client unchanged.
@@ -195,4 +259,5 @@ BATCHED: dict[type[Component], type[BatchedHooks]] = {
     Scaffold: ScaffoldHooks,
     FedGP: GPHooks,
     FedNova: BatchedHooks,
+    FedNTD: NTDHooks,
 }
