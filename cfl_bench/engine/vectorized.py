@@ -23,11 +23,12 @@ executor's client update, not an approximation of it:
   θ ← θ − η·v. Adam (``FlatAdam``): g ← ∇ + λθ; m ← β₁m + (1−β₁)g; s ← β₂s + (1−β₂)g²;
   θ ← θ − η/(1−β₁^t) · m / (√(s/(1−β₂^t)) + ε), with t the client's own step count. State
   starts at zero every round, as ``LocalOptimizer.reset`` does.
-- **Client-side components** (FedProx, FedDyn, FedCurv, SCAFFOLD, FedGP, FedNova, FedNTD;
+- **Client-side components** (FedProx, FedDyn, FedCurv, SCAFFOLD, FedGP, FedNova, FedNTD,
+  MOON;
   ``engine.vectorized_fl``): each client's ``LocalTrainer.start`` (``on_client_start``)
   runs before the first lock-step and its ``LocalTrainer.finish`` (``after_local``, with
   the client's row loaded) after the last, per client as sequentially; the per-step
-  output loss terms (FedNTD), penalties and gradient transforms are batched over the
+  output loss terms (FedNTD, MOON), penalties and gradient transforms are batched over the
   client axis, in the sequential order (loss terms, penalties, then ``TRANSFORM_CHAIN``).
 - **Replay learners** (ER, DER, DER++; ``engine.vectorized_replay``): the buffer draws,
   replay augmentations and reservoir insertions run client by client on the clients' own
@@ -48,10 +49,9 @@ Why the refusals: BatchNorm's running statistics are buffers updated inside the 
 which ``vmap`` over a shared module cannot keep per client; dropout draws its masks from
 torch's global generator in client order, which lock-step training cannot replay, so
 results would differ from the sequential executor's; the other learners and client-side
-components (the joint learner's growing history, FedProj's
-public-set projection, MOON's representations of three models) have per-step hooks
-written against one working model. The client spread (task-end probes) and
-``--diagnostics`` load each client's final row into the working model and run the
+components (the joint learner's growing history, FedProj's public-set projection) have
+per-step hooks written against one working model. The client spread (task-end probes)
+and ``--diagnostics`` load each client's final row into the working model and run the
 sequential code, once per client per round.
 ``answer`` batches gradient requests (FedGP's g_ref_k: one vmapped backward at θ_g over
 the requested clients' draws); other requests and ``end_tasks`` are the sequential
@@ -78,7 +78,7 @@ from cfl_bench.engine.context import ClientState, LocalRound, Upload
 from cfl_bench.engine.executor import AnswerSink, ResultSink, SequentialExecutor
 from cfl_bench.engine.optim import FlatAdam, FlatSGD
 from cfl_bench.engine.payloads import ClientRequest
-from cfl_bench.engine.vectorized_fl import BATCHED, BatchedHooks, ChunkHooks
+from cfl_bench.engine.vectorized_fl import BATCHED, BatchedHooks, ChunkHooks, Representation
 from cfl_bench.engine.vectorized_replay import (
     SUPPORTED_LEARNERS,
     ReplayBatch,
@@ -306,6 +306,9 @@ class VectorizedExecutor:
         )
         self.plan = replay_plan(trainer.strategy.learner)
         self.terms: list[BatchedHooks] = []  # the output terms of the gradient being taken
+        module = trainer.model.module
+        self.split = Representation(module) if trainer.keep_representation else None
+        self.represent_rows = vmap(self._representation)
         self.reference = reference_plan(trainer.strategy.learner)
         self.observes = observes(trainer.strategy.learner)
         self.loss_and_grad = vmap(grad_and_value(self._client_loss, has_aux=True))
@@ -322,19 +325,49 @@ class VectorizedExecutor:
         """One client's mean cross-entropy over its real (mask 1) examples at ``params``
         plus the output terms (``aux``: their per-client inputs), and the batch's outputs
         (what a replay buffer stores)."""
+        outputs, z = self._forward(params, x)
+        extra = self._output_terms(outputs, z, y, mask, aux)
+        return masked_cross_entropy(outputs, y, mask) + extra, outputs
+
+    def _forward(
+        self, params: dict[str, torch.Tensor], x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The model's outputs at ``params`` and, when a component wants it (MOON), the
+        representation the classifier read (``classify(representation(x))``, the same
+        operations as the sequential learner's forward)."""
         from torch.func import functional_call
 
-        outputs = functional_call(self.trainer.model.module, params, (x,))
-        loss = masked_cross_entropy(outputs, y, mask) + self._output_terms(outputs, y, mask, aux)
-        return loss, outputs
+        if self.split is None:
+            return functional_call(self.trainer.model.module, params, (x,)), None
+        named = {f"inner.{name}": value for name, value in params.items()}
+        z, outputs = functional_call(self.split, named, (x,))
+        return outputs, z
+
+    def _representation(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """One client's representation of ``x`` at ``params`` (vmapped: ``represent``)."""
+        z = self._forward(params, x)[1]
+        assert z is not None
+        return z
+
+    def represent(self, params: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Every client's representation (C, batch, F) of its batch of ``x`` at its row of
+        ``params`` (C, P); no gradient (MOON's frozen global and previous models)."""
+        with torch.no_grad():
+            return self.represent_rows(self._views(params), x)
 
     def _output_terms(
-        self, outputs: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, aux: tuple
+        self,
+        outputs: torch.Tensor,
+        z: torch.Tensor | None,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        aux: tuple,
     ) -> torch.Tensor | float:
-        """The components' loss terms on one client's batch outputs (FedNTD's), in order."""
+        """The components' loss terms on one client's batch outputs and representation
+        (FedNTD's, MOON's), in order."""
         total: torch.Tensor | float = 0.0
         for hook, inputs in zip(self.terms, aux, strict=True):
-            total = total + hook.batch_term(outputs, y, mask, inputs)
+            total = total + hook.batch_term(outputs, z, y, mask, inputs)
         return total
 
     def _replay_client_loss(
@@ -348,14 +381,13 @@ class VectorizedExecutor:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``_client_loss`` plus the replay terms of the learner's plan: the batch and the
         replay rows (``ReplayBatch``'s tensors, sliced to this client) in one forward."""
-        from torch.func import functional_call
-
         rx = replay[0]
         joint = torch.cat([x, rx.flatten(0, 1)])
-        out = functional_call(self.trainer.model.module, params, (joint,))
+        out, z = self._forward(params, joint)
         outputs, replayed = out[: x.shape[0]], out[x.shape[0] :].unflatten(0, rx.shape[:2])
         extra = replay_loss(replayed, ReplayBatch(*replay), self.plan.terms)
-        extra = extra + self._output_terms(outputs, y, mask, aux)
+        z = None if z is None else z[: x.shape[0]]
+        extra = extra + self._output_terms(outputs, z, y, mask, aux)
         return masked_cross_entropy(outputs, y, mask) + extra, outputs
 
     def _gradients(
@@ -376,11 +408,9 @@ class VectorizedExecutor:
         """
         slices = self.trainer.model.slices
         count = params.shape[0]
-        views = {
-            s.name: params[:, s.start : s.start + s.numel].view(count, *s.shape) for s in slices
-        }
+        views = self._views(params)
         self.terms = list(terms)
-        aux = tuple(hook.batch_inputs(x) for hook in self.terms)
+        aux = tuple(hook.batch_inputs(x, self.represent) for hook in self.terms)
         if replay is None:
             grads, (losses, outputs) = self.loss_and_grad(views, x, y, mask, aux)
         else:
@@ -388,6 +418,14 @@ class VectorizedExecutor:
             grads, (losses, outputs) = self.replay_loss_and_grad(views, x, y, mask, rows, aux)
         flat = torch.cat([grads[s.name].reshape(count, -1) for s in slices], dim=1)
         return flat, losses, outputs
+
+    def _views(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-parameter (C, …) views of the rows of ``params`` (C, P)."""
+        count = params.shape[0]
+        return {
+            s.name: params[:, s.start : s.start + s.numel].view(count, *s.shape)
+            for s in self.trainer.model.slices
+        }
 
     def train(self, jobs: Sequence[ClientJob], sink: ResultSink) -> None:
         size = self.clients_per_chunk or max(len(jobs), 1)

@@ -26,6 +26,10 @@ each the closed form of the component's own code:
   term of the vmapped loss (masked mean over the client's real rows = batchmean), with
   the teacher logits z_g (θ_g, eval mode, no gradient) of every client's batch computed
   once per lock-step outside the vmap
+- MOON:     loss += μ·ℓ_con(z, z_glob, z_prev) (``moon.model_contrastive_loss``, masked
+  mean), z from the vmapped forward (``Representation``), z_glob and z_prev from batched
+  forwards without gradient at θ_g and at the clients' stacked previous models; weight 0
+  for a client without a previous model
 - FedProx:  ∇ += μ(θ − θ_g);               loss += (μ/2)‖θ − θ_g‖²
 - FedDyn:   ∇ += α(θ − θ_g) − h_k;         loss += (α/2)‖θ − θ_g‖² − ⟨h_k, θ⟩
 - FedCurv:  ∇ += 2λ(θ⊙U'_k − V'_k);        loss += λ(⟨θ, θ⊙U'_k − V'_k⟩ − ⟨θ, V'_k⟩)
@@ -37,7 +41,7 @@ each the closed form of the component's own code:
 
 θ_g is the same for every client of a round, so it is one broadcast row, not C copies.
 Per-client vectors (h_k, c − c_k, U'_k and V'_k) are stacked (C, P) tensors: SCAFFOLD and
-FedDyn add one C×P tensor to a chunk's memory, FedCurv two. Rows of clients whose steps
+FedDyn and MOON add one C×P tensor to a chunk's memory, FedCurv two. Rows of clients whose steps
 are done get any value: the batched optimizer keeps their parameters (``masked``).
 
 FedGP's reference gradient (``client_request`` → the executor's ``answer``) is batched by
@@ -46,10 +50,12 @@ FedGP's reference gradient (``client_request`` → the executor's ``answer``) is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 import torch
+from torch import nn
 
 from strategies.base import Component
 from strategies.fedcurv import FedCurv
@@ -58,6 +64,7 @@ from strategies.fedgp import FedGP
 from strategies.fednova import FedNova
 from strategies.fedntd import FedNTD, drop_true_class
 from strategies.fedprox import FedProx
+from strategies.moon import MOON
 from strategies.projection import conflict_coefficients
 from strategies.scaffold import Scaffold
 
@@ -93,15 +100,41 @@ class BatchedHooks:
     # logits), then ``batch_term`` inside it, per client, on its outputs, labels and mask.
     has_batch_term = False
 
-    def batch_inputs(self, x: torch.Tensor) -> torch.Tensor:
-        """What ``batch_term`` needs beyond the outputs, for every client's batch ``x``."""
+    def batch_inputs(self, x: torch.Tensor, represent: Represent) -> object:
+        """What ``batch_term`` needs beyond the outputs, for every client's batch ``x``
+        (tensors with a leading client axis); ``represent`` gives representations at
+        stacked parameter rows."""
         raise NotImplementedError
 
     def batch_term(
-        self, outputs: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, inputs: torch.Tensor
+        self,
+        outputs: torch.Tensor,
+        z: torch.Tensor | None,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        inputs: object,
     ) -> torch.Tensor:
-        """The term for one client (inside ``vmap``), a mean over its real rows."""
+        """The term for one client (inside ``vmap``; ``z`` its representation when the
+        executor keeps it), a mean over its real rows."""
         raise NotImplementedError
+
+
+# Representations (C, batch, F) of every client's batch at its row of (C, P) parameters.
+Represent = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Representation(nn.Module):
+    """``module`` returning (representation, outputs): ``forward(x) ==
+    classify(representation(x))``, the operations of the sequential learner's forward when
+    a component keeps the representation. Its parameters are ``inner.<name>``."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.inner = module
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.inner.representation(x)  # type: ignore[operator]
+        return z, self.inner.classify(z)  # type: ignore[operator]
 
 
 @dataclass
@@ -230,23 +263,87 @@ class NTDHooks(BatchedHooks):
     def has_batch_term(self) -> bool:  # type: ignore[override]
         return cast(FedNTD, self.component).beta != 0
 
-    def batch_inputs(self, x: torch.Tensor) -> torch.Tensor:
+    def batch_inputs(self, x: torch.Tensor, represent: Represent) -> torch.Tensor:
         teacher = cast(FedNTD, self.component).teacher
         assert teacher is not None, "on_client_start loads the teacher"
         with torch.no_grad():
             return teacher.module(x.flatten(0, 1)).unflatten(0, x.shape[:2])
 
     def batch_term(
-        self, outputs: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, inputs: torch.Tensor
+        self,
+        outputs: torch.Tensor,
+        z: torch.Tensor | None,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        inputs: object,
     ) -> torch.Tensor:
         from torch.nn import functional as F
 
+        assert isinstance(inputs, torch.Tensor)
         ntd = cast(FedNTD, self.component)
         tau = ntd.tau
         student = F.log_softmax(drop_true_class(outputs, y) / tau, dim=1)
         teacher = F.log_softmax(drop_true_class(inputs, y) / tau, dim=1)
         per_row = (teacher.exp() * (teacher - student)).sum(dim=1)
         return ntd.beta * tau * tau * (per_row * mask).sum() / mask.sum().clamp(min=1)
+
+
+class MoonHooks(BatchedHooks):
+    """MOON: μ·mean over the client's real rows of −log softmax([sim(z, z_glob),
+    sim(z, z_prev)]/τ)[0] (``moon.model_contrastive_loss``), z the client's representation
+    from the vmapped forward, z_glob at θ_g and z_prev at the client's previous local model
+    (its row of stacked previous parameters), both without gradient. A client without a
+    previous model (its first round) gets no term (weight 0), as sequentially."""
+
+    def __init__(self, component: Component) -> None:
+        super().__init__(component)
+        self.rows: list[torch.Tensor] = []
+        self.flags: list[bool] = []
+        self.anchor: torch.Tensor | None = None
+        self.previous: torch.Tensor | None = None
+
+    def capture(self, client: ClientState, local: LocalRound) -> None:
+        moon = cast(MOON, self.component)
+        self.anchor = local.broadcast.params
+        self.flags.append(moon.active)
+        state = client.state_for(moon.name)
+        self.rows.append(cast(torch.Tensor, state["params"]) if moon.active else self.anchor)
+
+    @property
+    def has_batch_term(self) -> bool:  # type: ignore[override]
+        return cast(MOON, self.component).mu > 0 and any(self.flags)
+
+    def batch_inputs(
+        self, x: torch.Tensor, represent: Represent
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        assert self.anchor is not None
+        if self.previous is None:  # a copy: after_local overwrites the stored models
+            self.previous = torch.stack(self.rows)
+        count = x.shape[0]
+        z_glob = represent(self.anchor.expand(count, -1), x)
+        z_prev = represent(self.previous, x)
+        weight = torch.tensor(self.flags, dtype=z_glob.dtype, device=z_glob.device)
+        return z_glob, z_prev, weight
+
+    def batch_term(
+        self,
+        outputs: torch.Tensor,
+        z: torch.Tensor | None,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        inputs: object,
+    ) -> torch.Tensor:
+        from torch.nn import functional as F
+
+        assert z is not None, "the executor keeps the representation for moon"
+        z_glob, z_prev, weight = cast(tuple[torch.Tensor, torch.Tensor, torch.Tensor], inputs)
+        moon = cast(MOON, self.component)
+        z = z.flatten(1)
+        positive = F.cosine_similarity(z, z_glob.flatten(1), dim=1) / moon.tau
+        negative = F.cosine_similarity(z, z_prev.flatten(1), dim=1) / moon.tau
+        per_row = torch.logsumexp(torch.stack((positive, negative), dim=1), dim=1) - positive
+        mean = (per_row * mask).sum() / mask.sum().clamp(min=1)
+        return moon.mu * weight * mean
 
 
 # Client-side components the vectorized executor implements (exact classes: a subclass may
@@ -260,4 +357,5 @@ BATCHED: dict[type[Component], type[BatchedHooks]] = {
     FedGP: GPHooks,
     FedNova: BatchedHooks,
     FedNTD: NTDHooks,
+    MOON: MoonHooks,
 }
