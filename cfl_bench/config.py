@@ -216,9 +216,8 @@ class RunConfig:
     executor: str = option(
         "sequential",
         "how clients train: sequential (one after another) or vectorized (a round's clients "
-        "in lock-step with torch.func; learners fedavg, er, der, derpp, agem with fedprox, "
-        "feddyn, fedcurv, scaffold, fedgp, fednova, fedntd, moon or server-only components, "
-        "models without BatchNorm or dropout; see docs/executors.md)",
+        "in lock-step with torch.func; learners fedavg, er, der, derpp, agem with any "
+        "component; models without BatchNorm or dropout; see docs/executors.md)",
         choices=EXECUTORS,
         protocol=False,
         execution=True,

@@ -24,7 +24,6 @@ from cfl_bench.engine.vectorized_replay import (
     replay_loss,
     replay_plan,
 )
-from cfl_bench.errors import UserError
 from strategies.compose import build_strategy
 from streams.partition import DirichletPartitioner
 from tests.helpers import client, digits_federation, env
@@ -95,19 +94,6 @@ def test_server_only_components_are_allowed_and_equal(strategy: str) -> None:
     for component in build_strategy(strategy).components:
         assert client_hooks(component) == []
     run_both(strategy)
-
-
-@pytest.mark.parametrize(
-    ("strategy", "match"),
-    [
-        ("ideal", "not 'ideal'"),
-        ("fedavg+fedproj", "'fedproj' \\(its client-side on_client_start, transform_grad"),
-    ],
-)
-def test_client_side_components_are_refused(strategy: str, match: str) -> None:
-    with pytest.raises(UserError, match=match) as caught:
-        check_strategy(build_strategy(strategy))
-    assert str(caught.value).endswith("use --executor sequential.")
 
 
 def learner_of(strategy: str):  # type: ignore[no-untyped-def]

@@ -24,7 +24,7 @@ executor's client update, not an approximation of it:
   θ ← θ − η/(1−β₁^t) · m / (√(s/(1−β₂^t)) + ε), with t the client's own step count. State
   starts at zero every round, as ``LocalOptimizer.reset`` does.
 - **Client-side components** (FedProx, FedDyn, FedCurv, SCAFFOLD, FedGP, FedNova, FedNTD,
-  MOON;
+  MOON, FedProj;
   ``engine.vectorized_fl``): each client's ``LocalTrainer.start`` (``on_client_start``)
   runs before the first lock-step and its ``LocalTrainer.finish`` (``after_local``, with
   the client's row loaded) after the last, per client as sequentially; the per-step
@@ -49,8 +49,9 @@ Why the refusals: BatchNorm's running statistics are buffers updated inside the 
 which ``vmap`` over a shared module cannot keep per client; dropout draws its masks from
 torch's global generator in client order, which lock-step training cannot replay, so
 results would differ from the sequential executor's; the other learners and client-side
-components (the joint learner's growing history, FedProj's public-set projection) have
-per-step hooks written against one working model. The client spread (task-end probes)
+components not in ``vectorized_fl.BATCHED`` (the joint learner's growing history; a
+subclass or a new component until its batched form is written) have per-step hooks
+written against one working model. The client spread (task-end probes)
 and ``--diagnostics`` load each client's final row into the working model and run the
 sequential code, once per client per round.
 ``answer`` batches gradient requests (FedGP's g_ref_k: one vmapped backward at θ_g over
@@ -78,7 +79,13 @@ from cfl_bench.engine.context import ClientState, LocalRound, Upload
 from cfl_bench.engine.executor import AnswerSink, ResultSink, SequentialExecutor
 from cfl_bench.engine.optim import FlatAdam, FlatSGD
 from cfl_bench.engine.payloads import ClientRequest
-from cfl_bench.engine.vectorized_fl import BATCHED, BatchedHooks, ChunkHooks, Representation
+from cfl_bench.engine.vectorized_fl import (
+    BATCHED,
+    BatchedHooks,
+    ChunkHooks,
+    LockStep,
+    Representation,
+)
 from cfl_bench.engine.vectorized_replay import (
     SUPPORTED_LEARNERS,
     ReplayBatch,
@@ -419,6 +426,24 @@ class VectorizedExecutor:
         flat = torch.cat([grads[s.name].reshape(count, -1) for s in slices], dim=1)
         return flat, losses, outputs
 
+    def loss_gradients(
+        self,
+        loss: Callable[..., torch.Tensor],
+        params: torch.Tensor,
+        x: torch.Tensor,
+        *inputs: torch.Tensor,
+    ) -> torch.Tensor:
+        """Every client's flat gradient (C, P) of ``loss(f(x_k; θ_k), *inputs_k)`` at its
+        row of ``params`` (one vmapped backward; FedProj's memory gradient)."""
+        from torch.func import grad, vmap
+
+        def one(p: dict[str, torch.Tensor], xk: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+            return loss(self._forward(p, xk)[0], *rest)
+
+        grads = vmap(grad(one))(self._views(params), x, *inputs)
+        count = params.shape[0]
+        return torch.cat([grads[s.name].reshape(count, -1) for s in self.trainer.model.slices], 1)
+
     def _views(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-parameter (C, …) views of the rows of ``params`` (C, P)."""
         count = params.shape[0]
@@ -513,8 +538,9 @@ class VectorizedExecutor:
             grads, losses = hook.penalty(params, grads, losses)
         if self.reference is not None:
             grads = self._refine(params, grads, stepping, replay_augment)
+        lock_step = LockStep(params, stepping, size, self.loss_gradients)
         for hook in hooks.transforms:
-            grads = hook.transform(grads)
+            grads = hook.transform(grads, lock_step)
         every = bool(active.all())
         params = optimizer.step(params, grads, None if every else active, s + 1)
         stored = [None if d is None else (d[2], d[1]) for d in drawn]

@@ -34,6 +34,8 @@ each the closed form of the component's own code:
 - FedDyn:   ∇ += α(θ − θ_g) − h_k;         loss += (α/2)‖θ − θ_g‖² − ⟨h_k, θ⟩
 - FedCurv:  ∇ += 2λ(θ⊙U'_k − V'_k);        loss += λ(⟨θ, θ⊙U'_k − V'_k⟩ − ⟨θ, V'_k⟩)
   with U'_k = U − u_k, V'_k = V − v_k when the client's own u_k is in the broadcast sums
+- FedProj:  ∇ ← ∇ − coef_k·g_glob_k, g_glob_k = ∇ KL(σ(Z_ens/τ) ‖ σ(f(x_m; θ_k)/τ)) at the
+  client's row (one more vmapped backward) on its memory batch, coef_k as FedGP's with ε
 - SCAFFOLD: ∇ += c − c_k
 - FedGP:    ∇ ← ∇ − coef_k·g_ref, coef_k = (∇_k·g_ref)/‖g_ref‖² where ∇_k·g_ref < 0, else 0
   (``projection.conflict_coefficients``: one matrix-vector product and a ``torch.where``,
@@ -63,6 +65,7 @@ from strategies.feddyn import FedDyn
 from strategies.fedgp import FedGP
 from strategies.fednova import FedNova
 from strategies.fedntd import FedNTD, drop_true_class
+from strategies.fedproj import FedProj, memory_batch
 from strategies.fedprox import FedProx
 from strategies.moon import MOON
 from strategies.projection import conflict_coefficients
@@ -91,7 +94,7 @@ class BatchedHooks:
         """(∇, loss) after the component's penalty for every client."""
         return grads, losses
 
-    def transform(self, grads: torch.Tensor) -> torch.Tensor:
+    def transform(self, grads: torch.Tensor, step: LockStep) -> torch.Tensor:
         """∇ after the component's gradient transform for every client."""
         return grads
 
@@ -121,6 +124,21 @@ class BatchedHooks:
 
 # Representations (C, batch, F) of every client's batch at its row of (C, P) parameters.
 Represent = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# Every client's flat gradient (C, P) of loss(outputs, *per-client inputs) at its row of
+# (C, P) parameters, the model forwarding the first input: (loss, params, x, *inputs).
+LossGradients = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LockStep:
+    """What a gradient transform may read at one lock-step besides ∇: the parameters, the
+    chunk's clients (None: no step this lock-step, so no draws from its generators), the
+    step's buffer batch size and the executor's batched gradient of a loss."""
+
+    params: torch.Tensor
+    stepping: list[ClientState | None]
+    buffer_batch_size: int
+    gradients: LossGradients
 
 
 class Representation(nn.Module):
@@ -236,7 +254,7 @@ class ScaffoldHooks(BatchedHooks):
         assert correction is not None, "on_client_start sets the correction"
         self.rows.append(correction)
 
-    def transform(self, grads: torch.Tensor) -> torch.Tensor:
+    def transform(self, grads: torch.Tensor, step: LockStep) -> torch.Tensor:
         if self.correction is None:
             self.correction = torch.stack(self.rows)
         return grads.add(self.correction)
@@ -246,7 +264,7 @@ class GPHooks(BatchedHooks):
     """FedGP: each client's gradient projected against the broadcast g_ref where they
     conflict (``projection.project_conflicting_`` row by row)."""
 
-    def transform(self, grads: torch.Tensor) -> torch.Tensor:
+    def transform(self, grads: torch.Tensor, step: LockStep) -> torch.Tensor:
         fedgp = cast(FedGP, self.component)
         if fedgp.gref is None:
             return grads
@@ -346,6 +364,47 @@ class MoonHooks(BatchedHooks):
         return moon.mu * weight * mean
 
 
+class ProjHooks(BatchedHooks):
+    """FedProj's client side: g_glob = ∇ KL(σ(Z_ens/τ) ‖ σ(f(x_m; θ_k)/τ)) at each client's
+    row (one vmapped backward), on its memory batch (``fedproj.memory_batch``: the client's
+    own generator, drawn only when it steps) or the whole memory, then g ← g − coef·g_glob
+    where g·g_glob < 0 and ‖g_glob‖² > ε (``projection.conflict_coefficients`` per row)."""
+
+    received: torch.Tensor | None = None
+
+    def capture(self, client: ClientState, local: LocalRound) -> None:
+        self.received = cast(FedProj, self.component)._received  # the same for every client
+
+    def transform(self, grads: torch.Tensor, step: LockStep) -> torch.Tensor:
+        from strategies.distillation import kl_to_teacher
+
+        proj = cast(FedProj, self.component)
+        public = proj.public_x
+        if self.received is None or public is None:
+            return grads
+        n, count = self.received.shape[0], grads.shape[0]
+        if proj.memory == "all":
+            x = public[:n].expand(count, *public[:n].shape)
+            teacher = self.received.expand(count, *self.received.shape)
+        else:
+            size = min(step.buffer_batch_size, n)
+            idle = torch.arange(size, device=grads.device)  # rows that take no step
+            rows = [
+                idle if c is None else memory_batch(c, n, size, proj.seed, proj.device)
+                for c in step.stepping
+            ]
+            idx = torch.stack(rows)
+            x, teacher = public[idx], self.received[idx]
+        tau = proj.client_temperature
+
+        def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return kl_to_teacher(logits, target, tau)
+
+        g_glob = step.gradients(loss, step.params, x, teacher)
+        coef = conflict_coefficients(grads, g_glob, min_norm_sq=proj.eps)
+        return grads.addcmul(g_glob, coef[:, None], value=-1.0)
+
+
 # Client-side components the vectorized executor implements (exact classes: a subclass may
 # override a hook), and the batched form of their per-step hooks. FedNova's one client hook
 # is ``after_local`` (τ_k), which runs per client unchanged.
@@ -358,4 +417,5 @@ BATCHED: dict[type[Component], type[BatchedHooks]] = {
     FedNova: BatchedHooks,
     FedNTD: NTDHooks,
     MOON: MoonHooks,
+    FedProj: ProjHooks,
 }
