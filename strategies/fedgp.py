@@ -35,7 +35,7 @@ from strategies.projection import project_conflicting_
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import ClientState, ServerState, StepContext
+    from cfl_bench.engine.context import ClientState, LocalRound, ServerState, StepContext
     from cfl_bench.flat import FlatModel
     from cfl_bench.objective import Objective
 
@@ -102,9 +102,19 @@ class FedGP(Component):
     def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
         return {} if self.gref is None else {"fedgp.gref": self.gref}
 
+    def on_client_start(self, client: ClientState, local: LocalRound) -> None:
+        """A client projects against the g_ref of its broadcast (not the server's copy:
+        under ``--executor flower`` the client holds only what it received)."""
+        import torch
+
+        gref = local.broadcast.payloads.get("fedgp.gref")
+        self.client_gref = gref
+        self.client_gref_sq = None if gref is None else torch.dot(gref, gref)
+
     def transform_grad(self, step: StepContext) -> None:
-        if self.gref is not None:
-            project_conflicting_(step.model.grads, self.gref, self.gref_sq)
+        gref = getattr(self, "client_gref", None)
+        if gref is not None:
+            project_conflicting_(step.model.grads, gref, self.client_gref_sq)
 
     def client_request(self, server: ServerState) -> ClientRequest | None:
         """After aggregation (last server hook: g_ref must see the final θ_g), ask every
