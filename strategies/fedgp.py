@@ -84,6 +84,9 @@ class FedGP(Component):
     def setup(self, env: StrategyEnv) -> None:
         self.gref: torch.Tensor | None = None
         self.gref_sq: torch.Tensor | None = None
+        # Client side: the g_ref of the broadcast the training client received.
+        self.client_gref: torch.Tensor | None = None
+        self.client_gref_sq: torch.Tensor | None = None
 
     def adjust_schedule(self, rounds_per_task: int, epochs: int) -> tuple[int, int]:
         """equal_comm: half the rounds, twice the epochs — the same local computation with
@@ -112,7 +115,7 @@ class FedGP(Component):
         self.client_gref_sq = None if gref is None else torch.dot(gref, gref)
 
     def transform_grad(self, step: StepContext) -> None:
-        gref = getattr(self, "client_gref", None)
+        gref = self.client_gref
         if gref is not None:
             project_conflicting_(step.model.grads, gref, self.client_gref_sq)
 

@@ -102,7 +102,7 @@ def test_server_only_components_are_allowed_and_equal(strategy: str) -> None:
     [
         ("agem", "not 'agem'"),
         ("ideal", "not 'ideal'"),
-        ("fedavg+fedgp", "'fedgp' \\(its client-side transform_grad"),
+        ("fedavg+fedgp", "'fedgp' \\(its client-side on_client_start, transform_grad"),
         ("der+fedcurv", "'fedcurv' \\(its client-side on_client_start, penalty, after_local"),
         ("fedavg+fedntd", "'fedntd'"),
         ("fedavg+moon", "'moon'.*wants_representation"),
