@@ -216,6 +216,8 @@ def plan_run(config: RunConfig) -> RunPlan:
         )
     partitioner = partitioner_from_spec(str(config.partition))
     device = resolve_device(config.device)
+    if config.executor == "flower" and device.type != "cpu":  # before data goes to the GPU
+        raise UserError("--executor flower runs on the CPU only for now; add --device cpu.")
     stream, config = load_stream(config, device)
     check_stream_fits(stream, model_name, asked_partition)
     check_diagnostics(config, stream.objective.capabilities)
@@ -289,8 +291,6 @@ def check_flower(config: RunConfig, strategy: Strategy, stream: Stream) -> None:
     from cfl_bench.flower import require_flwr
 
     require_flwr()
-    if config.device != "cpu":
-        raise UserError("--executor flower runs on the CPU only for now; add --device cpu.")
     if config.diagnostics:
         raise UserError("--diagnostics is not supported with --executor flower; drop one.")
     if stream.per_round or strategy.learner.needs_history:

@@ -138,9 +138,15 @@ def test_flower_is_refused_without_flwr(tmp_path: Path, monkeypatch: pytest.Monk
     assert not (tmp_path / "run").exists()
 
 
-def test_flower_refuses_what_it_does_not_run(tmp_path: Path) -> None:
+def test_flower_refuses_what_it_does_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = small_config("fedavg", "flower", tmp_path / "run")
-    with pytest.raises(UserError, match="--device cpu"):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    plan_run(dataclasses.replace(config, device="auto"))  # auto means the CPU here: fine
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(UserError, match="--device cpu"):  # auto would mean the GPU
         plan_run(dataclasses.replace(config, device="auto"))
+    monkeypatch.undo()
     with pytest.raises(UserError, match="joint"):
         plan_run(dataclasses.replace(config, strategy="joint"))

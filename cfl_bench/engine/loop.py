@@ -89,6 +89,7 @@ class Schedule:
             self.buffer_offer,
             self.replay_augment,
             self.lr_decay,
+            self.seed,
         )
 
     @property

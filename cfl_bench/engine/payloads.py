@@ -57,6 +57,9 @@ class ClientRequest:
     compute: Callable[[ClientState, FlatModel], torch.Tensor]
     on_reply: Callable[[Reply], None]
     train_mode: bool
+    # The round whose θ_g is asked about (set by the round server): with the client index
+    # it seeds torch's default generator for the computation (dropout in train mode).
+    round_index: int = 0
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from cfl_bench.engine.loop import new_clients
 from cfl_bench.engine.optim import local_optimizer
 from cfl_bench.flat import FlatModel
 from cfl_bench.flower import records
+from cfl_bench.seeding import seed_torch_default
 
 app = ClientApp()
 
@@ -156,6 +157,8 @@ def request(msg: Message, context: Context) -> Message:
     if asked is None or asked.payload != name or client not in asked.clients:
         raise RuntimeError(f"client {client.index} cannot compute request {name!r}")
     model.module.train(asked.train_mode)
+    seed = rt.trainer.steps.seed
+    seed_torch_default(seed, "dropout-request", local.round_index, client.index)
     answer = asked.compute(client, model)
     model.module.train(True)
     content = RecordDict(

@@ -122,7 +122,7 @@ class FlowerExecutor:
         facts = {
             "payload": request.payload,
             "train_mode": request.train_mode,
-            "round_index": self.round_index,
+            "round_index": request.round_index,
         }
         contents = [(c.index, self._at_global(c, global_state, facts)) for c in request.clients]
         replies = self._exchange(contents, "query.request")
