@@ -36,8 +36,9 @@ that overrides no client-side hook (``CLIENT_HOOKS``: server optimizers, IFA, Fe
 server distillation act on θ_g only, so the executor cannot change them); classification
 streams; models whose parameters are all they hold (no BatchNorm statistics, no dropout).
 Why the refusals: BatchNorm's running statistics are buffers updated inside the forward,
-which ``vmap`` over a shared module cannot keep per client; dropout draws its masks from
-torch's global generator in client order, which lock-step training cannot replay, so
+which ``vmap`` over a shared module cannot keep per client; dropout draws each client's masks from
+torch's default generator reseeded per client update (``seeding.seed_torch_default``), and
+one batched forward over all clients cannot draw those per-client mask sequences, so
 results would differ from the sequential executor's; the other learners and client-side
 components (A-GEM's projection, the joint learner's history, gradient transforms,
 client-start state, representations) have per-step hooks written against one working
@@ -135,9 +136,10 @@ def check_model(module: nn.Module, name: str | None = None) -> None:
     if dropout or (name is not None and name not in VECTORIZABLE_MODELS):
         shown = f"model '{name}'" if name else "the model"
         raise UserError(
-            f"the vectorized executor cannot train {shown}: its dropout draws masks from "
-            f"torch's global generator client after client, which lock-step training cannot "
-            f"replay; {FALLBACK} (or --model {' or '.join(VECTORIZABLE_MODELS)})."
+            f"the vectorized executor cannot train {shown}: its dropout draws each "
+            f"client's masks from a generator reseeded per client update, which one batched "
+            f"forward over clients cannot reproduce; {FALLBACK} "
+            f"(or --model {' or '.join(VECTORIZABLE_MODELS)})."
         )
 
 
