@@ -37,7 +37,7 @@ from cfl_bench.trackers import parse_trackers
 BUFFER_OFFER = ("first_pass", "every_step")
 WEIGHTING = ("samples", "uniform")
 OPTIMIZERS = ("sgd", "adam")
-EXECUTORS = ("sequential", "vectorized")
+EXECUTORS = ("sequential", "vectorized", "flower")
 DEVICES = ("auto", "cpu", "cuda")
 # Words that mean "not set" where a value arrives as text in a sweep (``--set tasks=none``).
 NULL_WORDS = frozenset({"none", "null"})
@@ -217,7 +217,9 @@ class RunConfig:
         "sequential",
         "how clients train: sequential (one after another) or vectorized (a round's clients "
         "in lock-step with torch.func; learners fedavg, er, der, derpp, agem with any "
-        "component; models without BatchNorm or dropout; see docs/executors.md)",
+        "component; models without BatchNorm or dropout) or flower (a Flower "
+        "simulation, one SuperNode per client; needs pip install 'cfl-bench[flower]'; see "
+        "docs/executors.md)",
         choices=EXECUTORS,
         protocol=False,
         execution=True,

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,6 +216,8 @@ def plan_run(config: RunConfig) -> RunPlan:
         )
     partitioner = partitioner_from_spec(str(config.partition))
     device = resolve_device(config.device)
+    if config.executor == "flower" and device.type != "cpu":  # before data goes to the GPU
+        raise UserError("--executor flower runs on the CPU only for now; add --device cpu.")
     stream, config = load_stream(config, device)
     check_stream_fits(stream, model_name, asked_partition)
     check_diagnostics(config, stream.objective.capabilities)
@@ -223,6 +227,8 @@ def plan_run(config: RunConfig) -> RunPlan:
     torch.manual_seed(derive_seed(config.seed, "model-init"))
     model = build_model(model_name, stream.input_shape, stream.num_classes)
     check_executor(config, strategy, model, stream.objective)
+    if config.executor == "flower":
+        check_flower(config, strategy, stream)
     threads = configure_cpu(device, config.threads, model, tuple(stream.input_shape))
     # Dropout draws from torch's default generator; seed it explicitly for this run.
     torch.manual_seed(derive_seed(config.seed, "dropout"))
@@ -256,6 +262,42 @@ def plan_run(config: RunConfig) -> RunPlan:
         out,
         resolved,
     )
+
+
+def inside_flower() -> bool:
+    """Whether this process is a Flower ServerApp running a run (``flower.server_app``)."""
+    module = sys.modules.get("cfl_bench.flower.server_app")
+    return module is not None and bool(module._GRID)
+
+
+def execute_in_flower(
+    plan: RunPlan, annotations: Mapping[str, object] | None, say: Callable[[str], None]
+) -> RunResult:
+    """Launch a Flower simulation that runs ``plan`` (``flower.launch``); the ServerApp
+    executes the same configuration, with ``out`` fixed to this plan's directory."""
+    from cfl_bench.flower.launch import run_in_flower
+
+    if annotations:
+        raise UserError("--executor flower cannot run inside a sweep yet; use another executor.")
+    config = dataclasses.replace(plan.config, out=str(plan.out.resolve()))
+    say("starting a Flower simulation (Ray start-up takes ~10-20 s)")
+    path = run_in_flower(config)
+    summary = json.loads((path / "summary.json").read_text())
+    return RunResult(path, summary)
+
+
+def check_flower(config: RunConfig, strategy: Strategy, stream: Stream) -> None:
+    """Refuse what ``--executor flower`` does not run yet (docs/executors.md, "Flower")."""
+    from cfl_bench.flower import require_flwr
+
+    require_flwr()
+    if config.diagnostics:
+        raise UserError("--diagnostics is not supported with --executor flower; drop one.")
+    if stream.per_round or strategy.learner.needs_history:
+        raise UserError(
+            "--executor flower loads each client's shard of the current task only; per-round "
+            "streams and learners that keep history (joint) need another --executor."
+        )
 
 
 def check_executor(
@@ -380,6 +422,8 @@ def execute(
     """
     say = notify or (lambda _text: None)
     plan = plan_run(config)
+    if plan.config.executor == "flower" and not inside_flower():
+        return execute_in_flower(plan, annotations, say)
     check_memory(plan)
     if plan.config.log:
         check_available(parse_trackers(plan.config.log))
@@ -418,6 +462,12 @@ def run_in(
     """
     config = plan.config
     check_resumable(plan, resume)
+    if resume and config.executor == "flower":
+        raise UserError(
+            f"'{plan.out}' holds an unfinished run, and --executor flower cannot resume one "
+            "(the clients' states live in the simulation); pass --restart or resume it with "
+            "another --executor."
+        )
     if not resume:
         plan.resolved["cost_estimate"] = cost.announce(plan, say)
     federation = Federation(

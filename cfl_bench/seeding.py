@@ -19,6 +19,14 @@ def derive_seed(seed: int, *keys: object) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
+def seed_torch_default(seed: int, *keys: object) -> None:
+    """Reseed torch's default generator for one client's piece of work (dropout draws its
+    masks from it). Why per piece of work: the masks then depend only on (seed, round,
+    client), not on which clients ran before in the same process — so the sequential
+    executor and Flower's one-process-per-client simulation draw the same masks."""
+    torch.manual_seed(derive_seed(seed, *keys))
+
+
 def generator(seed: int, *keys: object, device: torch.device | str = "cpu") -> torch.Generator:
     """A torch generator on ``device`` seeded by :func:`derive_seed`."""
     gen = torch.Generator(device=device)

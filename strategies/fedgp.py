@@ -35,7 +35,7 @@ from strategies.projection import project_conflicting_
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import ClientState, ServerState, StepContext
+    from cfl_bench.engine.context import ClientState, LocalRound, ServerState, StepContext
     from cfl_bench.flat import FlatModel
     from cfl_bench.objective import Objective
 
@@ -84,6 +84,9 @@ class FedGP(Component):
     def setup(self, env: StrategyEnv) -> None:
         self.gref: torch.Tensor | None = None
         self.gref_sq: torch.Tensor | None = None
+        # Client side: the g_ref of the broadcast the training client received.
+        self.client_gref: torch.Tensor | None = None
+        self.client_gref_sq: torch.Tensor | None = None
 
     def adjust_schedule(self, rounds_per_task: int, epochs: int) -> tuple[int, int]:
         """equal_comm: half the rounds, twice the epochs — the same local computation with
@@ -102,9 +105,19 @@ class FedGP(Component):
     def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
         return {} if self.gref is None else {"fedgp.gref": self.gref}
 
+    def on_client_start(self, client: ClientState, local: LocalRound) -> None:
+        """A client projects against the g_ref of its broadcast (not the server's copy:
+        under ``--executor flower`` the client holds only what it received)."""
+        import torch
+
+        gref = local.broadcast.payloads.get("fedgp.gref")
+        self.client_gref = gref
+        self.client_gref_sq = None if gref is None else torch.dot(gref, gref)
+
     def transform_grad(self, step: StepContext) -> None:
-        if self.gref is not None:
-            project_conflicting_(step.model.grads, self.gref, self.gref_sq)
+        gref = self.client_gref
+        if gref is not None:
+            project_conflicting_(step.model.grads, gref, self.client_gref_sq)
 
     def client_request(self, server: ServerState) -> ClientRequest | None:
         """After aggregation (last server hook: g_ref must see the final θ_g), ask every

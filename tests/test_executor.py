@@ -161,3 +161,21 @@ def test_lr_decay_scales_each_rounds_step_and_one_changes_nothing() -> None:
     step = first_update(0.5, 1)
     assert torch.equal(first_update(0.5, 1), step)
     assert not torch.equal(first_update(0.5, 3), step)
+
+
+def test_dropout_masks_depend_only_on_seed_round_and_client() -> None:
+    """A client update reseeds torch's default generator from (seed, round, client), so the
+    masks do not depend on what ran before in the process — the property that makes the
+    Flower simulation (a process per client) draw the sequential executor's masks."""
+    from torch.nn import functional as F
+
+    from cfl_bench.seeding import seed_torch_default
+
+    ones = torch.ones(64)
+    seed_torch_default(3, "dropout", 2, 5)
+    first = F.dropout(ones, 0.5, training=True)
+    torch.rand(1000)  # another client's draws in between
+    seed_torch_default(3, "dropout", 2, 5)
+    assert torch.equal(F.dropout(ones, 0.5, training=True), first)
+    seed_torch_default(3, "dropout", 2, 6)
+    assert not torch.equal(F.dropout(ones, 0.5, training=True), first)

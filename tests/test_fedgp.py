@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.nn import functional as F
 
+from cfl_bench.engine.context import LocalRound
 from cfl_bench.errors import UserError
 from strategies.fedgp import FedGP
 from tests.helpers import buffer_with, client, env, linear_model, round_server, server, step
@@ -52,10 +55,14 @@ def test_fedgp_projects_local_gradient_only_on_conflict() -> None:
     fedgp.setup(env("rot-mnist", "domain-il", 2, 2))
     st = step(model, cl, srv, torch.zeros(1, 3), torch.zeros(1, dtype=torch.long))
     model.grads.copy_(torch.tensor([1.0, 0, 0, 0, 0, 0]))
-    fedgp.transform_grad(st)  # no g_ref yet → untouched
+    fedgp.on_client_start(cl, LocalRound(model, st.broadcast))
+    fedgp.transform_grad(st)  # no g_ref in the broadcast yet → untouched
     assert torch.equal(model.grads, torch.tensor([1.0, 0, 0, 0, 0, 0]))
-    fedgp.gref = torch.tensor([-1.0, 1.0, 0, 0, 0, 0])
-    fedgp.gref_sq = torch.dot(fedgp.gref, fedgp.gref)
+    # The client projects against the g_ref its broadcast carries (not the server's copy).
+    fedgp.gref = torch.tensor([9.0, 9.0, 0, 0, 0, 0])
+    gref = torch.tensor([-1.0, 1.0, 0, 0, 0, 0])
+    sent = dataclasses.replace(st.broadcast, payloads={"fedgp.gref": gref})
+    fedgp.on_client_start(cl, LocalRound(model, sent))
     fedgp.transform_grad(st)  # g·r = −1, r·r = 2 → g + 0.5 r
     assert torch.allclose(model.grads, torch.tensor([0.5, 0.5, 0, 0, 0, 0]))
     model.grads.copy_(torch.tensor([0.0, 2.0, 0, 0, 0, 0]))

@@ -142,7 +142,8 @@ def test_a_subclass_of_a_supported_component_is_refused() -> None:
 
     strategy = build_strategy("fedavg+fedgp")
     strategy.components[0].__class__ = Variant
-    with pytest.raises(UserError, match="not 'fedgp' \\(its client-side transform_grad"):
+    hooks = "on_client_start, transform_grad"
+    with pytest.raises(UserError, match=f"not 'fedgp' \\(its client-side {hooks}"):
         check_strategy(strategy)
 
 
@@ -258,10 +259,13 @@ def test_batched_fedgp_projection_by_hand() -> None:
     # row (1, 1): g·r = 2, kept.
     fedgp = build_strategy("fedavg+fedgp").components[0]
     fedgp.setup(env())
-    fedgp.gref = torch.tensor([0.0, 2.0])  # type: ignore[attr-defined]
-    fedgp.gref_sq = torch.tensor(4.0)  # type: ignore[attr-defined]
+    broadcast = SimpleNamespace(payloads={"fedgp.gref": torch.tensor([0.0, 2.0])})
+    local = SimpleNamespace(broadcast=broadcast)
+    fedgp.on_client_start(client(0, None), local)  # type: ignore[arg-type]
+    hooks = GPHooks(fedgp)
+    hooks.capture(client(0, None), local)  # type: ignore[arg-type]
     grads = torch.tensor([[1.0, -1.0], [1.0, 1.0]])
-    projected = GPHooks(fedgp).transform(grads, None)  # type: ignore[arg-type]
+    projected = hooks.transform(grads, None)  # type: ignore[arg-type]
     assert projected.tolist() == [[1.0, 0.0], [1.0, 1.0]]
 
 

@@ -26,6 +26,7 @@ from cfl_bench.engine.evaluation import EvalSet
 from cfl_bench.engine.optim import LocalOptimizer
 from cfl_bench.flat import FlatModel
 from cfl_bench.objective import Objective
+from cfl_bench.seeding import seed_torch_default
 from strategies.base import Component
 from strategies.compose import Strategy
 
@@ -42,6 +43,9 @@ class StepSchedule:
     # The local learning rate is multiplied by this every round (FedNTD's 0.99): round r
     # (1-based) trains with lr · lr_decay^(r−1).
     lr_decay: float = 1.0
+    # The run's seed: each client update reseeds torch's default generator (dropout) from
+    # (seed, round, client) — ``seeding.seed_torch_default``.
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,7 @@ class LocalTrainer:
     def start(self, job: ClientJob) -> LocalRound:
         """Load θ_g into the working model and run the components' client-start hooks."""
         broadcast = job.broadcast
+        seed_torch_default(self.steps.seed, "dropout", broadcast.round_index, job.client.index)
         self.model.load(broadcast.params, broadcast.buffers)
         self.optimizer.lr = self.round_lr(broadcast.round_index)
         local = LocalRound(self.model, broadcast, lr=self.optimizer.lr)

@@ -20,6 +20,7 @@ import torch
 from cfl_bench.engine.client_update import ClientJob, ClientResult, LocalTrainer
 from cfl_bench.engine.context import ClientState
 from cfl_bench.engine.payloads import ClientRequest
+from cfl_bench.seeding import seed_torch_default
 
 ResultSink = Callable[[ClientResult], None]
 AnswerSink = Callable[[ClientState, torch.Tensor], None]
@@ -69,6 +70,9 @@ class SequentialExecutor:
         model.load(*global_state)
         model.module.train(request.train_mode)
         for client in request.clients:
+            seed_torch_default(
+                self.trainer.steps.seed, "dropout-request", request.round_index, client.index
+            )
             sink(client, request.compute(client, model))
         # Training-mode forwards may have moved BatchNorm statistics of the working model;
         # every later use reloads θ_g first, so nothing leaks into the global model.

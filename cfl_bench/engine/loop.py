@@ -75,8 +75,8 @@ class Schedule:
     lr_decay: float = 1.0
     diagnostics: bool = False
     # How the client side runs (``engine.executor``; results are the same up to float
-    # rounding): "sequential" or "vectorized", the latter ``clients_per_chunk`` clients at a
-    # time (None: all of a round's participants at once).
+    # rounding): "sequential", "flower" (the same floats) or "vectorized", the latter
+    # ``clients_per_chunk`` clients at a time (None: all of a round's participants at once).
     executor: str = "sequential"
     clients_per_chunk: int | None = None
 
@@ -89,6 +89,7 @@ class Schedule:
             self.buffer_offer,
             self.replay_augment,
             self.lr_decay,
+            self.seed,
         )
 
     @property
@@ -334,6 +335,11 @@ def make_executor(trainer: LocalTrainer, schedule: Schedule) -> Executor:
         from cfl_bench.engine.vectorized import VectorizedExecutor
 
         return VectorizedExecutor(trainer, schedule.clients_per_chunk)
+    if schedule.executor == "flower":
+        from cfl_bench.flower.executor import FlowerExecutor
+        from cfl_bench.flower.server_app import bound_grid
+
+        return FlowerExecutor(bound_grid(), schedule.num_clients, trainer.strategy.learner)
     return SequentialExecutor(trainer)
 
 

@@ -57,6 +57,9 @@ class ClientRequest:
     compute: Callable[[ClientState, FlatModel], torch.Tensor]
     on_reply: Callable[[Reply], None]
     train_mode: bool
+    # The round whose θ_g is asked about (set by the round server): with the client index
+    # it seeds torch's default generator for the computation (dropout in train mode).
+    round_index: int = 0
     # Set when ``compute`` is ∇ of the objective's mean loss at θ_g on the examples this
     # returns for a client (inputs as the model sees them, labels; any random draw made
     # here, from the client's own generators): an executor may then draw for every client,

@@ -8,6 +8,7 @@ of the round is an executor's business; this unit never trains.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -153,6 +154,7 @@ class RoundServer:
             count += 1
             self.comm.up(tensor_bytes(answer), request.payload)
 
+        request = dataclasses.replace(request, round_index=server.round_index)
         executor.answer(request, (server.global_params, server.global_buffers), collect)
         assert total is not None, "a request needs at least one client"
         return Reply(request.payload, total, count)

@@ -46,8 +46,9 @@ Supported: the learners fedavg, er, der, derpp and agem, with the components of
 the executor cannot change them); classification
 streams; models whose parameters are all they hold (no BatchNorm statistics, no dropout).
 Why the refusals: BatchNorm's running statistics are buffers updated inside the forward,
-which ``vmap`` over a shared module cannot keep per client; dropout draws its masks from
-torch's global generator in client order, which lock-step training cannot replay, so
+which ``vmap`` over a shared module cannot keep per client; dropout draws each client's masks from
+torch's default generator reseeded per client update (``seeding.seed_torch_default``), and
+one batched forward over all clients cannot draw those per-client mask sequences, so
 results would differ from the sequential executor's; the other learners and client-side
 components not in ``vectorized_fl.BATCHED`` (the joint learner's growing history; a
 subclass or a new component until its batched form is written) have per-step hooks
@@ -98,6 +99,7 @@ from cfl_bench.engine.vectorized_replay import (
 )
 from cfl_bench.errors import UserError
 from cfl_bench.objective import Classification
+from cfl_bench.seeding import seed_torch_default
 from strategies.base import Component
 from strategies.compose import Strategy
 from strategies.projection import conflict_coefficients
@@ -158,9 +160,10 @@ def check_model(module: nn.Module, name: str | None = None) -> None:
     if dropout or (name is not None and name not in VECTORIZABLE_MODELS):
         shown = f"model '{name}'" if name else "the model"
         raise UserError(
-            f"the vectorized executor cannot train {shown}: its dropout draws masks from "
-            f"torch's global generator client after client, which lock-step training cannot "
-            f"replay; {FALLBACK} (or --model {' or '.join(VECTORIZABLE_MODELS)})."
+            f"the vectorized executor cannot train {shown}: its dropout draws each "
+            f"client's masks from a generator reseeded per client update, which one batched "
+            f"forward over clients cannot reproduce; {FALLBACK} "
+            f"(or --model {' or '.join(VECTORIZABLE_MODELS)})."
         )
 
 
@@ -627,9 +630,13 @@ class VectorizedExecutor:
             self.sequential.answer(request, global_state, sink)
             return
         size = self.clients_per_chunk or max(len(request.clients), 1)
+        seed = self.trainer.steps.seed
         for first in range(0, len(request.clients), size):
             chunk = request.clients[first : first + size]
-            examples = [request.gradient_data(client) for client in chunk]
+            examples = []
+            for client in chunk:  # torch's default generator left as sequentially
+                seed_torch_default(seed, "dropout-request", request.round_index, client.index)
+                examples.append(request.gradient_data(client))
             x, y, mask = pad_examples(examples)
             params = global_state[0].expand(len(chunk), -1)
             grads, _, _ = self._gradients(params, x, y, mask)

@@ -261,15 +261,22 @@ class ScaffoldHooks(BatchedHooks):
 
 
 class GPHooks(BatchedHooks):
-    """FedGP: each client's gradient projected against the broadcast g_ref where they
-    conflict (``projection.project_conflicting_`` row by row)."""
+    """FedGP: each client's gradient projected against the g_ref of its broadcast (what
+    ``on_client_start`` kept: the same for every client of a round) where they conflict
+    (``projection.project_conflicting_`` row by row)."""
+
+    gref: torch.Tensor | None = None
+    gref_sq: torch.Tensor | None = None
+
+    def capture(self, client: ClientState, local: LocalRound) -> None:
+        fedgp = cast(FedGP, self.component)
+        self.gref, self.gref_sq = fedgp.client_gref, fedgp.client_gref_sq
 
     def transform(self, grads: torch.Tensor, step: LockStep) -> torch.Tensor:
-        fedgp = cast(FedGP, self.component)
-        if fedgp.gref is None:
+        if self.gref is None:
             return grads
-        coef = conflict_coefficients(grads, fedgp.gref, fedgp.gref_sq)
-        return grads.addcmul(coef[:, None], fedgp.gref[None, :], value=-1.0)
+        coef = conflict_coefficients(grads, self.gref, self.gref_sq)
+        return grads.addcmul(coef[:, None], self.gref[None, :], value=-1.0)
 
 
 class NTDHooks(BatchedHooks):

@@ -1,0 +1,183 @@
+"""The ClientApp: one simulated SuperNode per client, running the engine's client update.
+
+A node holds its client's ``ClientState`` in ``context.state`` (``cfl.client``, a
+``torch.save`` image) between messages, and loads its training shard itself from the run's
+stream and task split (the same deterministic gather ``ClientData.assign`` does on the
+server), so no data travels. Per process, the run's pieces (stream, strategy, model,
+trainer) are built once from the run configuration (``plan_run``: the same code, seed and
+validation as the server) and cached.
+
+Messages: ``train`` (one ``ClientJob``), ``query.request`` (a ``ClientRequest`` at θ_g:
+FedGP's reference gradient), ``query.task_end`` (the learner's task-end work at θ_g).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from cfl_bench.engine.client_data import ClientData
+from cfl_bench.engine.client_update import ClientJob, LocalTrainer
+from cfl_bench.engine.context import ClientState, ServerState
+from cfl_bench.engine.loop import new_clients
+from cfl_bench.engine.optim import local_optimizer
+from cfl_bench.flat import FlatModel
+from cfl_bench.flower import records
+from cfl_bench.seeding import seed_torch_default
+
+app = ClientApp()
+
+
+@dataclass
+class ClientRuntime:
+    """The run's client-side pieces in this process."""
+
+    trainer: LocalTrainer
+    data: ClientData
+    fresh: list[ClientState]
+    device: torch.device
+
+    def client(self, index: int, context: Context) -> ClientState:
+        """Client ``index`` as its node holds it (its initial state on the first message)."""
+        client = self.fresh[index]
+        held = context.state.get("cfl.client")
+        if held is not None:
+            records.load_state(held, client)
+        return client
+
+    def keep(self, client: ClientState, context: Context) -> ArrayRecord:
+        """Store ``client``'s state on its node; returns the same image for the mirror."""
+        image = records.state_bytes(client.state_dict())
+        context.state["cfl.client"] = image
+        return image
+
+    def load_shard(self, client: ClientState, task: int) -> None:
+        """The client's part of ``task`` (what ``ClientData.assign`` gives it)."""
+        data = self.data
+        train = data.live_tasks.get(task) or data.stream.task_train(task)
+        data.live_tasks[task] = train
+        split = data.split(task, len(self.fresh))
+        data.assign(client, task, train.train_x, train.train_y, split.parts)
+
+
+@functools.cache
+def runtime(config_path: str) -> ClientRuntime:
+    """Build the run's client side from its configuration file (once per process)."""
+    from cfl_bench.config import RunConfig
+    from cfl_bench.run import plan_run
+
+    with open(config_path) as f:
+        config = RunConfig(**json.load(f))
+    plan = plan_run(config)
+    torch.set_num_threads(1)  # one CPU per Ray actor (docs/executors.md)
+    s, device = plan.schedule, plan.device
+    model = FlatModel(plan.model.to(device))
+    optimizer = local_optimizer(
+        s.optimizer, model.params, model.grads, s.lr, s.momentum, s.weight_decay
+    )
+    stream = plan.stream
+    augment = stream.augment if stream.augments else None
+    trainer = LocalTrainer(
+        model, optimizer, plan.strategy, s.steps, augment, stream.objective, stream.as_model_input
+    )
+    data = ClientData(
+        stream, plan.partitioner, plan.strategy, s.clock(), s.seed, device, plan.splits
+    )
+    fresh = new_clients(stream, s, plan.strategy.needs_buffer, device)
+    return ClientRuntime(trainer, data, fresh, device)
+
+
+def reply_to(msg: Message, content: RecordDict) -> Message:
+    return Message(content=content, reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """One client update (``LocalTrainer.update``) from the broadcast in ``msg``."""
+    rt = runtime(str(context.run_config["cfl-config"]))
+    facts = msg.content.config_records["cfl.round"]
+    client = rt.client(int(facts["client"]), context)
+    rt.load_shard(client, int(facts["client_task"]))
+    broadcast = records.broadcast_of(msg.content.array_records["cfl.broadcast"], facts, rt.device)
+    probes_rec = msg.content.array_records.get("cfl.probes")
+    probes = None if probes_rec is None else records.probes_of(probes_rec, rt.device)
+    result = rt.trainer.update(ClientJob(client, broadcast, probes))
+    metrics = {"loss_sum": records.array_of(result.loss_sum)}
+    if result.probe_accuracy is not None:
+        metrics["probe_accuracy"] = records.array_of(result.probe_accuracy)
+    content = RecordDict(
+        {
+            "cfl.upload": records.upload_record(result.upload),
+            "cfl.metrics": ArrayRecord(array_dict=metrics),
+            "cfl.result": ConfigRecord(
+                {
+                    "client": client.index,
+                    "num_samples": result.upload.num_samples,
+                    "steps": result.steps,
+                    "train_seconds": result.train_seconds,
+                }
+            ),
+            "cfl.mirror": rt.keep(client, context),
+        }
+    )
+    return reply_to(msg, content)
+
+
+def at_global(rt: ClientRuntime, msg: Message, train_mode: bool) -> tuple[torch.Tensor, ...]:
+    """Load the θ_g ``msg`` carries into the working model, in the given mode."""
+    params, buffers, _ = records.model_of(msg.content.array_records["cfl.broadcast"], rt.device)
+    rt.trainer.model.load(params, buffers)
+    rt.trainer.model.module.train(train_mode)
+    return params, buffers
+
+
+@app.query("request")
+def request(msg: Message, context: Context) -> Message:
+    """A ``ClientRequest`` at θ_g. The computation is the client-side component's own
+    ``client_request`` for this client alone (the server sends only the payload name: code
+    does not travel)."""
+    rt = runtime(str(context.run_config["cfl-config"]))
+    facts = msg.content.config_records["cfl.round"]
+    client = rt.client(int(facts["client"]), context)
+    rt.load_shard(client, int(facts["client_task"]))
+    params, buffers = at_global(rt, msg, bool(facts["train_mode"]))
+    model = rt.trainer.model
+    local = ServerState(model, params, buffers, [client], rt.device)
+    local.round_index, local.participants = int(facts["round_index"]), [client]
+    name = str(facts["payload"])
+    asked = None
+    for component in rt.trainer.strategy.all:
+        if any(p.name == name and p.producer == "request" for p in component.payloads):
+            asked = component.client_request(local)
+    if asked is None or asked.payload != name or client not in asked.clients:
+        raise RuntimeError(f"client {client.index} cannot compute request {name!r}")
+    model.module.train(asked.train_mode)
+    seed = rt.trainer.steps.seed
+    seed_torch_default(seed, "dropout-request", local.round_index, client.index)
+    answer = asked.compute(client, model)
+    model.module.train(True)
+    content = RecordDict(
+        {
+            "cfl.answer": ArrayRecord(array_dict={"answer": records.array_of(answer)}),
+            "cfl.mirror": rt.keep(client, context),
+        }
+    )
+    return reply_to(msg, content)
+
+
+@app.query("task_end")
+def task_end(msg: Message, context: Context) -> Message:
+    """The learner's task-end work at θ_g (eval mode), as ``SequentialExecutor.end_tasks``."""
+    rt = runtime(str(context.run_config["cfl-config"]))
+    facts = msg.content.config_records["cfl.round"]
+    client = rt.client(int(facts["client"]), context)
+    rt.load_shard(client, int(facts["client_task"]))
+    at_global(rt, msg, False)
+    rt.trainer.strategy.learner.on_task_end(client, int(facts["task"]), rt.trainer.model)
+    rt.trainer.model.module.train()
+    return reply_to(msg, RecordDict({"cfl.mirror": rt.keep(client, context)}))

@@ -1,0 +1,168 @@
+"""Start a Flower simulation for one run and leave nothing running afterwards.
+
+``flwr run <app> local`` (the CLI, not the deprecated ``run_simulation`` API, which gives
+an empty ``run_config``) starts a detached local SuperLink in simulation mode (Ray
+backend). Everything stays on this machine and offline: telemetry, the update check and
+the runtime dependency installation are off, ``FLWR_HOME`` and ``RAY_TMPDIR`` are private
+folders, Ray binds to loopback. The app folder is written here (``flwr new`` downloads
+templates); its components import ``cfl_bench`` from this checkout (``PYTHONPATH``).
+Afterwards every process started with our private ``FLWR_HOME`` (SuperLink, SuperExec,
+Ray) is stopped by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psutil
+
+import cfl_bench
+from cfl_bench.config import RunConfig
+from cfl_bench.errors import UserError
+from cfl_bench.flower import require_flwr
+
+APP_PYPROJECT = """\
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "cflbenchflower"
+version = "1.0.0"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "cflbench"
+
+[tool.flwr.app.components]
+serverapp = "cfl_flower_app:serverapp"
+clientapp = "cfl_flower_app:clientapp"
+
+[tool.flwr.app.config]
+cfl-config = ""
+"""
+
+APP_MODULE = """\
+from cfl_bench.flower.client_app import app as clientapp
+from cfl_bench.flower.server_app import app as serverapp
+
+__all__ = ["clientapp", "serverapp"]
+"""
+
+FLWR_CONFIG = """\
+[superlink]
+default = "local"
+
+[superlink.local]
+address = ":local:"
+"""
+
+
+def environment(home: Path) -> dict[str, str]:
+    """The environment of every Flower process: offline, private, loopback, 1 thread."""
+    root = str(Path(cfl_bench.__file__).resolve().parents[1])
+    path = os.environ.get("PYTHONPATH")
+    return {
+        **os.environ,
+        "PYTHONPATH": root if not path else f"{root}{os.pathsep}{path}",
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_HOME": str(home / "flwr"),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "UV_OFFLINE": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_TMPDIR": str(home / "ray"),
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def write_app(home: Path, config: RunConfig) -> Path:
+    """The Flower app folder, FLWR_HOME's config and the run configuration file."""
+    app = home / "app"
+    (app / "cfl_flower_app").mkdir(parents=True)
+    (app / "pyproject.toml").write_text(APP_PYPROJECT)
+    (app / "cfl_flower_app" / "__init__.py").write_text(APP_MODULE)
+    (home / "flwr").mkdir()
+    (home / "ray").mkdir()
+    (home / "flwr" / "config.toml").write_text(FLWR_CONFIG)
+    (home / "run").mkdir()
+    (home / "run" / "config.json").write_text(json.dumps(config.to_dict()))
+    return app
+
+
+def flower_pids(home: Path) -> list[int]:
+    """PIDs of the processes started with our private FLWR_HOME (ours alone)."""
+    mine = str(home / "flwr")
+    pids = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("FLWR_HOME") == mine and proc.pid != os.getpid():
+                pids.append(proc.pid)
+        except (psutil.Error, OSError):
+            continue
+    return pids
+
+
+def stop(pids: list[int]) -> None:
+    """Terminate ``pids`` (then kill what is left after 5 s)."""
+    procs = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            proc.terminate()
+            procs.append(proc)
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=5)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(alive, timeout=5)
+
+
+def run_in_flower(config: RunConfig) -> Path:
+    """Run ``config`` (already validated, ``out`` resolved) in a Flower simulation with one
+    SuperNode per client and 1 CPU per Ray actor; returns the run directory."""
+    require_flwr()
+    home = Path(tempfile.mkdtemp(prefix="cfl-flower-"))
+    try:
+        app = write_app(home, config)
+        env = environment(home)
+        settings = f"num-supernodes={config.clients} client-resources-num-cpus=1"
+        command = [
+            shutil.which("flwr") or str(Path(sys.executable).with_name("flwr")),
+            "run",
+            str(app),
+            "local",
+            "--stream",
+            "--run-config",
+            f"cfl-config='{home / 'run' / 'config.json'}'",
+            "--federation-config",
+            settings,
+        ]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        outcome_file = home / "run" / "outcome.json"
+        if not outcome_file.exists():
+            raise UserError(
+                "the Flower simulation ended without running the run: "
+                + (done.stderr or done.stdout).strip()[-2000:]
+            )
+        outcome = json.loads(outcome_file.read_text())
+        if not outcome["ok"]:
+            raise UserError(f"the run failed inside Flower: {outcome['error']}")
+        return Path(str(outcome["path"]))
+    finally:
+        stop(flower_pids(home))
+        shutil.rmtree(home, ignore_errors=True)

@@ -1,0 +1,152 @@
+"""``--executor flower``: the engine's run inside a Flower simulation (``cfl_bench.flower``).
+
+The end-to-end tests start a real simulation (``flwr run``, Ray; ~30-45 s on 2 busy cores)
+and compare records.csv byte for byte with the sequential executor's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from cfl_bench.buffer import ReservoirBuffer
+from cfl_bench.config import RunConfig
+from cfl_bench.engine.context import Broadcast, ClientState, Upload
+from cfl_bench.errors import UserError
+from cfl_bench.run import execute, plan_run
+
+pytest.importorskip("flwr")
+
+from cfl_bench.flower import records
+
+CPU = torch.device("cpu")
+
+
+def small_config(strategy: str, executor: str, out: Path) -> RunConfig:
+    return RunConfig(
+        stream="rot-digits",
+        strategy=strategy,
+        model="mlp",
+        clients=4,
+        tasks=2,
+        rounds_per_task=2,
+        epochs=1,
+        batch_size=32,
+        buffer_size=50,
+        threads=1,
+        device="cpu",
+        executor=executor,
+        out=str(out),
+    )
+
+
+def flower_processes() -> list[int]:
+    """PIDs of processes started by our launcher (its private FLWR_HOME folders)."""
+    pids = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if "cfl-flower-" in proc.environ().get("FLWR_HOME", ""):
+                pids.append(proc.pid)
+        except (psutil.Error, OSError):
+            continue
+    return pids
+
+
+def same_records_as_sequential(strategy: str, tmp_path: Path) -> None:
+    before = set(flower_processes())
+    seq = execute(small_config(strategy, "sequential", tmp_path / "seq"))
+    flower = execute(small_config(strategy, "flower", tmp_path / "flower"))
+    assert flower.summary["status"] == "finished"
+    seq_records = (seq.path / "records.csv").read_bytes()
+    assert (flower.path / "records.csv").read_bytes() == seq_records
+    assert set(flower_processes()) - before == set()  # SuperLink, SuperExec, Ray: all gone
+
+
+def test_der_fedgp_records_equal_the_sequential_executor(tmp_path: Path) -> None:
+    """Two message phases per round (train, FedGP's g_ref query), buffers in node state."""
+    same_records_as_sequential("der+fedgp", tmp_path)
+
+
+@pytest.mark.slow
+def test_fedavg_records_equal_the_sequential_executor(tmp_path: Path) -> None:
+    same_records_as_sequential("fedavg", tmp_path)
+
+
+def a_client() -> ClientState:
+    gen = torch.Generator().manual_seed(3)
+    buffer = ReservoirBuffer(4, (2,), 3, device=CPU, generator=torch.Generator().manual_seed(5))
+    client = ClientState(1, gen, buffer, task=1, tasks_started={0, 1}, model_version=7)
+    client.extras = {"scaffold": {"c": torch.tensor([0.1, -2.5e-39, 3.0])}, "x": {"n": 4}}
+    buffer.add(torch.randn(3, 2), torch.tensor([0, 1, 2]), torch.randn(3, 3), 1)
+    torch.rand(5, generator=gen)  # a generator that has moved
+    return client
+
+
+def test_client_state_round_trips_bit_exactly() -> None:
+    client = a_client()
+    image = records.state_bytes(client.state_dict())
+    fresh = ReservoirBuffer(4, (2,), 3, device=CPU, generator=torch.Generator())
+    other = ClientState(1, torch.Generator(), fresh)
+    records.load_state(image, other)
+    assert torch.equal(other.generator.get_state(), client.generator.get_state())
+    assert (other.task, other.tasks_started, other.model_version) == (1, {0, 1}, 7)
+    c = other.extras["scaffold"]["c"]
+    assert isinstance(c, torch.Tensor) and torch.equal(c, client.extras["scaffold"]["c"])
+    assert other.extras["x"] == {"n": 4}
+    assert other.buffer is not None and client.buffer is not None
+    for name in ("x", "y", "logits", "task"):
+        assert torch.equal(getattr(other.buffer, name), getattr(client.buffer, name))
+    got = other.buffer.generator.get_state()
+    assert torch.equal(got, client.buffer.generator.get_state())
+    # keep_version leaves the server's model-version bookkeeping alone
+    other.model_version = 2
+    records.load_state(image, other, keep_version=True)
+    assert other.model_version == 2
+
+
+def test_broadcast_and_upload_round_trip_bit_exactly() -> None:
+    cpu = torch.device("cpu")
+    params = torch.tensor([1.0, -0.0, 1e-45, float("inf")])
+    buffers = torch.tensor([3.0], dtype=torch.float64)
+    gref = torch.randn(4)
+    b = Broadcast(params, buffers, 5, {"fedgp.gref": gref}, 9, 1, True, cpu)
+    arrays = records.model_record(b.params, b.buffers, b.payloads)
+    back = records.broadcast_of(arrays, records.round_record(b, 2, 1), cpu)
+    assert torch.equal(back.params.view(torch.int32), params.view(torch.int32))  # -0.0 too
+    assert back.buffers.dtype == torch.float64 and torch.equal(back.buffers, buffers)
+    assert torch.equal(back.payloads["fedgp.gref"], gref)
+    assert (back.version, back.round_index, back.task, back.is_task_end) == (5, 9, 1, True)
+    upload = Upload(2, params, buffers, 30, {"scaffold.delta": torch.ones(4)})
+    record = records.upload_record(upload)
+    # what travels up is exactly the counted bytes: 4·4 + 1·8 + 4·4 = 40
+    assert records.record_bytes(record) == upload.nbytes == 40
+    again = records.upload_of(record, 2, 30, cpu)
+    assert torch.equal(again.extras["scaffold.delta"], torch.ones(4))
+    assert again.nbytes == 40
+
+
+def test_flower_is_refused_without_flwr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "flwr", None)  # import flwr now raises ImportError
+    config = small_config("fedavg", "flower", tmp_path / "run")
+    with pytest.raises(UserError, match=r"pip install 'cfl-bench\[flower\]'"):
+        plan_run(config)
+    assert not (tmp_path / "run").exists()
+
+
+def test_flower_refuses_what_it_does_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = small_config("fedavg", "flower", tmp_path / "run")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    plan_run(dataclasses.replace(config, device="auto"))  # auto means the CPU here: fine
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(UserError, match="--device cpu"):  # auto would mean the GPU
+        plan_run(dataclasses.replace(config, device="auto"))
+    monkeypatch.undo()
+    with pytest.raises(UserError, match="joint"):
+        plan_run(dataclasses.replace(config, strategy="joint"))
