@@ -165,7 +165,7 @@ _install_run_command()
 flower_app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
-    help="Flower deployment: write the app that runs a cfl-bench run on SuperNodes.",
+    help="Flower deployment: the app for SuperNodes.",
 )
 
 
