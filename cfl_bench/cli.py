@@ -162,6 +162,49 @@ def _install_run_command() -> None:
 
 _install_run_command()
 
+flower_app = typer.Typer(
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    help="Flower deployment: the app for SuperNodes.",
+)
+
+
+def flower_app_cmd(app_dir: str, **values: Any) -> None:
+    """Write the Flower app folder that runs this run on a Flower deployment.
+
+    Takes every `cfl-bench run` option (--executor is flower). Then start one
+    flower-superlink, one flower-supernode per client with --node-config partition-id=K
+    (K = 0..clients-1), and `flwr run APP_DIR <connection>`; the records are written to
+    --out on the SuperLink's machine (docs/executors.md, "Flower deployment").
+    """
+    from pathlib import Path
+
+    from cfl_bench.config import make_config
+
+    yaml_path = values.pop("config")
+    cfg = make_config(values, yaml_path)
+    check_names(cfg)
+    from cfl_bench.flower import require_flwr
+    from cfl_bench.flower.launch import write_deploy_app
+
+    require_flwr()
+    folder = write_deploy_app(cfg, Path(app_dir))
+    print(f"Flower app in {folder} ({cfg.clients} clients: partition-id=0..{cfg.clients - 1})")
+
+
+def _install_flower_commands() -> None:
+    """`cfl-bench flower app --app-dir DIR <run options>`."""
+    info = typer.Option("--app-dir", help="folder to write the Flower app into (new or empty)")
+    app_param = inspect.Parameter("app_dir", KEYWORD, annotation=Annotated[str, info])
+    params = [app_param, *run_parameters()]
+    flower_app_cmd.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    flower_app_cmd.__annotations__ = {p.name: p.annotation for p in params}
+    flower_app.command("app")(user_errors(flower_app_cmd))
+    app.add_typer(flower_app, name="flower")
+
+
+_install_flower_commands()
+
 
 @contextlib.contextmanager
 def stop_on_sigterm() -> Iterator[None]:

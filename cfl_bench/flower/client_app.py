@@ -7,8 +7,14 @@ server), so no data travels. Per process, the run's pieces (stream, strategy, mo
 trainer) are built once from the run configuration (``plan_run``: the same code, seed and
 validation as the server) and cached.
 
-Messages: ``train`` (one ``ClientJob``), ``query.request`` (a ``ClientRequest`` at θ_g:
-FedGP's reference gradient), ``query.task_end`` (the learner's task-end work at θ_g).
+The run configuration is the app's run config: ``cfl-config`` (a file path: the simulation
+``--executor flower`` starts on this machine) or ``cfl-config-json`` (the configuration
+itself: an app folder written by ``cfl-bench flower app`` for a deployment, where the
+SuperNodes may run on other machines).
+
+Messages: ``query.identify`` (the node's ``partition-id``), ``train`` (one ``ClientJob``),
+``query.request`` (a ``ClientRequest`` at θ_g: FedGP's reference gradient),
+``query.task_end`` (the learner's task-end work at θ_g).
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ class ClientRuntime:
 
     def client(self, index: int, context: Context) -> ClientState:
         """Client ``index`` as its node holds it (its initial state on the first message)."""
+        if partition_id(context) != index:  # the server maps clients by partition-id
+            raise RuntimeError(f"node partition-id={partition_id(context)} got client {index}")
         client = self.fresh[index]
         held = context.state.get("cfl.client")
         if held is not None:
@@ -65,14 +73,31 @@ class ClientRuntime:
         data.assign(client, task, train.train_x, train.train_y, split.parts)
 
 
+def config_text(context: Context) -> str:
+    """The run configuration (JSON) from the run config: a file path or the text itself."""
+    path = str(context.run_config.get("cfl-config", ""))
+    if path:
+        with open(path) as f:
+            return f.read()
+    return str(context.run_config["cfl-config-json"])
+
+
+def partition_id(context: Context) -> int:
+    """This node's ``partition-id`` (set by the simulation, or ``--node-config``), or -1."""
+    return int(context.node_config.get("partition-id", -1))
+
+
+def runtime_of(context: Context) -> ClientRuntime:
+    return runtime(config_text(context))
+
+
 @functools.cache
-def runtime(config_path: str) -> ClientRuntime:
-    """Build the run's client side from its configuration file (once per process)."""
+def runtime(text: str) -> ClientRuntime:
+    """Build the run's client side from its configuration (once per process)."""
     from cfl_bench.config import RunConfig
     from cfl_bench.run import plan_run
 
-    with open(config_path) as f:
-        config = RunConfig(**json.load(f))
+    config = RunConfig(**json.loads(text))
     plan = plan_run(config)
     torch.set_num_threads(1)  # one CPU per Ray actor (docs/executors.md)
     s, device = plan.schedule, plan.device
@@ -96,10 +121,18 @@ def reply_to(msg: Message, content: RecordDict) -> Message:
     return Message(content=content, reply_to=msg)
 
 
+@app.query("identify")
+def identify(msg: Message, context: Context) -> Message:
+    """Which client this node plays: its ``partition-id`` (-1 when it has none)."""
+    return reply_to(
+        msg, RecordDict({"cfl.node": ConfigRecord({"partition-id": partition_id(context)})})
+    )
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """One client update (``LocalTrainer.update``) from the broadcast in ``msg``."""
-    rt = runtime(str(context.run_config["cfl-config"]))
+    rt = runtime_of(context)
     facts = msg.content.config_records["cfl.round"]
     client = rt.client(int(facts["client"]), context)
     rt.load_shard(client, int(facts["client_task"]))
@@ -141,7 +174,7 @@ def request(msg: Message, context: Context) -> Message:
     """A ``ClientRequest`` at θ_g. The computation is the client-side component's own
     ``client_request`` for this client alone (the server sends only the payload name: code
     does not travel)."""
-    rt = runtime(str(context.run_config["cfl-config"]))
+    rt = runtime_of(context)
     facts = msg.content.config_records["cfl.round"]
     client = rt.client(int(facts["client"]), context)
     rt.load_shard(client, int(facts["client_task"]))
@@ -173,7 +206,7 @@ def request(msg: Message, context: Context) -> Message:
 @app.query("task_end")
 def task_end(msg: Message, context: Context) -> Message:
     """The learner's task-end work at θ_g (eval mode), as ``SequentialExecutor.end_tasks``."""
-    rt = runtime(str(context.run_config["cfl-config"]))
+    rt = runtime_of(context)
     facts = msg.content.config_records["cfl.round"]
     client = rt.client(int(facts["client"]), context)
     rt.load_shard(client, int(facts["client_task"]))

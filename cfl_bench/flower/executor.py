@@ -1,16 +1,21 @@
 """``FlowerExecutor``: the engine's ``Executor`` protocol over a Flower ``Grid``.
 
-Client ``k`` of the run is the ``k``-th SuperNode by node id (fixed for the run: a node
-keeps its client's state in ``context.state``). Each phase is one ``send_and_receive``:
-``train`` for a round's jobs, ``query.request`` for a ``ClientRequest``, ``query.task_end``
-for the learner's task-end work. Replies are handed to the engine in the jobs' order
-(client-id order), so aggregation sums in the sequential executor's order and the records
-are the same. After each reply the engine's own ``ClientState`` (the mirror that buffer
-drift, request planning and checkpoints read) is set to the node's state.
+Client ``k`` of the run is the SuperNode whose node config says ``partition-id=K`` with K =
+k (fixed for the run: a node keeps its client's state in ``context.state``). A simulation
+numbers its SuperNodes 0..N-1 itself; in a deployment each SuperNode is started with
+``--node-config partition-id=K``. The server learns which node is which from one
+``query.identify`` phase before the first message (inside round 1, like the start-up). Each
+phase is one ``send_and_receive``: ``train`` for a round's jobs, ``query.request`` for a
+``ClientRequest``, ``query.task_end`` for the learner's task-end work. Replies are handed to
+the engine in the jobs' order (client-id order), so aggregation sums in the sequential
+executor's order and the records are the same. After each reply the engine's own
+``ClientState`` (the mirror that buffer drift, request planning and checkpoints read) is set
+to the node's state.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -28,18 +33,60 @@ from strategies.base import Component, Learner
 class FlowerExecutor:
     """Client updates as Flower messages to one simulated SuperNode per client."""
 
-    def __init__(self, grid: Grid, num_clients: int, learner: Component) -> None:
-        nodes = sorted(grid.get_node_ids())
-        if len(nodes) < num_clients:
-            raise RuntimeError(f"{num_clients} clients need as many SuperNodes, got {len(nodes)}")
+    def __init__(
+        self, grid: Grid, num_clients: int, learner: Component, wait_s: float = 600.0
+    ) -> None:
         self.grid = grid
-        self.nodes = nodes[:num_clients]
+        self.num_clients = num_clients
+        self.nodes: list[int] = []  # node id of client k, known after the identify phase
         self.learner = learner
         self.phase = 0
         self.round_index = 0
+        self.wait_s = wait_s
+
+    def _connected(self) -> list[int]:
+        """The node ids once at least ``num_clients`` SuperNodes are connected (a deployment's
+        SuperNodes may still be starting when the run begins)."""
+        deadline = time.monotonic() + self.wait_s
+        while len(nodes := sorted(self.grid.get_node_ids())) < self.num_clients:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{self.num_clients} clients need as many SuperNodes; {len(nodes)} "
+                    f"connected within {self.wait_s:.0f} s"
+                )
+            time.sleep(1.0)
+        return nodes
+
+    def _identify(self) -> None:
+        """Map client k to the node whose ``partition-id`` is k (one ``query.identify``)."""
+        nodes = self._connected()
+        self.phase += 1
+        messages = [
+            Message(
+                content=RecordDict(), dst_node_id=n, message_type="query.identify", group_id="0"
+            )
+            for n in nodes
+        ]
+        owner: dict[int, int] = {}
+        for reply in self.grid.send_and_receive(messages):
+            if reply.has_error():
+                raise RuntimeError(f"a Flower ClientApp failed on identify: {reply.error.reason}")
+            k = int(reply.content.config_records["cfl.node"]["partition-id"])
+            if k in owner:
+                raise RuntimeError(f"two SuperNodes say partition-id={k}; give each its own")
+            owner[k] = reply.metadata.src_node_id
+        missing = [k for k in range(self.num_clients) if k not in owner]
+        if missing:
+            raise RuntimeError(
+                f"no SuperNode has partition-id={missing[0]}: start one SuperNode per client "
+                f"with --node-config partition-id=K for K = 0..{self.num_clients - 1}"
+            )
+        self.nodes = [owner[k] for k in range(self.num_clients)]
 
     def _exchange(self, contents: list[tuple[int, RecordDict]], kind: str) -> list[Message]:
         """Send one message per (client, content); replies in the same order."""
+        if not self.nodes:
+            self._identify()
         self.phase += 1
         group = str(self.phase)
         messages = [

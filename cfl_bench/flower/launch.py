@@ -49,6 +49,7 @@ clientapp = "cfl_flower_app:clientapp"
 
 [tool.flwr.app.config]
 cfl-config = ""
+cfl-config-json = {config_json}
 """
 
 APP_MODULE = """\
@@ -86,12 +87,41 @@ def environment(home: Path) -> dict[str, str]:
     }
 
 
+def write_app_folder(app: Path, config_json: str) -> None:
+    """The Flower app (pyproject.toml and the module naming the two components) in ``app``;
+    ``config_json`` is the run configuration carried in the app's run config (empty: the
+    launcher passes a file path instead). ``json.dumps`` of the text is a valid TOML basic
+    string (ASCII only; JSON's escapes are TOML's)."""
+    (app / "cfl_flower_app").mkdir(parents=True, exist_ok=True)
+    toml = APP_PYPROJECT.replace("{config_json}", json.dumps(config_json))
+    (app / "pyproject.toml").write_text(toml)
+    (app / "cfl_flower_app" / "__init__.py").write_text(APP_MODULE)
+
+
+def write_deploy_app(config: RunConfig, app: Path) -> Path:
+    """The app folder of a deployment run (``cfl-bench flower app``): ``config`` with the
+    Flower executor and an absolute ``out`` (on the SuperLink's machine), checked here as
+    ``cfl-bench run`` would check it. Returns the app folder."""
+    import dataclasses
+
+    from cfl_bench.run import plan_run
+
+    if app.exists() and any(app.iterdir()):
+        raise UserError(f"'{app}' is not empty; choose a new folder for the Flower app.")
+    config = dataclasses.replace(config, executor="flower")
+    plan = plan_run(config)  # every refusal of --executor flower, before anything is written
+    root = config.data_root and str(Path(config.data_root).resolve())
+    config = dataclasses.replace(config, out=str(plan.out.resolve()), data_root=root)
+    app.mkdir(parents=True, exist_ok=True)
+    write_app_folder(app, json.dumps(config.to_dict(), sort_keys=True))
+    return app
+
+
 def write_app(home: Path, config: RunConfig) -> Path:
     """The Flower app folder, FLWR_HOME's config and the run configuration file."""
     app = home / "app"
     (app / "cfl_flower_app").mkdir(parents=True)
-    (app / "pyproject.toml").write_text(APP_PYPROJECT)
-    (app / "cfl_flower_app" / "__init__.py").write_text(APP_MODULE)
+    write_app_folder(app, "")
     (home / "flwr").mkdir()
     (home / "ray").mkdir()
     (home / "flwr" / "config.toml").write_text(FLWR_CONFIG)

@@ -5,7 +5,10 @@ Why the engine's loop inside ``main`` rather than Flower's strategies: the round
 the server hooks, the declared payloads, measurement and checkpoints are the engine's; only
 the client side moves, exactly as with the other executors. The outcome (ok, or the error)
 is written next to the configuration file for the launcher (``flower.launch``), because
-``flwr run`` reports success even for a failed run.
+``flwr run`` reports success even for a failed run. A deployment's app (``cfl-bench
+flower app``) carries the configuration itself (``cfl-config-json``) and has no launcher
+waiting: there a failed run raises, so that ``flwr ls`` lists it as failed, and the run
+directory (``out``, on the SuperLink's machine) holds the records as with any executor.
 """
 
 from __future__ import annotations
@@ -39,6 +42,13 @@ def main(grid: Grid, context: Context) -> None:
     from cfl_bench.config import RunConfig
     from cfl_bench.run import execute
 
+    if not str(context.run_config.get("cfl-config", "")):
+        _GRID.append(grid)
+        try:
+            execute(RunConfig(**json.loads(str(context.run_config["cfl-config-json"]))))
+        finally:
+            _GRID.pop()
+        return
     path = Path(str(context.run_config["cfl-config"]))
     outcome: dict[str, object] = {"ok": False}
     _GRID.append(grid)
