@@ -150,3 +150,8 @@ def test_flower_refuses_what_it_does_not_run(
     monkeypatch.undo()
     with pytest.raises(UserError, match="joint"):
         plan_run(dataclasses.replace(config, strategy="joint"))
+
+
+def test_fedavg_fedproj_records_equal_the_sequential_executor(tmp_path: Path) -> None:
+    """The public holdout, the ensemble broadcast and the logits upload travel in messages."""
+    same_records_as_sequential("fedavg+fedproj", tmp_path)

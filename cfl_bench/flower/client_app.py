@@ -65,12 +65,33 @@ class ClientRuntime:
         return image
 
     def load_shard(self, client: ClientState, task: int) -> None:
-        """The client's part of ``task`` (what ``ClientData.assign`` gives it)."""
+        """The client's part of ``task`` (what ``ClientData.assign`` gives it), after the
+        public holdouts of the tasks up to it reached the client-side components."""
         data = self.data
         train = data.live_tasks.get(task) or data.stream.task_train(task)
         data.live_tasks[task] = train
+        self.deliver_holdouts(task)
         split = data.split(task, len(self.fresh))
         data.assign(client, task, train.train_x, train.train_y, split.parts)
+
+    def deliver_holdouts(self, task: int) -> None:
+        """``on_task_start`` of the client-side components for every task up to ``task``
+        not yet started here, with the task's public holdout (FedProj's memory is the
+        union of the holdouts seen so far; a public set is available to every client
+        beforehand, so nothing travels). In task order, as the engine does on the server."""
+        data = self.data
+        for t in range(task + 1):
+            if t in data.started_tasks:
+                continue
+            data.started_tasks.add(t)
+            held = data.split(t, len(self.fresh)).held
+            holdout = None
+            if held is not None:
+                train = data.live_tasks.get(t) or data.stream.task_train(t)
+                stored = train.train_x[held.to(train.train_x.device)]
+                holdout = data.stream.as_model_input(stored)
+            for component in self.trainer.strategy.all:
+                component.on_task_start(None, t, holdout)  # type: ignore[arg-type]
 
 
 def config_text(context: Context) -> str:
