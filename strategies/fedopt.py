@@ -43,6 +43,7 @@ Choices (why):
 
 from __future__ import annotations
 
+import abc
 from typing import TYPE_CHECKING, ClassVar
 
 from strategies.base import (
@@ -109,7 +110,7 @@ def adaptive_step(
     return old + lr * m / (v.sqrt() + tau), (m, v)
 
 
-class _ServerOptimizer(Component):
+class _ServerOptimizer(Component, abc.ABC):
     """An aggregator that steps from θ_old along the engine's mean."""
 
     roles: ClassVar[frozenset[Role]] = frozenset({Role.AGGREGATOR})
@@ -125,9 +126,9 @@ class _ServerOptimizer(Component):
         if old is not None:
             server.global_params = self.step(old, server.global_params)
 
+    @abc.abstractmethod
     def step(self, old: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
         """θ_g from θ_old and the engine's mean θ_avg, updating the server state."""
-        raise NotImplementedError
 
 
 class FedAvgM(_ServerOptimizer):

@@ -82,7 +82,7 @@ from cfl_bench.engine.optim import FlatAdam, FlatSGD
 from cfl_bench.engine.payloads import ClientRequest
 from cfl_bench.engine.vectorized_fl import (
     BATCHED,
-    BatchedHooks,
+    BatchedLossTerm,
     ChunkHooks,
     LockStep,
     Representation,
@@ -315,7 +315,7 @@ class VectorizedExecutor:
             type(c).after_local is not Component.after_local for c in trainer.strategy.all
         )
         self.plan = replay_plan(trainer.strategy.learner)
-        self.terms: list[BatchedHooks] = []  # the output terms of the gradient being taken
+        self.terms: list[BatchedLossTerm] = []  # the output terms of the gradient being taken
         module = trainer.model.module
         self.split = Representation(module) if trainer.keep_representation else None
         self.represent_rows = vmap(self._representation)
@@ -407,7 +407,7 @@ class VectorizedExecutor:
         y: torch.Tensor,
         mask: torch.Tensor,
         replay: ReplayBatch | None = None,
-        terms: Sequence[BatchedHooks] = (),
+        terms: Sequence[BatchedLossTerm] = (),
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every client's flat gradient (C, P), loss (C,) and batch outputs (C, batch, K)
         at its row of ``params``, with the components' output ``terms`` in the loss.

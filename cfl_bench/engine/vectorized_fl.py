@@ -52,6 +52,7 @@ FedGP's reference gradient (``client_request`` → the executor's ``answer``) is
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
@@ -98,29 +99,6 @@ class BatchedHooks:
         """∇ after the component's gradient transform for every client."""
         return grads
 
-    # A loss term on the batch's outputs (``loss_term``) is two halves: ``batch_inputs``
-    # (C, batch, …) computed outside the vmapped loss (no gradient: FedNTD's teacher
-    # logits), then ``batch_term`` inside it, per client, on its outputs, labels and mask.
-    has_batch_term = False
-
-    def batch_inputs(self, x: torch.Tensor, represent: Represent) -> object:
-        """What ``batch_term`` needs beyond the outputs, for every client's batch ``x``
-        (tensors with a leading client axis); ``represent`` gives representations at
-        stacked parameter rows."""
-        raise NotImplementedError
-
-    def batch_term(
-        self,
-        outputs: torch.Tensor,
-        z: torch.Tensor | None,
-        y: torch.Tensor,
-        mask: torch.Tensor,
-        inputs: object,
-    ) -> torch.Tensor:
-        """The term for one client (inside ``vmap``; ``z`` its representation when the
-        executor keeps it), a mean over its real rows."""
-        raise NotImplementedError
-
 
 # Representations (C, batch, F) of every client's batch at its row of (C, P) parameters.
 Represent = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -155,6 +133,36 @@ class Representation(nn.Module):
         return z, self.inner.classify(z)  # type: ignore[operator]
 
 
+class BatchedLossTerm(BatchedHooks, abc.ABC):
+    """A component's loss term on the batch's outputs (``loss_term``), in two halves:
+    ``batch_inputs`` (C, batch, …) computed outside the vmapped loss (no gradient: FedNTD's
+    teacher logits), then ``batch_term`` inside it, per client, on its outputs, labels and
+    mask. ``has_batch_term`` says whether the term is non-zero this round (it is skipped
+    otherwise, as the sequential ``loss_term`` returns None)."""
+
+    @property
+    @abc.abstractmethod
+    def has_batch_term(self) -> bool: ...
+
+    @abc.abstractmethod
+    def batch_inputs(self, x: torch.Tensor, represent: Represent) -> object:
+        """What ``batch_term`` needs beyond the outputs, for every client's batch ``x``
+        (tensors with a leading client axis); ``represent`` gives representations at
+        stacked parameter rows."""
+
+    @abc.abstractmethod
+    def batch_term(
+        self,
+        outputs: torch.Tensor,
+        z: torch.Tensor | None,
+        y: torch.Tensor,
+        mask: torch.Tensor,
+        inputs: object,
+    ) -> torch.Tensor:
+        """The term for one client (inside ``vmap``; ``z`` its representation when the
+        executor keeps it), a mean over its real rows."""
+
+
 @dataclass
 class ChunkHooks:
     """A chunk's batched hooks in the sequential step order: ``losses`` (the loss terms,
@@ -165,8 +173,8 @@ class ChunkHooks:
     transforms: list[BatchedHooks]
 
     @property
-    def outputs(self) -> list[BatchedHooks]:
-        return [hook for hook in self.losses if hook.has_batch_term]
+    def outputs(self) -> list[BatchedLossTerm]:
+        return [h for h in self.losses if isinstance(h, BatchedLossTerm) and h.has_batch_term]
 
 
 class ProxHooks(BatchedHooks):
@@ -279,13 +287,13 @@ class GPHooks(BatchedHooks):
         return grads.addcmul(coef[:, None], self.gref[None, :], value=-1.0)
 
 
-class NTDHooks(BatchedHooks):
+class NTDHooks(BatchedLossTerm):
     """FedNTD: β·τ²·KL(softmax(z̃_g/τ) ‖ softmax(z̃/τ)) on the not-true classes, the mean
     over the client's real rows (``fedntd.not_true_distillation``'s batchmean), with z_g
     the teacher's (θ_g, eval mode, no gradient) logits on the same batch."""
 
     @property
-    def has_batch_term(self) -> bool:  # type: ignore[override]
+    def has_batch_term(self) -> bool:
         return cast(FedNTD, self.component).beta != 0
 
     def batch_inputs(self, x: torch.Tensor, represent: Represent) -> torch.Tensor:
@@ -313,7 +321,7 @@ class NTDHooks(BatchedHooks):
         return ntd.beta * tau * tau * (per_row * mask).sum() / mask.sum().clamp(min=1)
 
 
-class MoonHooks(BatchedHooks):
+class MoonHooks(BatchedLossTerm):
     """MOON: μ·mean over the client's real rows of −log softmax([sim(z, z_glob),
     sim(z, z_prev)]/τ)[0] (``moon.model_contrastive_loss``), z the client's representation
     from the vmapped forward, z_glob at θ_g and z_prev at the client's previous local model
@@ -335,7 +343,7 @@ class MoonHooks(BatchedHooks):
         self.rows.append(cast(torch.Tensor, state["params"]) if moon.active else self.anchor)
 
     @property
-    def has_batch_term(self) -> bool:  # type: ignore[override]
+    def has_batch_term(self) -> bool:
         return cast(MOON, self.component).mu > 0 and any(self.flags)
 
     def batch_inputs(
