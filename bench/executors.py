@@ -39,7 +39,6 @@ import torch
 from cfl_bench.config import make_config
 from cfl_bench.engine.client_update import ClientJob
 from cfl_bench.engine.executor import Executor, ResultSink
-from cfl_bench.engine.loop import Federation
 from cfl_bench.run import plan_run
 
 EXECUTORS = ("sequential", "vectorized")
@@ -90,15 +89,7 @@ def measure(args: argparse.Namespace, row: Row, executor: str):  # type: ignore[
         }
     )  # fmt: skip
     plan = plan_run(cfg)
-    fed = Federation(
-        plan.stream,
-        plan.partitioner,
-        plan.strategy,
-        plan.model,
-        plan.schedule,
-        plan.device,
-        plan.splits,
-    )
+    fed = plan.federation()
     timed = Timed(fed.executor, plan.schedule.epochs)
     fed.executor = timed  # type: ignore[assignment]
     start_rss = rss_bytes()

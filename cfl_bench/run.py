@@ -133,6 +133,18 @@ class RunPlan:
     out: Path
     resolved: dict[str, object]  # config.json
 
+    def federation(self) -> Federation:
+        """The engine's federation for this plan (clients, data, executor, server)."""
+        return Federation(
+            self.stream,
+            self.partitioner,
+            self.strategy,
+            self.model,
+            self.schedule,
+            self.device,
+            self.splits,
+        )
+
 
 def resolve_defaults(config: RunConfig) -> RunConfig:
     """Fill the options the stream decides (model, tasks, partition, rounds, epochs, lr)."""
@@ -199,6 +211,23 @@ def run_identity(
     return protocol, canonical_hash(protocol), config_hash
 
 
+def checked_model_name(config: RunConfig) -> str:
+    model_name = str(config.model)
+    if model_name not in MODELS:
+        raise UserError(
+            f"unknown model '{model_name}'; choose one of: {', '.join(sorted(MODELS))}."
+        )
+    return model_name
+
+
+def run_device(config: RunConfig) -> torch.device:
+    """The run's device, refused for the Flower executor before any data goes to a GPU."""
+    device = resolve_device(config.device)
+    if config.executor == "flower" and device.type != "cpu":
+        raise UserError("--executor flower runs on the CPU only for now; add --device cpu.")
+    return device
+
+
 def plan_run(config: RunConfig) -> RunPlan:
     """Everything that can be refused from names, numbers and data, with nothing written.
 
@@ -209,15 +238,9 @@ def plan_run(config: RunConfig) -> RunPlan:
     strategy = build_strategy(config.strategy)
     asked_partition = config.partition
     config = resolve_defaults(config)
-    model_name = str(config.model)
-    if model_name not in MODELS:
-        raise UserError(
-            f"unknown model '{model_name}'; choose one of: {', '.join(sorted(MODELS))}."
-        )
+    model_name = checked_model_name(config)
     partitioner = partitioner_from_spec(str(config.partition))
-    device = resolve_device(config.device)
-    if config.executor == "flower" and device.type != "cpu":  # before data goes to the GPU
-        raise UserError("--executor flower runs on the CPU only for now; add --device cpu.")
+    device = run_device(config)
     stream, config = load_stream(config, device)
     check_stream_fits(stream, model_name, asked_partition)
     check_diagnostics(config, stream.objective.capabilities)
@@ -470,15 +493,7 @@ def run_in(
         )
     if not resume:
         plan.resolved["cost_estimate"] = cost.announce(plan, say)
-    federation = Federation(
-        plan.stream,
-        plan.partitioner,
-        plan.strategy,
-        plan.model,
-        plan.schedule,
-        plan.device,
-        plan.splits,
-    )
+    federation = plan.federation()
     trackers = open_run_trackers(plan, run_dir)
     keeper = RoundKeeper(
         run_dir,

@@ -211,7 +211,7 @@ def test_the_masked_mean_is_the_mean_over_real_examples() -> None:
     padded_y = torch.cat([y, torch.zeros(2, dtype=torch.long)])
     mask = torch.tensor([1.0, 1, 1, 0, 0])
     params = dict(fed.model.module.named_parameters())
-    loss, outputs = executor._client_loss(params, padded_x, padded_y, mask)
+    loss, outputs = executor.grads._client_loss(params, padded_x, padded_y, mask)
     plain = torch.nn.functional.cross_entropy(fed.model.module(x), y)
     assert loss.item() == pytest.approx(plain.item(), rel=1e-6)
     assert torch.allclose(outputs[:3], fed.model.module(x))  # what a buffer would store

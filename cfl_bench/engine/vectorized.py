@@ -82,19 +82,16 @@ from cfl_bench.engine.optim import FlatAdam, FlatSGD
 from cfl_bench.engine.payloads import ClientRequest
 from cfl_bench.engine.vectorized_fl import (
     BATCHED,
-    BatchedLossTerm,
     ChunkHooks,
     LockStep,
-    Representation,
 )
+from cfl_bench.engine.vectorized_grad import ClientGradients
 from cfl_bench.engine.vectorized_replay import (
     SUPPORTED_LEARNERS,
-    ReplayBatch,
     draw_replay,
     observe_all,
     observes,
     reference_plan,
-    replay_loss,
     replay_plan,
 )
 from cfl_bench.errors import UserError
@@ -270,16 +267,6 @@ class BatchedOptimizer:
         return params.addcdiv(self.first, denominator, value=-step_size)
 
 
-def masked_cross_entropy(
-    outputs: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """Mean cross-entropy over the real (mask 1) examples of a padded batch (0 if none)."""
-    from torch.nn import functional as F
-
-    per_example = F.cross_entropy(outputs, y, reduction="none")
-    return (per_example * mask).sum() / mask.sum().clamp(min=1)
-
-
 def pad_examples(
     examples: Sequence[tuple[torch.Tensor, torch.Tensor]],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -304,8 +291,6 @@ class VectorizedExecutor:
 
     def __init__(self, trainer: LocalTrainer, clients_per_chunk: int | None = None) -> None:
         check_vectorizable(trainer.strategy, trainer.model.module, trainer.objective)
-        from torch.func import grad_and_value, vmap
-
         self.trainer = trainer
         self.sequential = SequentialExecutor(trainer)
         self.clients_per_chunk = clients_per_chunk
@@ -315,145 +300,9 @@ class VectorizedExecutor:
             type(c).after_local is not Component.after_local for c in trainer.strategy.all
         )
         self.plan = replay_plan(trainer.strategy.learner)
-        self.terms: list[BatchedLossTerm] = []  # the output terms of the gradient being taken
-        module = trainer.model.module
-        self.split = Representation(module) if trainer.keep_representation else None
-        self.represent_rows = vmap(self._representation)
+        self.grads = ClientGradients(trainer.model, trainer.keep_representation, self.plan)
         self.reference = reference_plan(trainer.strategy.learner)
         self.observes = observes(trainer.strategy.learner)
-        self.loss_and_grad = vmap(grad_and_value(self._client_loss, has_aux=True))
-        self.replay_loss_and_grad = vmap(grad_and_value(self._replay_client_loss, has_aux=True))
-
-    def _client_loss(
-        self,
-        params: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        y: torch.Tensor,
-        mask: torch.Tensor,
-        aux: tuple[torch.Tensor, ...] = (),
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One client's mean cross-entropy over its real (mask 1) examples at ``params``
-        plus the output terms (``aux``: their per-client inputs), and the batch's outputs
-        (what a replay buffer stores)."""
-        outputs, z = self._forward(params, x)
-        extra = self._output_terms(outputs, z, y, mask, aux)
-        return masked_cross_entropy(outputs, y, mask) + extra, outputs
-
-    def _forward(
-        self, params: dict[str, torch.Tensor], x: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The model's outputs at ``params`` and, when a component wants it (MOON), the
-        representation the classifier read (``classify(representation(x))``, the same
-        operations as the sequential learner's forward)."""
-        from torch.func import functional_call
-
-        if self.split is None:
-            return functional_call(self.trainer.model.module, params, (x,)), None
-        named = {f"inner.{name}": value for name, value in params.items()}
-        z, outputs = functional_call(self.split, named, (x,))
-        return outputs, z
-
-    def _representation(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """One client's representation of ``x`` at ``params`` (vmapped: ``represent``)."""
-        z = self._forward(params, x)[1]
-        assert z is not None
-        return z
-
-    def represent(self, params: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Every client's representation (C, batch, F) of its batch of ``x`` at its row of
-        ``params`` (C, P); no gradient (MOON's frozen global and previous models)."""
-        with torch.no_grad():
-            return self.represent_rows(self._views(params), x)
-
-    def _output_terms(
-        self,
-        outputs: torch.Tensor,
-        z: torch.Tensor | None,
-        y: torch.Tensor,
-        mask: torch.Tensor,
-        aux: tuple,
-    ) -> torch.Tensor | float:
-        """The components' loss terms on one client's batch outputs and representation
-        (FedNTD's, MOON's), in order."""
-        total: torch.Tensor | float = 0.0
-        for hook, inputs in zip(self.terms, aux, strict=True):
-            total = total + hook.batch_term(outputs, z, y, mask, inputs)
-        return total
-
-    def _replay_client_loss(
-        self,
-        params: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        y: torch.Tensor,
-        mask: torch.Tensor,
-        replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-        aux: tuple[torch.Tensor, ...] = (),
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``_client_loss`` plus the replay terms of the learner's plan: the batch and the
-        replay rows (``ReplayBatch``'s tensors, sliced to this client) in one forward."""
-        rx = replay[0]
-        joint = torch.cat([x, rx.flatten(0, 1)])
-        out, z = self._forward(params, joint)
-        outputs, replayed = out[: x.shape[0]], out[x.shape[0] :].unflatten(0, rx.shape[:2])
-        extra = replay_loss(replayed, ReplayBatch(*replay), self.plan.terms)
-        z = None if z is None else z[: x.shape[0]]
-        extra = extra + self._output_terms(outputs, z, y, mask, aux)
-        return masked_cross_entropy(outputs, y, mask) + extra, outputs
-
-    def _gradients(
-        self,
-        params: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        mask: torch.Tensor,
-        replay: ReplayBatch | None = None,
-        terms: Sequence[BatchedLossTerm] = (),
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Every client's flat gradient (C, P), loss (C,) and batch outputs (C, batch, K)
-        at its row of ``params``, with the components' output ``terms`` in the loss.
-
-        Why per-parameter views and not the flat row: differentiating through slices of one
-        flat vector makes autograd build a zero (C, P) tensor per parameter and add them up
-        (six full-size passes for the MLP); per-parameter gradients are joined by one ``cat``.
-        """
-        slices = self.trainer.model.slices
-        count = params.shape[0]
-        views = self._views(params)
-        self.terms = list(terms)
-        aux = tuple(hook.batch_inputs(x, self.represent) for hook in self.terms)
-        if replay is None:
-            grads, (losses, outputs) = self.loss_and_grad(views, x, y, mask, aux)
-        else:
-            rows = (replay.x, replay.y, replay.logits, replay.mask)
-            grads, (losses, outputs) = self.replay_loss_and_grad(views, x, y, mask, rows, aux)
-        flat = torch.cat([grads[s.name].reshape(count, -1) for s in slices], dim=1)
-        return flat, losses, outputs
-
-    def loss_gradients(
-        self,
-        loss: Callable[..., torch.Tensor],
-        params: torch.Tensor,
-        x: torch.Tensor,
-        *inputs: torch.Tensor,
-    ) -> torch.Tensor:
-        """Every client's flat gradient (C, P) of ``loss(f(x_k; θ_k), *inputs_k)`` at its
-        row of ``params`` (one vmapped backward; FedProj's memory gradient)."""
-        from torch.func import grad, vmap
-
-        def one(p: dict[str, torch.Tensor], xk: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
-            return loss(self._forward(p, xk)[0], *rest)
-
-        grads = vmap(grad(one))(self._views(params), x, *inputs)
-        count = params.shape[0]
-        return torch.cat([grads[s.name].reshape(count, -1) for s in self.trainer.model.slices], 1)
-
-    def _views(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per-parameter (C, …) views of the rows of ``params`` (C, P)."""
-        count = params.shape[0]
-        return {
-            s.name: params[:, s.start : s.start + s.numel].view(count, *s.shape)
-            for s in self.trainer.model.slices
-        }
 
     def train(self, jobs: Sequence[ClientJob], sink: ResultSink) -> None:
         size = self.clients_per_chunk or max(len(jobs), 1)
@@ -536,12 +385,12 @@ class VectorizedExecutor:
         replay_augment = trainer.augment if trainer.steps.replay_augment else None
         size = trainer.steps.buffer_batch_size
         replay = draw_replay(stepping, self.plan, size, replay_augment)
-        grads, losses, outputs = self._gradients(params, x, y, mask, replay, hooks.outputs)
+        grads, losses, outputs = self.grads.gradients(params, x, y, mask, replay, hooks.outputs)
         for hook in hooks.losses:
             grads, losses = hook.penalty(params, grads, losses)
         if self.reference is not None:
             grads = self._refine(params, grads, stepping, replay_augment)
-        lock_step = LockStep(params, stepping, size, self.loss_gradients)
+        lock_step = LockStep(params, stepping, size, self.grads.loss_gradients)
         for hook in hooks.transforms:
             grads = hook.transform(grads, lock_step)
         every = bool(active.all())
@@ -568,7 +417,7 @@ class VectorizedExecutor:
         draw = draw_replay(stepping, self.reference, size, augment)
         if draw is None:
             return grads
-        ref, _, _ = self._gradients(params, draw.x[:, 0], draw.y[:, 0], draw.mask[:, 0])
+        ref, _, _ = self.grads.gradients(params, draw.x[:, 0], draw.y[:, 0], draw.mask[:, 0])
         coef = conflict_coefficients(grads, ref)
         return grads.addcmul(ref, coef[:, None], value=-1.0)
 
@@ -639,7 +488,7 @@ class VectorizedExecutor:
                 examples.append(request.gradient_data(client))
             x, y, mask = pad_examples(examples)
             params = global_state[0].expand(len(chunk), -1)
-            grads, _, _ = self._gradients(params, x, y, mask)
+            grads, _, _ = self.grads.gradients(params, x, y, mask)
             for client, row in zip(chunk, grads, strict=True):
                 sink(client, row)
         self.trainer.model.load(*global_state)  # where the sequential answer leaves it
