@@ -55,6 +55,19 @@ class ReservoirBuffer:
         self.logits = torch.zeros((rows, *outputs), device=device)
         self.task = torch.zeros(rows, dtype=torch.long, device=device)
         self.num_seen = 0
+        # Set when the tensors are a row of a ``ReservoirStack`` (the vectorized executor's
+        # stacked storage): the stack and this buffer's row in it.
+        self.stack: object | None = None
+        self.row = 0
+
+    def adopt(
+        self, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor, task: torch.Tensor
+    ) -> None:
+        """Move the contents into the given tensors (views into a stacked storage, same
+        shapes) and keep them there: later inserts and draws read and write the views."""
+        for name, target in (("x", x), ("y", y), ("logits", logits), ("task", task)):
+            target.copy_(getattr(self, name))
+            setattr(self, name, target)
 
     @property
     def filled(self) -> int:

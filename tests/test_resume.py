@@ -143,6 +143,7 @@ def test_sigkilled_run_resumes_to_identical_records(
         ("ideal", {}),
         ("agem+fedgp:gref_samples=all,gref_mode=eval", {"eval_every_round": True}),
         ("der+fedgp", {"buffer_offer": "every_step", "momentum": 0.5}),
+        ("derpp+fedgp", {"executor": "vectorized"}),  # stacked buffers restored in place
     ],
 )
 def test_every_component_resumes_after_a_crash(

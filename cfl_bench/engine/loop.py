@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from cfl_bench.buffer import ReservoirBuffer
+from cfl_bench.buffer_stack import ReservoirStack
 from cfl_bench.engine.client_data import ClientData
 from cfl_bench.engine.client_update import ClientResult, LocalTrainer, StepSchedule
 from cfl_bench.engine.context import ClientState, ServerState
@@ -347,7 +348,8 @@ def new_clients(
     stream: Stream, schedule: Schedule, needs_buffer: bool, device: torch.device
 ) -> list[ClientState]:
     """The run's clients in their initial state: seeded generators, empty buffers (when
-    the strategy uses one) and the stream's input decoder."""
+    the strategy uses one; under the vectorized executor rows of one ``ReservoirStack``)
+    and the stream's input decoder."""
     s = schedule
 
     def buffer(k: int) -> ReservoirBuffer:
@@ -361,7 +363,7 @@ def new_clients(
             target_dtype=stream.target_dtype,
         )
 
-    return [
+    clients = [
         ClientState(
             index=k,
             generator=generator(s.seed, "client", k, device=device),
@@ -370,3 +372,6 @@ def new_clients(
         )
         for k in range(s.num_clients)
     ]
+    if needs_buffer and s.executor == "vectorized":  # batched draws and inserts over clients
+        ReservoirStack([c.buffer for c in clients if c.buffer is not None])
+    return clients

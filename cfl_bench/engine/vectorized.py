@@ -30,11 +30,13 @@ executor's client update, not an approximation of it:
   the client's row loaded) after the last, per client as sequentially; the per-step
   output loss terms (FedNTD, MOON), penalties and gradient transforms are batched over the
   client axis, in the sequential order (loss terms, penalties, then ``TRANSFORM_CHAIN``).
-- **Replay learners** (ER, DER, DER++; ``engine.vectorized_replay``): the buffer draws,
-  replay augmentations and reservoir insertions run client by client on the clients' own
-  buffers and generators, in the sequential order; the replay forward and backward are
-  part of the vmapped per-client loss (padded and masked: an empty buffer adds no term),
-  and insertion stores the outputs of that same vmapped forward, taken before the step.
+- **Replay learners** (ER, DER, DER++; ``engine.vectorized_replay``): the clients'
+  buffers are rows of one stacked storage (``buffer_stack.ReservoirStack``); the random
+  draws (sample permutations, reservoir u's, replay augmentations) are taken client by
+  client from the clients' own generators in the sequential order, the gathers and the
+  reservoir inserts are batched over clients; the replay forward and backward are part of
+  the vmapped per-client loss (padded and masked: an empty buffer adds no term), and
+  insertion stores the outputs of that same vmapped forward, taken before the step.
 
 - **A-GEM**: each client's reference draw per step (client by client, as the replay
   draws), the reference gradients g_b in one more vmapped backward at the clients' rows,
@@ -380,7 +382,7 @@ class VectorizedExecutor:
         parameters after it and each client's step loss (0 for clients that took no
         step)."""
         trainer = self.trainer
-        x, y, mask, active = self._lock_step_batch(drawn)
+        x, y, mask, active, raw = self._lock_step_batch(drawn)
         stepping = [c if d is not None else None for c, d in zip(clients, drawn, strict=True)]
         replay_augment = trainer.augment if trainer.steps.replay_augment else None
         size = trainer.steps.buffer_batch_size
@@ -393,11 +395,12 @@ class VectorizedExecutor:
         lock_step = LockStep(params, stepping, size, self.grads.loss_gradients)
         for hook in hooks.transforms:
             grads = hook.transform(grads, lock_step)
-        every = bool(active.all())
+        every = all(d is not None for d in drawn)  # from the host: no device sync
         params = optimizer.step(params, grads, None if every else active, s + 1)
-        stored = [None if d is None else (d[2], d[1]) for d in drawn]
         if self.observes:
-            observe_all(trainer.strategy.learner, clients, offers, stored, outputs)
+            pairs = zip(drawn, offers, strict=True)
+            counts = [0 if d is None or not offer else d[1].shape[0] for d, offer in pairs]
+            observe_all(trainer.strategy.learner, clients, counts, raw, y, outputs)
         return params, losses if every else torch.where(active, losses, 0.0)
 
     def _refine(
@@ -423,21 +426,26 @@ class VectorizedExecutor:
 
     def _lock_step_batch(
         self, drawn: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every client's batch (``drawn``; None: no step) padded to batch_size, the example
-        mask and which clients take a real step."""
+        mask, which clients take a real step, and the padded inputs before augmentation
+        (what the buffer stores; the same tensor as the inputs when nothing augments)."""
         real = [d for d in drawn if d is not None]
         x0, y0, _ = real[0]
         size, count = self.trainer.steps.batch_size, len(drawn)
         x = x0.new_zeros((count, size, *x0.shape[1:]))
         y = y0.new_zeros((count, size, *y0.shape[1:]))
+        augmented = self.trainer.augment is not None
+        raw = x0.new_zeros((count, size, *x0.shape[1:])) if augmented else x
         mask = torch.zeros(count, size, dtype=x0.dtype, device=x0.device)
         for i, d in enumerate(drawn):
             if d is not None:
                 b = d[1].shape[0]
                 x[i, :b], y[i, :b], mask[i, :b] = d[0], d[1], 1
+                if augmented:
+                    raw[i, :b] = d[2]
         active = torch.tensor([d is not None for d in drawn], device=x0.device)
-        return x, y, mask, active
+        return x, y, mask, active, raw
 
     def _result(
         self,

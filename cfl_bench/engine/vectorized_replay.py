@@ -18,27 +18,28 @@ with, per learner (``ReplayPlan``):
   first (w = α, only when α > 0), the CE term on the second (w = β, only when β > 0).
 
 What stays per client (a Python loop over the chunk's clients, as cheap as the index draws
-it makes): ``buffer.sample`` and ``buffer.add`` on the client's own ``ClientState.buffer``
-(the reservoir's ``randperm`` and ``rand`` come from the buffer's generator), and the replay
-augmentation (``replay_augment``: the stream's train augmentation of each replayed draw, in
-term order, from the client's generator). Every generator is the client's own, so drawing
-client after client within a lock-step keeps each generator's sequence exactly as the
-sequential loop draws it: batch augmentation, then the replay draws, then the replay
-augmentations, then (after the step) the reservoir insertion.
+it makes): the random draws — each sample's ``randperm`` and each insertion's u ~ U[0, 1)
+from the client's buffer generator — and the replay augmentation (``replay_augment``: the
+stream's train augmentation of each replayed draw, in term order, from the client's
+generator). Every generator is the client's own, so drawing client after client within a
+lock-step keeps each generator's sequence exactly as the sequential loop draws it: batch
+augmentation, then the replay draws, then the replay augmentations, then (after the step)
+the reservoir insertion.
 
-What is batched: the replay forward and backward. The draws are padded to ``m`` rows with
-a per-row mask (a client with an empty buffer, or whose steps are done, has an all-zero
-mask and contributes no replay term: its masked sums are exactly 0, as the sequential loss
-has no term), and ``_client_loss`` forwards the current batch and every term's replay rows
-as one concatenated batch per client. Why one forward: the vectorizable models hold no
-BatchNorm and no dropout, so each example's outputs depend on that example alone and one
-forward of the union equals separate forwards up to float rounding, with one kernel
-launch instead of 1 + T. Insertion stores the current batch's outputs of that same
-vmapped forward (taken before the step, as ``step.outputs`` is).
-
-The buffers stay the per-client ``ReservoirBuffer`` objects, which checkpoints and the
-sequential executor read unchanged; stacked (C, M, …) buffers with a batched reservoir
-insert over clients are later work.
+What is batched: the buffers live in one ``ReservoirStack`` (x (K, M+1, …), y, logits,
+task; each client's ``ReservoirBuffer`` is a view of its row, so checkpoints and the
+sequential code paths are unchanged), so a lock-step's replay rows are one gather per field
+and its reservoir inserts for all offering clients one slot computation and one
+``index_copy_`` per field (``ReservoirStack.add``, equal to per-client algorithm R on the
+same draws). The replay forward and backward are part of the vmapped per-client loss:
+draws padded to ``m`` rows with a per-row mask (a client with an empty buffer, or whose
+steps are done, has an all-zero mask and contributes no replay term: its masked sums are
+exactly 0, as the sequential loss has no term); ``_client_loss`` forwards the current batch
+and every term's replay rows as one concatenated batch per client. Why one forward: the
+vectorizable models hold no BatchNorm and no dropout, so each example's outputs depend on
+that example alone and one forward of the union equals separate forwards up to float
+rounding, with one kernel launch instead of 1 + T. Insertion stores the current batch's
+outputs of that same vmapped forward (taken before the step, as ``step.outputs`` is).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from dataclasses import dataclass
 
 import torch
 
+from cfl_bench.buffer import ReservoirBuffer
+from cfl_bench.buffer_stack import ReservoirStack
 from cfl_bench.engine.context import ClientState
 from strategies.agem import AGEM
 from strategies.base import Learner
@@ -129,45 +132,41 @@ def draw_replay(
     """Each listed client's replay draws for one step, in the sequential order (None: the
     client takes no step); None when no client replays anything this step.
 
-    Draws happen even when the plan has no terms (DER++ with α = β = 0 still samples), so
-    the buffer generators advance as sequentially.
+    The permutations are drawn client by client from each buffer's generator
+    (``ReservoirStack.draw_index``), the rows gathered for all clients at once from the
+    stacked storage, then each client's replayed inputs augmented from its generator in term
+    order. Draws happen even when the plan has no terms (DER++ with α = β = 0 still
+    samples), so the buffer generators advance as sequentially.
     """
-    per_client: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None] = []
-    for client in clients:
-        buffer = None if client is None else client.buffer
-        if client is None or buffer is None or buffer.filled == 0 or plan.draws == 0:
-            per_client.append(None)
-            continue
-        draws = [buffer.sample(size) for _ in range(plan.draws)]
-        rows = []
-        for term in plan.terms:
-            draw = draws[term.draw]
-            assert draw is not None  # filled > 0
-            x = draw.x if augment is None else augment(draw.x, client.generator)
-            rows.append((x, draw.y, draw.logits))
-        per_client.append(rows)
-    if not plan.terms or all(rows is None for rows in per_client):
+    buffers = [None if c is None else c.buffer for c in clients]
+    stack = stack_of(buffers)
+    if stack is None or plan.draws == 0:
         return None
-    return pad_replay(per_client, len(plan.terms), size)
-
-
-def pad_replay(
-    per_client: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None],
-    terms: int,
-    size: int,
-) -> ReplayBatch:
-    """Stack the clients' replay rows into (C, T, size, …) tensors with a row mask."""
-    x0, y0, z0 = next(rows for rows in per_client if rows is not None)[0]
-    count = len(per_client)
-    x = x0.new_zeros((count, terms, size, *x0.shape[1:]))
-    y = y0.new_zeros((count, terms, size, *y0.shape[1:]))
-    logits = z0.new_zeros((count, terms, size, *z0.shape[1:]))
-    mask = x0.new_zeros((count, terms, size))
-    for i, rows in enumerate(per_client):
-        for t, (rx, ry, rz) in enumerate(rows or ()):
-            m = ry.shape[0]
-            x[i, t, :m], y[i, t, :m], logits[i, t, :m], mask[i, t, :m] = rx, ry, rz, 1
+    index, mask = stack.draw_index(buffers, plan.draws, size)
+    if not plan.terms or not any(b is not None and b.filled for b in buffers):
+        return None
+    term_draws = torch.tensor([t.draw for t in plan.terms], device=index.device)
+    index, mask = index[:, term_draws], mask[:, term_draws]
+    x, y = stack.gather("x", index), stack.gather("y", index)
+    logits = stack.gather("logits", index)
+    if augment is not None:
+        for i, (client, buffer) in enumerate(zip(clients, buffers, strict=True)):
+            rows = 0 if client is None or buffer is None else min(size, buffer.filled)
+            for t in range(len(plan.terms) if rows else 0):
+                x[i, t, :rows] = augment(x[i, t, :rows], client.generator)  # type: ignore[union-attr]
     return ReplayBatch(x, y, logits, mask)
+
+
+def stack_of(buffers: Sequence[ReservoirBuffer | None]) -> ReservoirStack | None:
+    """The one ``ReservoirStack`` holding every listed buffer (None: no buffers listed);
+    refuses buffers outside a stack or in different stacks."""
+    stacks = {id(b.stack): b.stack for b in buffers if b is not None}
+    if not stacks:
+        return None
+    stack = next(iter(stacks.values()))
+    if len(stacks) != 1 or not isinstance(stack, ReservoirStack):
+        raise RuntimeError("the vectorized executor needs every client's buffer in one stack")
+    return stack
 
 
 def replay_loss(
@@ -197,17 +196,28 @@ def replay_loss(
 def observe_all(
     learner: Learner,
     clients: Sequence[ClientState],
-    offers: Sequence[bool],
-    stored: Sequence[tuple[torch.Tensor, torch.Tensor] | None],
+    counts: Sequence[int],
+    raw: torch.Tensor,
+    labels: torch.Tensor,
     outputs: torch.Tensor,
 ) -> None:
-    """``Learner.observe`` of every client that stepped and offers its batch: its raw
-    inputs and labels (``stored[i]``), and its rows of ``outputs`` (C, batch, K), the
-    outputs of the vmapped forward before the step."""
-    for i, client in enumerate(clients):
-        buffer, batch = client.buffer, stored[i]
-        if buffer is None or batch is None or not offers[i]:
-            continue
-        x, y = batch
-        kept = learner.objective.buffer_outputs(outputs[i, : y.shape[0]])
-        buffer.add(x, y, kept, client.task)
+    """``Learner.observe`` of every client with ``counts[i]`` > 0 (it stepped and offers
+    its batch), as one batched reservoir insert: its raw inputs ``raw`` (C, batch, …),
+    labels (C, batch) and rows of ``outputs`` (C, batch, K), the outputs of the vmapped
+    forward before the step; ``counts[i]`` is the client's real batch size."""
+    chosen = [i for i, n in enumerate(counts) if n and clients[i].buffer is not None]
+    if not chosen:
+        return
+    buffers = [clients[i].buffer for i in chosen]
+    stack = stack_of(buffers)
+    assert stack is not None
+    rows = torch.tensor(chosen, device=raw.device)
+    kept = learner.objective.buffer_outputs(outputs)
+    stack.add(
+        buffers,  # type: ignore[arg-type]
+        [counts[i] for i in chosen],
+        raw[rows],
+        labels[rows],
+        kept[rows],
+        [clients[i].task for i in chosen],
+    )
