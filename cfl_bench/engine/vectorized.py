@@ -64,7 +64,8 @@ executor's.
 Uploads are streamed: after a chunk of clients is trained, each client's row is handed to
 the sink as its upload (valid until the sink returns), so the server code is unchanged.
 ``clients_per_chunk`` bounds memory: a chunk of C clients holds C×P parameters, gradients
-and optimizer state, and a C×batch_size batch.
+and optimizer state, and a C×batch_size batch. Unset on CUDA, chunks are sized from the
+memory the first chunk was measured to take per client (``engine.vectorized_memory``).
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ from cfl_bench.engine.vectorized_fl import (
     LockStep,
 )
 from cfl_bench.engine.vectorized_grad import ClientGradients
+from cfl_bench.engine.vectorized_memory import planner_for
 from cfl_bench.engine.vectorized_replay import (
     SUPPORTED_LEARNERS,
     draw_replay,
@@ -296,6 +298,7 @@ class VectorizedExecutor:
         self.trainer = trainer
         self.sequential = SequentialExecutor(trainer)
         self.clients_per_chunk = clients_per_chunk
+        self.chunks = planner_for(trainer.model.params.device, clients_per_chunk)
         # Whether any component uploads or updates client state after training (its
         # ``after_local`` needs the client's row in the working model).
         self.finishing = any(
@@ -307,9 +310,15 @@ class VectorizedExecutor:
         self.observes = observes(trainer.strategy.learner)
 
     def train(self, jobs: Sequence[ClientJob], sink: ResultSink) -> None:
-        size = self.clients_per_chunk or max(len(jobs), 1)
-        for first in range(0, len(jobs), size):
-            self._train_chunk(jobs[first : first + size], sink)
+        """Train ``jobs`` chunk by chunk (``engine.vectorized_memory``: fixed sizes, or on
+        CUDA sizes fitted to the memory each client was measured to need)."""
+        first = 0
+        while first < len(jobs):
+            chunk = jobs[first : first + self.chunks.next_size(len(jobs) - first)]
+            self.chunks.start()
+            self._train_chunk(chunk, sink)
+            self.chunks.record(len(chunk))
+            first += len(chunk)
 
     def _train_chunk(self, jobs: Sequence[ClientJob], sink: ResultSink) -> None:
         """Train ``jobs`` in lock-step, then hand each client's row to ``sink``."""
@@ -486,10 +495,12 @@ class VectorizedExecutor:
         if request.gradient_data is None:
             self.sequential.answer(request, global_state, sink)
             return
-        size = self.clients_per_chunk or max(len(request.clients), 1)
-        seed = self.trainer.steps.seed
-        for first in range(0, len(request.clients), size):
-            chunk = request.clients[first : first + size]
+        seed, first = self.trainer.steps.seed, 0
+        while first < len(request.clients):
+            chunk = request.clients[
+                first : first + self.chunks.next_size(len(request.clients) - first)
+            ]
+            first += len(chunk)
             examples = []
             for client in chunk:  # torch's default generator left as sequentially
                 seed_torch_default(seed, "dropout-request", request.round_index, client.index)
