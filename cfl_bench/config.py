@@ -226,12 +226,13 @@ class RunConfig:
     )
     clients_per_chunk: int | None = option(
         None,
-        "with --executor vectorized: train a round's clients N at a time (bounds memory)",
+        "with --executor vectorized: train a round's clients N at a time (bounds memory; "
+        "on CUDA the default fits chunks to the measured memory per client)",
         minimum=1,
         maximum=100_000,
         protocol=False,
         execution=True,
-        default_text="all of a round's clients",
+        default_text="all of a round's clients (CPU), automatic (CUDA)",
     )
     data_root: str | None = option(
         None,
