@@ -234,6 +234,14 @@ class RunConfig:
         execution=True,
         default_text="all of a round's clients (CPU), automatic (CUDA)",
     )
+    compile: bool = option(
+        False,
+        "with --executor vectorized: torch.compile the vmapped client step (inductor; "
+        "compiling takes about a minute when the run starts; see docs/executors.md for what "
+        "it gained where)",
+        protocol=False,
+        execution=True,
+    )
     data_root: str | None = option(
         None,
         "folder holding the datasets (MNIST/raw, FashionMNIST/raw, cifar-10-batches-py, "

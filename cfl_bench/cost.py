@@ -368,6 +368,7 @@ def measure(
             epochs=1,
             executor="sequential",
             clients_per_chunk=None,
+            compile_step=False,
         )
         fed = Federation(
             stream,

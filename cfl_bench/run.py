@@ -191,6 +191,7 @@ def make_schedule(config: RunConfig, strategy: Strategy, num_tasks: int) -> Sche
         diagnostics=config.diagnostics,
         executor=config.executor,
         clients_per_chunk=config.clients_per_chunk,
+        compile_step=config.compile,
     )
 
 
@@ -331,10 +332,10 @@ def check_executor(
         from cfl_bench.engine.vectorized import check_vectorizable
 
         check_vectorizable(strategy, model, objective, str(config.model))
-    elif config.clients_per_chunk is not None:
+    elif config.clients_per_chunk is not None or config.compile:
+        flag = "--clients-per-chunk" if config.clients_per_chunk is not None else "--compile"
         raise UserError(
-            "--clients-per-chunk applies to --executor vectorized only; drop it or add "
-            "--executor vectorized."
+            f"{flag} applies to --executor vectorized only; drop it or add --executor vectorized."
         )
 
 

@@ -261,3 +261,23 @@ def test_the_executor_is_recorded_but_outside_the_hashes(tmp_path: object) -> No
     assert vec.schedule.executor == "vectorized" and vec.schedule.clients_per_chunk == 2
     same = run_identity(vec.config, vec.stream, vec.strategy, vec.partitioner)
     assert same[1:] == (seq.protocol_hash, seq.config_hash)
+
+
+def test_compiled_step_equals_the_plain_one() -> None:
+    # --compile wraps the vmapped loss-and-gradient calls in torch.compile: same run, same
+    # results to float rounding (inductor may fuse and reorder), compiled calls really used.
+    plain = digits_federation("der", executor="vectorized", num_tasks=1)
+    compiled = digits_federation("der", executor="vectorized", num_tasks=1, compile_step=True)
+    executor = compiled.executor
+    assert isinstance(executor, VectorizedExecutor)
+    assert hasattr(executor.grads.loss_and_grad, "_torchdynamo_orig_callable")  # compiled
+    from torch._dynamo.utils import counters
+
+    before = counters["stats"]["unique_graphs"]
+    assert_same(plain, plain.run(), compiled, compiled.run())
+    assert counters["stats"]["unique_graphs"] > before  # the compiled step really ran
+
+
+def test_compile_is_refused_without_the_vectorized_executor() -> None:
+    with pytest.raises(UserError, match="--compile applies to --executor vectorized"):
+        plan_run(make_config({"strategy": "fedavg", "compile": True, "tasks": 1}))

@@ -80,6 +80,7 @@ class Schedule:
     # ``clients_per_chunk`` clients at a time (None: all of a round's participants at once).
     executor: str = "sequential"
     clients_per_chunk: int | None = None
+    compile_step: bool = False  # torch.compile the vectorized executor's client step
 
     @property
     def steps(self) -> StepSchedule:
@@ -335,7 +336,7 @@ def make_executor(trainer: LocalTrainer, schedule: Schedule) -> Executor:
     if schedule.executor == "vectorized":
         from cfl_bench.engine.vectorized import VectorizedExecutor
 
-        return VectorizedExecutor(trainer, schedule.clients_per_chunk)
+        return VectorizedExecutor(trainer, schedule.clients_per_chunk, schedule.compile_step)
     if schedule.executor == "flower":
         from cfl_bench.flower.executor import FlowerExecutor
         from cfl_bench.flower.server_app import bound_grid

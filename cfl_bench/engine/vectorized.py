@@ -293,7 +293,12 @@ def masked(keep: torch.Tensor | None, updated: torch.Tensor, old: torch.Tensor) 
 class VectorizedExecutor:
     """Clients trained in lock-step, ``clients_per_chunk`` at a time (None: all at once)."""
 
-    def __init__(self, trainer: LocalTrainer, clients_per_chunk: int | None = None) -> None:
+    def __init__(
+        self,
+        trainer: LocalTrainer,
+        clients_per_chunk: int | None = None,
+        compile_step: bool = False,
+    ) -> None:
         check_vectorizable(trainer.strategy, trainer.model.module, trainer.objective)
         self.trainer = trainer
         self.sequential = SequentialExecutor(trainer)
@@ -306,6 +311,8 @@ class VectorizedExecutor:
         )
         self.plan = replay_plan(trainer.strategy.learner)
         self.grads = ClientGradients(trainer.model, trainer.keep_representation, self.plan)
+        if compile_step:
+            self.grads.compile()
         self.reference = reference_plan(trainer.strategy.learner)
         self.observes = observes(trainer.strategy.learner)
 

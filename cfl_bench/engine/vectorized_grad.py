@@ -42,6 +42,19 @@ class ClientGradients:
         self.loss_and_grad = vmap(grad_and_value(self._client_loss, has_aux=True))
         self.replay_loss_and_grad = vmap(grad_and_value(self._replay_client_loss, has_aux=True))
 
+    def compile(self) -> None:
+        """``torch.compile`` the vmapped loss-and-gradient calls (``--compile``).
+
+        Why only these: they are where the step's arithmetic is (forward, backward and the
+        loss terms of every client); the optimizer update and the components' batched
+        hooks are a few large elementwise ops each. Shapes are fixed within a run (batches
+        and replay draws are padded), so a run compiles each call once, plus once more when
+        a chunk or a gradient request has another number of clients (torch then marks that
+        dimension dynamic). ``bench/compile_step.py`` measures what it gains.
+        """
+        self.loss_and_grad = torch.compile(self.loss_and_grad)
+        self.replay_loss_and_grad = torch.compile(self.replay_loss_and_grad)
+
     def _client_loss(
         self,
         params: dict[str, torch.Tensor],
