@@ -1,26 +1,26 @@
 """Local-training throughput and peak memory of the sequential vs the vectorized executor.
 
-    python -m bench.executors --data-root ../shared/data [--repeats 3] [--with-1000]
-        [--learners fedavg,er,der,der+fedgp]
+    python -m bench.executors --data-root ../shared/data [--repeats 3]
+        [--learners fedavg,der,der+fedgp] [--sizes 10:1,100:1,100:0.1,1000:1,1000:0.1]
 
 Protocol: rot-mnist, the MLP (``--model mlp``: the stream's default MNIST CNN has
-dropout, which the vectorized executor refuses), the first ``--train-size`` training images
-of one task split in label shards among K clients, batch 32, 1 local epoch, CPU, one
-thread. Rows: fedavg at K = 10 and 100 with every client per round, K = 100 with
-participation 0.1, and with ``--with-1000`` K = 1000 at participation 0.1 (off by default:
-its data set-up alone takes most of a minute); each replay learner of ``--learners`` (er,
-der by default) at K = 10 and 100 with every client, buffer 200 per client and replay
-batches of 32 (the defaults) and ``--buffer-offer every_step``, so the measured second
-round replays and inserts at every step (the per-client draws and insertions are the
-vectorized executor's Python-level part). A "learner" may be a composition: ``der+fedgp``
-(the FedGP paper's protocol) adds FedGP's batched projection at every step of the second
-round, against the reference gradient that the clients computed after the first.
+dropout), the first ``--train-size`` training images of one task split in label shards
+among K clients, batch 32, 1 local epoch, CPU, one thread. Every learner of ``--learners``
+at every K:participation of ``--sizes`` (the issue's grid: K = 10, 100, 1000 with every
+client or a tenth per round; K = 1000's data set-up alone takes most of a minute per run).
+Replay learners use buffer 200 per client and replay batches of 32 (the defaults) with
+``--buffer-offer every_step``, so the measured second round replays and inserts at every
+step. A "learner" may be a composition: ``der+fedgp`` (the FedGP paper's protocol) adds
+FedGP's batched projection at every step of the second round, against the reference
+gradient that the clients computed after the first.
 
 What is measured: samples/s = examples trained in one round / seconds inside
 ``executor.train`` of that round (the second of two rounds, so one-time set-up such as
 functorch's first ``vmap`` is not counted), and the peak RSS growth of the run over the
 RSS it had once its data and model were set up (``ru_maxrss``; each measurement runs in
-its own process, forked after torch is imported, so the high-water mark is its own).
+its own process, forked after torch is imported, so the high-water mark is its own), also
+divided by the clients trained per round ("per client": what a GPU chunk would need per
+client is measured by the executor itself on CUDA, see ``engine.vectorized_memory``).
 Every number is the best of ``--repeats`` passes, the two executors alternating first
 within each pass; ratios are vectorized / sequential, measured in this one process.
 """
@@ -121,21 +121,20 @@ def main() -> None:
     parser.add_argument("--train-size", type=int, default=6000)
     parser.add_argument("--repeats", type=int, default=3, help="best of N for each number")
     parser.add_argument("--clients-per-chunk", type=int, default=None)
-    parser.add_argument("--with-1000", action="store_true", help="add K = 1000 (slow)")
     parser.add_argument(
         "--learners",
-        default="fedavg,er,der,der+fedgp",
+        default="fedavg,der,der+fedgp",
         help="comma-separated learners (or compositions) to measure",
+    )
+    parser.add_argument(
+        "--sizes",
+        default="10:1,100:1,100:0.1,1000:1,1000:0.1",
+        help="comma-separated K:participation pairs",
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows: list[Row] = []
-    for learner in args.learners.split(","):
-        if learner == "fedavg":
-            sizes = [(10, 1.0), (100, 1.0), (100, 0.1)] + [(1000, 0.1)] * args.with_1000
-        else:
-            sizes = [(10, 1.0), (100, 1.0)]
-        rows += [(learner, k, p) for k, p in sizes]
+    sizes = [(int(k), float(p)) for k, p in (pair.split(":") for pair in args.sizes.split(","))]
+    rows: list[Row] = [(lr, k, p) for lr in args.learners.split(",") for k, p in sizes]
     best: dict[tuple[Row, str], tuple[float, int]] = {}
     for repeat in range(args.repeats):
         for row in rows:
@@ -146,14 +145,16 @@ def main() -> None:
                 best[(row, executor)] = (max(old[0], rate), min(old[1], peak))
     print(
         f"{'learner':>10} {'K':>5} {'part.':>5} {'clients/rd':>10} {'seq samples/s':>14} "
-        f"{'vec samples/s':>14} {'ratio':>6} {'seq peak MiB':>12} {'vec peak MiB':>12}"
+        f"{'vec samples/s':>14} {'ratio':>6} {'seq peak MiB':>12} {'vec peak MiB':>12} "
+        f"{'vec KiB/client':>14}"
     )
     for row in rows:
         (seq, seq_peak), (vec, vec_peak) = best[(row, "sequential")], best[(row, "vectorized")]
         per_round = max(1, round(row[1] * row[2]))
         print(
             f"{row[0]:>10} {row[1]:>5} {row[2]:>5} {per_round:>10} {seq:>14.0f} {vec:>14.0f} "
-            f"{vec / seq:>6.2f} {seq_peak / 2**20:>12.1f} {vec_peak / 2**20:>12.1f}"
+            f"{vec / seq:>6.2f} {seq_peak / 2**20:>12.1f} {vec_peak / 2**20:>12.1f} "
+            f"{vec_peak / 2**10 / per_round:>14.0f}"
         )
 
 
