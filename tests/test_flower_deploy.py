@@ -3,9 +3,11 @@ on loopback (insecure), the app written by ``cfl-bench flower app`` and started 
 run APP deploy``. The records must equal the sequential executor's byte for byte, and every
 process the test started (with its children) must be gone afterwards.
 
-~50 s on 2 busy cores: each message phase pays Flower's deployment latency floor (a new
-ClientApp process per message, importing torch; a 3 s SuperNode poll), ~35-45 s for identify
-+ 2 train phases.
+~45-50 s on 2 busy cores for fedavg: each message phase pays Flower's deployment latency
+floor (a new ClientApp process per message, importing torch; a 3 s SuperNode poll), ~35-45 s
+for identify + 2 train phases. The der+fedgp run (2 more phases: FedGP's g_ref queries)
+takes ~61 s and is marked slow. The launcher (``flower.launch.deployment``,
+``run_deployed``) is shared with bench/flower_overhead.py.
 """
 
 from __future__ import annotations
