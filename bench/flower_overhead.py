@@ -1,25 +1,41 @@
-"""Per-round time of the sequential executor vs the Flower simulation on the same run.
+"""Per-round time of the sequential executor vs a Flower simulation vs a Flower deployment
+on the same run.
 
     python -m bench.flower_overhead --data-root ../shared/data [--repeats 1]
-        [--strategies fedavg,der+fedgp] [--clients 10] [--train-size 2000]
+        [--strategies fedavg,der+fedgp] [--clients 10] [--train-size 2000] [--no-deploy]
 
 Protocol: rot-mnist, the MLP, ``--clients`` clients all taking part, ``--tasks`` task(s) of
 ``--rounds-per-task`` rounds on the first ``--train-size`` training images, CPU, one
-thread, seed 0. Each strategy runs once with ``--executor sequential`` (in this process)
-and once with ``--executor flower`` (``flwr run``: a local SuperLink in simulation mode,
-Ray, one SuperNode per client, 1 CPU per actor), ``--repeats`` times, the executors
-alternating first within each pass.
+thread, seed 0. Each strategy runs with three executors, ``--repeats`` times, the order of
+the executors reversed on every other pass:
+
+- ``sequential``: ``--executor sequential`` in this process;
+- ``flower``: ``--executor flower`` (``flwr run``: a local SuperLink in simulation mode,
+  Ray, one SuperNode per client, 1 CPU per actor);
+- ``deploy`` (skipped with ``--no-deploy``): the app ``cfl-bench flower app`` writes, run
+  with ``flwr run APP deploy`` on a real ``flower-superlink`` and ``--clients``
+  ``flower-supernode`` processes (``partition-id=K``) on loopback, started and stopped
+  here (``flower.launch.deployment``, as tests/test_flower_deploy.py). Every process it
+  started is checked, by PID, to be gone afterwards.
 
 What is measured: ``round_time_s`` of every round, read from each run's costs.csv (the
 engine's own clock around a whole round: client updates, requests, aggregation,
-evaluation). Round 1 is reported apart because under Flower it includes the start-up the
-sequential executor does not pay (Ray, one actor per CPU, each actor's imports and data
-set-up); "later" is the mean of rounds 2.. . Every number is the best of ``--repeats``
-passes; ratios are flower / sequential. The process wall (launch to summary) of the best
-pass is printed too: for Flower it adds the SuperLink and Ray start and stop.
+evaluation; for ``deploy`` the ServerApp's clock on the SuperLink side). Round 1 is
+reported apart because it includes start-up the sequential executor does not pay: under
+the simulation Ray, one actor per CPU, each actor's imports and data set-up, and the
+``query.identify`` phase; under deployment the identify phase and, as in every later
+message phase, a new ``flwr-clientapp`` process per message (importing torch, building
+the run's client side, loading the client's shard) plus the SuperNodes' polling; round 1
+also holds any wait for SuperNodes still connecting when the ServerApp starts. "later"
+is the mean of rounds 2.. . Every number is the best of ``--repeats`` passes; ratios are
+executor / sequential. The process wall of the best pass is printed too: ``execute`` for
+the first two (for ``flower`` it adds the SuperLink and Ray start and stop); for
+``deploy`` from writing the app to every process stopped (SuperLink and SuperNodes start,
+waiting for the SuperNodes to connect, ``flwr run``, ``flwr ls``, the stop).
 
-The records themselves are identical across the two executors (tests/test_flower.py); this
-script checks that on every pass as well and says so if not.
+The records themselves are identical across the executors (tests/test_flower.py,
+tests/test_flower_deploy.py); this script checks that on every pass as well and prints a
+warning line if not.
 """
 
 from __future__ import annotations
@@ -33,10 +49,10 @@ from pathlib import Path
 
 import torch
 
-from cfl_bench.config import make_config
+from cfl_bench.config import RunConfig, make_config
 from cfl_bench.run import execute
 
-EXECUTORS = ("sequential", "flower")
+EXECUTORS = ("sequential", "flower", "deploy")
 
 
 def round_times(run_dir: Path) -> list[float]:
@@ -46,29 +62,80 @@ def round_times(run_dir: Path) -> list[float]:
     return [float(r["value"]) for r in sorted(rows, key=lambda r: int(r["round"]))]
 
 
-def one_run(args: argparse.Namespace, strategy: str, executor: str, out: Path):  # type: ignore[no-untyped-def]
-    """(round times, process wall seconds, records.csv bytes) of one run."""
-    cfg = make_config(
+def run_config(args: argparse.Namespace, strategy: str, executor: str, out: Path) -> RunConfig:
+    """The benchmark's run of ``strategy`` (``deploy`` is the flower executor's config)."""
+    return make_config(
         {
             "stream": "rot-mnist", "strategy": strategy, "model": "mlp",
             "data_root": args.data_root, "train_size": args.train_size, "test_size": 200,
             "tasks": args.tasks, "rounds_per_task": args.rounds_per_task, "epochs": 1,
-            "clients": args.clients, "executor": executor, "threads": 1, "device": "cpu",
-            "seed": 0, "out": str(out), "overwrite": True,
+            "clients": args.clients, "threads": 1, "device": "cpu", "seed": 0,
+            "executor": "flower" if executor == "deploy" else executor,
+            "out": str(out), "overwrite": True,
         }
     )  # fmt: skip
+
+
+def deployed_run(config: RunConfig, scratch: Path) -> Path:
+    """Run ``config`` on a loopback deployment (SuperLink + one SuperNode per client);
+    returns the run directory. Refuses to go on if the run failed or a process is left."""
+    from cfl_bench.flower.launch import deployment, run_deployed, running, write_deploy_app
+
+    app = write_deploy_app(config, scratch / "app")
+    seen: set[int] = set()
+    with deployment(scratch / "home", config.clients, seen) as env:
+        statuses = run_deployed(app, env, timeout_s=1200)
+    left = sorted(pid for pid in seen if running(pid))
+    if left:
+        raise SystemExit(f"the deployment left processes running: {left}")
+    if statuses != ["finished:completed"]:
+        log = (scratch / "home" / "logs" / "superlink.log").read_text(errors="replace")
+        raise SystemExit(f"the deployed run of {config.strategy} ended {statuses}:\n{log[-3000:]}")
+    return Path(str(config.out))
+
+
+def one_run(args: argparse.Namespace, strategy: str, executor: str, scratch: Path):  # type: ignore[no-untyped-def]
+    """(round times, process wall seconds, records.csv bytes) of one run."""
+    base = scratch / f"{strategy}-{executor}"
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    cfg = run_config(args, strategy, executor, base / "run")
     started = time.perf_counter()
-    result = execute(cfg)
+    if executor == "deploy":
+        path = deployed_run(cfg, base)
+    else:
+        result = execute(cfg)
+        if result.summary["status"] != "finished":
+            raise SystemExit(f"the {executor} run of {strategy} ended {result.summary['status']}")
+        path = result.path
     wall = time.perf_counter() - started
-    if result.summary["status"] != "finished":
-        raise SystemExit(f"the {executor} run of {strategy} ended {result.summary['status']}")
-    return round_times(result.path), wall, (result.path / "records.csv").read_bytes()
+    return round_times(path), wall, (path / "records.csv").read_bytes()
 
 
 def summarise(times: list[float]) -> tuple[float, float]:
     """(round 1, mean of the later rounds)."""
     later = times[1:]
     return times[0], (sum(later) / len(later) if later else float("nan"))
+
+
+def measure(args: argparse.Namespace, executors: tuple[str, ...], scratch: Path):  # type: ignore[no-untyped-def]
+    """Best (round 1, later, wall) per (strategy, executor) over ``--repeats`` passes."""
+    best: dict[tuple[str, str], tuple[float, float, float]] = {}
+    for repeat in range(args.repeats):
+        for strategy in args.strategies.split(","):
+            order = executors if repeat % 2 == 0 else executors[::-1]
+            seen: dict[str, bytes] = {}
+            for executor in order:
+                times, wall, seen[executor] = one_run(args, strategy, executor, scratch)
+                first, later = summarise(times)
+                old = best.get((strategy, executor), (first, later, wall))
+                best[(strategy, executor)] = (
+                    min(old[0], first), min(old[1], later), min(old[2], wall)
+                )  # fmt: skip
+            for executor in executors[1:]:
+                if seen[executor] != seen["sequential"]:
+                    print(f"warning: {strategy}: records.csv of {executor} differs from sequential")
+    return best
 
 
 def main() -> None:
@@ -80,40 +147,27 @@ def main() -> None:
     parser.add_argument("--rounds-per-task", type=int, default=3)
     parser.add_argument("--train-size", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=1, help="best of N for each number")
+    parser.add_argument("--no-deploy", action="store_true", help="skip the deployment runs")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    strategies = args.strategies.split(",")
-    best: dict[tuple[str, str], tuple[float, float, float]] = {}
+    executors = EXECUTORS[:2] if args.no_deploy else EXECUTORS
     scratch = Path(tempfile.mkdtemp(prefix="bench-flower-"))
     try:
-        for repeat in range(args.repeats):
-            for strategy in strategies:
-                order = EXECUTORS if repeat % 2 == 0 else EXECUTORS[::-1]
-                seen: dict[str, bytes] = {}
-                for executor in order:
-                    out = scratch / f"{strategy}-{executor}"
-                    times, wall, seen[executor] = one_run(args, strategy, executor, out)
-                    first, later = summarise(times)
-                    old = best.get((strategy, executor), (first, later, wall))
-                    best[(strategy, executor)] = (
-                        min(old[0], first), min(old[1], later), min(old[2], wall)
-                    )  # fmt: skip
-                if seen["sequential"] != seen["flower"]:
-                    print(f"warning: {strategy}: records.csv differs between the executors")
+        best = measure(args, executors, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(
-        f"{'strategy':>10} {'seq rd1 s':>9} {'seq later s':>11} {'flwr rd1 s':>10} "
-        f"{'flwr later s':>12} {'rd1 ratio':>9} {'later ratio':>11} {'seq wall s':>10} "
-        f"{'flwr wall s':>11}"
+        f"{'strategy':>10} {'executor':>10} {'rd1 s':>8} {'later s':>8} {'rd1 ratio':>9} "
+        f"{'later ratio':>11} {'wall s':>7}"
     )
-    for strategy in strategies:
-        s1, sl, sw = best[(strategy, "sequential")]
-        f1, fl, fw = best[(strategy, "flower")]
-        print(
-            f"{strategy:>10} {s1:>9.3f} {sl:>11.3f} {f1:>10.2f} {fl:>12.3f} {f1 / s1:>9.1f} "
-            f"{fl / sl:>11.2f} {sw:>10.1f} {fw:>11.1f}"
-        )
+    for strategy in args.strategies.split(","):
+        s1, sl, _ = best[(strategy, "sequential")]
+        for executor in executors:
+            f1, fl, fw = best[(strategy, executor)]
+            print(
+                f"{strategy:>10} {executor:>10} {f1:>8.3f} {fl:>8.3f} {f1 / s1:>9.1f} "
+                f"{fl / sl:>11.2f} {fw:>7.1f}"
+            )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Start a Flower simulation for one run and leave nothing running afterwards.
+"""Start a Flower simulation (or a loopback deployment) for one run and leave nothing
+running afterwards.
 
 ``flwr run <app> local`` (the CLI, not the deprecated ``run_simulation`` API, which gives
 an empty ``run_config``) starts a detached local SuperLink in simulation mode (Ray
@@ -8,6 +9,11 @@ folders, Ray binds to loopback. The app folder is written here (``flwr new`` dow
 templates); its components import ``cfl_bench`` from this checkout (``PYTHONPATH``).
 Afterwards every process started with our private ``FLWR_HOME`` (SuperLink, SuperExec,
 Ray) is stopped by PID.
+
+:func:`deployment` starts a real ``flower-superlink`` and one ``flower-supernode`` per
+client on loopback (insecure) and :func:`run_deployed` runs an app written by
+``cfl-bench flower app`` on it: shared by tests/test_flower_deploy.py and
+bench/flower_overhead.py.
 """
 
 from __future__ import annotations
@@ -15,9 +21,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -196,3 +206,93 @@ def run_in_flower(config: RunConfig) -> Path:
     finally:
         stop(flower_pids(home))
         shutil.rmtree(home, ignore_errors=True)
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, seconds: float = 60.0) -> None:
+    """Return once something listens on 127.0.0.1:``port``; raise after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {seconds:.0f} s")
+
+
+def process_tree(pids: list[int]) -> set[int]:
+    """``pids`` and all their descendants now."""
+    found = set(pids)
+    for pid in pids:
+        try:
+            found |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+        except psutil.Error:
+            continue
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@contextmanager
+def deployment(home: Path, clients: int, seen: set[int]) -> Iterator[dict[str, str]]:
+    """A SuperLink and ``clients`` SuperNodes (partition-id=K) on free loopback ports, with
+    a private ``FLWR_HOME`` under ``home`` whose ``deploy`` connection points at the
+    SuperLink; yields the environment for ``flwr``. Afterwards every process started here
+    (with its children, and anything else with that ``FLWR_HOME``) is stopped by PID;
+    ``seen`` receives all of them for the caller to check with :func:`running`. Logs are in
+    ``home/logs``."""
+    env = environment(home)
+    (home / "flwr").mkdir(parents=True)
+    link = free_port()
+    (home / "flwr" / "config.toml").write_text(
+        f'[superlink]\ndefault = "deploy"\n\n[superlink.deploy]\n'
+        f'address = "127.0.0.1:{link}"\ninsecure = true\n'
+    )
+    logs = home / "logs"
+    logs.mkdir()
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, *args: str) -> None:
+        with (logs / f"{name}.log").open("wb") as log:
+            started.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT))
+
+    try:
+        start("superlink", "flower-superlink", "--insecure", "--host", "127.0.0.1", "--port",
+              str(link), "--disable-runtime-dependency-installation")  # fmt: skip
+        wait_for_port(link)
+        for k in range(clients):
+            start(f"supernode{k}", "flower-supernode", "--insecure", "--superlink",
+                  f"127.0.0.1:{link}", "--port", str(free_port()),
+                  "--node-config", f"partition-id={k}")  # fmt: skip
+        yield env
+    finally:
+        pids = process_tree([p.pid for p in started]) | set(flower_pids(home))
+        seen |= pids
+        stop(sorted(pids))
+        for p in started:
+            p.wait(timeout=10)
+
+
+def run_deployed(app: Path, env: dict[str, str], timeout_s: float = 400.0) -> list[str]:
+    """``flwr run APP deploy --stream`` on the :func:`deployment` whose environment is
+    ``env``; returns the statuses ``flwr ls`` reports for the SuperLink's runs (one
+    ``finished:completed`` when it went well: ``flwr run --stream`` exits 0 even for a
+    failed run, so the SuperLink is asked)."""
+    flwr = ["flwr", "run", str(app), "deploy", "--stream"]
+    subprocess.run(flwr, env=env, capture_output=True, timeout=timeout_s, check=False)
+    listed = subprocess.run(
+        ["flwr", "ls", "deploy", "--format", "json"], env=env, capture_output=True, text=True
+    )
+    return [str(r["status"]) for r in json.loads(listed.stdout)["runs"]]
