@@ -222,11 +222,8 @@ def checked_model_name(config: RunConfig) -> str:
 
 
 def run_device(config: RunConfig) -> torch.device:
-    """The run's device, refused for the Flower executor before any data goes to a GPU."""
-    device = resolve_device(config.device)
-    if config.executor == "flower" and device.type != "cpu":
-        raise UserError("--executor flower runs on the CPU only for now; add --device cpu.")
-    return device
+    """The run's device (``--device``, auto: CUDA when available)."""
+    return resolve_device(config.device)
 
 
 def plan_run(config: RunConfig) -> RunPlan:
@@ -305,7 +302,7 @@ def execute_in_flower(
         raise UserError("--executor flower cannot run inside a sweep yet; use another executor.")
     config = dataclasses.replace(plan.config, out=str(plan.out.resolve()))
     say("starting a Flower simulation (Ray start-up takes ~10-20 s)")
-    path = run_in_flower(config)
+    path = run_in_flower(config, plan.device)
     summary = json.loads((path / "summary.json").read_text())
     return RunResult(path, summary)
 

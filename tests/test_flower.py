@@ -142,12 +142,6 @@ def test_flower_refuses_what_it_does_not_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = small_config("fedavg", "flower", tmp_path / "run")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    plan_run(dataclasses.replace(config, device="auto"))  # auto means the CPU here: fine
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    with pytest.raises(UserError, match="--device cpu"):  # auto would mean the GPU
-        plan_run(dataclasses.replace(config, device="auto"))
-    monkeypatch.undo()
     with pytest.raises(UserError, match="joint"):
         plan_run(dataclasses.replace(config, strategy="joint"))
 
@@ -155,3 +149,17 @@ def test_flower_refuses_what_it_does_not_run(
 def test_fedavg_fedproj_records_equal_the_sequential_executor(tmp_path: Path) -> None:
     """The public holdout, the ensemble broadcast and the logits upload travel in messages."""
     same_records_as_sequential("fedavg+fedproj", tmp_path)
+
+
+def test_simulation_resources_give_each_actor_a_cpu_and_on_cuda_a_gpu_share() -> None:
+    from cfl_bench.flower.launch import simulation_settings
+
+    cpu = simulation_settings(10, torch.device("cpu"), cores=16)
+    assert cpu == "num-supernodes=10 client-resources-num-cpus=1"
+    # 10 clients on 16 cores: 10 actors at once share the GPU, 0.1 each; 100 clients on
+    # 16 cores: 16 at once, 1/16 = 0.0625; 3 clients on 2 cores: 2 at once, 0.5 each.
+    assert simulation_settings(10, torch.device("cuda"), cores=16).endswith("num-gpus=0.1")
+    assert simulation_settings(100, torch.device("cuda"), cores=16).endswith("gpus=0.0625")
+    assert simulation_settings(3, torch.device("cuda"), cores=2).endswith("num-gpus=0.5")
+    # 3 actors: 1/3 rounded down to Ray's 1e-4 grain, never over-committing the GPU.
+    assert simulation_settings(3, torch.device("cuda"), cores=8).endswith("num-gpus=0.3333")

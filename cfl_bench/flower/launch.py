@@ -19,6 +19,7 @@ bench/flower_overhead.py.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -31,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
+import torch
 
 import cfl_bench
 from cfl_bench.config import RunConfig
@@ -172,15 +174,31 @@ def stop(pids: list[int]) -> None:
     psutil.wait_procs(alive, timeout=5)
 
 
-def run_in_flower(config: RunConfig) -> Path:
+def simulation_settings(clients: int, device: torch.device, cores: int | None = None) -> str:
+    """The simulation's federation config: one SuperNode per client, 1 CPU per Ray actor
+    (more torch threads than free cores is catastrophic on small machines), and on CUDA a
+    GPU fraction per actor so that the actors Ray runs at once (one per core, at most one
+    per client) share the GPU: 1 / min(clients, cores), rounded down to Ray's 1e-4 grain.
+    Why a fraction and not one GPU each: a client update of a small model uses a sliver of
+    a GPU, and with whole GPUs Ray would run one client at a time per GPU."""
+    settings = f"num-supernodes={clients} client-resources-num-cpus=1"
+    if device.type != "cuda":
+        return settings
+    concurrent = max(1, min(clients, cores or os.cpu_count() or 1))
+    fraction = math.floor(10_000 / concurrent) / 10_000
+    return f"{settings} client-resources-num-gpus={fraction:g}"
+
+
+def run_in_flower(config: RunConfig, device: torch.device) -> Path:
     """Run ``config`` (already validated, ``out`` resolved) in a Flower simulation with one
-    SuperNode per client and 1 CPU per Ray actor; returns the run directory."""
+    SuperNode per client and 1 CPU (and on CUDA a GPU fraction) per Ray actor; returns the
+    run directory."""
     require_flwr()
     home = Path(tempfile.mkdtemp(prefix="cfl-flower-"))
     try:
         app = write_app(home, config)
         env = environment(home)
-        settings = f"num-supernodes={config.clients} client-resources-num-cpus=1"
+        settings = simulation_settings(config.clients, device)
         command = [
             shutil.which("flwr") or str(Path(sys.executable).with_name("flwr")),
             "run",
