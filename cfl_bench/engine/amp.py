@@ -29,11 +29,15 @@ What runs in which dtype, and why:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from cfl_bench.engine.context import ClientState
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # torch.amp.GradScaler's defaults.
@@ -94,7 +98,7 @@ class LossScaler:
         self.scale, self.good = scale, good
 
     @classmethod
-    def of(cls, clients: list, device: torch.device) -> LossScaler:
+    def of(cls, clients: Sequence[ClientState], device: torch.device) -> LossScaler:
         """The clients' saved scales (``INIT_SCALE`` and 0 good steps for a new client)."""
         scales, goods = [], []
         for client in clients:
@@ -104,9 +108,12 @@ class LossScaler:
         scale = torch.stack(scales).to(device=device, dtype=torch.float32)
         return cls(scale, torch.stack(goods).to(device=device, dtype=torch.int64))
 
-    def save(self, clients: list) -> None:
-        """Write each client's scale and good-step count back into its state."""
+    def save(self, clients: Sequence[ClientState], trained: Sequence[bool] | None = None) -> None:
+        """Write each client's scale and good-step count back into its state (only those of
+        the ``trained`` clients: one without data keeps no state, as sequentially)."""
         for i, client in enumerate(clients):
+            if trained is not None and not trained[i]:
+                continue
             state = client.state_for(STATE_KEY)
             state["scale"], state["good"] = self.scale[i].clone(), self.good[i].clone()
 

@@ -10,6 +10,10 @@ in place on the ``ClientState`` it was given, which a remote executor ships back
 ``client_state_dict``. The model is a reusable working ``FlatModel`` (one copy of the
 parameters for all clients): the returned upload's tensors are views of it, valid until the
 next client update starts.
+
+``--amp`` (``engine.amp``): a step's loss forwards run under autocast and hand fp32 outputs
+to the losses; under fp16 the loss is scaled, the flat gradient unscaled before penalties
+and transforms, and a non-finite step skipped (``LocalTrainer.backward``).
 """
 
 from __future__ import annotations

@@ -369,7 +369,7 @@ class VectorizedExecutor:
                 )
                 loss_sums += losses
         if self.scaler is not None:
-            self.scaler.save(clients)
+            self.scaler.save(clients, [b.total > 0 for b in batches])
             self.scaler = None
         if device.type == "cuda":
             torch.cuda.synchronize(device)
