@@ -2,6 +2,7 @@
 
     python -m bench.executors --data-root ../shared/data [--repeats 3]
         [--learners fedavg,der,der+fedgp] [--sizes 10:1,100:1,100:0.1,1000:1,1000:0.1]
+        [--amp off|bf16|fp16] [--device cpu|cuda]
 
 Protocol: rot-mnist, the MLP (``--model mlp``: the stream's default MNIST CNN has
 dropout), the first ``--train-size`` training images of one task split in label shards
@@ -21,7 +22,9 @@ RSS it had once its data and model were set up (``ru_maxrss``; each measurement 
 its own process, forked after torch is imported, so the high-water mark is its own), also
 divided by the clients trained per round ("per client": what a GPU chunk would need per
 client is measured by the executor itself on CUDA, see ``engine.vectorized_memory``).
-Every number is the best of ``--repeats`` passes, the two executors alternating first
+``--amp`` is passed to both executors' runs (``engine.amp``: bf16/fp16 autocast of the
+local forwards; fp16 needs ``--device cuda``), so the table can be measured in mixed
+precision. Every number is the best of ``--repeats`` passes, the two executors alternating first
 within each pass; ratios are vectorized / sequential, measured in this one process.
 """
 
@@ -36,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from cfl_bench.config import make_config
+from cfl_bench.config import AMP_MODES, make_config
 from cfl_bench.engine.client_update import ClientJob
 from cfl_bench.engine.executor import Executor, ResultSink
 from cfl_bench.run import plan_run
@@ -83,7 +86,8 @@ def measure(args: argparse.Namespace, row: Row, executor: str):  # type: ignore[
             "data_root": args.data_root, "train_size": args.train_size, "test_size": 200,
             "tasks": 1, "rounds_per_task": 2, "epochs": 1, "clients": clients,
             "participation": participation, "executor": executor, "threads": 1,
-            "device": "cpu", "seed": 0, "probe_size": 50, "out": "/tmp/bench_executors",
+            "device": args.device, "seed": 0, "amp": args.amp, "probe_size": 50,
+            "out": "/tmp/bench_executors",
             "clients_per_chunk": args.clients_per_chunk if executor == "vectorized" else None,
             "buffer_offer": "every_step",
         }
@@ -121,6 +125,8 @@ def main() -> None:
     parser.add_argument("--train-size", type=int, default=6000)
     parser.add_argument("--repeats", type=int, default=3, help="best of N for each number")
     parser.add_argument("--clients-per-chunk", type=int, default=None)
+    parser.add_argument("--amp", default="off", choices=AMP_MODES, help="the runs' --amp")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument(
         "--learners",
         default="fedavg,der,der+fedgp",

@@ -37,6 +37,7 @@ from cfl_bench.trackers import parse_trackers
 BUFFER_OFFER = ("first_pass", "every_step")
 WEIGHTING = ("samples", "uniform")
 OPTIMIZERS = ("sgd", "adam")
+AMP_MODES = ("off", "bf16", "fp16")
 EXECUTORS = ("sequential", "vectorized", "flower")
 DEVICES = ("auto", "cpu", "cuda")
 # Words that mean "not set" where a value arrives as text in a sweep (``--set tasks=none``).
@@ -150,6 +151,13 @@ class RunConfig:
         "local optimizer: sgd (with --momentum) or adam (moments restarted every round)",
         choices=OPTIMIZERS,
         default_text="the stream's",
+    )
+    amp: str = option(
+        "off",
+        "mixed precision of the local steps: the forwards under bf16 or fp16 autocast "
+        "(fp16 with dynamic loss scaling), losses, gradients, projections, aggregation and "
+        "evaluation in fp32; fp16 needs a CUDA device (docs/executors.md)",
+        choices=AMP_MODES,
     )
     momentum: float = option(
         0.0, "local SGD momentum", minimum=0, maximum=1, maximum_exclusive=True
@@ -317,6 +325,8 @@ class RunConfig:
             protocol.pop("lr_decay", None)
         if not protocol.get("cutout"):
             protocol.pop("cutout", None)
+        if protocol.get("amp") == "off":
+            protocol.pop("amp", None)
         return protocol
 
 

@@ -189,6 +189,7 @@ def make_schedule(config: RunConfig, strategy: Strategy, num_tasks: int) -> Sche
         lead_rounds=config.lead_rounds,
         lr_decay=config.lr_decay,
         diagnostics=config.diagnostics,
+        amp=config.amp,
         executor=config.executor,
         clients_per_chunk=config.clients_per_chunk,
         compile_step=config.compile,
@@ -248,6 +249,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     torch.manual_seed(derive_seed(config.seed, "model-init"))
     model = build_model(model_name, stream.input_shape, stream.num_classes)
     check_executor(config, strategy, model, stream.objective)
+    check_amp(config, device, stream.objective)
     if config.executor == "flower":
         check_flower(config, strategy, stream)
     threads = configure_cpu(device, config.threads, model, tuple(stream.input_shape))
@@ -333,6 +335,39 @@ def check_executor(
         flag = "--clients-per-chunk" if config.clients_per_chunk is not None else "--compile"
         raise UserError(
             f"{flag} applies to --executor vectorized only; drop it or add --executor vectorized."
+        )
+
+
+def check_amp(config: RunConfig, device: torch.device, objective: object) -> None:
+    """Refuse the ``--amp`` settings whose local step is not safe or not useful
+    (``engine.amp``)."""
+    from cfl_bench.objective import Classification
+
+    if config.amp == "off":
+        return
+    if not isinstance(objective, Classification):
+        raise UserError(
+            f"--amp {config.amp} covers classification streams only (the detection and "
+            "other losses have not been checked in reduced precision); drop --amp."
+        )
+    if config.compile:
+        raise UserError(
+            f"--amp {config.amp} has not been checked under --compile (the compiled step "
+            "would have to trace the autocast and the loss scales); drop one of them."
+        )
+    if config.amp == "fp16" and device.type == "cpu":
+        raise UserError(
+            "--amp fp16 needs a CUDA device (CPU fp16 autocast is emulated and slower than "
+            "fp32); use --amp bf16 or --device cuda."
+        )
+    if config.amp == "fp16" and config.optimizer == "adam":
+        raise UserError(
+            "--amp fp16 with --optimizer adam is not supported (a skipped fp16 step would "
+            "need a per-client Adam step count); use --amp bf16 or --optimizer sgd."
+        )
+    if config.amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UserError(
+            "--amp bf16 needs a GPU with bfloat16 support and this one has none; use --amp fp16."
         )
 
 

@@ -360,8 +360,10 @@ class Learner(Component):
         loss."""
         module = step.model.module
         if step.keep_representation:  # the same operations as module(x), z kept on the way
-            step.representation = module.representation(step.x)
-            step.outputs = module.classify(step.representation)
+            # ``.float()``: fp32 z and outputs under ``--amp`` autocast (``engine.amp``);
+            # the identity on fp32 tensors.
+            step.representation = module.representation(step.x).float()
+            step.outputs = module.classify(step.representation).float()
         else:
             step.outputs = module(step.x)
         return self.objective.loss(step.outputs, step.y)

@@ -117,8 +117,9 @@ class MOON(Component):
         if z is None:
             raise RuntimeError("moon needs the learner's forward to keep the representation")
         with torch.no_grad():
-            z_glob = self.global_model.module.representation(step.x)
-            z_prev = self.previous_model.module.representation(step.x)
+            # ``.float()``: fp32 under ``--amp`` autocast; the identity otherwise.
+            z_glob = self.global_model.module.representation(step.x).float()
+            z_prev = self.previous_model.module.representation(step.x).float()
         return self.mu * model_contrastive_loss(z, z_glob, z_prev, self.tau)
 
     def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:

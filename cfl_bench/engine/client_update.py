@@ -10,6 +10,10 @@ in place on the ``ClientState`` it was given, which a remote executor ships back
 ``client_state_dict``. The model is a reusable working ``FlatModel`` (one copy of the
 parameters for all clients): the returned upload's tensors are views of it, valid until the
 next client update starts.
+
+``--amp`` (``engine.amp``): a step's loss forwards run under autocast and hand fp32 outputs
+to the losses; under fp16 the loss is scaled, the flat gradient unscaled before penalties
+and transforms, and a non-finite step skipped (``LocalTrainer.backward``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from cfl_bench.engine.amp import LossScaler, Precision, install
 from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, StepContext, Upload
 from cfl_bench.engine.evaluation import EvalSet
 from cfl_bench.engine.optim import LocalOptimizer
@@ -46,6 +51,8 @@ class StepSchedule:
     # The run's seed: each client update reseeds torch's default generator (dropout) from
     # (seed, round, client) — ``seeding.seed_torch_default``.
     seed: int = 0
+    # ``--amp``: off, bf16 or fp16 autocast of the local steps' forwards (``engine.amp``).
+    amp: str = "off"
 
 
 @dataclass(frozen=True)
@@ -98,9 +105,14 @@ class LocalTrainer:
     transforms: list[Component] = field(init=False)
     base_lr: float = field(init=False)
     keep_representation: bool = field(init=False)
+    precision: Precision = field(init=False)
+    # fp16: the scale of the client being trained (``engine.amp.LossScaler``, one row).
+    scaler: LossScaler | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.base_lr = self.optimizer.lr
+        self.precision = Precision(self.steps.amp, self.model.params.device.type)
+        install(self.model.module, self.precision)
         self.keep_representation = any(c.wants_representation() for c in self.strategy.all)
         # Resolved once: the strategy's role lists are computed properties, and a step
         # must not sort the transform chain again.
@@ -189,6 +201,8 @@ class LocalTrainer:
             return augment(x, gen)
 
         replay_augment = augmented if augment is not None and s.replay_augment else None
+        if self.precision.scaled:
+            self.scaler = LossScaler.of([client], loss_sum.device)
         for epoch in range(s.epochs):
             order = torch.randperm(n, device=loss_sum.device, generator=gen)
             offer = s.buffer_offer == "every_step" or (first_visit and epoch == 0)
@@ -211,6 +225,9 @@ class LocalTrainer:
                 )
                 loss_sum += self.step(step)
                 steps += 1
+        if self.scaler is not None:
+            self.scaler.save([client])
+            self.scaler = None
         return loss_sum, steps
 
     def step(self, step: StepContext) -> torch.Tensor:
@@ -218,12 +235,13 @@ class LocalTrainer:
         detached step loss."""
         learner = self.strategy.learner
         self.model.zero_grad()
-        loss = learner.loss(step)
-        for term in self.loss_terms:
-            extra = term.loss_term(step)
-            if extra is not None:
-                loss = loss + extra
-        loss.backward()
+        with self.precision.autocast():  # forwards only: outputs come back fp32
+            loss = learner.loss(step)
+            for term in self.loss_terms:
+                extra = term.loss_term(step)
+                if extra is not None:
+                    loss = loss + extra
+        finite = self.backward(loss)
         for term in self.loss_terms:
             value = term.penalty(step)
             if value is not None:
@@ -231,6 +249,22 @@ class LocalTrainer:
         learner.refine_grad(step)
         for transform in self.transforms:
             transform.transform_grad(step)
-        self.optimizer.step()
+        if finite:
+            self.optimizer.step()
         learner.observe(step)
         return loss.detach()
+
+    def backward(self, loss: torch.Tensor) -> bool:
+        """The loss's gradient into the flat gradient; under fp16, of the scaled loss, then
+        unscaled. Returns whether the step may be taken (False: a non-finite fp16 gradient,
+        zeroed, its step skipped and the scale halved — one host read per step, which the
+        sequential executor's Python control flow needs anyway)."""
+        if self.scaler is None:
+            loss.backward()
+            return True
+        (loss * self.scaler.scale[0]).backward()
+        grads = self.model.grads
+        unscaled, finite = self.scaler.unscale(grads[None])
+        grads.copy_(unscaled[0])
+        self.scaler.update(finite)
+        return bool(finite[0])

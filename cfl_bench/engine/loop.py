@@ -75,6 +75,8 @@ class Schedule:
     optimizer: str = "sgd"
     lr_decay: float = 1.0
     diagnostics: bool = False
+    # ``--amp``: the local steps' mixed precision (``engine.amp``).
+    amp: str = "off"
     # How the client side runs (``engine.executor``; results are the same up to float
     # rounding): "sequential", "flower" (the same floats) or "vectorized", the latter
     # ``clients_per_chunk`` clients at a time (None: all of a round's participants at once).
@@ -92,6 +94,7 @@ class Schedule:
             self.replay_augment,
             self.lr_decay,
             self.seed,
+            self.amp,
         )
 
     @property

@@ -61,6 +61,12 @@ sequential code, once per client per round.
 the requested clients' draws); other requests and ``end_tasks`` are the sequential
 executor's.
 
+``--amp`` (``engine.amp``): the lock-step's forwards autocast inside the vmapped loss,
+its losses in fp32; under fp16 each client has its own loss scale (``LossScaler``, rows
+(C,)): the flat gradient rows are unscaled, a client whose row is not finite takes no
+optimizer step (``masked``, as a finished client) and halves its scale, all with
+``torch.where`` — no host read per step.
+
 Uploads are streamed: after a chunk of clients is trained, each client's row is handed to
 the sink as its upload (valid until the sink returns), so the server code is unchanged.
 ``clients_per_chunk`` bounds memory: a chunk of C clients holds C×P parameters, gradients
@@ -78,6 +84,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from cfl_bench.engine.amp import LossScaler
 from cfl_bench.engine.client_update import ClientJob, ClientResult, LocalTrainer, StepSchedule
 from cfl_bench.engine.context import ClientState, LocalRound, Upload
 from cfl_bench.engine.executor import AnswerSink, ResultSink, SequentialExecutor
@@ -311,8 +318,10 @@ class VectorizedExecutor:
         )
         self.plan = replay_plan(trainer.strategy.learner)
         self.grads = ClientGradients(trainer.model, trainer.keep_representation, self.plan)
+        self.grads.precision = trainer.precision
         if compile_step:
             self.grads.compile()
+        self.scaler: LossScaler | None = None  # fp16: the chunk's clients' loss scales
         self.reference = reference_plan(trainer.strategy.learner)
         self.observes = observes(trainer.strategy.learner)
 
@@ -348,6 +357,8 @@ class VectorizedExecutor:
         params = torch.stack([job.broadcast.params for job in jobs])
         optimizer = BatchedOptimizer(trainer.optimizer, lr, params)
         loss_sums = torch.zeros(len(jobs), device=device, dtype=params.dtype)
+        if trainer.precision.scaled:
+            self.scaler = LossScaler.of(clients, device)
         with torch.no_grad():
             for s in range(max((b.total for b in batches), default=0)):
                 drawn = [b.next() if s < b.total else None for b in batches]
@@ -357,6 +368,9 @@ class VectorizedExecutor:
                     params, hooks, optimizer, clients, drawn, offers, s
                 )
                 loss_sums += losses
+        if self.scaler is not None:
+            self.scaler.save(clients, [b.total > 0 for b in batches])
+            self.scaler = None
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = (time.perf_counter() - started) / max(len(jobs), 1)
@@ -403,7 +417,15 @@ class VectorizedExecutor:
         replay_augment = trainer.augment if trainer.steps.replay_augment else None
         size = trainer.steps.buffer_batch_size
         replay = draw_replay(stepping, self.plan, size, replay_augment)
-        grads, losses, outputs = self.grads.gradients(params, x, y, mask, replay, hooks.outputs)
+        scale = None if self.scaler is None else self.scaler.scale
+        grads, losses, outputs = self.grads.gradients(
+            params, x, y, mask, replay, hooks.outputs, amp=True, scale=scale
+        )
+        stepping_rows = active
+        if self.scaler is not None:  # fp16: unscale; a non-finite row takes no step
+            grads, finite = self.scaler.unscale(grads)
+            self.scaler.update(finite, active)
+            stepping_rows = active & finite
         for hook in hooks.losses:
             grads, losses = hook.penalty(params, grads, losses)
         if self.reference is not None:
@@ -412,7 +434,8 @@ class VectorizedExecutor:
         for hook in hooks.transforms:
             grads = hook.transform(grads, lock_step)
         every = all(d is not None for d in drawn)  # from the host: no device sync
-        params = optimizer.step(params, grads, None if every else active, s + 1)
+        keep_all = every and self.scaler is None
+        params = optimizer.step(params, grads, None if keep_all else stepping_rows, s + 1)
         if self.observes:
             pairs = zip(drawn, offers, strict=True)
             counts = [0 if d is None or not offer else d[1].shape[0] for d, offer in pairs]

@@ -5,14 +5,24 @@ working module at each client's row inside ``vmap``, and the per-parameter gradi
 joined into flat (C, P) rows. The loss of one client is its masked mean cross-entropy,
 plus the replay terms of the learner's plan and the components' output terms (FedNTD,
 MOON), exactly as the sequential step builds it.
+
+``--amp`` (``engine.amp``): the lock-step's gradient (``gradients(..., amp=True)``) runs its
+forwards under ``torch.autocast`` *inside* the vmapped function (autocast is a dispatch
+key: it applies to the batched operations ``vmap`` issues, which ``test_amp`` checks by the
+forward's dtype) and casts outputs and representations to fp32 before any loss; under fp16
+each client's loss is multiplied by its own scale (a vmapped input) and the flat gradient
+rows divided by it. A-GEM's reference gradients, FedProj's memory gradients and FedGP's
+answers are taken with ``amp`` False: fp32, as the projections that use them.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
 
+from cfl_bench.engine.amp import Precision
 from cfl_bench.engine.vectorized_fl import BatchedLossTerm, Representation
 from cfl_bench.engine.vectorized_replay import ReplayBatch, ReplayPlan, replay_loss
 from cfl_bench.flat import FlatModel
@@ -28,6 +38,11 @@ def masked_cross_entropy(
     return (per_example * mask).sum() / mask.sum().clamp(min=1)
 
 
+def scaled(loss: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``loss`` times the fp16 loss ``scale`` (``loss`` itself when not scaling)."""
+    return loss if scale is None else loss * scale
+
+
 class ClientGradients:
     """Vmapped losses and gradients at stacked parameter rows of one working model."""
 
@@ -37,6 +52,8 @@ class ClientGradients:
         self.model = model
         self.plan = plan
         self.terms: list[BatchedLossTerm] = []  # the output terms of the gradient being taken
+        self.precision = Precision()
+        self.autocasting = False  # whether the gradient being taken autocasts its forwards
         self.split = Representation(model.module) if keep_representation else None
         self.represent_rows = vmap(self._representation)
         self.loss_and_grad = vmap(grad_and_value(self._client_loss, has_aux=True))
@@ -62,13 +79,14 @@ class ClientGradients:
         y: torch.Tensor,
         mask: torch.Tensor,
         aux: tuple[torch.Tensor, ...] = (),
+        scale: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One client's mean cross-entropy over its real (mask 1) examples at ``params``
         plus the output terms (``aux``: their per-client inputs), and the batch's outputs
-        (what a replay buffer stores)."""
+        (what a replay buffer stores); times the client's loss ``scale`` under fp16."""
         outputs, z = self._forward(params, x)
         extra = self._output_terms(outputs, z, y, mask, aux)
-        return masked_cross_entropy(outputs, y, mask) + extra, outputs
+        return scaled(masked_cross_entropy(outputs, y, mask) + extra, scale), outputs
 
     def _forward(
         self, params: dict[str, torch.Tensor], x: torch.Tensor
@@ -78,11 +96,13 @@ class ClientGradients:
         operations as the sequential learner's forward)."""
         from torch.func import functional_call
 
-        if self.split is None:
-            return functional_call(self.model.module, params, (x,)), None
-        named = {f"inner.{name}": value for name, value in params.items()}
-        z, outputs = functional_call(self.split, named, (x,))
-        return outputs, z
+        autocast = self.precision.autocast() if self.autocasting else contextlib.nullcontext()
+        with autocast:
+            if self.split is None:
+                return functional_call(self.model.module, params, (x,)).float(), None
+            named = {f"inner.{name}": value for name, value in params.items()}
+            z, outputs = functional_call(self.split, named, (x,))
+        return outputs.float(), z.float()
 
     def _representation(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """One client's representation of ``x`` at ``params`` (vmapped: ``represent``)."""
@@ -119,6 +139,7 @@ class ClientGradients:
         mask: torch.Tensor,
         replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
         aux: tuple[torch.Tensor, ...] = (),
+        scale: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``_client_loss`` plus the replay terms of the learner's plan: the batch and the
         replay rows (``ReplayBatch``'s tensors, sliced to this client) in one forward."""
@@ -129,7 +150,7 @@ class ClientGradients:
         extra = replay_loss(replayed, ReplayBatch(*replay), self.plan.terms)
         z = None if z is None else z[: x.shape[0]]
         extra = extra + self._output_terms(outputs, z, y, mask, aux)
-        return masked_cross_entropy(outputs, y, mask) + extra, outputs
+        return scaled(masked_cross_entropy(outputs, y, mask) + extra, scale), outputs
 
     def gradients(
         self,
@@ -139,9 +160,14 @@ class ClientGradients:
         mask: torch.Tensor,
         replay: ReplayBatch | None = None,
         terms: Sequence[BatchedLossTerm] = (),
+        amp: bool = False,
+        scale: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every client's flat gradient (C, P), loss (C,) and batch outputs (C, batch, K)
-        at its row of ``params``, with the components' output ``terms`` in the loss.
+        at its row of ``params``, with the components' output ``terms`` in the loss;
+        ``amp``: the forwards (the terms' frozen ones too) autocast to ``self.precision``;
+        ``scale`` (C,): each client's fp16 loss scale, the gradient returned still scaled
+        (the loss not: the scales are powers of two, the division exact).
 
         Why per-parameter views and not the flat row: differentiating through slices of one
         flat vector makes autograd build a zero (C, P) tensor per parameter and add them up
@@ -151,14 +177,22 @@ class ClientGradients:
         count = params.shape[0]
         views = self._views(params)
         self.terms = list(terms)
-        aux = tuple(hook.batch_inputs(x, self.represent) for hook in self.terms)
-        if replay is None:
-            grads, (losses, outputs) = self.loss_and_grad(views, x, y, mask, aux)
-        else:
-            rows = (replay.x, replay.y, replay.logits, replay.mask)
-            grads, (losses, outputs) = self.replay_loss_and_grad(views, x, y, mask, rows, aux)
+        self.autocasting = amp and self.precision.enabled
+        try:
+            with self.precision.autocast() if self.autocasting else contextlib.nullcontext():
+                aux = tuple(hook.batch_inputs(x, self.represent) for hook in self.terms)
+            scales = () if scale is None else (scale,)  # vmap takes no None argument
+            if replay is None:
+                grads, (losses, outputs) = self.loss_and_grad(views, x, y, mask, aux, *scales)
+            else:
+                rows = (replay.x, replay.y, replay.logits, replay.mask)
+                grads, (losses, outputs) = self.replay_loss_and_grad(
+                    views, x, y, mask, rows, aux, *scales
+                )
+        finally:
+            self.autocasting = False
         flat = torch.cat([grads[s.name].reshape(count, -1) for s in slices], dim=1)
-        return flat, losses, outputs
+        return flat, losses if scale is None else losses / scale, outputs
 
     def loss_gradients(
         self,
