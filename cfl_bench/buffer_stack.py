@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import torch
 
 from cfl_bench.buffer import ReservoirBuffer
+from cfl_bench.host_values import device_tensor
 
 
 class ReservoirStack:
@@ -67,15 +68,13 @@ class ReservoirStack:
                 u[i, :b] = torch.rand(
                     b, device=self.device, dtype=torch.float64, generator=buffer.generator
                 )
-        seen = torch.tensor([b.num_seen for b in buffers], dtype=torch.float64)
-        n = seen.to(self.device)[:, None] + torch.arange(
-            width, device=self.device, dtype=torch.float64
-        )
+        seen = device_tensor([b.num_seen for b in buffers], self.device, torch.float64)
+        n = seen[:, None] + torch.arange(width, device=self.device, dtype=torch.float64)
         j = torch.floor(u * (n + 1)).to(torch.long)
         slots = torch.where(n < capacity, n.to(torch.long), j)
         real = (
             torch.arange(width, device=self.device)[None, :]
-            < torch.tensor(list(counts), device=self.device)[:, None]
+            < device_tensor(counts, self.device)[:, None]
         )
         slots = torch.where(real & (slots < capacity), slots, capacity)
         later = torch.ones(width, width, dtype=torch.bool, device=self.device).triu(1)
@@ -83,7 +82,7 @@ class ReservoirStack:
         slots = torch.where(overwritten, capacity, slots)
         for buffer, b in zip(buffers, counts, strict=True):
             buffer.num_seen += b
-        rows = torch.tensor([b.row for b in buffers], device=self.device)
+        rows = device_tensor([b.row for b in buffers], self.device)
         return rows[:, None] * self.rows + slots
 
     def add(
@@ -100,7 +99,7 @@ class ReservoirStack:
         index = self.slots(buffers, counts)
         width = index.shape[1]
         flat_index = index.reshape(-1)
-        task = torch.tensor(list(tasks), device=self.device)[:, None].expand(-1, width)
+        task = device_tensor(tasks, self.device)[:, None].expand(-1, width)
         stored = (x[:, :width], y[:, :width], logits[:, :width].to(self.logits.dtype), task)
         for name, values in zip(("x", "y", "logits", "task"), stored, strict=True):
             self.flat(name).index_copy_(0, flat_index, values.reshape(-1, *values.shape[2:]))
@@ -130,9 +129,9 @@ class ReservoirStack:
             bases += [0 if buffer is None else buffer.row * self.rows] * draws
         picks.append(torch.zeros(size, dtype=torch.long, device=self.device))  # width = size
         padded = pad_sequence(picks, batch_first=True)[:-1]
-        index = padded + torch.tensor(bases, device=self.device)[:, None]
+        index = padded + device_tensor(bases, self.device)[:, None]
         columns = torch.arange(size, device=self.device)[None, :]
-        mask = columns < torch.tensor(lengths, device=self.device)[:, None]
+        mask = columns < device_tensor(lengths, self.device)[:, None]
         shape = (len(buffers), draws, size)
         return index.view(shape), mask.to(self.x.dtype).view(shape)
 

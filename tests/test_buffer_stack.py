@@ -88,3 +88,14 @@ def test_a_checkpoint_of_a_stacked_buffer_holds_its_row_only() -> None:
     saved = packed["x"]
     assert isinstance(saved, torch.Tensor)
     assert saved.untyped_storage().nbytes() == 5 * 2 * 3 * 4  # 5 rows of 2×3 float32
+
+
+def test_host_values_become_device_tensors_of_the_asked_type() -> None:
+    from cfl_bench.host_values import device_tensor
+
+    ints = device_tensor([3, 1, 2], torch.device("cpu"))
+    assert ints.dtype == torch.long and ints.tolist() == [3, 1, 2]
+    flags = device_tensor([True, False], torch.device("cpu"))
+    assert flags.dtype == torch.bool
+    halves = device_tensor([1, 2], torch.device("cpu"), torch.float64)
+    assert halves.dtype == torch.float64 and halves.tolist() == [1.0, 2.0]

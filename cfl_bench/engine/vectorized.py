@@ -106,6 +106,7 @@ from cfl_bench.engine.vectorized_replay import (
     replay_plan,
 )
 from cfl_bench.errors import UserError
+from cfl_bench.host_values import device_tensor
 from cfl_bench.objective import Classification
 from cfl_bench.seeding import seed_torch_default
 from strategies.base import Component
@@ -483,7 +484,7 @@ class VectorizedExecutor:
                 x[i, :b], y[i, :b], mask[i, :b] = d[0], d[1], 1
                 if augmented:
                     raw[i, :b] = d[2]
-        active = torch.tensor([d is not None for d in drawn], device=x0.device)
+        active = device_tensor([d is not None for d in drawn], x0.device)
         return x, y, mask, active, raw
 
     def _result(

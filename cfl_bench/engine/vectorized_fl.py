@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 from torch import nn
 
+from cfl_bench.host_values import device_tensor
 from strategies.base import Component
 from strategies.fedcurv import FedCurv
 from strategies.feddyn import FedDyn
@@ -355,7 +356,7 @@ class MoonHooks(BatchedLossTerm):
         count = x.shape[0]
         z_glob = represent(self.anchor.expand(count, -1), x)
         z_prev = represent(self.previous, x)
-        weight = torch.tensor(self.flags, dtype=z_glob.dtype, device=z_glob.device)
+        weight = device_tensor(self.flags, z_glob.device, z_glob.dtype)
         return z_glob, z_prev, weight
 
     def batch_term(

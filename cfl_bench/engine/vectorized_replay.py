@@ -52,6 +52,7 @@ import torch
 from cfl_bench.buffer import ReservoirBuffer
 from cfl_bench.buffer_stack import ReservoirStack
 from cfl_bench.engine.context import ClientState
+from cfl_bench.host_values import device_tensor
 from strategies.agem import AGEM
 from strategies.base import Learner
 from strategies.der import DER
@@ -145,7 +146,7 @@ def draw_replay(
     index, mask = stack.draw_index(buffers, plan.draws, size)
     if not plan.terms or not any(b is not None and b.filled for b in buffers):
         return None
-    term_draws = torch.tensor([t.draw for t in plan.terms], device=index.device)
+    term_draws = device_tensor([t.draw for t in plan.terms], index.device)
     index, mask = index[:, term_draws], mask[:, term_draws]
     x, y = stack.gather("x", index), stack.gather("y", index)
     logits = stack.gather("logits", index)
@@ -211,7 +212,7 @@ def observe_all(
     buffers = [clients[i].buffer for i in chosen]
     stack = stack_of(buffers)
     assert stack is not None
-    rows = torch.tensor(chosen, device=raw.device)
+    rows = device_tensor(chosen, raw.device)
     kept = learner.objective.buffer_outputs(outputs)
     stack.add(
         buffers,  # type: ignore[arg-type]
