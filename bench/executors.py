@@ -3,17 +3,19 @@
     python -m bench.executors --data-root ../shared/data [--repeats 3]
         [--learners fedavg,der,der+fedgp] [--sizes 10:1,100:1,100:0.1,1000:1,1000:0.1]
         [--amp off|bf16|fp16] [--device cpu|cuda]
+        [--model mlp|mnist-cnn]
 
-Protocol: rot-mnist, the MLP (``--model mlp``: the stream's default MNIST CNN has
-dropout), the first ``--train-size`` training images of one task split in label shards
-among K clients, batch 32, 1 local epoch, CPU, one thread. Every learner of ``--learners``
-at every K:participation of ``--sizes`` (the issue's grid: K = 10, 100, 1000 with every
-client or a tenth per round; K = 1000's data set-up alone takes most of a minute per run).
-Replay learners use buffer 200 per client and replay batches of 32 (the defaults) with
-``--buffer-offer every_step``, so the measured second round replays and inserts at every
-step. A "learner" may be a composition: ``der+fedgp`` (the FedGP paper's protocol) adds
-FedGP's batched projection at every step of the second round, against the reference
-gradient that the clients computed after the first.
+Protocol: rot-mnist, the MLP by default (``--model mnist-cnn``: the stream's default MNIST
+CNN, whose dropout masks the vectorized executor draws per client), the first
+``--train-size`` training images of one task split in label shards among K clients, batch
+32, 1 local epoch, CPU, one thread. Every learner of ``--learners`` at every K:participation
+of ``--sizes`` (the issue's grid: K = 10, 100, 1000 with every client or a tenth per round;
+K = 1000's data set-up alone takes most of a minute per run). Replay learners use buffer 200
+per client and replay batches of 32 (the defaults) with ``--buffer-offer every_step``, so
+the measured second round replays and inserts at every step. A "learner" may be a
+composition: ``der+fedgp`` (the FedGP paper's protocol) adds FedGP's batched projection at
+every step of the second round, against the reference gradient that the clients computed
+after the first.
 
 What is measured: samples/s = examples trained in one round / seconds inside
 ``executor.train`` of that round (the second of two rounds, so one-time set-up such as
@@ -82,7 +84,7 @@ def measure(args: argparse.Namespace, row: Row, executor: str):  # type: ignore[
     learner, clients, participation = row
     cfg = make_config(
         {
-            "stream": "rot-mnist", "strategy": learner, "model": "mlp",
+            "stream": "rot-mnist", "strategy": learner, "model": args.model,
             "data_root": args.data_root, "train_size": args.train_size, "test_size": 200,
             "tasks": 1, "rounds_per_task": 2, "epochs": 1, "clients": clients,
             "participation": participation, "executor": executor, "threads": 1,
@@ -127,6 +129,7 @@ def main() -> None:
     parser.add_argument("--clients-per-chunk", type=int, default=None)
     parser.add_argument("--amp", default="off", choices=AMP_MODES, help="the runs' --amp")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--model", default="mlp", choices=("mlp", "mnist-cnn"))
     parser.add_argument(
         "--learners",
         default="fedavg,der,der+fedgp",

@@ -225,7 +225,7 @@ class RunConfig:
         "sequential",
         "how clients train: sequential (one after another) or vectorized (a round's clients "
         "in lock-step with torch.func; learners fedavg, er, der, derpp, agem with any "
-        "component; models without BatchNorm or dropout) or flower (a Flower "
+        "component; models without BatchNorm, dropout equal on CPU) or flower (a Flower "
         "simulation, one SuperNode per client; needs pip install 'cfl-bench[flower]'; see "
         "docs/executors.md)",
         choices=EXECUTORS,

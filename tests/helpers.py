@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -128,9 +129,12 @@ def digits_federation(
     test_size: int | None = None,
     partitioner: Partitioner | None = None,
     model: str = "mlp",
+    module_factory: Callable[[str, tuple[int, ...], int], nn.Module] | None = None,
     **overrides: object,
 ) -> Federation:
-    """A small engine run on the embedded rot-digits stream with an MLP (CPU, seed 0)."""
+    """A small engine run on the embedded rot-digits stream with an MLP (CPU, seed 0);
+    ``module_factory`` (called as ``build_model``) builds a test-only model instead of the
+    catalogue's ``model`` (whose facts the strategy sees)."""
     values: dict[str, object] = dict(
         num_tasks=2,
         rounds_per_task=2,
@@ -182,7 +186,8 @@ def digits_federation(
         )
     )
     torch.manual_seed(0)
-    module = build_model(model, stream.input_shape, stream.num_classes)
+    build = build_model if module_factory is None else module_factory
+    module = build(model, stream.input_shape, stream.num_classes)
     return Federation(stream, partitioner or ShardPartitioner(), strat, module, schedule, CPU)
 
 

@@ -221,7 +221,6 @@ def test_the_masked_mean_is_the_mean_over_real_examples() -> None:
     ("strategy", "model", "match"),
     [
         ("ideal", "mlp", "learners fedavg, er, der, derpp, agem, not 'ideal'"),
-        ("fedavg", "mnist-cnn", "dropout"),
         ("fedavg", "resnet8", "BatchNorm"),
         ("fedavg", "cifar-cnn", "BatchNorm"),
     ],

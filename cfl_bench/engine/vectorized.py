@@ -42,16 +42,20 @@ executor's client update, not an approximation of it:
   draws), the reference gradients g_b in one more vmapped backward at the clients' rows,
   and the projection g ← g − coef·g_b row by row (``projection.conflict_coefficients``).
 
+- **Dropout** (``engine.vectorized_dropout``): each client's masks drawn from its own
+  default-generator state (reseeded per client update, ``seeding.seed_torch_default``) in
+  the order and shapes of its sequential forwards, and multiplied in place of the dropout
+  calls of the vmapped forward: bit-identical masks on CPU; on CUDA equal in
+  distribution only (the sequential executor's fused kernel draws differently).
+
 Supported: the learners fedavg, er, der, derpp and agem, with the components of
 ``vectorized_fl.BATCHED`` and with any component that overrides no client-side hook
 (``CLIENT_HOOKS``: server optimizers, IFA, FedDF's server distillation act on θ_g only, so
 the executor cannot change them); classification
-streams; models whose parameters are all they hold (no BatchNorm statistics, no dropout).
+streams; models whose parameters are all they hold (no BatchNorm statistics), with or
+without dropout (not alpha dropout: its noise is affine, not a mask).
 Why the refusals: BatchNorm's running statistics are buffers updated inside the forward,
-which ``vmap`` over a shared module cannot keep per client; dropout draws each client's masks from
-torch's default generator reseeded per client update (``seeding.seed_torch_default``), and
-one batched forward over all clients cannot draw those per-client mask sequences, so
-results would differ from the sequential executor's; the other learners and client-side
+which ``vmap`` over a shared module cannot keep per client; the other learners and client-side
 components not in ``vectorized_fl.BATCHED`` (the joint learner's growing history; a
 subclass or a new component until its batched form is written) have per-step hooks
 written against one working model. The client spread (task-end probes)
@@ -90,15 +94,18 @@ from cfl_bench.engine.context import ClientState, LocalRound, Upload
 from cfl_bench.engine.executor import AnswerSink, ResultSink, SequentialExecutor
 from cfl_bench.engine.optim import FlatAdam, FlatSGD
 from cfl_bench.engine.payloads import ClientRequest
+from cfl_bench.engine.vectorized_dropout import ChunkDropout, draw_masks, stack_masks
 from cfl_bench.engine.vectorized_fl import (
     BATCHED,
     ChunkHooks,
     LockStep,
+    LossGradients,
 )
 from cfl_bench.engine.vectorized_grad import ClientGradients
 from cfl_bench.engine.vectorized_memory import planner_for
 from cfl_bench.engine.vectorized_replay import (
     SUPPORTED_LEARNERS,
+    ReplayBatch,
     draw_replay,
     observe_all,
     observes,
@@ -113,8 +120,9 @@ from strategies.base import Component
 from strategies.compose import Strategy
 from strategies.projection import conflict_coefficients
 
-# Models built from the catalogue that hold nothing but parameters (no BatchNorm, no dropout).
-VECTORIZABLE_MODELS = ("fedavg-cnn", "linear", "mlp")
+# Models built from the catalogue that hold nothing but parameters (no BatchNorm), dropout
+# allowed (``engine.vectorized_dropout``).
+VECTORIZABLE_MODELS = ("fedavg-cnn", "linear", "mlp", "mnist-cnn")
 # Component hooks that run on the client; a component overriding none of them acts on the
 # server only (aggregators, server optimizers, IFA's resets) and is executor-independent.
 CLIENT_HOOKS = (
@@ -155,8 +163,8 @@ def check_strategy(strategy: Strategy) -> None:
 
 
 def check_model(module: nn.Module, name: str | None = None) -> None:
-    """Refuse models with BatchNorm statistics or dropout (and, by name, any catalogue model
-    not known to hold parameters only)."""
+    """Refuse models with BatchNorm statistics or alpha dropout (and, by name, any
+    catalogue model not known to be vectorizable)."""
     batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
     if batch_norm or any(b.is_floating_point() for b in module.buffers()):
         shown = f"model '{name}'" if name else "the model"
@@ -165,13 +173,17 @@ def check_model(module: nn.Module, name: str | None = None) -> None:
             f"are updated inside the forward and cannot be kept per client under vmap; "
             f"{FALLBACK} (or a model without BatchNorm: {', '.join(VECTORIZABLE_MODELS)})."
         )
-    dropout = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in module.modules())
-    if dropout or (name is not None and name not in VECTORIZABLE_MODELS):
+    alpha = (nn.AlphaDropout, nn.FeatureAlphaDropout)
+    if any(isinstance(m, alpha) for m in module.modules()):
         shown = f"model '{name}'" if name else "the model"
         raise UserError(
-            f"the vectorized executor cannot train {shown}: its dropout draws each "
-            f"client's masks from a generator reseeded per client update, which one batched "
-            f"forward over clients cannot reproduce; {FALLBACK} "
+            f"the vectorized executor cannot train {shown}: its alpha dropout's affine noise "
+            f"is not a multiplicative mask it reproduces; {FALLBACK}."
+        )
+    if name is not None and name not in VECTORIZABLE_MODELS:
+        raise UserError(
+            f"the vectorized executor cannot train model '{name}': it is not one of the "
+            f"models checked to hold parameters only; {FALLBACK} "
             f"(or --model {' or '.join(VECTORIZABLE_MODELS)})."
         )
 
@@ -325,6 +337,7 @@ class VectorizedExecutor:
         self.scaler: LossScaler | None = None  # fp16: the chunk's clients' loss scales
         self.reference = reference_plan(trainer.strategy.learner)
         self.observes = observes(trainer.strategy.learner)
+        self.dropout: ChunkDropout | None = None  # the chunk being trained's dropout draws
 
     def train(self, jobs: Sequence[ClientJob], sink: ResultSink) -> None:
         """Train ``jobs`` chunk by chunk (``engine.vectorized_memory``: fixed sizes, or on
@@ -345,6 +358,8 @@ class VectorizedExecutor:
             raise RuntimeError("a chunk of client jobs must belong to one round")
         lr = trainer.round_lr(rounds.pop())
         device = trainer.model.params.device
+        trainer.model.module.train()  # as ``local_steps``: dropout active
+        self.dropout = ChunkDropout(self.grads.dropout_layers, trainer.model.params.dtype, device)
         locals_, hooks = self._start(jobs)
         trainer.optimizer.lr = lr
         started = time.perf_counter()
@@ -377,14 +392,17 @@ class VectorizedExecutor:
         seconds = (time.perf_counter() - started) / max(len(jobs), 1)
         for i, job in enumerate(jobs):
             local = dataclasses.replace(locals_[i], steps=batches[i].total)
+            self.dropout.rngs.restore(i)  # the default generator as its steps left it
             sink(self._result(job, local, params[i], loss_sums[i], seconds))
         if jobs:  # the working model ends where the sequential executor leaves it
             trainer.model.load(params[-1], jobs[-1].broadcast.buffers)
 
     def _start(self, jobs: Sequence[ClientJob]) -> tuple[list[LocalRound], ChunkHooks]:
         """Each client's ``LocalTrainer.start`` (θ_g loaded, ``on_client_start`` hooks), in
-        chunk order, each followed by the batched hooks' capture of that client's rows.
+        chunk order, each followed by the batched hooks' capture of that client's rows and
+        of its default-generator state (its dropout draws start there).
         Returns the clients' local rounds and the hooks in the sequential step order."""
+        assert self.dropout is not None
         strategy = self.trainer.strategy
         batched = {id(c): BATCHED[type(c)](c) for c in strategy.components if type(c) in BATCHED}
         locals_ = []
@@ -392,6 +410,7 @@ class VectorizedExecutor:
             local = self.trainer.start(job)
             for hook in batched.values():
                 hook.capture(job.client, local)
+            self.dropout.rngs.capture()
             locals_.append(local)
         losses = [batched[id(c)] for c in self.trainer.loss_terms if id(c) in batched]
         transforms = [batched[id(c)] for c in self.trainer.transforms if id(c) in batched]
@@ -419,8 +438,9 @@ class VectorizedExecutor:
         size = trainer.steps.buffer_batch_size
         replay = draw_replay(stepping, self.plan, size, replay_augment)
         scale = None if self.scaler is None else self.scaler.scale
+        masks = self._step_masks(x, drawn, replay)
         grads, losses, outputs = self.grads.gradients(
-            params, x, y, mask, replay, hooks.outputs, amp=True, scale=scale
+            params, x, y, mask, replay, hooks.outputs, amp=True, scale=scale, masks=masks
         )
         stepping_rows = active
         if self.scaler is not None:  # fp16: unscale; a non-finite row takes no step
@@ -431,7 +451,7 @@ class VectorizedExecutor:
             grads, losses = hook.penalty(params, grads, losses)
         if self.reference is not None:
             grads = self._refine(params, grads, stepping, replay_augment)
-        lock_step = LockStep(params, stepping, size, self.grads.loss_gradients)
+        lock_step = LockStep(params, stepping, size, self._gradients_for(stepping))
         for hook in hooks.transforms:
             grads = hook.transform(grads, lock_step)
         every = all(d is not None for d in drawn)  # from the host: no device sync
@@ -460,9 +480,56 @@ class VectorizedExecutor:
         draw = draw_replay(stepping, self.reference, size, augment)
         if draw is None:
             return grads
-        ref, _, _ = self.grads.gradients(params, draw.x[:, 0], draw.y[:, 0], draw.mask[:, 0])
+        masks = self._masks(draw.x[:, 0], draw.mask[:, 0])
+        ref, _, _ = self.grads.gradients(
+            params, draw.x[:, 0], draw.y[:, 0], draw.mask[:, 0], masks=masks
+        )
         coef = conflict_coefficients(grads, ref)
         return grads.addcmul(ref, coef[:, None], value=-1.0)
+
+    def _step_masks(
+        self,
+        x: torch.Tensor,
+        drawn: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None],
+        replay: ReplayBatch | None,
+    ) -> tuple[torch.Tensor, ...] | None:
+        """The dropout masks of the step's forward (None: no dropout): each stepping
+        client's batch of b rows, then (``replay``) each term's real rows, as the
+        sequential forwards of the batch and of each replay term draw them."""
+        assert self.dropout is not None
+        if self.dropout.layers(x.shape[2:]) is None:  # no dropout: no host reads below
+            return None
+        layout = [x.shape[1]]
+        real: list[list[int] | None] = [None if d is None else [d[1].shape[0]] for d in drawn]
+        if replay is not None:
+            layout += [replay.x.shape[2]] * replay.x.shape[1]
+            counts = replay.mask.sum(dim=2).long().tolist()  # (C, T) real replay rows
+            real = [None if r is None else r + c for r, c in zip(real, counts, strict=True)]
+        return self.dropout.masks(x.shape[2:], layout, real)
+
+    def _masks(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+        """The dropout masks of one more forward of ``x`` (C, m, …) whose real rows are
+        those of ``mask`` (C, m) (a client with none makes no forward, draws nothing)."""
+        assert self.dropout is not None
+        if self.dropout.layers(x.shape[2:]) is None:
+            return None
+        counts = mask.sum(dim=1).long().tolist()
+        return self.dropout.masks(x.shape[2:], [x.shape[1]], [[c] for c in counts])
+
+    def _gradients_for(self, stepping: list[ClientState | None]) -> LossGradients:
+        """``ClientGradients.loss_gradients`` with the dropout masks of its forward drawn
+        for the ``stepping`` clients (all rows real; FedProj's memory batch)."""
+        assert self.dropout is not None
+        dropout = self.dropout
+
+        def gradients(
+            loss: Callable[..., torch.Tensor], params: torch.Tensor, x: torch.Tensor, *rest: object
+        ) -> torch.Tensor:
+            real = [None if c is None else [x.shape[1]] for c in stepping]
+            masks = dropout.masks(x.shape[2:], [x.shape[1]], real)
+            return self.grads.loss_gradients(loss, params, x, *rest, masks=masks)  # type: ignore[arg-type]
+
+        return gradients
 
     def _lock_step_batch(
         self, drawn: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]
@@ -521,27 +588,52 @@ class VectorizedExecutor:
         """A gradient request (``ClientRequest.gradient_data``: FedGP's g_ref_k) in one
         vmapped backward per chunk: each client's examples drawn in request order (its own
         generators, as sequentially), padded with a row mask, every gradient taken at θ_g
-        (the model's mode is irrelevant: vectorizable models have no dropout or
-        BatchNorm). Any other request is the sequential executor's."""
+        in the request's model mode; in training mode each client's dropout masks are
+        drawn right after its examples from the default generator reseeded for it
+        ("dropout-request"), as its sequential forward draws them. Any other request is
+        the sequential executor's."""
         if request.gradient_data is None:
             self.sequential.answer(request, global_state, sink)
             return
-        seed, first = self.trainer.steps.seed, 0
+        module = self.trainer.model.module
+        module.train(request.train_mode)
+        first = 0
         while first < len(request.clients):
             chunk = request.clients[
                 first : first + self.chunks.next_size(len(request.clients) - first)
             ]
             first += len(chunk)
-            examples = []
-            for client in chunk:  # torch's default generator left as sequentially
-                seed_torch_default(seed, "dropout-request", request.round_index, client.index)
-                examples.append(request.gradient_data(client))
-            x, y, mask = pad_examples(examples)
+            x, y, mask, masks = self._request_examples(request, chunk)
             params = global_state[0].expand(len(chunk), -1)
-            grads, _, _ = self.grads.gradients(params, x, y, mask)
+            grads, _, _ = self.grads.gradients(params, x, y, mask, masks=masks)
             for client, row in zip(chunk, grads, strict=True):
                 sink(client, row)
+        module.train(True)
         self.trainer.model.load(*global_state)  # where the sequential answer leaves it
+
+    def _request_examples(
+        self, request: ClientRequest, chunk: Sequence[ClientState]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """The chunk's examples of ``request`` padded (inputs, labels, row mask) and their
+        dropout masks (None: no dropout in the module's mode), each client's drawn after
+        reseeding torch's default generator for it (which is left as sequentially)."""
+        assert request.gradient_data is not None
+        params = self.trainer.model.params
+        examples, drawn = [], []
+        layers = None
+        for client in chunk:
+            seed = self.trainer.steps.seed
+            seed_torch_default(seed, "dropout-request", request.round_index, client.index)
+            xk, yk = request.gradient_data(client)
+            examples.append((xk, yk))
+            layers = self.grads.dropout_layers(xk.shape[1:])
+            if layers is not None:
+                segment = [(yk.shape[0], yk.shape[0])]
+                drawn.append(draw_masks(layers, segment, params.dtype, params.device))
+        x, y, mask = pad_examples(examples)
+        if layers is None:
+            return x, y, mask, None
+        return x, y, mask, stack_masks(layers, drawn, x.shape[1], params.dtype, params.device)
 
     def end_tasks(
         self, ending: list[tuple[ClientState, int]], global_state: tuple[torch.Tensor, torch.Tensor]

@@ -4,7 +4,11 @@ parameters (C, P) become per-parameter (C, …) views, ``functional_call`` runs 
 working module at each client's row inside ``vmap``, and the per-parameter gradients are
 joined into flat (C, P) rows. The loss of one client is its masked mean cross-entropy,
 plus the replay terms of the learner's plan and the components' output terms (FedNTD,
-MOON), exactly as the sequential step builds it.
+MOON), exactly as the sequential step builds it. Dropout (``engine.vectorized_dropout``):
+each forward of the loss runs with the clients' masks (vmapped inputs, one per probed
+dropout call, rows matching the forward's) in place of the dropout calls; the frozen
+forwards (MOON's z_glob and z_prev) run the working module in eval mode, drawing none, as
+the sequential executor's eval-mode copies do.
 
 ``--amp`` (``engine.amp``): the lock-step's gradient (``gradients(..., amp=True)``) runs its
 forwards under ``torch.autocast`` *inside* the vmapped function (autocast is a dispatch
@@ -18,11 +22,12 @@ answers are taken with ``amp`` False: fp32, as the projections that use them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
 from cfl_bench.engine.amp import Precision
+from cfl_bench.engine.vectorized_dropout import DropoutLayer, apply_masks, probe
 from cfl_bench.engine.vectorized_fl import BatchedLossTerm, Representation
 from cfl_bench.engine.vectorized_replay import ReplayBatch, ReplayPlan, replay_loss
 from cfl_bench.flat import FlatModel
@@ -54,6 +59,9 @@ class ClientGradients:
         self.terms: list[BatchedLossTerm] = []  # the output terms of the gradient being taken
         self.precision = Precision()
         self.autocasting = False  # whether the gradient being taken autocasts its forwards
+        # Whether the forward of the gradient being taken replaces dropout by masks.
+        self.intercept = False
+        self.probed: dict[tuple[tuple[int, ...], bool], tuple[DropoutLayer, ...] | None] = {}
         self.split = Representation(model.module) if keep_representation else None
         self.represent_rows = vmap(self._representation)
         self.loss_and_grad = vmap(grad_and_value(self._client_loss, has_aux=True))
@@ -79,30 +87,56 @@ class ClientGradients:
         y: torch.Tensor,
         mask: torch.Tensor,
         aux: tuple[torch.Tensor, ...] = (),
+        masks: tuple[torch.Tensor, ...] = (),
         scale: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One client's mean cross-entropy over its real (mask 1) examples at ``params``
         plus the output terms (``aux``: their per-client inputs), and the batch's outputs
-        (what a replay buffer stores); times the client's loss ``scale`` under fp16."""
-        outputs, z = self._forward(params, x)
+        (what a replay buffer stores); ``masks``: its dropout masks; times the client's
+        loss ``scale`` under fp16."""
+        outputs, z = self._forward(params, x, masks)
         extra = self._output_terms(outputs, z, y, mask, aux)
         return scaled(masked_cross_entropy(outputs, y, mask) + extra, scale), outputs
 
     def _forward(
-        self, params: dict[str, torch.Tensor], x: torch.Tensor
+        self, params: dict[str, torch.Tensor], x: torch.Tensor, masks: tuple = ()
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The model's outputs at ``params`` and, when a component wants it (MOON), the
         representation the classifier read (``classify(representation(x))``, the same
-        operations as the sequential learner's forward)."""
+        operations as the sequential learner's forward); with ``intercept`` set, the
+        dropout calls multiply by ``masks`` in order."""
         from torch.func import functional_call
 
         autocast = self.precision.autocast() if self.autocasting else contextlib.nullcontext()
-        with autocast:
+        dropout = apply_masks(masks) if self.intercept else contextlib.nullcontext()
+        with autocast, dropout:
             if self.split is None:
                 return functional_call(self.model.module, params, (x,)).float(), None
             named = {f"inner.{name}": value for name, value in params.items()}
             z, outputs = functional_call(self.split, named, (x,))
         return outputs.float(), z.float()
+
+    def dropout_layers(self, shape: Sequence[int]) -> tuple[DropoutLayer, ...] | None:
+        """The dropout calls of one forward on inputs of per-example ``shape`` in the
+        working module's current mode (``vectorized_dropout.probe``, once per shape and
+        mode); None: the model calls no dropout."""
+        key = (tuple(int(d) for d in shape), self.model.module.training)
+        if key not in self.probed:
+            example = self.model.params.new_zeros((2, *key[0]))
+            forward = self.model.module if self.split is None else self.split
+            self.probed[key] = probe(forward, example)
+        return self.probed[key]
+
+    @contextlib.contextmanager
+    def _frozen(self) -> Iterator[None]:
+        """The working module in eval mode (no dropout draws), its mode restored after."""
+        module = self.model.module
+        training = module.training
+        module.eval()
+        try:
+            yield
+        finally:
+            module.train(training)
 
     def _representation(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """One client's representation of ``x`` at ``params`` (vmapped: ``represent``)."""
@@ -113,7 +147,8 @@ class ClientGradients:
     def represent(self, params: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Every client's representation (C, batch, F) of its batch of ``x`` at its row of
         ``params`` (C, P); no gradient (MOON's frozen global and previous models)."""
-        with torch.no_grad():
+        self.intercept = False
+        with torch.no_grad(), self._frozen():
             return self.represent_rows(self._views(params), x)
 
     def _output_terms(
@@ -139,13 +174,15 @@ class ClientGradients:
         mask: torch.Tensor,
         replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
         aux: tuple[torch.Tensor, ...] = (),
+        masks: tuple[torch.Tensor, ...] = (),
         scale: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``_client_loss`` plus the replay terms of the learner's plan: the batch and the
-        replay rows (``ReplayBatch``'s tensors, sliced to this client) in one forward."""
+        replay rows (``ReplayBatch``'s tensors, sliced to this client) in one forward
+        (``masks``: its dropout masks over the joined rows, batch first)."""
         rx = replay[0]
         joint = torch.cat([x, rx.flatten(0, 1)])
-        out, z = self._forward(params, joint)
+        out, z = self._forward(params, joint, masks)
         outputs, replayed = out[: x.shape[0]], out[x.shape[0] :].unflatten(0, rx.shape[:2])
         extra = replay_loss(replayed, ReplayBatch(*replay), self.plan.terms)
         z = None if z is None else z[: x.shape[0]]
@@ -162,12 +199,15 @@ class ClientGradients:
         terms: Sequence[BatchedLossTerm] = (),
         amp: bool = False,
         scale: torch.Tensor | None = None,
+        masks: tuple[torch.Tensor, ...] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every client's flat gradient (C, P), loss (C,) and batch outputs (C, batch, K)
         at its row of ``params``, with the components' output ``terms`` in the loss;
         ``amp``: the forwards (the terms' frozen ones too) autocast to ``self.precision``;
         ``scale`` (C,): each client's fp16 loss scale, the gradient returned still scaled
-        (the loss not: the scales are powers of two, the division exact).
+        (the loss not: the scales are powers of two, the division exact); ``masks`` (per
+        dropout call (C, rows, …); None: the model calls no dropout) in place of the
+        forward's dropout.
 
         Why per-parameter views and not the flat row: differentiating through slices of one
         flat vector makes autograd build a zero (C, P) tensor per parameter and add them up
@@ -182,12 +222,13 @@ class ClientGradients:
             with self.precision.autocast() if self.autocasting else contextlib.nullcontext():
                 aux = tuple(hook.batch_inputs(x, self.represent) for hook in self.terms)
             scales = () if scale is None else (scale,)  # vmap takes no None argument
+            self.intercept, drop = masks is not None, masks or ()
             if replay is None:
-                grads, (losses, outputs) = self.loss_and_grad(views, x, y, mask, aux, *scales)
+                grads, (losses, outputs) = self.loss_and_grad(views, x, y, mask, aux, drop, *scales)
             else:
                 rows = (replay.x, replay.y, replay.logits, replay.mask)
                 grads, (losses, outputs) = self.replay_loss_and_grad(
-                    views, x, y, mask, rows, aux, *scales
+                    views, x, y, mask, rows, aux, drop, *scales
                 )
         finally:
             self.autocasting = False
@@ -200,15 +241,20 @@ class ClientGradients:
         params: torch.Tensor,
         x: torch.Tensor,
         *inputs: torch.Tensor,
+        masks: tuple[torch.Tensor, ...] | None = None,
     ) -> torch.Tensor:
         """Every client's flat gradient (C, P) of ``loss(f(x_k; θ_k), *inputs_k)`` at its
-        row of ``params`` (one vmapped backward; FedProj's memory gradient)."""
+        row of ``params`` (one vmapped backward; FedProj's memory gradient), ``masks`` as
+        in ``gradients``."""
         from torch.func import grad, vmap
 
-        def one(p: dict[str, torch.Tensor], xk: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
-            return loss(self._forward(p, xk)[0], *rest)
+        def one(
+            p: dict[str, torch.Tensor], drop: tuple, xk: torch.Tensor, *rest: torch.Tensor
+        ) -> torch.Tensor:
+            return loss(self._forward(p, xk, drop)[0], *rest)
 
-        grads = vmap(grad(one))(self._views(params), x, *inputs)
+        self.intercept = masks is not None
+        grads = vmap(grad(one))(self._views(params), masks or (), x, *inputs)
         count = params.shape[0]
         return torch.cat([grads[s.name].reshape(count, -1) for s in self.model.slices], 1)
 

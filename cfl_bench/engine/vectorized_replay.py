@@ -36,8 +36,9 @@ draws padded to ``m`` rows with a per-row mask (a client with an empty buffer, o
 steps are done, has an all-zero mask and contributes no replay term: its masked sums are
 exactly 0, as the sequential loss has no term); ``_client_loss`` forwards the current batch
 and every term's replay rows as one concatenated batch per client. Why one forward: the
-vectorizable models hold no BatchNorm and no dropout, so each example's outputs depend on
-that example alone and one forward of the union equals separate forwards up to float
+vectorizable models hold no BatchNorm, so each example's outputs depend on that example
+(and its own dropout mask, drawn per forward as sequentially: ``engine.vectorized_dropout``)
+alone and one forward of the union equals separate forwards up to float
 rounding, with one kernel launch instead of 1 + T. Insertion stores the current batch's
 outputs of that same vmapped forward (taken before the step, as ``step.outputs`` is).
 """
