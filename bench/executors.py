@@ -59,6 +59,8 @@ class Timed:
     def train(self, jobs: Sequence[ClientJob], sink: ResultSink) -> None:
         started = time.perf_counter()
         self.inner.train(jobs, sink)
+        if torch.cuda.is_initialized():  # the kernels queued by the round have run
+            torch.cuda.synchronize()
         seconds = time.perf_counter() - started
         self.rounds.append((sum(j.client.num_samples for j in jobs) * self.epochs, seconds))
 
@@ -79,7 +81,8 @@ Row = tuple[str, int, float]  # (learner, K, participation)
 
 
 def measure(args: argparse.Namespace, row: Row, executor: str):  # type: ignore[no-untyped-def]
-    """(samples/s of the last round, peak RSS growth in bytes) of one run, in this process."""
+    """(samples/s of the last round, peak memory growth in bytes) of one run, in this
+    process: RSS on the CPU, memory allocated by torch on CUDA."""
     torch.set_num_threads(1)
     learner, clients, participation = row
     cfg = make_config(
@@ -98,11 +101,18 @@ def measure(args: argparse.Namespace, row: Row, executor: str):  # type: ignore[
     fed = plan.federation()
     timed = Timed(fed.executor, plan.schedule.epochs)
     fed.executor = timed  # type: ignore[assignment]
-    start_rss = rss_bytes()
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+    else:
+        start = rss_bytes()
     fed.run()
     samples, seconds = timed.rounds[-1]
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return samples / seconds, max(peak - start_rss, 0)
+    if args.device == "cuda":
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return samples / seconds, max(peak - start, 0)
 
 
 def _child(args: argparse.Namespace, row: Row, executor: str, queue) -> None:  # type: ignore[no-untyped-def]

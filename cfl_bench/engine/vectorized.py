@@ -94,28 +94,26 @@ from cfl_bench.engine.context import ClientState, LocalRound, Upload
 from cfl_bench.engine.executor import AnswerSink, ResultSink, SequentialExecutor
 from cfl_bench.engine.optim import FlatAdam, FlatSGD
 from cfl_bench.engine.payloads import ClientRequest
-from cfl_bench.engine.vectorized_dropout import ChunkDropout, draw_masks, stack_masks
+from cfl_bench.engine.vectorized_dropout import ChunkDropout
 from cfl_bench.engine.vectorized_fl import (
     BATCHED,
     ChunkHooks,
     LockStep,
-    LossGradients,
 )
 from cfl_bench.engine.vectorized_grad import ClientGradients
 from cfl_bench.engine.vectorized_memory import planner_for
 from cfl_bench.engine.vectorized_replay import (
     SUPPORTED_LEARNERS,
-    ReplayBatch,
     draw_replay,
     observe_all,
     observes,
     reference_plan,
     replay_plan,
 )
+from cfl_bench.engine.vectorized_requests import BatchedRequests
 from cfl_bench.errors import UserError
 from cfl_bench.host_values import device_tensor
 from cfl_bench.objective import Classification
-from cfl_bench.seeding import seed_torch_default
 from strategies.base import Component
 from strategies.compose import Strategy
 from strategies.projection import conflict_coefficients
@@ -291,23 +289,34 @@ class BatchedOptimizer:
         return params.addcdiv(self.first, denominator, value=-step_size)
 
 
-def pad_examples(
-    examples: Sequence[tuple[torch.Tensor, torch.Tensor]],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Clients' (inputs, labels) padded to the longest: (C, m, …), (C, m) and the row mask."""
-    x0, y0 = examples[0]
-    count, rows = len(examples), max(y.shape[0] for _, y in examples)
-    x = x0.new_zeros((count, rows, *x0.shape[1:]))
-    y = y0.new_zeros((count, rows, *y0.shape[1:]))
-    mask = torch.zeros(count, rows, dtype=x0.dtype, device=x0.device)
-    for i, (xi, yi) in enumerate(examples):
-        x[i, : yi.shape[0]], y[i, : yi.shape[0]], mask[i, : yi.shape[0]] = xi, yi, 1
-    return x, y, mask
-
-
 def masked(keep: torch.Tensor | None, updated: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
     """``updated`` on the kept rows, ``old`` (bit for bit) on the others."""
     return updated if keep is None else torch.where(keep, updated, old)
+
+
+def pad_lock_step(
+    drawn: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None],
+    batch_size: int,
+    augmented: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every client's batch (``drawn``; None: no step) padded to ``batch_size``, the example
+    mask, which clients take a real step, and the padded inputs before augmentation (what
+    the buffer stores; the same tensor as the inputs when nothing ``augmented`` them)."""
+    real = [d for d in drawn if d is not None]
+    x0, y0, _ = real[0]
+    count = len(drawn)
+    x = x0.new_zeros((count, batch_size, *x0.shape[1:]))
+    y = y0.new_zeros((count, batch_size, *y0.shape[1:]))
+    raw = x0.new_zeros((count, batch_size, *x0.shape[1:])) if augmented else x
+    mask = torch.zeros(count, batch_size, dtype=x0.dtype, device=x0.device)
+    for i, d in enumerate(drawn):
+        if d is not None:
+            b = d[1].shape[0]
+            x[i, :b], y[i, :b], mask[i, :b] = d[0], d[1], 1
+            if augmented:
+                raw[i, :b] = d[2]
+    active = device_tensor([d is not None for d in drawn], x0.device)
+    return x, y, mask, active, raw
 
 
 class VectorizedExecutor:
@@ -338,6 +347,7 @@ class VectorizedExecutor:
         self.reference = reference_plan(trainer.strategy.learner)
         self.observes = observes(trainer.strategy.learner)
         self.dropout: ChunkDropout | None = None  # the chunk being trained's dropout draws
+        self.requests = BatchedRequests(trainer, self.grads, self.chunks, self.sequential)
 
     def train(self, jobs: Sequence[ClientJob], sink: ResultSink) -> None:
         """Train ``jobs`` chunk by chunk (``engine.vectorized_memory``: fixed sizes, or on
@@ -432,13 +442,17 @@ class VectorizedExecutor:
         parameters after it and each client's step loss (0 for clients that took no
         step)."""
         trainer = self.trainer
-        x, y, mask, active, raw = self._lock_step_batch(drawn)
+        x, y, mask, active, raw = pad_lock_step(
+            drawn, trainer.steps.batch_size, trainer.augment is not None
+        )
         stepping = [c if d is not None else None for c, d in zip(clients, drawn, strict=True)]
         replay_augment = trainer.augment if trainer.steps.replay_augment else None
         size = trainer.steps.buffer_batch_size
         replay = draw_replay(stepping, self.plan, size, replay_augment)
         scale = None if self.scaler is None else self.scaler.scale
-        masks = self._step_masks(x, drawn, replay)
+        assert self.dropout is not None
+        counts = [None if d is None else d[1].shape[0] for d in drawn]
+        masks = self.dropout.step_masks(x, counts, replay)
         grads, losses, outputs = self.grads.gradients(
             params, x, y, mask, replay, hooks.outputs, amp=True, scale=scale, masks=masks
         )
@@ -451,7 +465,8 @@ class VectorizedExecutor:
             grads, losses = hook.penalty(params, grads, losses)
         if self.reference is not None:
             grads = self._refine(params, grads, stepping, replay_augment)
-        lock_step = LockStep(params, stepping, size, self._gradients_for(stepping))
+        gradients = self.dropout.with_masks(self.grads.loss_gradients, stepping)
+        lock_step = LockStep(params, stepping, size, gradients)
         for hook in hooks.transforms:
             grads = hook.transform(grads, lock_step)
         every = all(d is not None for d in drawn)  # from the host: no device sync
@@ -480,79 +495,13 @@ class VectorizedExecutor:
         draw = draw_replay(stepping, self.reference, size, augment)
         if draw is None:
             return grads
-        masks = self._masks(draw.x[:, 0], draw.mask[:, 0])
+        assert self.dropout is not None
+        masks = self.dropout.forward_masks(draw.x[:, 0], draw.rows)
         ref, _, _ = self.grads.gradients(
             params, draw.x[:, 0], draw.y[:, 0], draw.mask[:, 0], masks=masks
         )
         coef = conflict_coefficients(grads, ref)
         return grads.addcmul(ref, coef[:, None], value=-1.0)
-
-    def _step_masks(
-        self,
-        x: torch.Tensor,
-        drawn: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None],
-        replay: ReplayBatch | None,
-    ) -> tuple[torch.Tensor, ...] | None:
-        """The dropout masks of the step's forward (None: no dropout): each stepping
-        client's batch of b rows, then (``replay``) each term's real rows, as the
-        sequential forwards of the batch and of each replay term draw them."""
-        assert self.dropout is not None
-        if self.dropout.layers(x.shape[2:]) is None:  # no dropout: no host reads below
-            return None
-        layout = [x.shape[1]]
-        real: list[list[int] | None] = [None if d is None else [d[1].shape[0]] for d in drawn]
-        if replay is not None:
-            layout += [replay.x.shape[2]] * replay.x.shape[1]
-            counts = replay.mask.sum(dim=2).long().tolist()  # (C, T) real replay rows
-            real = [None if r is None else r + c for r, c in zip(real, counts, strict=True)]
-        return self.dropout.masks(x.shape[2:], layout, real)
-
-    def _masks(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
-        """The dropout masks of one more forward of ``x`` (C, m, …) whose real rows are
-        those of ``mask`` (C, m) (a client with none makes no forward, draws nothing)."""
-        assert self.dropout is not None
-        if self.dropout.layers(x.shape[2:]) is None:
-            return None
-        counts = mask.sum(dim=1).long().tolist()
-        return self.dropout.masks(x.shape[2:], [x.shape[1]], [[c] for c in counts])
-
-    def _gradients_for(self, stepping: list[ClientState | None]) -> LossGradients:
-        """``ClientGradients.loss_gradients`` with the dropout masks of its forward drawn
-        for the ``stepping`` clients (all rows real; FedProj's memory batch)."""
-        assert self.dropout is not None
-        dropout = self.dropout
-
-        def gradients(
-            loss: Callable[..., torch.Tensor], params: torch.Tensor, x: torch.Tensor, *rest: object
-        ) -> torch.Tensor:
-            real = [None if c is None else [x.shape[1]] for c in stepping]
-            masks = dropout.masks(x.shape[2:], [x.shape[1]], real)
-            return self.grads.loss_gradients(loss, params, x, *rest, masks=masks)  # type: ignore[arg-type]
-
-        return gradients
-
-    def _lock_step_batch(
-        self, drawn: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Every client's batch (``drawn``; None: no step) padded to batch_size, the example
-        mask, which clients take a real step, and the padded inputs before augmentation
-        (what the buffer stores; the same tensor as the inputs when nothing augments)."""
-        real = [d for d in drawn if d is not None]
-        x0, y0, _ = real[0]
-        size, count = self.trainer.steps.batch_size, len(drawn)
-        x = x0.new_zeros((count, size, *x0.shape[1:]))
-        y = y0.new_zeros((count, size, *y0.shape[1:]))
-        augmented = self.trainer.augment is not None
-        raw = x0.new_zeros((count, size, *x0.shape[1:])) if augmented else x
-        mask = torch.zeros(count, size, dtype=x0.dtype, device=x0.device)
-        for i, d in enumerate(drawn):
-            if d is not None:
-                b = d[1].shape[0]
-                x[i, :b], y[i, :b], mask[i, :b] = d[0], d[1], 1
-                if augmented:
-                    raw[i, :b] = d[2]
-        active = device_tensor([d is not None for d in drawn], x0.device)
-        return x, y, mask, active, raw
 
     def _result(
         self,
@@ -585,55 +534,9 @@ class VectorizedExecutor:
         global_state: tuple[torch.Tensor, torch.Tensor],
         sink: AnswerSink,
     ) -> None:
-        """A gradient request (``ClientRequest.gradient_data``: FedGP's g_ref_k) in one
-        vmapped backward per chunk: each client's examples drawn in request order (its own
-        generators, as sequentially), padded with a row mask, every gradient taken at θ_g
-        in the request's model mode; in training mode each client's dropout masks are
-        drawn right after its examples from the default generator reseeded for it
-        ("dropout-request"), as its sequential forward draws them. Any other request is
-        the sequential executor's."""
-        if request.gradient_data is None:
-            self.sequential.answer(request, global_state, sink)
-            return
-        module = self.trainer.model.module
-        module.train(request.train_mode)
-        first = 0
-        while first < len(request.clients):
-            chunk = request.clients[
-                first : first + self.chunks.next_size(len(request.clients) - first)
-            ]
-            first += len(chunk)
-            x, y, mask, masks = self._request_examples(request, chunk)
-            params = global_state[0].expand(len(chunk), -1)
-            grads, _, _ = self.grads.gradients(params, x, y, mask, masks=masks)
-            for client, row in zip(chunk, grads, strict=True):
-                sink(client, row)
-        module.train(True)
-        self.trainer.model.load(*global_state)  # where the sequential answer leaves it
-
-    def _request_examples(
-        self, request: ClientRequest, chunk: Sequence[ClientState]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
-        """The chunk's examples of ``request`` padded (inputs, labels, row mask) and their
-        dropout masks (None: no dropout in the module's mode), each client's drawn after
-        reseeding torch's default generator for it (which is left as sequentially)."""
-        assert request.gradient_data is not None
-        params = self.trainer.model.params
-        examples, drawn = [], []
-        layers = None
-        for client in chunk:
-            seed = self.trainer.steps.seed
-            seed_torch_default(seed, "dropout-request", request.round_index, client.index)
-            xk, yk = request.gradient_data(client)
-            examples.append((xk, yk))
-            layers = self.grads.dropout_layers(xk.shape[1:])
-            if layers is not None:
-                segment = [(yk.shape[0], yk.shape[0])]
-                drawn.append(draw_masks(layers, segment, params.dtype, params.device))
-        x, y, mask = pad_examples(examples)
-        if layers is None:
-            return x, y, mask, None
-        return x, y, mask, stack_masks(layers, drawn, x.shape[1], params.dtype, params.device)
+        """Gradient requests batched (``vectorized_requests``), others the sequential
+        executor's."""
+        self.requests.answer(request, global_state, sink)
 
     def end_tasks(
         self, ending: list[tuple[ClientState, int]], global_state: tuple[torch.Tensor, torch.Tensor]

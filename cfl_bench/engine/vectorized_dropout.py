@@ -48,6 +48,7 @@ import torch
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
+from cfl_bench.engine.vectorized_replay import ReplayBatch
 from cfl_bench.errors import UserError
 
 # Dropout entry points by kind, and the input rank feature dropout needs (batch, channels
@@ -298,3 +299,45 @@ class ChunkDropout:
                 segments = list(zip(rows, layout, strict=True))
                 per_client.append(draw_masks(layers, segments, self.dtype, self.device))
         return stack_masks(layers, per_client, sum(layout), self.dtype, self.device)
+
+    def step_masks(
+        self, x: torch.Tensor, counts: Sequence[int | None], replay: ReplayBatch | None
+    ) -> tuple[torch.Tensor, ...] | None:
+        """The masks of a lock-step's forward (None: no dropout) of the padded batch ``x``
+        (C, b, …), client k's ``counts[k]`` real rows (None: no step), then (``replay``)
+        each term's real rows, as the sequential forwards of the batch and of each replay
+        term draw them. Row counts come from the host: no device read."""
+        if self.layers(x.shape[2:]) is None:
+            return None
+        layout = [x.shape[1]]
+        real: list[list[int] | None] = [None if c is None else [c] for c in counts]
+        if replay is not None:
+            terms = replay.x.shape[1]
+            layout += [replay.x.shape[2]] * terms
+            real = [None if r is None else r + [replay.rows[k]] * terms for k, r in enumerate(real)]
+        return self.masks(x.shape[2:], layout, real)
+
+    def forward_masks(
+        self, x: torch.Tensor, rows: Sequence[int]
+    ) -> tuple[torch.Tensor, ...] | None:
+        """The masks of one more forward of ``x`` (C, m, …) with ``rows[k]`` real rows of
+        client k (0: it makes no forward and draws nothing; A-GEM's reference draw)."""
+        if self.layers(x.shape[2:]) is None:
+            return None
+        return self.masks(x.shape[2:], [x.shape[1]], [[r] for r in rows])
+
+    def with_masks(
+        self, loss_gradients: Callable[..., torch.Tensor], stepping: Sequence[object | None]
+    ) -> Callable[..., torch.Tensor]:
+        """``loss_gradients`` (``ClientGradients.loss_gradients``) with the masks of its
+        forward drawn for the ``stepping`` clients (None: no step), every row real
+        (FedProj's memory batch)."""
+
+        def gradients(
+            loss: Callable[..., torch.Tensor], params: torch.Tensor, x: torch.Tensor, *rest: object
+        ) -> torch.Tensor:
+            real = [None if c is None else [x.shape[1]] for c in stepping]
+            masks = self.masks(x.shape[2:], [x.shape[1]], real)
+            return loss_gradients(loss, params, x, *rest, masks=masks)
+
+        return gradients

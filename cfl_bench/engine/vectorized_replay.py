@@ -117,12 +117,14 @@ def replay_plan(learner: Learner) -> ReplayPlan:
 @dataclass(frozen=True)
 class ReplayBatch:
     """Every client's replay rows, padded: inputs (C, T, m, …), labels (C, T, m), stored
-    logits (C, T, m, K) and the row mask (C, T, m), for the plan's T terms."""
+    logits (C, T, m, K) and the row mask (C, T, m), for the plan's T terms; ``rows`` is each
+    client's number of real rows per term, known on the host (no device read)."""
 
     x: torch.Tensor
     y: torch.Tensor
     logits: torch.Tensor
     mask: torch.Tensor
+    rows: tuple[int, ...] = ()
 
 
 def draw_replay(
@@ -151,12 +153,13 @@ def draw_replay(
     index, mask = index[:, term_draws], mask[:, term_draws]
     x, y = stack.gather("x", index), stack.gather("y", index)
     logits = stack.gather("logits", index)
+    pairs = zip(clients, buffers, strict=True)
+    rows = tuple(0 if c is None or b is None else min(size, b.filled) for c, b in pairs)
     if augment is not None:
-        for i, (client, buffer) in enumerate(zip(clients, buffers, strict=True)):
-            rows = 0 if client is None or buffer is None else min(size, buffer.filled)
-            for t in range(len(plan.terms) if rows else 0):
-                x[i, t, :rows] = augment(x[i, t, :rows], client.generator)  # type: ignore[union-attr]
-    return ReplayBatch(x, y, logits, mask)
+        for i, client in enumerate(clients):
+            for t in range(len(plan.terms) if rows[i] else 0):
+                x[i, t, : rows[i]] = augment(x[i, t, : rows[i]], client.generator)  # type: ignore[union-attr]
+    return ReplayBatch(x, y, logits, mask, rows)
 
 
 def stack_of(buffers: Sequence[ReservoirBuffer | None]) -> ReservoirStack | None:
