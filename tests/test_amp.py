@@ -24,16 +24,9 @@ from cfl_bench.errors import UserError
 from cfl_bench.objective import Classification
 from cfl_bench.run import check_amp, plan_run
 from tests.helpers import digits_federation
+from tests.test_vectorized import one_thread  # noqa: F401 - the fixture
 
 BF16_GAP = 2e-2  # max|Δθ| / max|θ| allowed between the executors under bf16 (measured 4.3e-3)
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> object:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def run(strategy: str = "fedavg", **kw: object) -> tuple[Federation, RunOutcome]:

@@ -256,13 +256,13 @@ class BatchedOptimizer:
     def __init__(self, template: FlatSGD | FlatAdam, lr: float, params: torch.Tensor) -> None:
         self.adam = isinstance(template, FlatAdam)
         self.lr, self.weight_decay = lr, template.weight_decay
-        self.first = torch.zeros_like(params)
-        self.momentum = 0.0
+        self.momentum = 0.0 if self.adam else float(template.momentum)  # type: ignore[union-attr]
+        # Plain SGD keeps no state: no C×P zeros to allocate and carry.
+        stateful = self.adam or bool(self.momentum)
+        self.first = torch.zeros_like(params) if stateful else params.new_zeros(0)
         if isinstance(template, FlatAdam):
             self.betas, self.eps = template.betas, template.eps
             self.second = torch.zeros_like(params)
-        else:
-            self.momentum = template.momentum
 
     def step(
         self, params: torch.Tensor, grads: torch.Tensor, active: torch.Tensor | None, t: int
@@ -292,6 +292,17 @@ class BatchedOptimizer:
 def masked(keep: torch.Tensor | None, updated: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
     """``updated`` on the kept rows, ``old`` (bit for bit) on the others."""
     return updated if keep is None else torch.where(keep, updated, old)
+
+
+def stacked_starts(jobs: Sequence[ClientJob]) -> torch.Tensor:
+    """The chunk's starting rows (C, P): each client's broadcast θ. When every client
+    starts from the same θ_g tensor (the usual round) the rows are one expanded view of it
+    rather than C copies: the first optimizer step writes new rows out of place anyway, and
+    at 1000 clients of a 100k-parameter model the copy alone is 0.4 GB of memory traffic."""
+    first = jobs[0].broadcast.params
+    if all(job.broadcast.params is first for job in jobs):
+        return first.expand(len(jobs), -1)
+    return torch.stack([job.broadcast.params for job in jobs])
 
 
 def pad_lock_step(
@@ -380,7 +391,7 @@ class VectorizedExecutor:
         clients = [job.client for job in jobs]
         for job in jobs:
             job.client.tasks_started.add(job.client.task)
-        params = torch.stack([job.broadcast.params for job in jobs])
+        params = stacked_starts(jobs)
         optimizer = BatchedOptimizer(trainer.optimizer, lr, params)
         loss_sums = torch.zeros(len(jobs), device=device, dtype=params.dtype)
         if trainer.precision.scaled:
