@@ -51,6 +51,7 @@ from strategies.base import Component, Option, Role, StrategyEnv, positive_float
 from strategies.distillation import distill, teacher_log_probs
 from strategies.public_set import (
     PUBLIC_CHOICES,
+    PUBLIC_SIZE,
     PublicSetUser,
 )
 
@@ -84,13 +85,7 @@ class FedDF(PublicSetUser, Component):
             text,
             choices=PUBLIC_CHOICES,
         ),
-        Option(
-            "public_size",
-            None,
-            "public examples: subset of the named dataset (auto: 1000), or withheld per task "
-            "(auto: 10% of the task's training examples, at most 1000)",
-            positive_int,
-        ),
+        PUBLIC_SIZE,
         Option("temperature", 1.0, "distillation temperature T (authors' code: 1)", positive_float),
         Option(
             "distill_steps",

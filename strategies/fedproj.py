@@ -78,6 +78,7 @@ from strategies.distillation import distill, kl_to_teacher, teacher_log_probs
 from strategies.projection import conflict_coefficient
 from strategies.public_set import (
     PUBLIC_CHOICES,
+    PUBLIC_SIZE,
     PublicSetUser,
 )
 
@@ -137,13 +138,7 @@ class FedProj(PublicSetUser, Component):
             text,
             choices=PUBLIC_CHOICES,
         ),
-        Option(
-            "public_size",
-            None,
-            "public examples: subset of the named dataset (auto: 1000), or withheld per task "
-            "(auto: 10% of the task's training examples, at most 1000)",
-            positive_int,
-        ),
+        PUBLIC_SIZE,
         Option("temperature", 3.0, "distillation temperature T", positive_float),
         Option("gamma", 0.0, "weight γ of ‖θ − θ_avg‖² during distillation", non_negative_float),
         Option("distill_epochs", 1, "server distillation epochs per round", positive_int),

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cfl_bench.errors import UserError
+from strategies.base import Option, positive_int
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +31,14 @@ if TYPE_CHECKING:
 
 # (cifar100 last: the refusal listing the choices keeps its earlier wording as a prefix)
 PUBLIC_CHOICES = ("auto", "fashion-mnist", "holdout", "cifar100")
+# The size option every public-set user declares (FedProj, FedDF): one text, one parser.
+PUBLIC_SIZE = Option(
+    "public_size",
+    None,
+    "public examples: subset of the named dataset (auto: 1000), or withheld per task "
+    "(auto: 10% of the task's training examples, at most 1000)",
+    positive_int,
+)
 # Image shape (C, H, W) of each named set (``streams.public_data.PUBLIC_SHAPES``; a test pins
 # the two tables together, since strategies do not import streams).
 PUBLIC_SHAPES: dict[str, tuple[int, ...]] = {"fashion-mnist": (1, 28, 28), "cifar100": (3, 32, 32)}

@@ -330,6 +330,34 @@ def pad_lock_step(
     return x, y, mask, active, raw
 
 
+def client_result(
+    trainer: LocalTrainer,
+    job: ClientJob,
+    local: LocalRound,
+    trained: tuple[torch.Tensor, torch.Tensor],
+    finishing: bool,
+    seconds: float,
+) -> ClientResult:
+    """Client ``job``'s result with its trained row (``trained``: the row and the client's
+    loss sum) as the upload. Probes, diagnostics and (``finishing``) the components'
+    ``after_local`` hooks run on the working model loaded with the row (the sequential
+    code, in its order: probes, upload, diagnostics)."""
+    row, loss_sum = trained
+    client = job.client
+    upload = Upload(client.index, row, job.broadcast.buffers, client.num_samples)
+    result = ClientResult(client, upload, loss_sum, local.steps, seconds)
+    if job.probes is None and job.diagnose is None and not finishing:
+        return result
+    trainer.model.load(row, job.broadcast.buffers)
+    if job.probes is not None:
+        result.probe_accuracy = trainer.score(job.probes)
+    if finishing:
+        result.upload = trainer.finish(client, local)
+    if job.diagnose is not None:
+        result.class_accuracy, result.weight_divergence = trainer.diagnose(job)
+    return result
+
+
 class VectorizedExecutor:
     """Clients trained in lock-step, ``clients_per_chunk`` at a time (None: all at once)."""
 
@@ -414,7 +442,11 @@ class VectorizedExecutor:
         for i, job in enumerate(jobs):
             local = dataclasses.replace(locals_[i], steps=batches[i].total)
             self.dropout.rngs.restore(i)  # the default generator as its steps left it
-            sink(self._result(job, local, params[i], loss_sums[i], seconds))
+            sink(
+                client_result(
+                    trainer, job, local, (params[i], loss_sums[i]), self.finishing, seconds
+                )
+            )
         if jobs:  # the working model ends where the sequential executor leaves it
             trainer.model.load(params[-1], jobs[-1].broadcast.buffers)
 
@@ -513,31 +545,6 @@ class VectorizedExecutor:
         )
         coef = conflict_coefficients(grads, ref)
         return grads.addcmul(ref, coef[:, None], value=-1.0)
-
-    def _result(
-        self,
-        job: ClientJob,
-        local: LocalRound,
-        row: torch.Tensor,
-        loss_sum: torch.Tensor,
-        seconds: float,
-    ) -> ClientResult:
-        """Client ``job``'s result with its row as the upload. Probes, diagnostics and the
-        components' ``after_local`` hooks run on the working model loaded with the row (the
-        sequential code, in its order: probes, upload, diagnostics)."""
-        trainer, client = self.trainer, job.client
-        upload = Upload(client.index, row, job.broadcast.buffers, client.num_samples)
-        result = ClientResult(client, upload, loss_sum, local.steps, seconds)
-        if job.probes is None and job.diagnose is None and not self.finishing:
-            return result
-        trainer.model.load(row, job.broadcast.buffers)
-        if job.probes is not None:
-            result.probe_accuracy = trainer.score(job.probes)
-        if self.finishing:
-            result.upload = trainer.finish(client, local)
-        if job.diagnose is not None:
-            result.class_accuracy, result.weight_divergence = trainer.diagnose(job)
-        return result
 
     def answer(
         self,

@@ -48,6 +48,30 @@ def scaled(loss: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     return loss if scale is None else loss * scale
 
 
+def row_views(model: FlatModel, params: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-parameter (C, …) views of the rows of ``params`` (C, P)."""
+    count = params.shape[0]
+    return {
+        s.name: params[:, s.start : s.start + s.numel].view(count, *s.shape) for s in model.slices
+    }
+
+
+def flat_rows(model: FlatModel, grads: dict[str, torch.Tensor], count: int) -> torch.Tensor:
+    """Per-parameter (C, …) gradients joined into flat (C, P) rows, in parameter order."""
+    return torch.cat([grads[s.name].reshape(count, -1) for s in model.slices], dim=1)
+
+
+@contextlib.contextmanager
+def eval_mode(module: torch.nn.Module) -> Iterator[None]:
+    """``module`` in eval mode (no dropout draws), its mode restored after."""
+    training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(training)
+
+
 class ClientGradients:
     """Vmapped losses and gradients at stacked parameter rows of one working model."""
 
@@ -127,17 +151,6 @@ class ClientGradients:
             self.probed[key] = probe(forward, example)
         return self.probed[key]
 
-    @contextlib.contextmanager
-    def _frozen(self) -> Iterator[None]:
-        """The working module in eval mode (no dropout draws), its mode restored after."""
-        module = self.model.module
-        training = module.training
-        module.eval()
-        try:
-            yield
-        finally:
-            module.train(training)
-
     def _representation(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """One client's representation of ``x`` at ``params`` (vmapped: ``represent``)."""
         z = self._forward(params, x)[1]
@@ -148,8 +161,8 @@ class ClientGradients:
         """Every client's representation (C, batch, F) of its batch of ``x`` at its row of
         ``params`` (C, P); no gradient (MOON's frozen global and previous models)."""
         self.intercept = False
-        with torch.no_grad(), self._frozen():
-            return self.represent_rows(self._views(params), x)
+        with torch.no_grad(), eval_mode(self.model.module):
+            return self.represent_rows(row_views(self.model, params), x)
 
     def _output_terms(
         self,
@@ -213,9 +226,8 @@ class ClientGradients:
         flat vector makes autograd build a zero (C, P) tensor per parameter and add them up
         (six full-size passes for the MLP); per-parameter gradients are joined by one ``cat``.
         """
-        slices = self.model.slices
         count = params.shape[0]
-        views = self._views(params)
+        views = row_views(self.model, params)
         self.terms = list(terms)
         self.autocasting = amp and self.precision.enabled
         try:
@@ -232,8 +244,8 @@ class ClientGradients:
                 )
         finally:
             self.autocasting = False
-        flat = torch.cat([grads[s.name].reshape(count, -1) for s in slices], dim=1)
-        return flat, losses if scale is None else losses / scale, outputs
+        losses = losses if scale is None else losses / scale
+        return flat_rows(self.model, grads, count), losses, outputs
 
     def loss_gradients(
         self,
@@ -254,14 +266,5 @@ class ClientGradients:
             return loss(self._forward(p, xk, drop)[0], *rest)
 
         self.intercept = masks is not None
-        grads = vmap(grad(one))(self._views(params), masks or (), x, *inputs)
-        count = params.shape[0]
-        return torch.cat([grads[s.name].reshape(count, -1) for s in self.model.slices], 1)
-
-    def _views(self, params: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per-parameter (C, …) views of the rows of ``params`` (C, P)."""
-        count = params.shape[0]
-        return {
-            s.name: params[:, s.start : s.start + s.numel].view(count, *s.shape)
-            for s in self.model.slices
-        }
+        grads = vmap(grad(one))(row_views(self.model, params), masks or (), x, *inputs)
+        return flat_rows(self.model, grads, params.shape[0])
