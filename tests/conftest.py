@@ -10,6 +10,7 @@ with one reason naming it, and the end of the session says how many skipped that
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,39 @@ def shared_data() -> Path:
     return requires_shared_data()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that uses the ``shared_data`` fixture ``shared_data`` too, so the
+    marker alone says which tests need the real datasets (``-m shared_data`` collects them;
+    the README's count is checked against that), and skip the marked ones up front when the
+    folder is absent."""
+    absent = not SHARED_DATA.is_dir()
+    for item in items:
+        if "shared_data" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.shared_data)
+        if absent and item.get_closest_marker("shared_data"):
+            item.add_marker(pytest.mark.skip(reason=SHARED_DATA_REASON))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A test that skips for want of the datasets without the ``shared_data`` marker is an
+    error: the count of such tests (README) would silently drift."""
+    report = yield
+    if (
+        report.skipped
+        and SHARED_DATA_REASON in _skip_reason(report)
+        and not item.get_closest_marker("shared_data")
+    ):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} skipped for want of {SHARED_DATA} but has no "
+            "@pytest.mark.shared_data: mark it so the README's count of such tests stays true."
+        )
+    return report
+
+
 def _skip_reason(report: pytest.TestReport) -> str:
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
@@ -45,13 +79,11 @@ def _skip_reason(report: pytest.TestReport) -> str:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Never skip silently for want of data: count the tests that did, in one line."""
+    """Never skip silently: one line for the tests skipped for want of data, and one line
+    per other reason, with its count, so every skip of the run is explained."""
     folders = {str(SHARED_DATA), str(DEFAULT_SHARED_DATA)}
-    missing = [
-        report
-        for report in terminalreporter.stats.get("skipped", [])
-        if any(folder in _skip_reason(report) for folder in folders)
-    ]
+    skipped = terminalreporter.stats.get("skipped", [])
+    missing = [r for r in skipped if any(folder in _skip_reason(r) for folder in folders)]
     if missing:
         tests = "test" if len(missing) == 1 else "tests"
         terminalreporter.write_line(
@@ -59,3 +91,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"(the real MNIST/CIFAR/text datasets; {SHARED_DATA_ENV} overrides the path)",
             yellow=True,
         )
+    others: dict[str, int] = {}
+    for report in skipped:
+        if report not in missing:
+            reason = _skip_reason(report).removeprefix("Skipped: ")
+            others[reason] = others.get(reason, 0) + 1
+    for reason, count in sorted(others.items()):
+        tests = "test" if count == 1 else "tests"
+        terminalreporter.write_line(f"{count} {tests} skipped: {reason}", yellow=True)

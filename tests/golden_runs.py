@@ -8,16 +8,24 @@ participation and per-round checkpoints); its ``records.csv`` sha256 and the det
 keys of its ``summary.json`` are stored in ``golden_digests.json`` (made by ``python -m
 tests.golden_runs --write``) and compared by ``tests/test_golden.py``.
 
-Floating-point results depend on the CPU's vector unit (torch's kernels differ between
-AVX2 and AVX512), so the digests are stored with the CPU capability they were made on and
-compared only on a machine that reports the same one, with one torch thread.
+Floating-point results depend on the torch build and the CPU's vector unit (torch's
+kernels differ between AVX2 and AVX512, and between releases), so the file records the
+build the digests were made with (``BUILD_KEYS``: torch version, its git commit, CUDA
+version of the wheel, CPU capability). Under that exact build the test compares sha256;
+under any other it compares the stored records (``golden_records/<case>.csv``) numerically,
+row for row and column for column, each value within ``REL_TOL`` relative (``ABS_TOL``
+absolute near zero), and says which build it fell back from. Remake both after a torch
+upgrade with ``python -m tests.golden_runs --write --scratch DIR``.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import hashlib
+import io
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -30,6 +38,12 @@ from tests.conftest import SHARED_DATA
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGESTS = Path(__file__).with_name("golden_digests.json")
+RECORDS = Path(__file__).with_name("golden_records")
+BUILD_KEYS = ("torch", "torch_git", "torch_cuda", "cpu_capability")
+# The numeric fallback: measured between this machine's AVX2 and its generic ("default")
+# kernels of one build, the largest gap was MEASURED_GAP (see golden_digests.json).
+REL_TOL = 1e-4
+ABS_TOL = 1e-6
 
 DIGITS = ["--stream", "rot-digits", "--tasks", "3", "--rounds-per-task", "2", "--clients", "5"]
 PERM_DIGITS = ["perm-digits" if arg == "rot-digits" else arg for arg in DIGITS]
@@ -165,6 +179,87 @@ def cpu_capability() -> str:
     return str(torch.backends.cpu.get_cpu_capability())
 
 
+def current_build() -> dict[str, str]:
+    """What decides the last bits of a CPU run: the torch build and the kernels it picks."""
+    import torch
+
+    return {
+        "torch": str(torch.__version__),
+        "torch_git": str(torch.version.git_version),
+        "torch_cuda": str(torch.version.cuda),
+        "cpu_capability": cpu_capability(),
+    }
+
+
+def describe(build: dict[str, str]) -> str:
+    return f"torch {build['torch']} ({build['torch_git'][:10]}), {build['cpu_capability']}"
+
+
+def read_csv(text: str) -> tuple[list[str], list[list[str]]]:
+    rows = list(csv.reader(io.StringIO(text)))
+    return rows[0], rows[1:]
+
+
+def close(a: float, b: float, rel: float = REL_TOL, abs_tol: float = ABS_TOL) -> bool:
+    """Equal within ``rel`` of the larger magnitude (``abs_tol`` near zero); NaN == NaN."""
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return abs(a - b) <= max(rel * max(abs(a), abs(b)), abs_tol)
+
+
+def record_differences(want: str, got: str, rel: float = REL_TOL) -> list[str]:
+    """Why two records.csv texts are not the same run up to rounding (empty: they are).
+
+    Same header, same rows in the same order with equal keys (every column but the
+    last, ``value``), and values within ``rel``."""
+    (head_a, rows_a), (head_b, rows_b) = read_csv(want), read_csv(got)
+    if head_a != head_b:
+        return [f"columns differ: {head_a} vs {head_b}"]
+    if len(rows_a) != len(rows_b):
+        return [f"{len(rows_b)} rows instead of {len(rows_a)}"]
+    problems = []
+    for line, (a, b) in enumerate(zip(rows_a, rows_b, strict=True), start=2):
+        if a[:-1] != b[:-1]:
+            problems.append(f"line {line}: keys {b[:-1]} instead of {a[:-1]}")
+        elif not close(float(a[-1]), float(b[-1]), rel):
+            problems.append(f"line {line} {a[:-1]}: {b[-1]} instead of {a[-1]}")
+    return problems
+
+
+def largest_gap(want: str, got: str) -> float:
+    """The largest relative difference between two runs' values (same rows assumed)."""
+    (_, rows_a), (_, rows_b) = read_csv(want), read_csv(got)
+    gaps = [0.0]
+    for a, b in zip(rows_a, rows_b, strict=True):
+        x, y = float(a[-1]), float(b[-1])
+        if max(abs(x), abs(y)) > ABS_TOL / REL_TOL:
+            gaps.append(abs(x - y) / max(abs(x), abs(y)))
+    return max(gaps)
+
+
+def summary_differences(
+    want: Any, got: Any, where: str = "summary", rel: float = REL_TOL
+) -> list[str]:
+    """Why two summaries' deterministic keys differ beyond rounding (numbers within ``rel``)."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        if sorted(want) != sorted(got):
+            return [f"{where}: keys {sorted(got)} instead of {sorted(want)}"]
+        return [p for k in want for p in summary_differences(want[k], got[k], f"{where}.{k}", rel)]
+    if isinstance(want, list) and isinstance(got, list):
+        if len(want) != len(got):
+            return [f"{where}: {len(got)} items instead of {len(want)}"]
+        pairs = zip(want, got, strict=True)
+        return [
+            p
+            for i, (a, b) in enumerate(pairs)
+            for p in summary_differences(a, b, f"{where}[{i}]", rel)
+        ]
+    numbers = (int, float)
+    if isinstance(want, numbers) and isinstance(got, numbers) and not isinstance(want, bool):
+        return [] if close(float(want), float(got), rel) else [f"{where}: {got} instead of {want}"]
+    return [] if want == got else [f"{where}: {got!r} instead of {want!r}"]
+
+
 def run_case(name: str, out: Path, cwd: Path = ROOT) -> dict[str, Any]:
     """Run one case through the CLI in a fresh process; its records digest and summary."""
     needs_data, args = CASES[name]
@@ -181,9 +276,11 @@ def run_case(name: str, out: Path, cwd: Path = ROOT) -> dict[str, Any]:
         timeout=900,
     )
     summary = json.loads((out / "summary.json").read_text())
+    records = (out / "records.csv").read_bytes()
     return {
-        "records_sha256": hashlib.sha256((out / "records.csv").read_bytes()).hexdigest(),
+        "records_sha256": hashlib.sha256(records).hexdigest(),
         "summary": {k: v for k, v in summary.items() if k not in VOLATILE},
+        "records": records.decode(),
     }
 
 
@@ -206,7 +303,10 @@ def main() -> None:
             flush=True,
         )
     if args.write:
-        payload = {"cpu_capability": cpu_capability(), "torch_threads": 1, "cases": results}
+        RECORDS.mkdir(exist_ok=True)
+        for name, result in results.items():
+            (RECORDS / f"{name}.csv").write_text(result.pop("records"))
+        payload = {"build": current_build(), "torch_threads": 1, "cases": results}
         DIGESTS.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
 
 

@@ -86,6 +86,7 @@ def test_empty_files_mean_no_boxes(tmp_path: Path) -> None:
     assert boxes.shape == (0, 4) and boxes.dtype == np.float32 and labels.dtype == np.int64
 
 
+@pytest.mark.shared_data
 def test_real_voc_and_yolo_files_agree() -> None:
     """Every shared annotation: the two formats give the same boxes within one pixel."""
     root = carla_root()
@@ -101,6 +102,7 @@ def test_real_voc_and_yolo_files_agree() -> None:
     assert checked == 356 + 291
 
 
+@pytest.mark.shared_data
 def test_real_voc_file_by_hand() -> None:
     boxes, labels, size = read_voc(carla_root() / "labels/train/Town01_001920.xml")
     assert size == (640, 380) and labels.tolist() == [0, 0, 0]

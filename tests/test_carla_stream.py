@@ -37,6 +37,7 @@ def towns(keys: tuple[str, ...]) -> set[str]:
     return {key.split("_")[0] for key in keys}
 
 
+@pytest.mark.shared_data
 def test_vehicles_receive_their_towns_frames_each_round() -> None:
     s = stream()
     first = s.round_data(0, {k: (0,) for k in range(4)})
@@ -53,6 +54,7 @@ def test_vehicles_receive_their_towns_frames_each_round() -> None:
     assert second[0].keys[0] != first[0].keys[0]  # time moves on
 
 
+@pytest.mark.shared_data
 def test_the_highway_shift_moves_vehicle_0_only_and_others_drive_on() -> None:
     shifted, plain = stream(), stream()
     after = shifted.round_data(3, {k: (0, 3) for k in range(4)})
@@ -62,6 +64,7 @@ def test_the_highway_shift_moves_vehicle_0_only_and_others_drive_on() -> None:
         assert after[k].keys == unshifted[k].keys
 
 
+@pytest.mark.shared_data
 def test_held_out_frames_test_each_task_and_are_never_streamed() -> None:
     s = stream()
     urban, highway, town05 = s.task_test(0), s.task_test(1), s.test_domain()
@@ -77,6 +80,7 @@ def test_held_out_frames_test_each_task_and_are_never_streamed() -> None:
     assert held and not held & streamed
 
 
+@pytest.mark.shared_data
 def test_arrival_order_puts_every_vehicle_in_task_ts_town() -> None:
     s = stream("carla-det", tasks=4, clients=2)
     for t, town in enumerate(("Town01", "Town02", "Town03", "Town04")):
@@ -85,6 +89,7 @@ def test_arrival_order_puts_every_vehicle_in_task_ts_town() -> None:
         assert towns(data[0].keys) == towns(data[1].keys) == {town}
 
 
+@pytest.mark.shared_data
 @pytest.mark.parametrize(
     ("name", "tasks", "extra", "message"),
     [
@@ -118,6 +123,7 @@ RUN = [
 ]  # fmt: skip
 
 
+@pytest.mark.shared_data
 def test_der_runs_end_to_end_and_reports_map(tmp_path: Path) -> None:
     root = requires_shared_data()
     out = tmp_path / "run"
@@ -139,6 +145,7 @@ def test_der_runs_end_to_end_and_reports_map(tmp_path: Path) -> None:
     assert "mAP@0.5" in result.stdout
 
 
+@pytest.mark.shared_data
 @pytest.mark.parametrize(
     ("strategy", "fragment"),
     [("fedntd", "class_logits"), ("fedproj", "class_logits")],
@@ -149,12 +156,14 @@ def test_class_logit_methods_are_refused(tmp_path: Path, strategy: str, fragment
     assert_user_error(result, fragment)
 
 
+@pytest.mark.shared_data
 def test_a_partition_is_refused_on_a_per_round_stream(tmp_path: Path) -> None:
     root = requires_shared_data()
     base = [*RUN, "--data-root", str(root), "--out", str(tmp_path / "x")]
     assert_user_error(cli(*base, "--partition", "iid"), "--partition does not apply")
 
 
+@pytest.mark.shared_data
 def test_model_and_objective_must_match(tmp_path: Path) -> None:
     root = requires_shared_data()
     result = cli(*RUN, "--data-root", str(root), "--model", "mlp", "--out", str(tmp_path / "x"))
@@ -163,6 +172,7 @@ def test_model_and_objective_must_match(tmp_path: Path) -> None:
     assert_user_error(cli(*digits), "is a detector and stream 'rot-digits' a classification")
 
 
+@pytest.mark.shared_data
 def test_the_joint_learner_trains_on_every_distinct_frame_received() -> None:
     from cfl_bench.engine.client_data import ClientData
     from cfl_bench.engine.context import ClientState
@@ -190,6 +200,7 @@ def test_the_joint_learner_trains_on_every_distinct_frame_received() -> None:
     assert len(seen[1]) == 26 and clients[0].task == 1
 
 
+@pytest.mark.shared_data
 @pytest.mark.parametrize("strategy", ["der", "ideal"])
 def test_a_killed_carla_run_resumes_to_identical_records(tmp_path: Path, strategy: str) -> None:
     """Killed in the shift phase (round 3 of 4, checkpoint after round 3): the resumed run
@@ -213,6 +224,7 @@ def test_a_killed_carla_run_resumes_to_identical_records(tmp_path: Path, strateg
     assert_same_run(tmp_path / "killed", whole)
 
 
+@pytest.mark.shared_data
 def test_the_demo_writes_a_run_and_its_page(tmp_path: Path) -> None:
     root = requires_shared_data()
     out = tmp_path / "demo"

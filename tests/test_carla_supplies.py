@@ -128,6 +128,7 @@ def test_demo_without_a_carla_server_says_so_in_one_line(tmp_path: Path) -> None
     assert not (tmp_path / "demo").exists()
 
 
+@pytest.mark.shared_data
 def test_record_writes_a_folder_replay_reads_back(tmp_path: Path) -> None:
     root = requires_shared_data()
     out = tmp_path / "recorded"
