@@ -40,10 +40,29 @@ ROOT = Path(__file__).resolve().parent.parent
 DIGESTS = Path(__file__).with_name("golden_digests.json")
 RECORDS = Path(__file__).with_name("golden_records")
 BUILD_KEYS = ("torch", "torch_git", "torch_cuda", "cpu_capability")
-# The numeric fallback: measured between this machine's AVX2 and its generic ("default")
-# kernels of one build, the largest gap was MEASURED_GAP (see golden_digests.json).
+# The numeric fallback: every value within REL_TOL relative (ABS_TOL absolute near zero).
+# Measured between torch 2.14.1's AVX2 kernels and its generic ones (ATEN_CPU_CAPABILITY=
+# default), the largest relative gap of 13 cases was 2.0e-5 (derpp+fedntd; the others
+# 1.5e-7 to 5.0e-6). Two cases are chaotic enough that a test example changes its predicted
+# class under other rounding, so an accuracy moves by one example or more: they get a
+# stated, looser tolerance (BUILD_SENSITIVE) under another build, and exact digests under
+# the recorded one.
 REL_TOL = 1e-4
 ABS_TOL = 1e-6
+BUILD_SENSITIVE: dict[str, tuple[float, float]] = {
+    # 1 of 1080 test examples flips in two clients' accuracies: 17.22 vs 17.31 (5.4e-3).
+    "fedavg-iid-uniform": (1e-2, ABS_TOL),
+    # A CNN trained from scratch for one round per task on 2000 images: accuracies move by
+    # up to 1.4 points of 500 test examples (2.8e-2 relative), FWT (a difference of two
+    # accuracies) by 0.4 points: within 5e-2 relative or 2 points absolute.
+    "seq-cifar10-cnn-der+fedgp": (5e-2, 2.0),
+}
+
+
+def tolerance(name: str) -> tuple[float, float]:
+    """(relative, absolute) tolerance of case ``name`` under another build."""
+    return BUILD_SENSITIVE.get(name, (REL_TOL, ABS_TOL))
+
 
 DIGITS = ["--stream", "rot-digits", "--tasks", "3", "--rounds-per-task", "2", "--clients", "5"]
 PERM_DIGITS = ["perm-digits" if arg == "rot-digits" else arg for arg in DIGITS]
@@ -207,7 +226,9 @@ def close(a: float, b: float, rel: float = REL_TOL, abs_tol: float = ABS_TOL) ->
     return abs(a - b) <= max(rel * max(abs(a), abs(b)), abs_tol)
 
 
-def record_differences(want: str, got: str, rel: float = REL_TOL) -> list[str]:
+def record_differences(
+    want: str, got: str, rel: float = REL_TOL, abs_tol: float = ABS_TOL
+) -> list[str]:
     """Why two records.csv texts are not the same run up to rounding (empty: they are).
 
     Same header, same rows in the same order with equal keys (every column but the
@@ -221,7 +242,7 @@ def record_differences(want: str, got: str, rel: float = REL_TOL) -> list[str]:
     for line, (a, b) in enumerate(zip(rows_a, rows_b, strict=True), start=2):
         if a[:-1] != b[:-1]:
             problems.append(f"line {line}: keys {b[:-1]} instead of {a[:-1]}")
-        elif not close(float(a[-1]), float(b[-1]), rel):
+        elif not close(float(a[-1]), float(b[-1]), rel, abs_tol):
             problems.append(f"line {line} {a[:-1]}: {b[-1]} instead of {a[-1]}")
     return problems
 
@@ -238,13 +259,14 @@ def largest_gap(want: str, got: str) -> float:
 
 
 def summary_differences(
-    want: Any, got: Any, where: str = "summary", rel: float = REL_TOL
+    want: Any, got: Any, where: str = "summary", tol: tuple[float, float] = (REL_TOL, ABS_TOL)
 ) -> list[str]:
-    """Why two summaries' deterministic keys differ beyond rounding (numbers within ``rel``)."""
+    """Why two summaries' deterministic keys differ beyond rounding (numbers within ``tol``,
+    relative and absolute)."""
     if isinstance(want, dict) and isinstance(got, dict):
         if sorted(want) != sorted(got):
             return [f"{where}: keys {sorted(got)} instead of {sorted(want)}"]
-        return [p for k in want for p in summary_differences(want[k], got[k], f"{where}.{k}", rel)]
+        return [p for k in want for p in summary_differences(want[k], got[k], f"{where}.{k}", tol)]
     if isinstance(want, list) and isinstance(got, list):
         if len(want) != len(got):
             return [f"{where}: {len(got)} items instead of {len(want)}"]
@@ -252,20 +274,24 @@ def summary_differences(
         return [
             p
             for i, (a, b) in enumerate(pairs)
-            for p in summary_differences(a, b, f"{where}[{i}]", rel)
+            for p in summary_differences(a, b, f"{where}[{i}]", tol)
         ]
     numbers = (int, float)
     if isinstance(want, numbers) and isinstance(got, numbers) and not isinstance(want, bool):
-        return [] if close(float(want), float(got), rel) else [f"{where}: {got} instead of {want}"]
+        same = close(float(want), float(got), *tol)
+        return [] if same else [f"{where}: {got} instead of {want}"]
     return [] if want == got else [f"{where}: {got!r} instead of {want!r}"]
 
 
-def run_case(name: str, out: Path, cwd: Path = ROOT) -> dict[str, Any]:
-    """Run one case through the CLI in a fresh process; its records digest and summary."""
+def run_case(
+    name: str, out: Path, cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run one case through the CLI in a fresh process (``env``: extra variables); its
+    records, their digest and the summary's deterministic keys."""
     needs_data, args = CASES[name]
     shutil.rmtree(out, ignore_errors=True)
     data = ["--data-root", str(SHARED_DATA)] if needs_data else []
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     subprocess.run(
         [sys.executable, "-m", "cfl_bench.cli", "run", *args, *COMMON, *data, "--out", str(out)],
         check=True,

@@ -40,15 +40,16 @@ def check_against_store(name: str, got: dict[str, object], build: dict[str, str]
         assert got["records_sha256"] == want["records_sha256"]
         assert got["summary"] == want["summary"]
         return "exact"
+    rel, abs_tol = golden_runs.tolerance(name)
     warnings.warn(
         f"golden {name}: {golden_runs.describe(build)} is not the recorded "
         f"{golden_runs.describe(stored_build)}; compared the records numerically "
-        f"(relative {golden_runs.REL_TOL:g}) instead of by sha256",
+        f"(relative {rel:g}, absolute {abs_tol:g}) instead of by sha256",
         stacklevel=2,
     )
     stored_records = (golden_runs.RECORDS / f"{name}.csv").read_text()
-    problems = golden_runs.record_differences(stored_records, str(got["records"]))
-    problems += golden_runs.summary_differences(want["summary"], got["summary"])
+    problems = golden_runs.record_differences(stored_records, str(got["records"]), rel, abs_tol)
+    problems += golden_runs.summary_differences(want["summary"], got["summary"], tol=(rel, abs_tol))
     assert not problems, "\n".join(problems[:10])
     return "numeric"
 
@@ -110,3 +111,12 @@ def test_another_build_falls_back_to_numbers_and_says_from_which() -> None:
     fewer = {**run, "records": str(run["records"]).rsplit("\n", 2)[0] + "\n"}
     with pytest.warns(UserWarning), pytest.raises(AssertionError, match="rows instead of"):
         check_against_store("fedavg", fewer, other)
+
+
+def test_a_run_on_other_kernels_falls_back_and_agrees(tmp_path: Path) -> None:
+    # A genuinely different computation: torch's generic kernels instead of the vector
+    # unit's (ATEN_CPU_CAPABILITY=default) round differently, as another build would.
+    got = golden_runs.run_case("fedavg", tmp_path / "run", env={"ATEN_CPU_CAPABILITY": "default"})
+    build = {**golden_runs.current_build(), "cpu_capability": "DEFAULT"}
+    with pytest.warns(UserWarning, match="compared the records numerically"):
+        assert check_against_store("fedavg", got, build) == "numeric"
