@@ -140,7 +140,7 @@ def check_names(config: RunConfig) -> None:
     forgotten --data-root should be answered at once. Every check here is torch-free.
     """
     from cfl_bench.model_catalogue import check_model_name
-    from cfl_bench.run_checks import check_diagnostics
+    from cfl_bench.run_checks import check_diagnostics, check_option_pairs
     from strategies.compose import build_strategy
     from streams.catalogue import require_data_root, stream_info
     from streams.partition_spec import parse_partition_spec
@@ -148,6 +148,7 @@ def check_names(config: RunConfig) -> None:
     build_strategy(config.strategy)
     check_diagnostics(config)
     info = stream_info(config.stream)
+    check_option_pairs(config)
     check_model_name(config.model or info.default_model)
     require_data_root(config.stream, config.data_root)
     parse_partition_spec(config.partition or info.default_partition)

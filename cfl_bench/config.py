@@ -44,6 +44,14 @@ DEVICES = ("auto", "cpu", "cuda")
 # Words that mean "not set" where a value arrives as text in a sweep (``--set tasks=none``).
 NULL_WORDS = frozenset({"none", "null"})
 MAX_SEED = 2**63 - 1
+# Upper bounds no real run reaches, so that a slip (--tasks 1000000000) is refused at once
+# instead of hanging while the stream, the schedule or the cost estimate is built.
+MAX_TASKS = 1_000
+MAX_TOTAL_ROUNDS = 100_000  # tasks × rounds per task + --lead-rounds + --async-shift
+MAX_CLIENT_ROUNDS = 10_000_000  # total rounds × --clients: the estimate walks every one
+MAX_EPOCHS = 1_000
+MAX_BATCH = 100_000  # the cost probe materialises one batch of real inputs
+MAX_BUFFER = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -94,9 +102,20 @@ class RunConfig:
         protocol=False,
     )
     model: str | None = option(None, "model name", default_text="the stream's")
-    tasks: int | None = option(None, "number of tasks", minimum=1, default_text="the stream's")
+    tasks: int | None = option(
+        None,
+        f"number of tasks (at most {MAX_TASKS:,})",
+        minimum=1,
+        maximum=MAX_TASKS,
+        default_text="the stream's",
+    )
     rounds_per_task: int | None = option(
-        None, "communication rounds per task", minimum=1, default_text="the stream's"
+        None,
+        f"communication rounds per task (a run has at most {MAX_TOTAL_ROUNDS:,} rounds in all "
+        f"and {MAX_CLIENT_ROUNDS:,} client-rounds, rounds × --clients)",
+        minimum=1,
+        maximum=MAX_TOTAL_ROUNDS,
+        default_text="the stream's",
     )
     clients: int = option(10, "number of clients K", minimum=1, maximum=100_000)
     participation: float = option(
@@ -121,14 +140,20 @@ class RunConfig:
         maximum=100_000,
     )
     epochs: int | None = option(
-        None, "local epochs per round", minimum=1, default_text="the stream's"
+        None,
+        f"local epochs per round (at most {MAX_EPOCHS:,})",
+        minimum=1,
+        maximum=MAX_EPOCHS,
+        default_text="the stream's",
     )
-    batch_size: int = option(32, "local batch size", minimum=1, maximum=2**31 - 1)
+    batch_size: int = option(
+        32, f"local batch size (at most {MAX_BATCH:,})", minimum=1, maximum=MAX_BATCH
+    )
     buffer_batch_size: int | None = option(
         None,
         "examples drawn from the buffer per step (at most those stored)",
         minimum=1,
-        maximum=2**31 - 1,
+        maximum=MAX_BATCH,
         default_text="--batch-size",
     )
     lr: float | None = option(
@@ -171,7 +196,12 @@ class RunConfig:
         minimum=0,
         maximum=1024,
     )
-    buffer_size: int = option(200, "reservoir capacity M per client", minimum=1)
+    buffer_size: int = option(
+        200,
+        f"reservoir capacity M per client (at most {MAX_BUFFER:,})",
+        minimum=1,
+        maximum=MAX_BUFFER,
+    )
     buffer_offer: str = option(
         "first_pass",
         "first_pass (FedGP code: each example offered once per task) | every_step (Mammoth)",
