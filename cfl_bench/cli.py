@@ -182,6 +182,7 @@ def flower_app_cmd(app_dir: str, **values: Any) -> None:
 
     from cfl_bench.config import make_config
 
+    check_app_dir(app_dir)
     yaml_path = values.pop("config")
     cfg = make_config(values, yaml_path)
     check_names(cfg)
@@ -191,6 +192,28 @@ def flower_app_cmd(app_dir: str, **values: Any) -> None:
     require_flwr()
     folder = write_deploy_app(cfg, Path(app_dir))
     print(f"Flower app in {folder} ({cfg.clients} clients: partition-id=0..{cfg.clients - 1})")
+
+
+def check_app_dir(app_dir: str) -> None:
+    """Refuse an --app-dir that cannot become the app folder: empty (it would mean the
+    current folder), not a folder, or not UTF-8 text without control characters."""
+    from pathlib import Path
+
+    from cfl_bench.atomic import path_kind
+    from cfl_bench.config import check_path_text
+
+    if not app_dir.strip():
+        raise UserError("--app-dir is empty; give a new folder for the Flower app.")
+    try:
+        check_path_text(app_dir)
+    except ValueError as exc:
+        raise UserError(f"--app-dir {exc}; give a plain folder path.") from None
+    path = Path(app_dir)
+    if path.exists() and not path.is_dir():
+        raise UserError(
+            f"--app-dir '{app_dir}' is {path_kind(path)}, not a folder; give a new folder for "
+            f"the Flower app."
+        )
 
 
 def _install_flower_commands() -> None:

@@ -31,8 +31,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from cfl_bench.atomic import path_kind
 from cfl_bench.errors import UserError
-from cfl_bench.text_values import FLOAT_TEXT, INT_TEXT, quoted
+from cfl_bench.text_values import FLOAT_TEXT, INT_TEXT, quoted, utf8_text
 from cfl_bench.trackers import parse_trackers
 
 BUFFER_OFFER = ("first_pass", "every_step")
@@ -80,6 +81,19 @@ class OptionSpec:
     execution: bool = False
     grammar: Callable[[str], object] | None = None
     grammar_text: str = ""
+
+
+def check_path_text(text: str) -> str:
+    """A path that every later step can write, print and read back as one line: UTF-8 (an
+    undecodable byte arrives as a surrogate escape) and free of control characters (a
+    newline would split every message and listing that names the run)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be UTF-8 text") from None
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
+        raise ValueError("must not hold control characters")
+    return text
 
 
 def option(default: Any, help: str, **spec: Any) -> Any:
@@ -295,6 +309,8 @@ class RunConfig:
     out: str | None = option(
         None,
         "run directory",
+        grammar=check_path_text,
+        grammar_text="a folder path of UTF-8 text without control characters (newline, tab)",
         protocol=False,
         default_text="runs/<stream>_<strategy>_s<seed>_<hash>",
     )
@@ -432,7 +448,7 @@ def _num(value: float) -> str:
 def _shown(value: object) -> str:
     """The offending value as the user wrote it, with its type when that is the problem."""
     if isinstance(value, str):
-        return f"'{value}' (text)" if value else "an empty text"
+        return f"{utf8_text(quoted(value, 60))} (text)" if value else "an empty text"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, (list, dict)):
@@ -532,6 +548,8 @@ def read_yaml_mapping(path: str | Path, kind: str, shape: str) -> dict[Any, Any]
     p = Path(path)
     if p.is_dir():
         raise UserError(f"{kind} '{p}' is a directory, not a file; pass the path of a YAML file.")
+    if p.exists() and not p.is_file():
+        raise UserError(f"{kind} '{p}' is {path_kind(p)}, not a file; pass a YAML file.")
     if not p.is_file():
         raise UserError(f"{kind} '{p}' does not exist; pass the path of a YAML file.")
     try:

@@ -8,6 +8,7 @@ directory is prepared only once the configuration is known to be runnable.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import json
 import math
@@ -498,6 +499,8 @@ def execute(
             summary = {**(annotations or {}), **run_in(run_dir, plan, resume, on_round, say)}
             run_dir.write_summary(summary)
         except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                raise  # the terminal's output closed (`| head`): not the run directory's fault
             raise UserError(
                 f"writing the run into '{plan.out}' failed ({os_problem(exc)}); fix that and "
                 f"rerun the same command to resume."
