@@ -147,8 +147,9 @@ def connect(config: LiveConfig) -> Any:
         server_version = client.get_server_version()
     except RuntimeError as error:
         raise UserError(
-            f"no CARLA server at {config.host}:{config.port}: "
-            "start CarlaUE4.sh -RenderOffScreen or use --source replay"
+            f"no CARLA server at {config.host}:{config.port}: start CarlaUE4.sh "
+            "-RenderOffScreen, or use the recorded frames instead (`cfl-bench carla demo "
+            "--source replay`, `cfl-bench run --stream carla-highway`)"
         ) from error
     check_versions(client.get_client_version(), server_version)
     return client

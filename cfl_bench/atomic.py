@@ -46,3 +46,20 @@ def atomic_write_json(
     """Sorted, indented JSON; NaN is refused (it is not JSON). ``default`` as in json.dumps."""
     text = json.dumps(obj, indent=2, sort_keys=True, allow_nan=False, default=default)
     atomic_write_text(path, text + "\n")
+
+
+def path_kind(path: Path) -> str:
+    """What sits at ``path`` (which exists), in words, for "is X, not a folder" messages:
+    /dev/zero is "a device" and a FIFO "a named pipe", never "a file" or "does not exist"."""
+    import stat
+
+    mode = path.stat().st_mode
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISREG, "a file"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+    )
+    return next((words for test, words in kinds if test(mode)), "a special file")

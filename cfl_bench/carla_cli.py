@@ -8,6 +8,7 @@ exit code 2.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 import typer
@@ -37,6 +38,24 @@ DataRoot = Annotated[
 ]
 
 
+# Bounds of the CARLA commands' own options: a TCP port, the vehicles a live world
+# spawns (``carla_bridge.live.MAX_CLIENTS``), a day of simulated driving (200 frames per
+# vehicle per 1800 s: --seconds inf would loop forever planning time windows).
+MAX_PORT = 65_535
+MAX_VEHICLES = 16
+MAX_SECONDS = 86_400.0
+
+
+def check_carla_options(port: int, timeout: float, clients: int) -> None:
+    """Refuse a port, timeout or vehicle count the bridge cannot use, by the option's name."""
+    if not 1 <= port <= MAX_PORT:
+        raise UserError(f"--port must be an integer in [1, {MAX_PORT}], got {port}.")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise UserError(f"--timeout must be a positive finite number of seconds, got {timeout}.")
+    if not 1 <= clients <= MAX_VEHICLES:
+        raise UserError(f"--clients must be an integer in [1, {MAX_VEHICLES}], got {clients}.")
+
+
 @carla_app.command("demo")
 def demo_cmd(
     source: Source = "replay",
@@ -61,9 +80,13 @@ def demo_cmd(
     buffer_size: Annotated[
         int, typer.Option(help="replay buffer per client (frames)")
     ] = demo.DEMO_BUFFER,
+    overwrite: Annotated[
+        bool, typer.Option(help="replace a finished demo run (or another one) in --out")
+    ] = False,
 ) -> None:
     """Stream frames to vehicle clients while rounds run: urban driving, then vehicle 0
     drives onto the highway at --shift-round; live view, run directory, demo page."""
+    check_carla_options(port, timeout, clients)
     options = demo.DemoOptions(
         source=source,
         data_root=data_root,
@@ -81,6 +104,7 @@ def demo_cmd(
         batch_size=batch_size,
         lr=lr,
         buffer_size=buffer_size,
+        overwrite=overwrite,
     )
     demo.run_demo(options, Console())
 
@@ -106,8 +130,12 @@ def record_cmd(
     from carla_bridge.recorder import FrameRecorder
     from carla_bridge.stream import FRAME_PERIOD_S, ROUND_SECONDS
 
-    if not seconds > 0:
-        raise UserError(f"--seconds must be positive, got {seconds}")
+    if not 0 < seconds <= MAX_SECONDS:
+        raise UserError(
+            f"--seconds must be a number of simulated seconds in (0, {MAX_SECONDS:g}], got "
+            f"{seconds:g}."
+        )
+    check_carla_options(port, timeout, clients)
     frame_source = open_source(source, data_root, host, port, timeout, town, clients, seed)
     windows, start = [], 0.0
     while start < seconds:
@@ -134,7 +162,7 @@ def open_source(
     seed: int,
 ) -> Any:
     """The frame source `record` pulls from: the shared frames or a live CARLA drive."""
-    from carla_bridge.stream import FRAME_PERIOD_S, URBAN_TOWNS, carla_root
+    from carla_bridge.stream import FRAME_PERIOD_S, HIGHWAY_TOWN, URBAN_TOWNS, carla_root
 
     if source == "carla":
         from carla_bridge.live import LiveConfig, LiveSource
@@ -148,6 +176,11 @@ def open_source(
         raise UserError(f"--source must be replay or carla, got {source!r}")
     if data_root is None:
         raise UserError("--source replay needs --data-root (the folder with the shared frames)")
+    if town not in (*URBAN_TOWNS, HIGHWAY_TOWN):
+        raise UserError(
+            f"--town {town!r} is not a town of the shared frames; use one of "
+            f"{', '.join((*URBAN_TOWNS, HIGHWAY_TOWN))}."
+        )
     from carla_bridge.replay import ReplaySource
 
     # The first vehicle drives --town, the others the other urban towns in turn.

@@ -55,6 +55,7 @@ class DemoOptions:
     batch_size: int
     lr: float | None
     buffer_size: int
+    overwrite: bool = False
 
 
 def phase_rounds(rounds: int, shift_round: int) -> tuple[int, int]:
@@ -98,6 +99,7 @@ def demo_config(options: DemoOptions) -> Any:
         eval_every_round=True,
         save_model=True,
         out=options.out,
+        overwrite=options.overwrite,
         threads=options.threads,
         # A checkpoint holds every buffer (~0.7 GB for 4 × 200 frames): every 10 rounds.
         checkpoint_every=0 if live else DEMO_CHECKPOINT_EVERY,

@@ -140,7 +140,7 @@ def check_names(config: RunConfig) -> None:
     forgotten --data-root should be answered at once. Every check here is torch-free.
     """
     from cfl_bench.model_catalogue import check_model_name
-    from cfl_bench.run_checks import check_diagnostics
+    from cfl_bench.run_checks import check_diagnostics, check_option_pairs
     from strategies.compose import build_strategy
     from streams.catalogue import require_data_root, stream_info
     from streams.partition_spec import parse_partition_spec
@@ -148,6 +148,7 @@ def check_names(config: RunConfig) -> None:
     build_strategy(config.strategy)
     check_diagnostics(config)
     info = stream_info(config.stream)
+    check_option_pairs(config)
     check_model_name(config.model or info.default_model)
     require_data_root(config.stream, config.data_root)
     parse_partition_spec(config.partition or info.default_partition)
@@ -181,6 +182,7 @@ def flower_app_cmd(app_dir: str, **values: Any) -> None:
 
     from cfl_bench.config import make_config
 
+    check_app_dir(app_dir)
     yaml_path = values.pop("config")
     cfg = make_config(values, yaml_path)
     check_names(cfg)
@@ -190,6 +192,28 @@ def flower_app_cmd(app_dir: str, **values: Any) -> None:
     require_flwr()
     folder = write_deploy_app(cfg, Path(app_dir))
     print(f"Flower app in {folder} ({cfg.clients} clients: partition-id=0..{cfg.clients - 1})")
+
+
+def check_app_dir(app_dir: str) -> None:
+    """Refuse an --app-dir that cannot become the app folder: empty (it would mean the
+    current folder), not a folder, or not UTF-8 text without control characters."""
+    from pathlib import Path
+
+    from cfl_bench.atomic import path_kind
+    from cfl_bench.config import check_path_text
+
+    if not app_dir.strip():
+        raise UserError("--app-dir is empty; give a new folder for the Flower app.")
+    try:
+        check_path_text(app_dir)
+    except ValueError as exc:
+        raise UserError(f"--app-dir {exc}; give a plain folder path.") from None
+    path = Path(app_dir)
+    if path.exists() and not path.is_dir():
+        raise UserError(
+            f"--app-dir '{app_dir}' is {path_kind(path)}, not a folder; give a new folder for "
+            f"the Flower app."
+        )
 
 
 def _install_flower_commands() -> None:

@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -30,8 +31,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from cfl_bench.atomic import path_kind
 from cfl_bench.errors import UserError
-from cfl_bench.text_values import FLOAT_TEXT, INT_TEXT
+from cfl_bench.text_values import FLOAT_TEXT, INT_TEXT, quoted, utf8_text
 from cfl_bench.trackers import parse_trackers
 
 BUFFER_OFFER = ("first_pass", "every_step")
@@ -43,6 +45,14 @@ DEVICES = ("auto", "cpu", "cuda")
 # Words that mean "not set" where a value arrives as text in a sweep (``--set tasks=none``).
 NULL_WORDS = frozenset({"none", "null"})
 MAX_SEED = 2**63 - 1
+# Upper bounds no real run reaches, so that a slip (--tasks 1000000000) is refused at once
+# instead of hanging while the stream, the schedule or the cost estimate is built.
+MAX_TASKS = 1_000
+MAX_TOTAL_ROUNDS = 100_000  # tasks × rounds per task + --lead-rounds + --async-shift
+MAX_CLIENT_ROUNDS = 10_000_000  # total rounds × --clients: the estimate walks every one
+MAX_EPOCHS = 1_000
+MAX_BATCH = 100_000  # the cost probe materialises one batch of real inputs
+MAX_BUFFER = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,19 @@ class OptionSpec:
     grammar_text: str = ""
 
 
+def check_path_text(text: str) -> str:
+    """A path that every later step can write, print and read back as one line: UTF-8 (an
+    undecodable byte arrives as a surrogate escape) and free of control characters (a
+    newline would split every message and listing that names the run)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be UTF-8 text") from None
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
+        raise ValueError("must not hold control characters")
+    return text
+
+
 def option(default: Any, help: str, **spec: Any) -> Any:
     """A dataclass field carrying its :class:`OptionSpec`."""
     return field(default=default, metadata={"option": OptionSpec(help=help, **spec)})
@@ -93,9 +116,20 @@ class RunConfig:
         protocol=False,
     )
     model: str | None = option(None, "model name", default_text="the stream's")
-    tasks: int | None = option(None, "number of tasks", minimum=1, default_text="the stream's")
+    tasks: int | None = option(
+        None,
+        f"number of tasks (at most {MAX_TASKS:,})",
+        minimum=1,
+        maximum=MAX_TASKS,
+        default_text="the stream's",
+    )
     rounds_per_task: int | None = option(
-        None, "communication rounds per task", minimum=1, default_text="the stream's"
+        None,
+        f"communication rounds per task (a run has at most {MAX_TOTAL_ROUNDS:,} rounds in all "
+        f"and {MAX_CLIENT_ROUNDS:,} client-rounds, rounds × --clients)",
+        minimum=1,
+        maximum=MAX_TOTAL_ROUNDS,
+        default_text="the stream's",
     )
     clients: int = option(10, "number of clients K", minimum=1, maximum=100_000)
     participation: float = option(
@@ -120,14 +154,20 @@ class RunConfig:
         maximum=100_000,
     )
     epochs: int | None = option(
-        None, "local epochs per round", minimum=1, default_text="the stream's"
+        None,
+        f"local epochs per round (at most {MAX_EPOCHS:,})",
+        minimum=1,
+        maximum=MAX_EPOCHS,
+        default_text="the stream's",
     )
-    batch_size: int = option(32, "local batch size", minimum=1, maximum=2**31 - 1)
+    batch_size: int = option(
+        32, f"local batch size (at most {MAX_BATCH:,})", minimum=1, maximum=MAX_BATCH
+    )
     buffer_batch_size: int | None = option(
         None,
         "examples drawn from the buffer per step (at most those stored)",
         minimum=1,
-        maximum=2**31 - 1,
+        maximum=MAX_BATCH,
         default_text="--batch-size",
     )
     lr: float | None = option(
@@ -170,7 +210,12 @@ class RunConfig:
         minimum=0,
         maximum=1024,
     )
-    buffer_size: int = option(200, "reservoir capacity M per client", minimum=1)
+    buffer_size: int = option(
+        200,
+        f"reservoir capacity M per client (at most {MAX_BUFFER:,})",
+        minimum=1,
+        maximum=MAX_BUFFER,
+    )
     buffer_offer: str = option(
         "first_pass",
         "first_pass (FedGP code: each example offered once per task) | every_step (Mammoth)",
@@ -264,6 +309,8 @@ class RunConfig:
     out: str | None = option(
         None,
         "run directory",
+        grammar=check_path_text,
+        grammar_text="a folder path of UTF-8 text without control characters (newline, tab)",
         protocol=False,
         default_text="runs/<stream>_<strategy>_s<seed>_<hash>",
     )
@@ -401,7 +448,7 @@ def _num(value: float) -> str:
 def _shown(value: object) -> str:
     """The offending value as the user wrote it, with its type when that is the problem."""
     if isinstance(value, str):
-        return f"'{value}' (text)" if value else "an empty text"
+        return f"{utf8_text(quoted(value, 60))} (text)" if value else "an empty text"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, (list, dict)):
@@ -481,8 +528,8 @@ def parse_text(name: str, raw: str, where: str = "", allow_null: bool = False) -
             raise UserError(f"{label} must be true or false, got '{raw}'.")
         value = text.lower() == "true"
     elif kind is int:
-        if not INT_TEXT.fullmatch(text):
-            raise UserError(f"{label} must be {describe_range(name)}, got '{raw}'.")
+        if not INT_TEXT.fullmatch(text) or len(text) > _MAX_NUMBER_TEXT:
+            raise UserError(f"{label} must be {describe_range(name)}, got {quoted(raw)}.")
         value = int(text)
     elif kind is float:
         if not FLOAT_TEXT.fullmatch(text):
@@ -501,6 +548,8 @@ def read_yaml_mapping(path: str | Path, kind: str, shape: str) -> dict[Any, Any]
     p = Path(path)
     if p.is_dir():
         raise UserError(f"{kind} '{p}' is a directory, not a file; pass the path of a YAML file.")
+    if p.exists() and not p.is_file():
+        raise UserError(f"{kind} '{p}' is {path_kind(p)}, not a file; pass a YAML file.")
     if not p.is_file():
         raise UserError(f"{kind} '{p}' does not exist; pass the path of a YAML file.")
     try:
@@ -516,12 +565,18 @@ def read_yaml_mapping(path: str | Path, kind: str, shape: str) -> dict[Any, Any]
             f"{kind} '{p}' is not UTF-8 text (byte {exc.start}); save it as UTF-8."
         ) from None
     try:
-        data = yaml.load(text, Loader=_strict_loader()) or {}
+        data = load_plain_yaml(text) or {}
+    except YamlFormError as exc:
+        raise UserError(f"{kind} '{p}': {exc}") from None
     except _DuplicateKeyError as exc:
         raise UserError(f"{kind} '{p}' gives key '{exc.key}' twice; keep one.") from None
     except yaml.constructor.ConstructorError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
+        if "unhashable" in str(exc.problem):
+            raise UserError(
+                f"{kind} '{p}' has a list or mapping as a key{at}; keys are option names."
+            ) from None
         raise UserError(
             f"{kind} '{p}' uses a YAML tag this reader does not accept{at} (e.g. !!python); "
             f"write plain values."
@@ -537,6 +592,130 @@ def read_yaml_mapping(path: str | Path, kind: str, shape: str) -> dict[Any, Any]
     return data
 
 
+def load_plain_yaml(text: str) -> Any:
+    """The document in ``text``, read so that it means the same under YAML 1.1 and 1.2.
+
+    Why: PyYAML reads YAML 1.1, where ``017`` is octal 15, ``1:30`` is 90 (base 60),
+    ``0x10`` is 16 and ``yes``/``on`` are booleans; YAML 1.2 (and most other tools) read
+    17, the text "1:30" and the text "yes". A seed or a grid ``[07, 010]`` must never run
+    a value the user did not write, so every plain scalar whose two readings differ, and
+    every non-decimal integer, is refused (:func:`check_plain_scalars`). Aliases are
+    refused while composing, before anything is expanded: nested aliases ("billion laughs")
+    expand a few hundred bytes into billions of values.
+    """
+    loader = _strict_loader()(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        check_plain_scalars(node, loader)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+class YamlFormError(Exception):
+    """A YAML form this reader refuses; the message is the rest of a one-line sentence."""
+
+
+_YAML12_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?")
+_DECIMAL_INT = re.compile(r"[-+]?[0-9]+")
+_RADIX_NAMES = {"x": "hexadecimal", "o": "octal", "b": "binary"}
+_MAX_NUMBER_TEXT = 400  # longer numbers are outside every option's range anyway
+
+
+def yaml12_reading(text: str) -> object:
+    """What YAML 1.2's core schema makes of the plain scalar ``text``."""
+    if text in ("", "~", "null", "Null", "NULL"):
+        return None
+    if text in ("true", "True", "TRUE", "false", "False", "FALSE"):
+        return text.lower() == "true"
+    if len(text) > _MAX_NUMBER_TEXT:
+        return text
+    if _DECIMAL_INT.fullmatch(text):
+        return int(text)
+    if re.fullmatch(r"0o[0-7]+", text):
+        return int(text[2:], 8)
+    if re.fullmatch(r"0x[0-9a-fA-F]+", text):
+        return int(text[2:], 16)
+    if _YAML12_FLOAT.fullmatch(text):
+        return float(text)
+    if re.fullmatch(r"[-+]?\.(?:inf|Inf|INF)", text):
+        return -math.inf if text.startswith("-") else math.inf
+    if re.fullmatch(r"\.(?:nan|NaN|NAN)", text):
+        return math.nan
+    return text
+
+
+def _same_reading(a: object, b: object) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return type(a) is type(b) and a == b
+
+
+def _reading_text(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return f"the text '{value}'"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return "null" if value is None else f"a {type(value).__name__}"
+
+
+def _fix_for(*readings: object) -> str:
+    """How to write what the user meant, given the two readings of a plain scalar."""
+    if any(isinstance(r, bool) for r in readings):
+        return "write true or false, or quote it if it is text"
+    if any(isinstance(r, (int, float)) for r in readings):
+        return (
+            "write the number in plain decimal (no leading zero, '_' or ':'), or quote it if "
+            "it is text"
+        )
+    return "quote it if it is text"
+
+
+def check_plain_scalars(node: Any, loader: Any, key: str = "") -> None:
+    """Refuse (:class:`YamlFormError`) a plain scalar read differently by YAML 1.1 and 1.2,
+    or an integer written in hexadecimal, octal or binary; ``key`` is the nearest mapping
+    key, for the message. Quoted scalars are text in both and always pass."""
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            check_plain_scalars(key_node, loader, key)
+            name = key_node.value if isinstance(key_node, yaml.ScalarNode) else key
+            check_plain_scalars(value_node, loader, str(name))
+        return
+    if isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            check_plain_scalars(item, loader, key)
+        return
+    text = node.value
+    if node.style is not None or loader.resolve(yaml.ScalarNode, text, (True, False)) != node.tag:
+        return  # quoted, or tagged explicitly (!!str 017)
+    line = node.start_mark.line + 1
+    if len(text) > _MAX_NUMBER_TEXT and node.tag.endswith((":int", ":float")):
+        raise YamlFormError(
+            f"{key + ': ' if key else ''}a number of {len(text)} characters (line {line}) is "
+            f"outside every option's range; write a smaller number."
+        )
+    yaml11 = loader.construct_object(node)
+    yaml12 = yaml12_reading(text)
+    where = f"{key + ': ' if key else ''}{text} (line {line})"
+    if not _same_reading(yaml11, yaml12):
+        raise YamlFormError(
+            f"{where} reads as {_reading_text(yaml11)} in YAML 1.1 but as "
+            f"{_reading_text(yaml12)} in YAML 1.2; {_fix_for(yaml11, yaml12)}."
+        )
+    radix = re.match(r"[-+]?0([xob])", text)
+    if isinstance(yaml11, int) and not isinstance(yaml11, bool) and radix:
+        raise YamlFormError(
+            f"{where} is a {_RADIX_NAMES[radix.group(1)]} integer ({yaml11}); write it in "
+            f"plain decimal."
+        )
+
+
 class _DuplicateKeyError(Exception):
     def __init__(self, key: object) -> None:
         super().__init__(key)
@@ -545,15 +724,27 @@ class _DuplicateKeyError(Exception):
 
 @cache
 def _strict_loader() -> type:
-    """A SafeLoader that refuses duplicate mapping keys."""
+    """A SafeLoader that refuses duplicate mapping keys and aliases."""
     import yaml
 
     class StrictLoader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise YamlFormError(
+                    f"line {event.start_mark.line + 1} uses the alias *{event.anchor}; aliases "
+                    f"(and merge keys <<) are not read, since nested aliases can expand a small "
+                    f"file into billions of values: write each value out."
+                )
+            return super().compose_node(parent, index)
+
         def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
             seen: set[object] = set()
             for key_node, _ in node.value:
                 key = self.construct_object(key_node, deep=True)
-                if isinstance(key, typing.Hashable) and key in seen:
+                if not isinstance(key, typing.Hashable):
+                    continue  # a list as a key: SafeConstructor refuses it below
+                if key in seen:
                     raise _DuplicateKeyError(key)
                 seen.add(key)
             return super().construct_mapping(node, deep=deep)

@@ -8,6 +8,7 @@ directory is prepared only once the configuration is known to be runnable.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import json
 import math
@@ -33,7 +34,7 @@ from cfl_bench.models import MODELS, build_model
 from cfl_bench.progress import RoundReport
 from cfl_bench.resources import cuda_peak_bytes, peak_rss_bytes
 from cfl_bench.round_keeper import RoundKeeper
-from cfl_bench.run_checks import check_diagnostics
+from cfl_bench.run_checks import check_diagnostics, check_option_pairs, check_run_length
 from cfl_bench.run_dir import RunDirectory, free_bytes, os_problem
 from cfl_bench.seeding import derive_seed
 from cfl_bench.threads import (
@@ -240,7 +241,9 @@ def plan_run(config: RunConfig) -> RunPlan:
     model_name = checked_model_name(config)
     partitioner = partitioner_from_spec(str(config.partition))
     device = run_device(config)
+    check_option_pairs(config)
     stream, config = load_stream(config, device)
+    check_run_length(config, stream.num_tasks)
     check_stream_fits(stream, model_name, asked_partition)
     check_diagnostics(config, stream.objective.capabilities)
     num_tasks = resolved_int(config.tasks)
@@ -496,6 +499,8 @@ def execute(
             summary = {**(annotations or {}), **run_in(run_dir, plan, resume, on_round, say)}
             run_dir.write_summary(summary)
         except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                raise  # the terminal's output closed (`| head`): not the run directory's fault
             raise UserError(
                 f"writing the run into '{plan.out}' failed ({os_problem(exc)}); fix that and "
                 f"rerun the same command to resume."

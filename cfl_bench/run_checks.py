@@ -6,7 +6,7 @@ the same checks again with what only the built stream knows.
 
 from __future__ import annotations
 
-from cfl_bench.config import RunConfig
+from cfl_bench.config import MAX_CLIENT_ROUNDS, MAX_TOTAL_ROUNDS, RunConfig
 from cfl_bench.errors import UserError
 
 
@@ -23,4 +23,51 @@ def check_diagnostics(config: RunConfig, capabilities: frozenset[str] | None = N
         raise UserError(
             "--diagnostics measures class accuracies, and this stream's model gives no class "
             "logits (a detection stream); drop --diagnostics"
+        )
+
+
+def check_option_pairs(config: RunConfig) -> None:
+    """Refuse options the rest of the configuration makes meaningless, instead of silently
+    ignoring them: ``--data-root``/``--download`` on an embedded stream, ``--momentum``
+    under Adam, and a run longer than the bounds in ``cfl_bench.config``."""
+    from streams.catalogue import stream_info
+
+    info = stream_info(config.stream)
+    if info.base == "digits":  # embedded: no stream or public set reads a data folder
+        for flag, given in (("--data-root", config.data_root), ("--download", config.download)):
+            if given:
+                raise UserError(
+                    f"stream {config.stream!r} is embedded and reads no data files, so {flag} "
+                    f"has no effect; drop {flag}."
+                )
+    optimizer = config.optimizer or info.default_optimizer
+    if config.momentum and optimizer == "adam":
+        default = "" if config.optimizer else f" (stream {config.stream!r} trains with Adam)"
+        raise UserError(
+            f"--momentum applies to --optimizer sgd only and this run uses adam{default}, "
+            f"which keeps its own moments; drop --momentum or pass --optimizer sgd."
+        )
+    check_run_length(config, config.tasks or info.default_tasks or 1)
+
+
+def check_run_length(config: RunConfig, tasks: int) -> None:
+    """A run of ``tasks`` tasks stays within ``MAX_TOTAL_ROUNDS`` rounds and
+    ``MAX_CLIENT_ROUNDS`` client-rounds (bounded by --async-shift, the largest lag it can
+    draw), so a slip is refused at once rather than hanging in the planning."""
+    from streams.catalogue import stream_info
+
+    rounds = config.rounds_per_task or stream_info(config.stream).default_rounds_per_task
+    total = tasks * rounds + config.lead_rounds + config.async_shift
+    extra = " + --lead-rounds + --async-shift" if config.lead_rounds or config.async_shift else ""
+    if total > MAX_TOTAL_ROUNDS:
+        raise UserError(
+            f"the run would have up to {total:,} rounds ({tasks:,} tasks × {rounds:,} rounds per "
+            f"task{extra}) and a run has at most {MAX_TOTAL_ROUNDS:,}; lower --tasks or "
+            f"--rounds-per-task."
+        )
+    if total * config.clients > MAX_CLIENT_ROUNDS:
+        raise UserError(
+            f"the run would have up to {total * config.clients:,} client-rounds ({total:,} "
+            f"rounds × {config.clients:,} clients) and a run has at most "
+            f"{MAX_CLIENT_ROUNDS:,}; lower --clients, --tasks or --rounds-per-task."
         )

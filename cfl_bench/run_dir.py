@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from cfl_bench.atomic import atomic_write_json
+from cfl_bench.atomic import atomic_write_json, path_kind
 from cfl_bench.errors import UserError
 
 CONFIG = "config.json"
@@ -75,7 +75,7 @@ def check_out_path(path: Path) -> Path:
             f"--out cannot be used ({os_problem(exc)}); choose a shorter path."
         ) from None
     if ancestor == path and not path.is_dir():
-        raise UserError(f"--out '{path}' is a file; give a directory path.")
+        raise UserError(f"--out '{path}' is {path_kind(path)}; give a directory path.")
     if not ancestor.is_dir():
         raise UserError(
             f"--out '{path}' is below '{ancestor}', which is a file; choose a path in a folder."

@@ -178,3 +178,10 @@ def split_options(
             raise UserError(f"option '{key}' of {label} is given twice; give it once.")
         values[key] = raw
     return values
+
+
+def utf8_text(text: str) -> str:
+    """``text`` safe to write as UTF-8 and print: bytes of a file name that are not UTF-8
+    (which Python carries as surrogate escapes, e.g. a folder named b"\\xff") become the
+    visible text ``\\xff`` instead of failing the write or the print."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")

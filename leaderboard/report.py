@@ -504,13 +504,14 @@ def build_report(run_dir: str, out: str | None = None) -> tuple[Path, RunData]:
     wait for a large run to load), the page is rendered in memory, and only then written
     (atomically, creating missing folders, see :func:`leaderboard.output.write_board_files`),
     so a refusal at any step leaves nothing behind."""
+    from cfl_bench.text_values import utf8_text
     from leaderboard.output import write_board_files
     from leaderboard.run_data import check_run_dir, load_run_data
 
     folder = check_run_dir(run_dir)
     path = check_report_out(str(default_out(run_dir)) if out is None else out, folder)
     data = load_run_data(run_dir)
-    html = render_report(data)
+    html = utf8_text(render_report(data))  # a run folder's name need not be UTF-8
     (written,) = write_board_files(path.parent, {path.name: html}, what="the report")
     return written, data
 
@@ -520,8 +521,10 @@ def report_command(run_dir: str, out: str | None) -> None:
     from rich.console import Console
     from rich.text import Text
 
+    from cfl_bench.text_values import utf8_text
+
     path, data = build_report(run_dir, out)
     line = Text("report written to ")
-    line.append(str(path), style="bold")
+    line.append(utf8_text(str(path)), style="bold")
     line.append(f" ({data.status}: {progress_text(data)})")
     Console(soft_wrap=True).print(line)

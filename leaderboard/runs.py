@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 from cfl_bench import metric_registry as registry
 from cfl_bench.errors import UserError
 from cfl_bench.run_dir import os_problem
+from cfl_bench.text_values import utf8_text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -180,7 +181,7 @@ def find_run_dirs(arguments: Sequence[str | Path]) -> list[tuple[Path, str]]:
         for here, dirs, files in os.walk(root, onerror=_unlistable):
             if {CONFIG, SUMMARY} & ({*files} | {*dirs}):
                 real = Path(here).resolve()
-                shown = Path(here).as_posix()
+                shown = utf8_text(Path(here).as_posix())  # a folder name need not be UTF-8
                 found.setdefault(real, shown)
             dirs[:] = sorted(
                 d for d in dirs if not d.startswith(".") and d not in (CONFIG, SUMMARY)

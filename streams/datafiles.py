@@ -25,11 +25,11 @@ import re
 import shutil
 import socket
 import ssl
-import stat
 import urllib.error
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from cfl_bench.atomic import path_kind
 from cfl_bench.errors import UserError
 
 # Seconds one socket operation of a download may block. Python's default is "forever", so a
@@ -75,18 +75,7 @@ def one_line(text: object, limit: int = 200) -> str:
 
 def _kind(path: Path) -> str:
     """What sits at ``path`` (which exists), in words, for "is X, not a file" messages."""
-    mode = path.stat().st_mode
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISREG(mode):
-        return "a file"
-    if stat.S_ISFIFO(mode):
-        return "a named pipe"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "a special file"
+    return path_kind(path)
 
 
 def _first_missing(path: Path) -> tuple[Path, Path]:

@@ -83,12 +83,13 @@ def checked_size(option: str, value: int | None, available: int, dataset: str) -
     """
     if value is None:
         return available
+    flag = "--" + option.replace("_", "-")  # the option as the user typed it
     if isinstance(value, bool) or not isinstance(value, int):
-        raise UserError(f"{option} must be a positive integer or unset, got {value!r}")
+        raise UserError(f"{flag} must be a positive integer or unset, got {value!r}")
     split = option.removesuffix("_size")
     if not 1 <= value <= available:
         raise UserError(
-            f"{option} {value} does not fit the {dataset} {split} split of {available} "
+            f"{flag} {value} does not fit the {dataset} {split} split of {available} "
             f"examples; pass a value between 1 and {available} or leave it unset"
         )
     return value

@@ -537,8 +537,9 @@ def test_no_server_is_one_user_error_with_the_fix() -> None:
         connect(LiveConfig(host="127.0.0.1", port=port, timeout=1.0))
     assert time.monotonic() - started < 5.0
     assert str(raised.value) == (
-        f"no CARLA server at 127.0.0.1:{port}: "
-        "start CarlaUE4.sh -RenderOffScreen or use --source replay"
+        f"no CARLA server at 127.0.0.1:{port}: start CarlaUE4.sh -RenderOffScreen, or use the "
+        "recorded frames instead (`cfl-bench carla demo --source replay`, `cfl-bench run "
+        "--stream carla-highway`)"
     )
 
 

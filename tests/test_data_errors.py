@@ -510,7 +510,7 @@ CASES = [
         "text-train-size",
         "seq-agnews",
         agnews_root,
-        ("train_size 99 does not fit the agnews train split of 8 examples",),
+        ("--train-size 99 does not fit the agnews train split of 8 examples",),
         train_size=99,
     ),
 ]

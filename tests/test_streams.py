@@ -194,9 +194,9 @@ def test_train_size_takes_a_prefix(mnist_root: Path) -> None:
 
 
 def test_bad_sizes_and_task_indices(mnist_root: Path) -> None:
-    with pytest.raises(UserError, match=rf"train_size 601 does not fit.*{MNIST_TRAIN}"):
+    with pytest.raises(UserError, match=rf"--train-size 601 does not fit.*{MNIST_TRAIN}"):
         mnist_stream(mnist_root, train_size=MNIST_TRAIN + 1)
-    with pytest.raises(UserError, match="test_size 0 does not fit"):
+    with pytest.raises(UserError, match="--test-size 0 does not fit"):
         mnist_stream(mnist_root, test_size=0)
     stream = digits_stream()
     with pytest.raises(UserError, match=r"task 3 is out of range.*0\.\.2"):

@@ -39,7 +39,9 @@ def plan_task_split(
 ) -> TaskSplit:
     """The seeded split of one task (holdout first, then the partitioner on the rest)."""
     total = labels.shape[0]
-    held, kept = holdout_split(total, strategy.holdout_per_task(total), task, seed)
+    per_task = strategy.holdout_per_task(total)
+    owner = next((c.name for c in strategy.all if c.holdout_per_task(total) == per_task), "")
+    held, kept = holdout_split(total, per_task, task, seed, owner or "fedproj")
     parts = partitioner.split(
         labels if kept is None else labels[kept], num_clients, task=task, seed=seed
     )
@@ -76,19 +78,20 @@ def plan_splits(
 
 
 def holdout_split(
-    total: int, per_task: int, task: int, seed: int
+    total: int, per_task: int, task: int, seed: int, owner: str = "fedproj"
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(held-out indices, kept indices) of one task's training split, or (None, None).
 
     The held-out slice is a seeded random draw per task; the partitioner then splits only
-    the kept indices, so no client ever holds a held-out example.
+    the kept indices, so no client ever holds a held-out example. ``owner`` is the component
+    that withholds it (FedProj or FedDF), whose ``public_size`` a refusal names.
     """
     if per_task <= 0:
         return None, None
     if per_task >= total:
         raise UserError(
             f"the strategy withholds {per_task} public examples per task but task {task + 1} "
-            f"has only {total} training examples; lower fedproj:public_size."
+            f"has only {total} training examples; lower {owner}:public_size."
         )
     perm = torch.randperm(total, generator=generator(seed, "holdout", task))
     return torch.sort(perm[:per_task]).values, torch.sort(perm[per_task:]).values

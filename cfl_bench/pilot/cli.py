@@ -57,6 +57,7 @@ def boundary_cmd(
         raise UserError(f"--rounds must be a positive integer, got {rounds}.")
     if threads < 1:
         raise UserError(f"--threads must be a positive integer, got {threads}.")
+    check_pilot_out(out)
     from cfl_bench.pilot.strategy_list import (
         check_strategies,
         default_strategies,
@@ -91,6 +92,20 @@ def boundary_cmd(
     paths = write_outputs(Path(out), record, png, svg)
     console.print(forgetting_table(record))
     console.print(f"wrote {', '.join(p.name for p in paths)} into {out} ({result.seconds:.1f} s)")
+
+
+def check_pilot_out(out: str) -> None:
+    """Refuse an --out the four files cannot go into, before the pilot trains for minutes."""
+    from cfl_bench.config import check_path_text
+    from cfl_bench.run_dir import check_out_path
+
+    if not out.strip():
+        raise UserError("--out is empty; give a folder for the pilot's files.")
+    try:
+        check_path_text(out)
+    except ValueError as exc:
+        raise UserError(f"--out {exc}; give a plain folder path.") from None
+    check_out_path(Path(out))
 
 
 def forgetting_table(record: dict[str, Any]) -> Table:

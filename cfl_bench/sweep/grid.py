@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,9 @@ UNSPLIT_KEYS = frozenset({"strategy", "partition"})
 # Command-line flags whose name is not --<field> / --no-<field> (as in `cfl-bench run`).
 FLAG_ALIASES: dict[str, tuple[str, bool]] = {"eval-task-end": ("eval_every_round", False)}
 NAME_KEYS = ("stream", "strategy", "seed")
+# More points than anyone runs in one sweep: a slip (six axes of ten values) is refused at
+# once instead of validating a million points.
+MAX_SWEEP_POINTS = 10_000
 
 Axes = dict[str, list[Any]]
 
@@ -262,27 +266,93 @@ def build_spec(
 
 
 def expand(spec: SweepSpec) -> list[GridPoint]:
-    """Every point of the grid, validated, in product order."""
+    """Every point of the grid, validated, in product order.
+
+    Refused before any point runs: a grid of more than ``MAX_SWEEP_POINTS`` points (counted
+    without building them), a point any `cfl-bench run` would refuse from its options alone,
+    ``--executor flower`` (a Flower simulation cannot run inside a sweep's worker), and two
+    points that are the same run once the stream's defaults and the strategy's canonical
+    name are filled in (``tasks: [null, 5]`` on a 5-task stream).
+    """
     keys = list(spec.axes)
+    check_grid_size(spec.axes)
     varying_keys = [k for k in keys if len(spec.axes[k]) > 1]
     points: list[GridPoint] = []
+    seen: dict[str, GridPoint] = {}
     for index, combo in enumerate(itertools.product(*(spec.axes[k] for k in keys))):
         values = dict(zip(keys, combo, strict=True))
         varying = {k: values[k] for k in varying_keys}
         config = RunConfig(**values)
         try:
             validate(config)
+            check_sweep_point(config)
         except UserError as exc:
             shown = ", ".join(f"{k}={v}" for k, v in (varying or values).items())
             raise UserError(f"grid point {index + 1} ({shown}): {exc}") from None
         request = point_request(config)
         request_hash = canonical_hash(request)
-        points.append(
-            GridPoint(
-                index, point_name(request, varying, request_hash), request, request_hash, varying
-            )
+        point = GridPoint(
+            index, point_name(request, varying, request_hash), request, request_hash, varying
         )
+        same = seen.setdefault(canonical_hash(resolved_request(config)), point)
+        if same is not point:
+            raise UserError(
+                f"grid points {same.index + 1} ({same.label()}) and {index + 1} "
+                f"({point.label()}) are the same run once defaults are filled in; drop one of "
+                f"the values."
+            )
+        points.append(point)
     return points
+
+
+def check_grid_size(axes: Axes) -> None:
+    """Refuse a grid larger than ``MAX_SWEEP_POINTS`` from its axis lengths alone."""
+    sizes = [len(values) for values in axes.values()]
+    count = math.prod(sizes)
+    if count > MAX_SWEEP_POINTS:
+        shape = " × ".join(str(n) for n in sizes if n > 1)
+        raise UserError(
+            f"the sweep grid has {count:,} points ({shape} values) and a sweep runs at most "
+            f"{MAX_SWEEP_POINTS:,}; split it into smaller sweeps."
+        )
+
+
+def check_sweep_point(config: RunConfig) -> None:
+    """What `cfl-bench run` refuses from options alone, and what a sweep cannot run."""
+    from cfl_bench.run_checks import check_diagnostics, check_option_pairs
+
+    check_diagnostics(config)
+    check_option_pairs(config)
+    if config.executor == "flower":
+        raise UserError(
+            "--executor flower cannot run inside a sweep yet (each point would start its own "
+            "Flower simulation); use --executor sequential or vectorized."
+        )
+
+
+def resolved_request(config: RunConfig) -> dict[str, Any]:
+    """A point's request with the stream's defaults filled in and the strategy in canonical
+    form: equal exactly when two points would run the same configuration."""
+    from strategies.compose import build_strategy
+    from streams.catalogue import stream_info
+
+    info = stream_info(config.stream)
+    request = point_request(config)
+    defaults = {
+        "model": info.default_model,
+        "tasks": info.default_tasks or None,
+        "partition": info.default_partition,
+        "rounds_per_task": info.default_rounds_per_task,
+        "epochs": info.default_epochs,
+        "lr": info.default_lr,
+        "optimizer": info.default_optimizer,
+        "buffer_batch_size": config.batch_size,
+    }
+    for key, value in defaults.items():
+        if request.get(key) is None:
+            request[key] = value
+    request["strategy"] = build_strategy(config.strategy).name
+    return request
 
 
 def point_request(config: RunConfig) -> dict[str, Any]:
