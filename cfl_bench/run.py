@@ -495,6 +495,7 @@ def execute(
         try:
             summary = {**(annotations or {}), **run_in(run_dir, plan, resume, on_round, say)}
             run_dir.write_summary(summary)
+            run_dir.commit()  # a replacement takes the old run's place only now, complete
         except OSError as exc:
             raise UserError(
                 f"writing the run into '{plan.out}' failed ({os_problem(exc)}); fix that and "
