@@ -156,6 +156,36 @@ def folder_config_hash(folder: Path) -> str | None:
     return None
 
 
+def is_run_directory(folder: Path) -> bool:
+    """Whether ``folder`` holds a cfl-bench run: a config.json with a config hash, or a
+    summary.json with a status (a sweep's record of a run that failed early)."""
+    if folder_config_hash(folder) is not None:
+        return True
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return isinstance(json.loads((folder / SUMMARY).read_text()).get("status"), str)
+    return False
+
+
+def refuse_run_directory(path: Path, option: str, why: str) -> None:
+    """Refuse an output folder of another command that is a run directory or lies inside
+    one: only ``cfl-bench run`` writes into a run directory (its files are the run's
+    record, and a rerun with --overwrite would delete anything else). ``why``: what the
+    command writes there, for the message."""
+    target = path.absolute()
+    for folder in (target, *target.parents):
+        if not is_run_directory(folder):
+            continue
+        if folder == target:
+            raise UserError(
+                f"{option} '{path}' is a cfl-bench run directory, and {why} would mix into "
+                f"that run's files; choose a folder of its own."
+            )
+        raise UserError(
+            f"{option} '{path}' is inside the cfl-bench run directory '{folder}', and {why} "
+            f"would mix into that run's files; choose a folder outside it."
+        )
+
+
 def sync_folder(folder: Path) -> None:
     """fsync a directory, so renames in it survive a power loss."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)

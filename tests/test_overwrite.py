@@ -257,3 +257,32 @@ def test_a_swap_stopped_half_way_is_completed_by_the_next_claim(
         again.claim("new", overwrite=False, restart=False)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "records.csv", "summary.json"]
     assert (out / "records.csv").read_text() == "new records\n"
+
+
+# -- commands that do not own a run directory never write into one ---------------------------
+@pytest.mark.parametrize(
+    ("command", "below", "fragment"),
+    [
+        (["pilot", "boundary", "--rounds", "1"], "", "is a cfl-bench run directory"),
+        (["pilot", "boundary", "--rounds", "1"], "pilot", "is inside the cfl-bench run directory"),
+        (["sweep", "--seed", "0", "--seed", "1"], "", "is a cfl-bench run directory"),
+        (["sweep", "--seed", "0"], "sweeps/a", "is inside the cfl-bench run directory"),
+    ],
+)
+def test_other_commands_refuse_an_out_in_a_run_directory(
+    old_run: tuple[Path, dict[str, bytes | None]],
+    capsys: pytest.CaptureFixture[str],
+    command: list[str],
+    below: str,
+    fragment: str,
+) -> None:
+    from cfl_bench.cli import main
+
+    out, before = old_run
+    with pytest.raises(SystemExit) as stop:
+        main([*command, "--out", str(out / below if below else out)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert fragment in " ".join(err.split()), err
+    assert snapshot(out) == before
