@@ -14,8 +14,14 @@ name. The contract for sources is therefore: within one town, a frame id names o
 A replay source honours it (clients sharing a town show the same files); a live source
 with several vehicles must give each camera's frames distinct ids (e.g. the simulator frame
 times the number of clients plus the client). A recorder refuses a second, different frame
-under a name it already wrote (that would silently lose data) and overwrites files left by
-earlier recordings: one folder is one recording.
+under a name it already wrote (that would silently lose data).
+
+Which folder a recording may go into (:func:`check_recording_folder`, checked by
+``cfl-bench carla record`` before any frame is pulled): a new or empty folder; never one
+inside the replay source it reads from (it would re-encode its own source frames over
+themselves); and a folder holding an earlier recording only when asked to add to it
+(``--append``: frames under a name already there replace those files). Any other non-empty
+folder is refused, so a recording never mixes into someone else's files.
 
 Every file is written atomically (a temporary file in the same folder, then
 :func:`os.replace`), so a reader or a crash never sees half a file; no temporary file is
@@ -135,3 +141,52 @@ class FrameRecorder:
                     self.write(frame)
                     count += 1
         return count
+
+
+#: What a recording folder holds (besides temporary files of a killed write).
+RECORDING_ENTRIES = frozenset({"images", "labels", "labels_yolo_format", "labels.txt"})
+
+
+def is_recording(folder: Path) -> bool:
+    """Whether ``folder`` holds an earlier recording: this module's layout and nothing else,
+    with ``labels.txt`` listing :data:`CLASSES`."""
+    try:
+        names = {p.name for p in folder.iterdir() if not p.name.startswith(".")}
+        classes = (folder / "labels.txt").read_text(encoding="utf-8").split()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return names <= RECORDING_ENTRIES and classes == list(CLASSES)
+
+
+def check_recording_folder(out: Path, source_root: Path | None, append: bool) -> None:
+    """Refuse an ``--out`` a recording must not write into (see the module docstring);
+    ``source_root``: the folder a replay source reads its frames from."""
+    if source_root is not None:
+        target, source = out.resolve(), source_root.resolve()
+        if target == source or source in target.parents:
+            raise UserError(
+                f"--out '{out}' is inside the replay source '{source_root}' the frames are read "
+                "from; choose a folder outside it"
+            )
+    if not os.path.lexists(out):
+        return
+    if not out.is_dir():
+        raise UserError(f"--out '{out}' is a file; choose a new or empty folder")
+    try:
+        empty = not any(out.iterdir())
+    except OSError as exc:
+        raise UserError(
+            f"--out '{out}' cannot be listed ({exc.strerror}); choose another folder"
+        ) from None
+    if empty:
+        return
+    if not is_recording(out):
+        raise UserError(
+            f"--out '{out}' is not empty and holds no earlier recording; choose a new or "
+            "empty folder"
+        )
+    if not append:
+        raise UserError(
+            f"--out '{out}' holds an earlier recording; pass --append to add these frames to "
+            "it, or choose a new or empty folder"
+        )

@@ -9,6 +9,7 @@ exit code 2.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -123,11 +124,19 @@ def record_cmd(
     clients: Annotated[int, typer.Option(help="vehicles recording")] = 2,
     seconds: Annotated[float, typer.Option(help="simulated seconds to record")] = 200.0,
     seed: Annotated[int, typer.Option(help="seed (live traffic and spawn points)")] = 0,
+    append: Annotated[
+        bool,
+        typer.Option(
+            help="add the frames to an earlier recording in --out (without it --out must be a "
+            "new or empty folder; never one inside the replay source)"
+        ),
+    ] = False,
 ) -> None:
     """Write any source's frames (images + VOC + YOLO) into --out, atomically, so a live
-    drive becomes a replayable stream (read it back with --data-root)."""
+    drive becomes a replayable stream (read it back with --data-root). --out must be new or
+    empty, or an earlier recording with --append."""
     from carla_bridge.frames import TimeWindow
-    from carla_bridge.recorder import FrameRecorder
+    from carla_bridge.recorder import FrameRecorder, check_recording_folder
     from carla_bridge.stream import FRAME_PERIOD_S, ROUND_SECONDS
 
     if not 0 < seconds <= MAX_SECONDS:
@@ -136,6 +145,7 @@ def record_cmd(
             f"{seconds:g}."
         )
     check_carla_options(port, timeout, clients)
+    check_recording_folder(Path(out), replay_root(source, data_root), append)
     frame_source = open_source(source, data_root, host, port, timeout, town, clients, seed)
     windows, start = [], 0.0
     while start < seconds:
@@ -149,6 +159,20 @@ def record_cmd(
         f"recorded {count} frames ({clients} vehicles, {seconds:g} simulated s, one frame per "
         f"{FRAME_PERIOD_S:g} s) into [bold]{out}[/]"
     )
+
+
+def replay_root(source: str, data_root: str | None) -> Path | None:
+    """The folder a replay source reads its frames from (None for a live source); the
+    source's own refusals (an unknown source, no --data-root) come first."""
+    from carla_bridge.stream import carla_root
+
+    if source not in ("replay", "carla"):
+        raise UserError(f"--source must be replay or carla, got {source!r}")
+    if source == "carla":
+        return None
+    if data_root is None:
+        raise UserError("--source replay needs --data-root (the folder with the shared frames)")
+    return carla_root(data_root)
 
 
 def open_source(

@@ -498,6 +498,7 @@ def execute(
         try:
             summary = {**(annotations or {}), **run_in(run_dir, plan, resume, on_round, say)}
             run_dir.write_summary(summary)
+            run_dir.commit()  # a replacement takes the old run's place only now, complete
         except OSError as exc:
             if exc.errno == errno.EPIPE:
                 raise  # the terminal's output closed (`| head`): not the run directory's fault

@@ -17,6 +17,30 @@ lock behind, and no lock file is left in the directory.
 Everything that can be refused about ``--out`` (a path below a file, a name too long, a
 read-only or full disk) is refused before anything is created, and a directory this
 process created is removed again if it cannot be used.
+
+**Replacing a run** (``--overwrite``, ``--restart``, or a leftover of a run killed before
+its first checkpoint): nothing of the old run is touched until the new one is complete.
+The new run is written into a hidden staging folder inside ``--out`` (``.replacement/``)
+and, once its ``summary.json`` is written, swapped in: every old entry (``model.pt`` and
+``report.html`` of the old run included) moves into ``.replaced/``, a marker
+(``.replaced/.moved``) records that all of them did, the staged entries move up into
+``--out``, and ``.replaced/`` is deleted. Why this design rather than moving the old run
+aside at the start and back on failure:
+
+* A failure at any point before the swap (the cost probe's allocation, a data error, an
+  exception, Ctrl-C, even ``kill -9``) leaves the old run exactly where it was, byte for
+  byte: there is nothing to restore, so a restore that itself fails or never runs (SIGKILL)
+  cannot lose it. ``leaderboard`` and ``report`` (which skip hidden folders) keep showing
+  the old run until the new one is complete.
+* The staging folder lives inside ``--out``, so the directory lock taken on ``--out``
+  covers it, every rename stays on one file system, and the parent folder (perhaps a
+  sweep's, perhaps not writable) gains nothing.
+* A replacement is resumable like any run: a failed or interrupted one keeps its staging
+  folder only when it holds a checkpoint, and rerunning the same command (with the same
+  ``--overwrite``) resumes it there; otherwise the staging folder is removed again.
+* The swap is a few renames inside one directory; a crash in the middle of it is rolled
+  forward by the next claim (the staged run was complete when the swap began; the marker
+  tells which entries in ``--out`` are old and which are new).
 """
 
 from __future__ import annotations
@@ -42,6 +66,12 @@ RUN_FILES = ("config.json", "records.csv", "costs.csv", "checkpoint.pt", "summar
 # resumes, removed with the run files when it starts over.
 TRACKER_OUTPUTS = ("tensorboard", "mlflow.db", "mlruns")
 DONE = ("finished", "diverged")
+# The hidden folders of a replacement (see the module docstring): the run being written,
+# the old run's entries during the swap, and the marker that all of them were moved.
+STAGING = ".replacement"
+ASIDE = ".replaced"
+MOVED = ".moved"
+REPLACEMENT_FOLDERS = (STAGING, ASIDE)
 
 
 def os_problem(exc: OSError) -> str:
@@ -109,11 +139,74 @@ def free_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
+def folder_complete(folder: Path) -> bool:
+    """Whether ``folder`` holds a run its engine ended (summary status finished/diverged)."""
+    try:
+        summary = json.loads((folder / SUMMARY).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("status") in DONE
+
+
+def folder_config_hash(folder: Path) -> str | None:
+    """The ``config_hash`` of ``folder``'s config.json, None when there is none."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        value = json.loads((folder / CONFIG).read_text()).get("config_hash")
+        return value if isinstance(value, str) else None
+    return None
+
+
+def is_run_directory(folder: Path) -> bool:
+    """Whether ``folder`` holds a cfl-bench run: a config.json with a config hash, or a
+    summary.json with a status (a sweep's record of a run that failed early)."""
+    if folder_config_hash(folder) is not None:
+        return True
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return isinstance(json.loads((folder / SUMMARY).read_text()).get("status"), str)
+    return False
+
+
+def refuse_run_directory(path: Path, option: str, why: str) -> None:
+    """Refuse an output folder of another command that is a run directory or lies inside
+    one: only ``cfl-bench run`` writes into a run directory (its files are the run's
+    record, and a rerun with --overwrite would delete anything else). ``why``: what the
+    command writes there, for the message."""
+    target = path.absolute()
+    for folder in (target, *target.parents):
+        if not is_run_directory(folder):
+            continue
+        if folder == target:
+            raise UserError(
+                f"{option} '{path}' is a cfl-bench run directory, and {why} would mix into "
+                f"that run's files; choose a folder of its own."
+            )
+        raise UserError(
+            f"{option} '{path}' is inside the cfl-bench run directory '{folder}', and {why} "
+            f"would mix into that run's files; choose a folder outside it."
+        )
+
+
+def sync_folder(folder: Path) -> None:
+    """fsync a directory, so renames in it survive a power loss."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class RunDirectory:
-    """One run directory, claimed for this process while the object is open."""
+    """One run directory, claimed for this process while the object is open.
+
+    ``out`` is the directory the user named; ``path`` is where this run writes: ``out``
+    itself, or its staging folder while the run replaces another (see the module
+    docstring). Leaving the ``with`` block by an exception abandons a replacement: the old
+    run stays, and the staging folder only when it holds a checkpoint to resume from.
+    """
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+        self.out = Path(path)
+        self.path = self.out
         self._fd: int | None = None
         self._created: list[Path] = []
 
@@ -129,18 +222,14 @@ class RunDirectory:
     def checkpoint_path(self) -> Path:
         return self.path / CHECKPOINT
 
-    def is_complete(self) -> bool:
-        try:
-            summary = json.loads(self.summary_path.read_text())
-        except (OSError, ValueError):
-            return False
-        return isinstance(summary, dict) and summary.get("status") in DONE
+    @property
+    def staging(self) -> Path:
+        return self.out / STAGING
 
-    def stored_config_hash(self) -> str | None:
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            value = json.loads(self.config_path.read_text()).get("config_hash")
-            return value if isinstance(value, str) else None
-        return None
+    @property
+    def replacing(self) -> bool:
+        """Whether this run is written into the staging folder, to replace the old run."""
+        return self.path != self.out
 
     # -- claiming -------------------------------------------------------------------------
     def claim(
@@ -153,20 +242,23 @@ class RunDirectory:
     ) -> bool:
         """Create and lock the directory and decide how the run starts.
 
-        Returns True when the run resumes from the directory's checkpoint (same
-        configuration, unfinished, a checkpoint present, no ``restart``). Otherwise the old
-        run files are removed and the run starts from scratch. Refuses a directory holding
-        something else, a finished run or another configuration's run (unless
-        ``overwrite``), and a directory another process is running in. ``preflight`` runs
-        on the created, locked directory before anything in it changes (e.g. a free-space
-        check: a path the OS refuses to create is reported as such, not as a full disk).
+        Returns True when the run resumes from a checkpoint (same configuration,
+        unfinished, a checkpoint present, no ``restart``): the directory's own, or that of
+        an earlier replacement of it that was stopped. Otherwise the run starts from
+        scratch: in ``out`` when it is empty, else in the staging folder, and the old run is
+        replaced only by :meth:`commit`. Refuses a directory holding something else, a
+        finished run or another configuration's run (unless ``overwrite``), and a directory
+        another process is running in. ``preflight`` runs on the created, locked directory
+        before anything in it changes (e.g. a free-space check: a path the OS refuses to
+        create is reported as such, not as a full disk).
         """
-        check_out_path(self.path)
+        check_out_path(self.out)
         self._create()
         try:
             self._lock()
             if preflight is not None:
-                preflight(self.path)
+                preflight(self.out)
+            self._finish_swap()
             return self._decide(config_hash, overwrite=overwrite, restart=restart)
         except BaseException:
             self.release(remove_created=True)
@@ -174,7 +266,7 @@ class RunDirectory:
 
     def _create(self) -> None:
         missing = []
-        p = self.path
+        p = self.out
         while not p.exists():
             missing.append(p)
             p = p.parent
@@ -186,54 +278,95 @@ class RunDirectory:
             except OSError as exc:
                 self.release(remove_created=True)
                 raise UserError(
-                    f"--out '{self.path}' cannot be created ({os_problem(exc)}); choose "
+                    f"--out '{self.out}' cannot be created ({os_problem(exc)}); choose "
                     f"another folder."
                 ) from None
             self._created.append(p)
 
     def _lock(self) -> None:
-        self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        self._fd = os.open(self.out, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise UserError(
-                f"another cfl-bench process is running in --out '{self.path}'; wait for it "
+                f"another cfl-bench process is running in --out '{self.out}'; wait for it "
                 f"to end or choose another --out."
             ) from None
 
     def _decide(self, config_hash: str, *, overwrite: bool, restart: bool) -> bool:
-        if not any(self.path.iterdir()):
+        self._check_replaceable(config_hash, overwrite=overwrite)
+        old_hash = folder_config_hash(self.out)
+        complete = folder_complete(self.out)
+        if old_hash == config_hash and not complete and not restart and self._resumable(self.out):
+            self._drop_staging()
+            self._remove((SUMMARY,))
+            return True
+        if not self._old_entries():
+            self._drop_staging()
+            self._remove(RUN_FILES + TRACKER_OUTPUTS)
             return False
-        old_hash = self.stored_config_hash()
+        return self._stage(config_hash, restart=restart)
+
+    def _check_replaceable(self, config_hash: str, *, overwrite: bool) -> None:
+        """Refuse a foreign directory, and a finished run or another configuration's
+        unfinished run without ``overwrite``."""
+        old_hash = folder_config_hash(self.out)
         if old_hash is None:
-            foreign = [
-                p.name
-                for p in self.path.iterdir()
-                if p.name not in RUN_FILES + TRACKER_OUTPUTS and not is_temporary(p.name)
-            ]
-            if foreign or self.config_path.exists():
+            foreign = [p for p in self._old_entries() if p not in RUN_FILES + TRACKER_OUTPUTS]
+            if foreign or (self.out / CONFIG).exists():
                 raise UserError(
-                    f"--out '{self.path}' exists and is not a cfl-bench run directory; "
+                    f"--out '{self.out}' exists and is not a cfl-bench run directory; "
                     f"choose an empty or new directory."
                 )
-        if self.is_complete() and not overwrite:
+        if folder_complete(self.out) and not overwrite:
             raise UserError(
-                f"--out '{self.path}' already holds a finished run; pass --overwrite to "
+                f"--out '{self.out}' already holds a finished run; pass --overwrite to "
                 f"replace it or choose another --out."
             )
         if old_hash is not None and old_hash != config_hash and not overwrite:
             raise UserError(
-                f"--out '{self.path}' holds an unfinished run of a different configuration; "
+                f"--out '{self.out}' holds an unfinished run of a different configuration; "
                 f"pass --overwrite to replace it or choose another --out."
             )
+
+    def _stage(self, config_hash: str, *, restart: bool) -> bool:
+        """Write this run into the staging folder; True when it resumes a replacement that
+        an earlier process of the same configuration left with a checkpoint."""
+        self.path = self.staging
         resume = (
-            old_hash == config_hash
-            and not self.is_complete()
+            self.staging.is_dir()
+            and not self.staging.is_symlink()
+            and folder_config_hash(self.staging) == config_hash
+            and not folder_complete(self.staging)
             and not restart
-            and self.checkpoint_path.is_file()
+            and self._resumable(self.staging)
         )
-        self._remove((SUMMARY,) if resume else RUN_FILES + TRACKER_OUTPUTS)
-        return resume
+        if resume:
+            self._remove((SUMMARY,))
+            return True
+        self._drop_staging()
+        self.staging.mkdir()
+        return False
+
+    @staticmethod
+    def _resumable(folder: Path) -> bool:
+        return (folder / CHECKPOINT).is_file()
+
+    def _old_entries(self) -> list[str]:
+        """Names in ``out`` that belong to the run there (not the replacement's folders,
+        not temporary files of a killed atomic write)."""
+        return [
+            p.name
+            for p in self.out.iterdir()
+            if p.name not in REPLACEMENT_FOLDERS and not is_temporary(p.name)
+        ]
+
+    def _drop_staging(self) -> None:
+        staging = self.staging
+        if staging.is_symlink() or staging.is_file():
+            staging.unlink()
+        elif staging.is_dir():
+            shutil.rmtree(staging)
 
     def _remove(self, names: tuple[str, ...]) -> None:
         """The named run files, and temporary files a killed atomic write left behind."""
@@ -246,6 +379,55 @@ class RunDirectory:
         for p in self.path.iterdir():
             if is_temporary(p.name) and p.is_file():
                 p.unlink(missing_ok=True)
+
+    # -- replacing ------------------------------------------------------------------------
+    def commit(self) -> None:
+        """Swap a complete replacement in for the old run (nothing to do in place)."""
+        if not self.replacing:
+            return
+        (self.out / ASIDE).mkdir(exist_ok=True)
+        self._finish_swap()
+        self.path = self.out
+
+    def _finish_swap(self) -> None:
+        """Complete a swap that :meth:`commit` began (now, or in a process that died in it).
+
+        Idempotent: until the marker exists every entry of ``out`` is old and moves aside;
+        after it, every entry of ``out`` is new and the staged ones still missing move up.
+        """
+        aside = self.out / ASIDE
+        if not aside.is_dir() or aside.is_symlink():
+            return
+        marker = aside / MOVED
+        if not marker.exists() and not self.staging.is_dir():
+            # Nothing to swap in (the staging folder was removed by hand): put the old back.
+            for entry in aside.iterdir():
+                if not os.path.lexists(self.out / entry.name):
+                    os.replace(entry, self.out / entry.name)
+            shutil.rmtree(aside)
+            return
+        if not marker.exists():
+            for name in self._old_entries() + [
+                p.name for p in self.out.iterdir() if is_temporary(p.name)
+            ]:
+                os.replace(self.out / name, aside / name)
+            marker.touch()
+            sync_folder(self.out)
+        if self.staging.is_dir():
+            for entry in self.staging.iterdir():
+                os.replace(entry, self.out / entry.name)
+            self.staging.rmdir()
+            sync_folder(self.out)
+        shutil.rmtree(aside)
+
+    def abandon(self) -> None:
+        """After a failed replacement: the old run stays; the staging folder goes unless
+        its checkpoint lets the same command resume it."""
+        if (self.out / ASIDE).exists():
+            return  # stopped inside the swap: the next claim completes it
+        if self.replacing and not self._resumable(self.staging):
+            with contextlib.suppress(OSError):
+                self._drop_staging()
 
     def release(self, remove_created: bool = False) -> None:
         """Drop the lock; with ``remove_created`` also the folders this process made."""
@@ -267,6 +449,8 @@ class RunDirectory:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if exc_type is not None:
+            self.abandon()
         self.release()
 
     # -- files ------------------------------------------------------------------------------

@@ -400,3 +400,78 @@ def test_failed_write_leaves_no_temporary_file(
         FrameRecorder(tmp_path).write(synthetic_frame("TownA", 100))
     assert leftovers(tmp_path) == []
     assert not (tmp_path / "images" / "train" / "TownA_000100.png").exists()
+
+
+# --- `cfl-bench carla record`: which --out it may write into -------------------------------
+
+
+def record_cli(*args: str) -> tuple[int, str]:
+    """`cfl-bench carla record` through the console entry point (which turns a UserError into
+    one line and exit code 2), in this process: exit code and combined output."""
+    import contextlib
+    import io
+
+    from cfl_bench.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+        pytest.raises(SystemExit) as exited,
+    ):
+        main(["carla", "record", "--seconds", "4", *args])
+    return int(exited.value.code or 0), err.getvalue() + out.getvalue()
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("below", ["", "images/train", "new/folder"])
+def test_record_refuses_an_out_inside_its_replay_source(tiny: Path, below: str) -> None:
+    before = files_of(tiny)
+    out = tiny / below if below else tiny
+    code, output = record_cli("--data-root", str(tiny), "--town", "TownA", "--clients", "1",
+                              "--out", str(out), "--append")  # fmt: skip
+    assert code == 2, output
+    assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output
+    assert "is inside the replay source" in " ".join(output.split())
+    assert files_of(tiny) == before
+    assert not (tiny / "new").exists()
+
+
+def test_record_refuses_a_folder_that_holds_something_else(tiny: Path, tmp_path: Path) -> None:
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("my notes\n")
+    code, output = record_cli("--data-root", str(tiny), "--town", "TownA", "--clients", "1",
+                              "--out", str(out), "--append")  # fmt: skip
+    assert code == 2, output
+    assert len(output.strip().splitlines()) == 1, output
+    assert "is not empty and holds no earlier recording" in " ".join(output.split())
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_record_adds_to_an_earlier_recording_only_with_append(tiny: Path, tmp_path: Path) -> None:
+    out = tmp_path / "rec"
+    args = ("--data-root", str(tiny), "--clients", "1", "--out", str(out))
+    code, output = record_cli(*args, "--town", "TownA")
+    assert code == 0, output
+    first = files_of(out)
+    assert first and all(not name.startswith("images/train/TownB") for name in first)
+    code, output = record_cli(*args, "--town", "TownB")
+    assert code == 2, output
+    assert len(output.strip().splitlines()) == 1, output
+    assert "holds an earlier recording; pass --append" in " ".join(output.split())
+    assert files_of(out) == first
+    code, output = record_cli(*args, "--town", "TownB", "--append")
+    assert code == 0, output
+    merged = files_of(out)
+    assert {k: v for k, v in merged.items() if k in first} == first
+    assert any(name.startswith("images/train/TownB") for name in merged)
+
+
+def test_record_help_documents_append() -> None:
+    code, output = record_cli("--help")
+    assert code == 0
+    assert "--append" in output and "earlier recording" in " ".join(output.split())

@@ -53,6 +53,9 @@ def boundary_cmd(
     """Decision boundaries of the global model and of each client after local training, on
     Iris (2-D PCA) with 3 non-IID clients, from a random and a pretrained model; writes
     boundary.png/.svg, pilot.json and index.html with the forgetting numbers."""
+    from cfl_bench.run_dir import refuse_run_directory
+
+    refuse_run_directory(Path(out), "--out", "the pilot's figure, pilot.json and index.html")
     if rounds < 1:
         raise UserError(f"--rounds must be a positive integer, got {rounds}.")
     if threads < 1:

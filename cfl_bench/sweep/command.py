@@ -17,6 +17,7 @@ from rich.console import Console
 
 from cfl_bench.atomic import atomic_write_text
 from cfl_bench.errors import UserError
+from cfl_bench.run_dir import refuse_run_directory
 from cfl_bench.sweep import ledger
 from cfl_bench.sweep.display import SweepProgress, announce_skipped, results_table
 from cfl_bench.sweep.grid import SweepSpec, build_spec, expand
@@ -43,6 +44,7 @@ def sweep(
     states = [PointState(p, spec.out) for p in expand(spec)]
     if spec.out.exists() and not spec.out.is_dir():
         raise UserError(f"--out '{spec.out}' is a file; give a folder for the sweep.")
+    refuse_run_directory(spec.out, "--out", "a sweep's run folders and bookkeeping")
     for state in states:
         if ledger.is_done(state.run_dir, state.point.request_hash):
             state.absorb(ledger.read_summary(state.run_dir) or {})
