@@ -15,10 +15,11 @@ from rich.console import Console
 
 from cfl_bench import carla_demo as demo
 from cfl_bench.errors import UserError
+from cfl_bench.interrupts import says_what_it_kept
+from cfl_bench.plain_help import PlainTyper
 
-carla_app = typer.Typer(
+carla_app = PlainTyper(
     no_args_is_help=True,
-    rich_markup_mode=None,
     help="CARLA driving frames: live demo, recorder.",
 )
 
@@ -38,6 +39,7 @@ DataRoot = Annotated[
 
 
 @carla_app.command("demo")
+@says_what_it_kept
 def demo_cmd(
     source: Source = "replay",
     data_root: DataRoot = None,

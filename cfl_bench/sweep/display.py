@@ -74,8 +74,9 @@ class SweepProgress:
         )
 
     def changed(self, state: PointState) -> None:
-        """Announce a point that ended (or was interrupted) and redraw the bar."""
-        if state.status not in ("pending", "running"):
+        """Announce a point that ended and redraw the bar (interrupted points are named by
+        the sweep's closing line)."""
+        if state.status not in ("pending", "running", "interrupted"):
             done = sum(s.status in TERMINAL for s in self.states)
             acc = "" if state.final_acc is None else f"  Acc_T {state.final_acc:.2f}%"
             style = STYLE.get(state.status, "white")
