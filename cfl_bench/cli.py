@@ -565,24 +565,42 @@ def print_streams(console: Console) -> None:
 
 def print_components(console: Console) -> None:
     """One block per component: name, roles, paper, what it does, every option with its
-    default and help — a table would truncate the help text that explains the defaults."""
+    default and help — a table would truncate the help text that explains the defaults.
+
+    Why grids: at 80 columns the option help wraps, and a wrapped line that starts at
+    column 0 reads as a new entry; in a grid the wrapped text stays in its column under the
+    help it continues (a hanging indent).
+    """
     from rich.markup import escape
+    from rich.padding import Padding
 
     from strategies.registry import describe_components
 
     for row in describe_components():
         roles = ", ".join(row["roles"])  # type: ignore[arg-type]
-        console.print(f"[bold]{row['name']}[/]  [cyan]{roles}[/]  — {escape(str(row['paper']))}")
-        console.print(f"    {escape(str(row['summary']))}")
+        head = Table.grid(padding=(0, 2))
+        head.add_column(no_wrap=True)
+        head.add_column(overflow="fold")
+        head.add_row(f"[bold]{row['name']}[/]  [cyan]{roles}[/]", f"— {escape(str(row['paper']))}")
+        console.print(head)
+        console.print(
+            Padding(escape(str(row["summary"])), (0, 0, 0, 4), expand=False), highlight=False
+        )
+        options = Table.grid(padding=(0, 2))
+        options.add_column(no_wrap=True)
+        options.add_column(overflow="fold")
         for o in row["options"]:  # type: ignore[union-attr]
             default = "auto" if o["default"] is None else o["default"]
             choices = f" (one of {'|'.join(o['choices'])})" if o["choices"] else ""
-            console.print(
-                f"    [green]{o['name']}[/]={escape(str(default))}  {escape(o['help'])}{choices}"
+            options.add_row(
+                f"[green]{o['name']}[/]={escape(str(default))}", escape(o["help"] + choices)
             )
+        if options.row_count:
+            console.print(Padding(options, (0, 0, 0, 4), expand=False), highlight=False)
     console.print(
         "compose with '+', exactly one learner (default fedavg), at most one aggregator: "
-        "der+fedgp, der:alpha=0.5+fedgp:gref_samples=all+ifa:mode=random"
+        "der+fedgp, der:alpha=0.5+fedgp:gref_samples=all+ifa:mode=random",
+        highlight=False,
     )
 
 

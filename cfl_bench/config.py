@@ -265,7 +265,7 @@ class RunConfig:
         None,
         "run directory",
         protocol=False,
-        default_text="runs/<stream>_<strategy>_s<seed>_<hash>",
+        default_text="runs/<stream>_<strategy>_s<seed>-<hash>",
     )
     overwrite: bool = option(
         False,

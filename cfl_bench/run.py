@@ -13,7 +13,6 @@ import functools
 import json
 import math
 import os
-import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -107,8 +106,14 @@ def resolved_int(value: int | None) -> int:
     return int(value)
 
 
-def slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "run"
+def default_out(config: RunConfig) -> Path:
+    """``runs/<stream>_<strategy>_s<seed>-<hash8>``: named exactly as `cfl-bench sweep` names
+    the folder of the same request (its grid point), so a run and its sweep twin are found
+    under the same name; the hash is of the options as asked, before the stream's defaults."""
+    from cfl_bench.sweep.grid import point_name, point_request
+
+    request = point_request(config)
+    return Path("runs") / point_name(request, {}, canonical_hash(request))
 
 
 @dataclass
@@ -236,7 +241,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     exists, so an impossible split is refused without writing anything.
     """
     strategy = build_strategy(config.strategy)
-    asked_partition = config.partition
+    asked, asked_partition = config, config.partition
     config = resolve_defaults(config)
     model_name = checked_model_name(config)
     partitioner = partitioner_from_spec(str(config.partition))
@@ -258,12 +263,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     torch.manual_seed(derive_seed(config.seed, "dropout"))
     splits = plan_splits(stream, strategy, partitioner, config.clients, num_tasks, config.seed)
     protocol, protocol_hash, config_hash = run_identity(config, stream, strategy, partitioner)
-    out = (
-        Path(config.out)
-        if config.out
-        else Path("runs")
-        / slug(f"{config.stream}_{strategy.name}_s{config.seed}_{config_hash[:8]}")
-    )
+    out = Path(config.out) if config.out else default_out(asked)
     resolved = {
         "config": config.to_dict(),
         "protocol": protocol,

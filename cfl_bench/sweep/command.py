@@ -73,7 +73,7 @@ def run_sweep(
     prepare_folder(spec, states)
     announce_skipped(console, states)
 
-    with SweepProgress(console, states) as progress:
+    with SweepProgress(console, states, spec.jobs) as progress:
 
         def changed(state: PointState) -> None:
             progress.changed(state)
