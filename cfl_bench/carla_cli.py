@@ -17,10 +17,11 @@ from rich.console import Console
 
 from cfl_bench import carla_demo as demo
 from cfl_bench.errors import UserError
+from cfl_bench.interrupts import says_what_it_kept
+from cfl_bench.plain_help import PlainTyper
 
-carla_app = typer.Typer(
+carla_app = PlainTyper(
     no_args_is_help=True,
-    rich_markup_mode=None,
     help="CARLA driving frames: live demo, recorder.",
 )
 
@@ -58,6 +59,7 @@ def check_carla_options(port: int, timeout: float, clients: int) -> None:
 
 
 @carla_app.command("demo")
+@says_what_it_kept
 def demo_cmd(
     source: Source = "replay",
     data_root: DataRoot = None,

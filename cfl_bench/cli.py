@@ -21,18 +21,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cfl_bench.errors import UserError
+from cfl_bench.errors import RunInterruptedError, UserError
+from cfl_bench.interrupts import print_interrupt, stop_on_sigterm
+from cfl_bench.plain_help import PlainTyper
 
 if TYPE_CHECKING:
     from cfl_bench.config import RunConfig
     from cfl_bench.metric_registry import MetricSpec
 
-app = typer.Typer(
+app = PlainTyper(
     add_completion=False,
     pretty_exceptions_enable=False,
     no_args_is_help=True,
-    # Click's plain help wraps long help text instead of cutting it at 80 columns.
-    rich_markup_mode=None,
+    # Click's plain help (PlainTyper) wraps long help text instead of cutting it at 80 columns.
     help="cfl-bench: continual federated learning benchmarks.",
 )
 
@@ -40,7 +41,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def user_errors(fn: F) -> F:
-    """Turn UserError into one clear line and exit code 2."""
+    """Turn UserError into one clear line and exit code 2, an interrupt that says what it
+    kept into that line and exit code 130."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -49,6 +51,9 @@ def user_errors(fn: F) -> F:
         except UserError as exc:
             print_error(str(exc))
             raise typer.Exit(2) from None
+        except RunInterruptedError as exc:
+            print_interrupt(str(exc))
+            raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -107,22 +112,21 @@ def run(**values: Any) -> None:
     yaml_path = values.pop("config")
     cfg = make_config(values, yaml_path)
     check_names(cfg)
-    # The engine (torch, pandas) only once every name and number is known to be good.
-    from cfl_bench.round_keeper import RunInterruptedError
-    from cfl_bench.run import execute
-
     console = Console()
     try:
-        with (
-            stop_on_sigterm(),
-            round_display(console, f"{cfg.stream} · {cfg.strategy}") as on_round,
-        ):
-            result = execute(
-                cfg, on_round, notify=lambda text: console.print(text, highlight=False)
-            )
-    except RunInterruptedError as exc:
-        Console(stderr=True).print(f"[yellow]{escape_markup(str(exc))}[/]", soft_wrap=True)
-        raise typer.Exit(130) from None
+        with stop_on_sigterm():
+            # The engine (torch, pandas) only once every name and number is known to be good.
+            from cfl_bench.run import execute
+
+            with round_display(console, f"{cfg.stream} · {cfg.strategy}") as on_round:
+                result = execute(
+                    cfg, on_round, notify=lambda text: console.print(text, highlight=False)
+                )
+    except RunInterruptedError:
+        raise
+    except KeyboardInterrupt:
+        # Before the run directory was claimed: loading torch, the data or the model.
+        raise RunInterruptedError(BEFORE_ROUND_ONE) from None
     console.print(
         results_table(result.summary, cfg.stream, str(result.summary.get("strategy", cfg.strategy)))
     )
@@ -130,6 +134,12 @@ def run(**values: Any) -> None:
     if status != "finished":
         console.print(f"[yellow]run {status}:[/] {result.summary.get('message', '')}")
     console.print(f"results in [bold]{result.path}[/] (config.json, records.csv, summary.json)")
+
+
+BEFORE_ROUND_ONE = (
+    "interrupted before round 1 (loading the data and the model); nothing was written; rerun "
+    "the same command to start (or resume) the run"
+)
 
 
 def check_names(config: RunConfig) -> None:
@@ -150,7 +160,7 @@ def check_names(config: RunConfig) -> None:
     info = stream_info(config.stream)
     check_option_pairs(config)
     check_model_name(config.model or info.default_model)
-    require_data_root(config.stream, config.data_root)
+    require_data_root(config.stream, config.data_root, bool(config.download))
     parse_partition_spec(config.partition or info.default_partition)
 
 
@@ -163,9 +173,8 @@ def _install_run_command() -> None:
 
 _install_run_command()
 
-flower_app = typer.Typer(
+flower_app = PlainTyper(
     no_args_is_help=True,
-    rich_markup_mode=None,
     help="Flower deployment: the app for SuperNodes.",
 )
 
@@ -228,26 +237,6 @@ def _install_flower_commands() -> None:
 
 
 _install_flower_commands()
-
-
-@contextlib.contextmanager
-def stop_on_sigterm() -> Iterator[None]:
-    """SIGTERM (a batch scheduler's stop) ends a run like Ctrl-C: at once, resumable."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may install signal handlers
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -356,7 +345,9 @@ def sweep(
         bool,
         typer.Option(
             "--leaderboard/--no-leaderboard",
-            help="end by writing <out>/leaderboard/ (leaderboard.csv + leaderboard.html)",
+            help="end by writing <out>/leaderboard/ (leaderboard.csv + leaderboard.html) "
+            "[default: --leaderboard]",
+            show_default=False,
         ),
     ] = True,
 ) -> None:
@@ -598,24 +589,42 @@ def print_streams(console: Console) -> None:
 
 def print_components(console: Console) -> None:
     """One block per component: name, roles, paper, what it does, every option with its
-    default and help — a table would truncate the help text that explains the defaults."""
+    default and help — a table would truncate the help text that explains the defaults.
+
+    Why grids: at 80 columns the option help wraps, and a wrapped line that starts at
+    column 0 reads as a new entry; in a grid the wrapped text stays in its column under the
+    help it continues (a hanging indent).
+    """
     from rich.markup import escape
+    from rich.padding import Padding
 
     from strategies.registry import describe_components
 
     for row in describe_components():
         roles = ", ".join(row["roles"])  # type: ignore[arg-type]
-        console.print(f"[bold]{row['name']}[/]  [cyan]{roles}[/]  — {escape(str(row['paper']))}")
-        console.print(f"    {escape(str(row['summary']))}")
+        head = Table.grid(padding=(0, 2))
+        head.add_column(no_wrap=True)
+        head.add_column(overflow="fold")
+        head.add_row(f"[bold]{row['name']}[/]  [cyan]{roles}[/]", f"— {escape(str(row['paper']))}")
+        console.print(head)
+        console.print(
+            Padding(escape(str(row["summary"])), (0, 0, 0, 4), expand=False), highlight=False
+        )
+        options = Table.grid(padding=(0, 2))
+        options.add_column(no_wrap=True)
+        options.add_column(overflow="fold")
         for o in row["options"]:  # type: ignore[union-attr]
             default = "auto" if o["default"] is None else o["default"]
             choices = f" (one of {'|'.join(o['choices'])})" if o["choices"] else ""
-            console.print(
-                f"    [green]{o['name']}[/]={escape(str(default))}  {escape(o['help'])}{choices}"
+            options.add_row(
+                f"[green]{o['name']}[/]={escape(str(default))}", escape(o["help"] + choices)
             )
+        if options.row_count:
+            console.print(Padding(options, (0, 0, 0, 4), expand=False), highlight=False)
     console.print(
         "compose with '+', exactly one learner (default fedavg), at most one aggregator: "
-        "der+fedgp, der:alpha=0.5+fedgp:gref_samples=all+ifa:mode=random"
+        "der+fedgp, der:alpha=0.5+fedgp:gref_samples=all+ifa:mode=random",
+        highlight=False,
     )
 
 
@@ -640,7 +649,8 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     try:
         refuse_repeated_options(args)
-        code = command.main(args=args, prog_name="cfl-bench", standalone_mode=False)
+        with stop_on_sigterm():
+            code = command.main(args=args, prog_name="cfl-bench", standalone_mode=False)
     except UserError as exc:
         print_error(str(exc))
         code = 2
@@ -651,8 +661,11 @@ def main(argv: list[str] | None = None) -> None:
         else:
             print_error(usage_sentence(exc, args))
             code = 2
+    except RunInterruptedError as exc:
+        print_interrupt(str(exc))
+        code = 130
     except (KeyboardInterrupt, abort):
-        Console(stderr=True).print("[yellow]interrupted[/]")
+        print_interrupt("interrupted")
         code = 130
     except OSError as exc:
         if exc.errno not in (errno.EPIPE, errno.ENOSPC):

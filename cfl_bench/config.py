@@ -312,7 +312,7 @@ class RunConfig:
         grammar=check_path_text,
         grammar_text="a folder path of UTF-8 text without control characters (newline, tab)",
         protocol=False,
-        default_text="runs/<stream>_<strategy>_s<seed>_<hash>",
+        default_text="runs/<stream>_<strategy>_s<seed>-<hash>",
     )
     overwrite: bool = option(
         False,

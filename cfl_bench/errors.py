@@ -8,3 +8,11 @@ the fix in one sentence.
 
 class UserError(Exception):
     """Bad input from the user (names, numbers, files); shown as one line, exit code 2."""
+
+
+class RunInterruptedError(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM, with ``str()`` the one line saying what was kept and how to resume.
+
+    Why a KeyboardInterrupt: code that cleans up on an interrupt (``finally``, a run
+    directory's release) treats it like any Ctrl-C; the CLI prints the line and exits 130.
+    """

@@ -22,14 +22,13 @@ import torch
 
 from cfl_bench.engine import checkpoint
 from cfl_bench.engine.loop import Federation, RunOutcome
+from cfl_bench.errors import RunInterruptedError
 from cfl_bench.records import RecordLog, plain_rows
 from cfl_bench.run_dir import RunDirectory
 
 AUTO_RATIO = 20.0
 
-
-class RunInterruptedError(KeyboardInterrupt):
-    """Ctrl-C (or SIGTERM) during a run; ``str()`` says how to resume."""
+__all__ = ["RoundKeeper", "RunInterruptedError", "interruption"]
 
 
 class RoundKeeper:
@@ -161,11 +160,24 @@ class RoundKeeper:
             self.run_dir.remove_checkpoint()
 
     def interrupted(self, total_rounds: int) -> RunInterruptedError:
-        if self.saved_round == 0:
-            return RunInterruptedError(
-                "interrupted before the first checkpoint; rerun the same command to start again"
-            )
+        """The one line a Ctrl-C or SIGTERM during the rounds ends with."""
+        # A checkpoint already removed (the run was ending) keeps nothing.
+        saved = self.saved_round if self.run_dir.checkpoint_path.is_file() else 0
+        return interruption(total_rounds, self.federation.server.round_index, saved)
+
+
+def interruption(total: int, done: int, saved: int) -> RunInterruptedError:
+    """What an interrupt keeps, in one line: ``done`` rounds had ended, the checkpoint holds
+    ``saved`` of them (records written after it are cut back and run again on resume, so
+    the finished records stay identical to an uninterrupted run's)."""
+    where = f"interrupted at round {min(done + 1, total)} of {total}"
+    if saved == 0:
         return RunInterruptedError(
-            f"interrupted after round {self.saved_round} of {total_rounds}; rerun the same "
-            f"command to resume"
+            f"{where}; kept nothing (no checkpoint yet); rerun the same command to start again"
         )
+    if saved == done:
+        kept = f"kept round{'s 1-' if saved > 1 else ' '}{saved} (checkpoint)"
+    else:
+        again = f"round {done}" if done == saved + 1 else f"rounds {saved + 1}-{done}"
+        kept = f"kept the checkpoint of round {saved} ({again} run again)"
+    return RunInterruptedError(f"{where}; {kept}; rerun the same command to resume")

@@ -7,15 +7,15 @@ directory is prepared only once the configuration is known to be runnable.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import functools
 import json
 import math
 import os
-import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +33,7 @@ from cfl_bench.model_catalogue import DETECTION_MODELS, model_capabilities, mode
 from cfl_bench.models import MODELS, build_model
 from cfl_bench.progress import RoundReport
 from cfl_bench.resources import cuda_peak_bytes, peak_rss_bytes
-from cfl_bench.round_keeper import RoundKeeper
+from cfl_bench.round_keeper import RoundKeeper, RunInterruptedError, interruption
 from cfl_bench.run_checks import check_diagnostics, check_option_pairs, check_run_length
 from cfl_bench.run_dir import RunDirectory, free_bytes, os_problem
 from cfl_bench.seeding import derive_seed
@@ -107,8 +107,14 @@ def resolved_int(value: int | None) -> int:
     return int(value)
 
 
-def slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "run"
+def default_out(config: RunConfig) -> Path:
+    """``runs/<stream>_<strategy>_s<seed>-<hash8>``: named exactly as `cfl-bench sweep` names
+    the folder of the same request (its grid point), so a run and its sweep twin are found
+    under the same name; the hash is of the options as asked, before the stream's defaults."""
+    from cfl_bench.sweep.grid import point_name, point_request
+
+    request = point_request(config)
+    return Path("runs") / point_name(request, {}, canonical_hash(request))
 
 
 @dataclass
@@ -236,7 +242,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     exists, so an impossible split is refused without writing anything.
     """
     strategy = build_strategy(config.strategy)
-    asked_partition = config.partition
+    asked, asked_partition = config, config.partition
     config = resolve_defaults(config)
     model_name = checked_model_name(config)
     partitioner = partitioner_from_spec(str(config.partition))
@@ -260,12 +266,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     torch.manual_seed(derive_seed(config.seed, "dropout"))
     splits = plan_splits(stream, strategy, partitioner, config.clients, num_tasks, config.seed)
     protocol, protocol_hash, config_hash = run_identity(config, stream, strategy, partitioner)
-    out = (
-        Path(config.out)
-        if config.out
-        else Path("runs")
-        / slug(f"{config.stream}_{strategy.name}_s{config.seed}_{config_hash[:8]}")
-    )
+    out = Path(config.out) if config.out else default_out(asked)
     resolved = {
         "config": config.to_dict(),
         "protocol": protocol,
@@ -530,10 +531,41 @@ def run_in(
             "(the clients' states live in the simulation); pass --restart or resume it with "
             "another --executor."
         )
-    if not resume:
-        plan.resolved["cost_estimate"] = cost.announce(plan, say)
-    federation = plan.federation()
-    trackers = open_run_trackers(plan, run_dir)
+    total = plan.schedule.clock().total_rounds
+    trackers: list[Tracker] = []
+    try:
+        with interrupts_before_rounds(total, resume):
+            if not resume:  # before the federation touches the model
+                plan.resolved["cost_estimate"] = cost.announce(plan, say)
+            federation = plan.federation()
+            trackers = open_run_trackers(plan, run_dir)
+            keeper = start_keeper(run_dir, plan, federation, trackers, resume, say)
+        outcome = federation.run(on_round, keeper.round_end)
+        keeper.finish(outcome)
+        if config.save_model:
+            save_global_model(federation, run_dir.path / "model.pt")
+    except RunInterruptedError:
+        raise
+    except KeyboardInterrupt:
+        raise keeper.interrupted(total) from None
+    finally:
+        for tracker in trackers:
+            tracker.close()
+        plan.stream.close()
+    return run_summary(keeper, outcome, plan)
+
+
+def start_keeper(
+    run_dir: RunDirectory,
+    plan: RunPlan,
+    federation: Federation,
+    trackers: list[Tracker],
+    resume: bool,
+    say: Callable[[str], None],
+) -> RoundKeeper:
+    """The round keeper of a fresh run (config.json written) or of a resumed one (its
+    checkpoint loaded)."""
+    config = plan.config
     keeper = RoundKeeper(
         run_dir,
         federation,
@@ -542,7 +574,6 @@ def run_in(
         keep_last=config.keep_checkpoint,
         observers=[tracker.log for tracker in trackers],
     )
-    total = plan.schedule.clock().total_rounds
     if resume:
         try:
             keeper.resume(plan.device, say, adopt_threads=config.threads is None)
@@ -550,22 +581,26 @@ def run_in(
             raise UserError(
                 f"cannot resume the run in '{plan.out}': {exc}; pass --restart to start it over."
             ) from None
-        say(f"resuming from round {keeper.saved_round} of {total}")
+        say(f"resuming from round {keeper.saved_round} of {plan.schedule.clock().total_rounds}")
     else:
         run_dir.write_config(plan.resolved)
         keeper.start_fresh()
+    return keeper
+
+
+@contextlib.contextmanager
+def interrupts_before_rounds(total: int, resuming: bool) -> Iterator[None]:
+    """Ctrl-C or SIGTERM before this process's first round (the cost probe, loading the
+    checkpoint): one line saying what is kept — a resumed run's checkpoint, else nothing."""
     try:
-        outcome = federation.run(on_round, keeper.round_end)
-        keeper.finish(outcome)
-        if config.save_model:
-            save_global_model(federation, run_dir.path / "model.pt")
+        yield
     except KeyboardInterrupt:
-        raise keeper.interrupted(total) from None
-    finally:
-        for tracker in trackers:
-            tracker.close()
-        plan.stream.close()
-    return run_summary(keeper, outcome, plan)
+        if resuming:
+            raise RunInterruptedError(
+                f"interrupted while resuming (before its next round of {total}); kept the "
+                "checkpoint; rerun the same command to resume"
+            ) from None
+        raise interruption(total, 0, 0) from None
 
 
 def check_resumable(plan: RunPlan, resume: bool) -> None:

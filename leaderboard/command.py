@@ -100,8 +100,8 @@ def problems_table(runs: pd.DataFrame) -> Table | None:
     if problems.empty:
         return None
     table = Table(title="runs not finished (kept out of the means)", box=box.SIMPLE_HEAD)
-    for name in ("run directory", "status", "message"):
-        table.add_column(name)
+    for name in ("run directory", "status", "message"):  # folded, never cut with "…"
+        table.add_column(name, overflow="fold")
     for _, run in problems.iterrows():
         table.add_row(Text(str(run["path"])), Text(str(run["status"])), Text(str(run["message"])))
     return table

@@ -286,15 +286,21 @@ def stream_info(name: str) -> StreamInfo:
     )
 
 
-def require_data_root(name: str, data_root: str | None) -> None:
+def require_data_root(name: str, data_root: str | None, download: bool = False) -> None:
     """Refuse a stream that reads a data folder when no ``--data-root`` names one.
 
     Decided from names alone, so ``cfl-bench run`` says it before importing the engine and
-    the builders say the same sentence.
+    the builders say the same sentence. With ``--download`` given, the sentence asks for
+    the folder to fetch into (suggesting --download again would send the user in a circle).
     """
     info = stream_info(name)
     if data_root is not None or not info.needs_data_root:
         return
+    if download and info.downloadable:
+        raise UserError(
+            f"--download needs a folder to fetch stream {name!r}'s data into: add --data-root "
+            f"DIR (e.g. --data-root data); {info.data} is then written under DIR"
+        )
     fetch = ", or add --download to fetch it there" if info.downloadable else ""
     raise UserError(
         f"stream {name!r} needs its data: pass --data-root pointing at a folder that holds "

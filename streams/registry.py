@@ -57,7 +57,7 @@ def build_stream(
     info = stream_info(name)  # unknown names and malformed avalanche specs fail here
     # Cheap checks first: a missing --data-root is refused before any file is read,
     # downloaded or encoded (the builders check the folder and --tasks next).
-    require_data_root(name, data_root)
+    require_data_root(name, data_root, download)
     check_cutout(info, cutout)
     request = StreamRequest(
         num_tasks=num_tasks,

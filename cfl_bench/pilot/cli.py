@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cfl_bench.errors import UserError
+from cfl_bench.plain_help import PlainTyper
 
 DEFAULT_OUT = "runs/pilot-boundary"
 DEFAULT_ROUNDS = 5
@@ -26,9 +27,8 @@ Guard = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 def install(parent: typer.Typer, guard: Guard) -> None:
     """Add the ``pilot`` group, its commands wrapped by ``guard``, to ``parent``."""
-    pilot_app = typer.Typer(
+    pilot_app = PlainTyper(
         no_args_is_help=True,
-        rich_markup_mode=None,
         help="Small experiments that reproduce a paper's motivating figure.",
     )
     pilot_app.command("boundary")(guard(boundary_cmd))

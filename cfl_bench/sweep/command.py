@@ -16,7 +16,7 @@ import yaml
 from rich.console import Console
 
 from cfl_bench.atomic import atomic_write_text
-from cfl_bench.errors import UserError
+from cfl_bench.errors import RunInterruptedError, UserError
 from cfl_bench.run_dir import refuse_run_directory
 from cfl_bench.sweep import ledger
 from cfl_bench.sweep.display import SweepProgress, announce_skipped, results_table
@@ -49,6 +49,19 @@ def sweep(
         if ledger.is_done(state.run_dir, state.point.request_hash):
             state.absorb(ledger.read_summary(state.run_dir) or {})
             state.skipped = True
+    try:
+        return run_sweep(spec, states, console, leaderboard)
+    except RunInterruptedError:
+        raise
+    except KeyboardInterrupt:
+        write_manifest_if_prepared(spec, states)
+        raise RunInterruptedError(interrupted_line(states)) from None
+
+
+def run_sweep(
+    spec: SweepSpec, states: list[PointState], console: Console, leaderboard: bool
+) -> int:
+    """Check the names of the points still to run, prepare the folder, run, report."""
     todo = [s for s in states if not s.skipped]
     launcher = Launcher()
     if todo:
@@ -62,7 +75,7 @@ def sweep(
     prepare_folder(spec, states)
     announce_skipped(console, states)
 
-    with SweepProgress(console, states) as progress:
+    with SweepProgress(console, states, spec.jobs) as progress:
 
         def changed(state: PointState) -> None:
             progress.changed(state)
@@ -78,6 +91,37 @@ def sweep(
         board = leaderboard_command([str(spec.out)], str(spec.out / LEADERBOARD), None, console)
         code = max(code, board)
     return code
+
+
+def interrupted_line(states: list[PointState]) -> str:
+    """The one line a Ctrl-C or SIGTERM of the sweep ends with: what is done, what is not
+    (by name, the first few), and how to go on. The running runs were stopped at once; each
+    keeps its last checkpoint (``cfl-bench run``'s rule), so the rerun resumes them."""
+    done = [s for s in states if s.status in ("finished", "diverged")]
+    stopped = [s.point.name for s in states if s.status == "interrupted"]
+    waiting = [s.point.name for s in states if s.status in ("pending", "running")]
+    failed = [s for s in states if s.status in ("failed", "busy")]
+    parts = [f"{len(done)} of {len(states)} runs done"]
+    if stopped:
+        parts.append(f"stopped {names(stopped)} (kept: its last checkpoint)")
+    if waiting:
+        parts.append(f"not started {names(waiting)}")
+    if failed:
+        parts.append(f"{len(failed)} failed (run again)")
+    return f"sweep interrupted: {'; '.join(parts)}; rerun the same sweep command to resume"
+
+
+def names(points: list[str], shown: int = 2) -> str:
+    """``a, b +3 more``: the first names, and how many more."""
+    more = f" +{len(points) - shown} more" if len(points) > shown else ""
+    return ", ".join(points[:shown]) + more
+
+
+def write_manifest_if_prepared(spec: SweepSpec, states: list[PointState]) -> None:
+    """sweep.json with the interrupted points, when the folder was already prepared (an
+    interrupt during the name check leaves nothing written)."""
+    if (spec.out / ledger.BOOKKEEPING).is_dir():
+        write_manifest(spec, states)
 
 
 def prepare_folder(spec: SweepSpec, states: list[PointState]) -> None:

@@ -9,14 +9,25 @@ messages are what remains.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from types import TracebackType
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Column, Table
+from rich.text import Text
 
+from cfl_bench.progress import clock
 from cfl_bench.sweep.scheduler import TERMINAL, PointState
 
 STYLE = {
@@ -29,20 +40,29 @@ STYLE = {
 
 
 class SweepProgress:
-    """Context manager around the rich Progress; ``changed`` is the scheduler's callback."""
+    """Context manager around the rich Progress; ``changed`` is the scheduler's callback.
 
-    def __init__(self, console: Console, states: list[PointState]) -> None:
+    At 80 columns the line keeps its bar, the done/total count, the failures, the elapsed
+    time and the ETA; only the names of the running points, last, are cut with "…".
+    """
+
+    def __init__(self, console: Console, states: list[PointState], jobs: int = 1) -> None:
         self.console = console
         self.states = states
         self.progress = Progress(
             TextColumn("[bold]sweep"),
-            BarColumn(),
+            BarColumn(bar_width=16),
             MofNCompleteColumn(),
             TextColumn("{task.fields[counts]}"),
             TimeElapsedColumn(),
-            TextColumn("{task.fields[running]}"),
+            SweepEta(states, jobs),
+            TextColumn(
+                "{task.fields[running]}",
+                table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis"),
+            ),
             console=console,
             transient=False,
+            expand=True,
             disable=not console.is_terminal,
         )
         self.bar = self.progress.add_task("sweep", total=len(states), counts="", running="")
@@ -66,16 +86,18 @@ class SweepProgress:
         skipped = sum(s.skipped for s in self.states)
         running = [s.point.name for s in self.states if s.status == "running"]
         shown = ", ".join(running[:3]) + (f" +{len(running) - 3}" if len(running) > 3 else "")
+        parts = [f"{skipped} skipped" if skipped else "", f"{counts['failed']} failed"]
         self.progress.update(
             self.bar,
             completed=sum(counts[s] for s in TERMINAL),
-            counts=f"skipped {skipped} · failed {counts['failed']}",
-            running=f"running: {escape(shown)}" if running else "",
+            counts=" · ".join(p for p in parts if p and not p.startswith("0 ")),
+            running=f"running {escape(shown)}" if running else "",
         )
 
     def changed(self, state: PointState) -> None:
-        """Announce a point that ended (or was interrupted) and redraw the bar."""
-        if state.status not in ("pending", "running"):
+        """Announce a point that ended and redraw the bar (interrupted points are named by
+        the sweep's closing line)."""
+        if state.status not in ("pending", "running", "interrupted"):
             done = sum(s.status in TERMINAL for s in self.states)
             acc = "" if state.final_acc is None else f"  Acc_T {state.final_acc:.2f}%"
             style = STYLE.get(state.status, "white")
@@ -85,6 +107,34 @@ class SweepProgress:
                 highlight=False,
             )
         self.refresh()
+
+
+class SweepEta(ProgressColumn):
+    """Time left: the mean wall time of the runs this sweep finished, times the runs still
+    to go (less what the running ones have done), over the parallel jobs; "ETA …" until a
+    first run has finished. Skipped runs count for nothing: they cost no time."""
+
+    def __init__(self, states: list[PointState], jobs: int) -> None:
+        super().__init__()
+        self.states = states
+        self.jobs = max(1, jobs)
+
+    def render(self, task: Task) -> Text:
+        timed = [
+            s.wall_time_s
+            for s in self.states
+            if s.status in TERMINAL and not s.skipped and s.wall_time_s is not None
+        ]
+        if not timed:
+            return Text("ETA …")
+        mean = sum(timed) / len(timed)
+        now = time.monotonic()
+        left = sum(
+            mean if s.status == "pending" else max(0.0, mean - (now - (s.started or now)))
+            for s in self.states
+            if s.status in ("pending", "running")
+        )
+        return Text(f"ETA {clock(left / self.jobs)}")
 
 
 def announce_skipped(console: Console, states: list[PointState]) -> None:

@@ -43,6 +43,7 @@ from cfl_bench.errors import UserError
 from cfl_bench.sweep import ledger
 
 EXIT_USER_ERROR = 2  # the run refused its input (as `cfl-bench run` exits 2)
+EXIT_INTERRUPTED = 130  # Ctrl-C (the sweep stops its children itself)
 EXIT_ALREADY_DONE = 76  # another sweep finished the point between our check and our lock
 PR_SET_PDEATHSIG = 1
 
@@ -125,6 +126,9 @@ def run_point(job: RunJob) -> None:
         except UserError as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             sys.exit(EXIT_USER_ERROR)
+        except KeyboardInterrupt as exc:  # Ctrl-C reaches the whole process group
+            print(str(exc) or "interrupted", file=sys.stderr, flush=True)
+            sys.exit(EXIT_INTERRUPTED)
         print(f"{job.name}: {summary.get('status')} Acc_T={summary.get('Acc_T')}", flush=True)
 
 
@@ -163,17 +167,16 @@ def name_error(request: dict[str, Any]) -> str | None:
     """The first name-level refusal `cfl-bench run` would give this request, if any."""
     from cfl_bench.models import MODELS
     from strategies.compose import build_strategy
+    from streams.catalogue import require_data_root
     from streams.partition import partitioner_from_spec
     from streams.registry import stream_info
 
     try:
         build_strategy(str(request["strategy"]))
         info = stream_info(str(request["stream"]))
-        if info.needs_data_root and not request.get("data_root"):
-            raise UserError(
-                f"stream '{info.name}' needs its data; pass --data-root (see the README's "
-                f"Data section)."
-            )
+        require_data_root(
+            info.name, request.get("data_root") or None, bool(request.get("download"))
+        )
         model = request.get("model") or info.default_model
         if model not in MODELS:
             raise UserError(f"unknown model '{model}'; choose one of: {', '.join(sorted(MODELS))}.")
