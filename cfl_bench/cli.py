@@ -430,7 +430,24 @@ def read_class_tables(run_dir: str) -> tuple[dict[str, list[list[int]]], list[in
     sizes = {len(t) for t in tables.values()}
     if offsets and sizes != {len(offsets)}:
         raise damaged
+    refuse_damaged(run_dir)
     return tables, offsets
+
+
+def refuse_damaged(run_dir: str) -> None:
+    """Refuse a run that the reader of run directories finds damaged (a records.csv with
+    garbage, a NaN, a line cut in half ...), in the words ``report`` uses: every command
+    gives one verdict on a run (:mod:`cfl_bench.run_reader`)."""
+    from pathlib import Path
+
+    from cfl_bench.run_reader import DAMAGED, read_run
+
+    reading = read_run(Path(run_dir))
+    if reading.status == DAMAGED:
+        raise UserError(
+            f"run directory '{run_dir}' is damaged: {reading.reason}; re-run that run or pass "
+            f"another run directory."
+        )
 
 
 def is_count_table(table: object) -> bool:

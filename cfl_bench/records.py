@@ -26,6 +26,7 @@ import torch
 
 from cfl_bench.atomic import atomic_write_text
 from cfl_bench.metrics import RECORD_COLUMNS
+from cfl_bench.run_reader import read_rows
 
 # The tidy long-format columns are defined once, beside the metrics that read them.
 COLUMNS = RECORD_COLUMNS
@@ -62,13 +63,6 @@ def csv_text(rows: Iterable[Sequence[object]], header: bool = False) -> str:
     for r in rows:
         writer.writerow([r[0], r[1], r[2], r[3], r[4], format_value(r[5])])
     return buf.getvalue()
-
-
-def read_rows(path: Path) -> pd.DataFrame:
-    """A record file as written. Values go through Python's ``float``, which reads a repr
-    back exactly; pandas' own fast parser may round in the last digit (pandas < 3)."""
-    frame = pd.read_csv(path, converters={"value": float})
-    return frame.astype({"value": "float64"})
 
 
 class RecordLog:

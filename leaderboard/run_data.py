@@ -4,9 +4,9 @@ Why a loader of its own (and not :func:`leaderboard.runs.load_run`): the leaderb
 one row per run and lists a damaged run instead of stopping, because one bad directory
 among hundreds must not take the board down. A report is about *one* run: there is nothing
 else to show, so every problem is refused with one sentence naming the file and the fix
-(exit 2, nothing written). The JSON records still go through the leaderboard's checks
-(:func:`leaderboard.runs.read_record` and :func:`leaderboard.runs.parse_run`: NaN tokens,
-duplicate keys, wrong types and ranges), so both commands accept exactly the same files.
+(exit 2, nothing written). Both read the directory with the same reader,
+:func:`cfl_bench.run_reader.read_run` (JSON records and ``records.csv``), so the runs the
+report refuses are exactly those the leaderboard lists as damaged, for the same reason.
 
 Why everything comes from ``records.csv``: it is the run's measurement log, appended as
 rounds finish, so an unfinished run (still running, killed, or stopped by a crash) has
@@ -18,21 +18,16 @@ Only task ends that were reached count: an accuracy measured during a task that 
 ended (``--eval-every-round``) is not that task's end-of-task evaluation, and using it
 would put a number in the accuracy matrix that the finished run would never hold.
 
-``records.csv`` is read with :func:`cfl_bench.records.read_rows` (exact floats) and every
-row is checked: the header, integer task and round columns, known scopes, and values in the
-possible range of their metric (an accuracy of 150 % or a negative byte count cannot have
-been measured). A training loss may be infinite or NaN: that is how a run diverges. A last
-line cut in half (a run killed while appending) is dropped for an unfinished or failed run
-(the sweep records a killed run as failed), with a note; in a finished or diverged run,
-whose summary the engine wrote after its last record, it means the file was damaged.
+``records.csv`` is read and checked by the reader (:mod:`cfl_bench.run_reader`: exact
+floats, the header, integer task and round columns, known scopes, values finite and in the
+possible range of their metric, NaN only where a divergence put it, a cut last line dropped
+with a note for an unfinished or failed run and refused in a finished or diverged one).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,28 +35,26 @@ from typing import TYPE_CHECKING, Any
 from cfl_bench import metric_registry as registry
 from cfl_bench.errors import UserError
 from cfl_bench.run_dir import os_problem
-from leaderboard.runs import CONFIG, SUMMARY, DamagedRunError, parse_run, read_record
+from cfl_bench.run_reader import (  # noqa: F401 (VALUE_RANGES: importable from here too)
+    CONFIG,
+    DAMAGED,
+    RECORDS,
+    SUMMARY,
+    VALUE_RANGES,
+    read_run,
+    stream_task_count,
+)
 
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
-RECORDS = "records.csv"
-#: What a report calls a run without ``summary.json`` (the leaderboard's ``incomplete``).
-UNFINISHED = "unfinished"
 #: The fix named after every problem with a run's files.
 DAMAGED_FIX = "re-run that run or pass another run directory"
-#: Possible ranges of the recorded metrics (from the metric registry); non-finite values are
-#: refused for all of them. Metrics not listed (a newer engine's) are shown nowhere and so
-#: not checked.
-VALUE_RANGES: dict[str, tuple[float, float]] = {r.name: r.range for r in registry.RECORDED}
-#: Slack at the ends of a range, for float rounding in a legitimately measured value.
-SLACK = 1e-9
 #: Metrics that the accuracy matrices and memory drift are built from (task ends only).
 TASK_END_METRICS: tuple[str, ...] = tuple(r.name for r in registry.RECORDED if r.task_end)
 #: Summary keys compared with the values recomputed from records.csv.
 CROSS_CHECKED: tuple[str, ...] = tuple(s.key for s in registry.view("cross_check"))
-_CLIENT = re.compile(r"client_(\d+)")
 
 
 @dataclass
@@ -133,141 +126,6 @@ def check_run_dir(run_dir: str) -> Path:
         f"RUN_DIR '{run_dir}' holds no config.json; pass a run directory written by "
         f"`cfl-bench run`."
     )
-
-
-def _read_json(run_dir: str, folder: Path, name: str) -> dict[str, Any] | None:
-    path = folder / name
-    if not os.path.lexists(path):
-        return None
-    try:
-        return read_record(path)
-    except DamagedRunError as exc:
-        raise _refuse(run_dir, str(exc)) from None
-
-
-def _records_text(run_dir: str, path: Path) -> str:
-    """The raw text of records.csv, or a UserError (missing, not a file, not UTF-8)."""
-    if not os.path.lexists(path):
-        raise UserError(
-            f"run directory '{run_dir}' has no records.csv, so there is nothing to report; "
-            f"{DAMAGED_FIX}."
-        )
-    try:
-        if not path.is_file():
-            raise _refuse(run_dir, "records.csv is not a file")
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise _refuse(run_dir, f"records.csv cannot be read ({os_problem(exc)})") from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise _refuse(run_dir, f"records.csv is not UTF-8 text (byte {exc.start})") from None
-
-
-def read_records(
-    run_dir: str, folder: Path, complete: bool, num_tasks: int, clients: int | None
-) -> tuple[pd.DataFrame, list[str]]:
-    """records.csv read exactly and checked (see the module docstring), and notes for the
-    page. ``complete``: the engine itself ended the run (finished or diverged) and wrote its
-    summary after the last record, so a cut last line is damage; a run that is unfinished
-    or failed (a crash, or a kill the sweep recorded) may have been stopped mid-write."""
-    from cfl_bench.metrics import RECORD_COLUMNS
-    from cfl_bench.records import read_rows
-
-    path = folder / RECORDS
-    text = _records_text(run_dir, path)
-    header = ",".join(RECORD_COLUMNS)
-    first = text.split("\n", 1)[0].rstrip("\r")
-    if first != header:
-        shown = first if len(first) <= 60 else first[:57] + "..."
-        raise _refuse(run_dir, f"records.csv starts with {shown!r}, not the header {header!r}")
-    notes: list[str] = []
-    source = path
-    cut = text.count("\n") >= 1 and not text.endswith("\n")
-    with tempfile.TemporaryDirectory(prefix="cfl-bench-report-") as scratch:
-        if cut:
-            if complete:
-                raise _refuse(run_dir, "records.csv ends in the middle of a line")
-            kept = text[: text.rindex("\n") + 1]
-            notes.append(
-                f"The last line of records.csv was cut off (the run was stopped while "
-                f"writing it) and is left out: line {kept.count(chr(10)) + 1}."
-            )
-            source = Path(scratch) / RECORDS
-            source.write_text(kept, encoding="utf-8")
-        try:
-            frame = read_rows(source)
-        except (ValueError, TypeError, OverflowError) as exc:  # pandas' ParserError included
-            reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-            raise _refuse(run_dir, f"records.csv cannot be parsed ({reason})") from None
-    check_records(run_dir, frame, num_tasks, clients)
-    return frame, notes
-
-
-def check_records(run_dir: str, frame: pd.DataFrame, num_tasks: int, clients: int | None) -> None:
-    """Refuse a records table cfl-bench cannot have written (the first bad line is named)."""
-    from pandas.api.types import is_integer_dtype
-
-    from cfl_bench.metrics import RECORD_COLUMNS
-
-    if list(frame.columns) != list(RECORD_COLUMNS):
-        raise _refuse(run_dir, f"records.csv has the columns {list(frame.columns)}")
-    for column in ("round", "trained_task", "eval_task"):
-        if len(frame) and not is_integer_dtype(frame[column]):
-            bad = _first_bad(frame[column].map(_whole))
-            where = f"records.csv line {bad}" if bad else "records.csv"
-            raise _refuse(run_dir, f"{where}: '{column}' is not an integer")
-    for column in ("scope", "metric"):
-        bad = _first_bad(frame[column].map(lambda v: isinstance(v, str) and v != ""))
-        if bad:
-            raise _refuse(run_dir, f"records.csv line {bad}: '{column}' is empty or not text")
-    checks = [
-        ("round", frame["round"] >= 0, "a round below 0"),
-        ("trained_task", frame["trained_task"].between(-1, num_tasks - 1), "no task of the run"),
-        ("eval_task", frame["eval_task"].between(-1, num_tasks - 1), "no task of the run"),
-    ]
-    for column, ok, what in checks:
-        bad = _first_bad(ok)
-        if bad:
-            value = frame[column].iloc[bad - 2]
-            raise _refuse(run_dir, f"records.csv line {bad}: '{column}' {value} is {what}")
-    bad = _first_bad(frame["scope"].map(lambda s: _scope_ok(s, clients)))
-    if bad:
-        scope = str(frame["scope"].iloc[bad - 2])[:40]
-        raise _refuse(run_dir, f"records.csv line {bad}: scope {scope!r} is not a known scope")
-    for metric, (low, high) in VALUE_RANGES.items():
-        values = frame.loc[frame["metric"] == metric, "value"]
-        inside = values.map(lambda v, lo=low, hi=high: lo - SLACK <= v <= hi + SLACK)
-        outside = values[~inside.astype(bool)]
-        if len(outside):
-            line = int(outside.index[0]) + 2
-            raise _refuse(
-                run_dir,
-                f"records.csv line {line}: {metric} {float(outside.iloc[0])!r} is outside its "
-                f"possible range [{low:g}, {high:g}]",
-            )
-
-
-def _whole(value: object) -> bool:
-    """An integer as pandas parses it (a float column holds 1.0 for "1" beside a "1.5")."""
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, float):
-        return value.is_integer()
-    return isinstance(value, int) or type(value).__name__.startswith("int")
-
-
-def _first_bad(ok: pd.Series) -> int:
-    """The file line (header = line 1) of the first False in ``ok``; 0 when all are True."""
-    bad = ok.index[~ok.astype(bool).to_numpy()]
-    return int(bad[0]) + 2 if len(bad) else 0
-
-
-def _scope_ok(scope: object, clients: int | None) -> bool:
-    if scope == "global":
-        return True
-    match = _CLIENT.fullmatch(str(scope))
-    return match is not None and (clients is None or int(match.group(1)) < clients)
 
 
 def _int_list(value: object) -> list[int] | None:
@@ -356,38 +214,24 @@ def _disagreements(summary: dict[str, Any], metrics: dict[str, Any]) -> list[str
     return out
 
 
-def _stream_task_count(run_dir: str, config: dict[str, Any]) -> int:
-    """The task count config.json's stream description gives (runs that did not record it
-    in their identity); a refusal when it is missing or not a positive integer."""
-    stream = config.get("stream")
-    tasks = stream.get("num_tasks") if isinstance(stream, dict) else None
-    if type(tasks) is not int or tasks < 1:
-        raise _refuse(run_dir, "config.json does not say how many tasks the run has")
-    return tasks
-
-
 def load_run_data(run_dir: str) -> RunData:
-    """Read and check everything a report shows about the run in ``run_dir``."""
+    """Read and check everything a report shows about the run in ``run_dir``: the run
+    directory as :func:`cfl_bench.run_reader.read_run` reads it (a damaged one is refused
+    with its reason), then the numbers derived from its records."""
     from cfl_bench.metrics import summarize
 
     folder = check_run_dir(run_dir)
-    config = _read_json(run_dir, folder, CONFIG) or {}
-    summary = _read_json(run_dir, folder, SUMMARY)
-    try:
-        identity = parse_run(run_dir, config, summary)
-    except DamagedRunError as exc:
-        raise _refuse(run_dir, str(exc)) from None
-    num_tasks = identity["num_tasks"]
-    if num_tasks is None:
-        num_tasks = _stream_task_count(run_dir, config)
-    status = identity["status"]
-    message = str(identity["message"] or "")
-    if status == "incomplete":
-        status = UNFINISHED
-    protocol = identity["protocol"] or {}
-    clients = protocol.get("clients") if type(protocol.get("clients")) is int else None
-    complete = status in ("finished", "diverged")
-    records, notes = read_records(run_dir, folder, complete, num_tasks, clients)
+    reading = read_run(folder, run_dir)
+    if reading.status == DAMAGED or reading.row is None:
+        raise _refuse(run_dir, reading.reason)
+    if reading.records is None:
+        raise UserError(
+            f"run directory '{run_dir}' has no records.csv, so there is nothing to report; "
+            f"{DAMAGED_FIX}."
+        )
+    identity, config, summary = reading.row, reading.config, reading.summary
+    records, notes = reading.records, list(reading.notes)
+    num_tasks = identity["num_tasks"] or stream_task_count(config)  # checked by read_run
     ends, total, offsets = task_clock(run_dir, config, num_tasks)
     rounds_done = int(records["round"].max()) if len(records) else 0
     if total is not None and rounds_done > total:
@@ -397,7 +241,7 @@ def load_run_data(run_dir: str) -> RunData:
         metrics = summarize(task_end_records(records, ends, rounds_done), num_tasks)
     except ValueError as exc:
         raise _refuse(run_dir, f"records.csv does not fit the run ({exc})") from None
-    if status == "finished" and summary is not None:
+    if reading.status == "finished" and summary is not None:
         differ = _disagreements(summary, metrics)
         if differ:
             notes.append(
@@ -407,8 +251,8 @@ def load_run_data(run_dir: str) -> RunData:
             )
     return RunData(
         path=run_dir,
-        status=status,
-        message=message,
+        status=reading.status,
+        message=reading.reason,
         identity=identity,
         config=config,
         summary=summary,

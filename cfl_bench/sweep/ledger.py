@@ -13,9 +13,12 @@ Layout of a sweep folder ``<out>``::
 The bookkeeping files live outside the run directories because ``RunDirectory.prepare``
 refuses a non-empty directory without ``config.json``, and a restarted point wipes its
 directory. **Skip rule**: a point is done exactly when its directory holds a ``summary.json``
-with status "finished" or "diverged" whose ``request_hash`` equals the point's; anything else
-(no summary, a failed one, another hash) is run again — resumed from its checkpoint when an
-interrupted attempt of the same configuration left one, from scratch otherwise.
+with status "finished" or "diverged" whose ``request_hash`` equals the point's, and the
+reader of run directories (:mod:`cfl_bench.run_reader`) finds none of its files damaged;
+anything else (no summary, a failed one, another hash, a damaged ``records.csv``) is run
+again — resumed from its checkpoint when an interrupted attempt of the same configuration
+left one, from scratch otherwise (a damaged finished run is replaced only once its
+replacement has finished, as ``--overwrite`` does).
 
 Files are written with ``cfl_bench.atomic`` (temp + fsync + rename), which imports no torch:
 the sweep process stays light, the engine lives in the children.
@@ -35,12 +38,14 @@ from cfl_bench import run_dir as run_directory
 from cfl_bench.atomic import atomic_write_json as write_json
 from cfl_bench.errors import UserError
 
-DONE_STATUSES = ("finished", "diverged")
 BOOKKEEPING = ".sweep"
 MANIFEST = "sweep.json"
 LOG = "sweep.log"
-# What a cfl-bench run directory may contain; anything else means it is not ours to wipe.
-RUN_FILES = frozenset(run_directory.RUN_FILES + run_directory.TRACKER_OUTPUTS)
+# What a cfl-bench run directory may contain (a replacement's hidden folders included);
+# anything else means it is not ours to wipe.
+RUN_FILES = frozenset(
+    run_directory.RUN_FILES + run_directory.TRACKER_OUTPUTS + run_directory.REPLACEMENT_FOLDERS
+)
 
 
 def atomic_write_json(path: Path, obj: object) -> None:
@@ -58,13 +63,14 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
 
 
 def is_done(run_dir: Path, request_hash: str) -> bool:
-    """The skip rule: a finished (or diverged) summary recorded for this very request."""
-    summary = read_summary(run_dir)
-    return (
-        summary is not None
-        and summary.get("status") in DONE_STATUSES
-        and summary.get("request_hash") == request_hash
-    )
+    """The skip rule: a run the engine ended (finished or diverged) for this very request,
+    with every file intact. The run directory is read by the reader that ``report`` and
+    ``leaderboard`` use (:func:`cfl_bench.run_reader.read_run`), so a point whose
+    ``records.csv`` is damaged runs again instead of being skipped as done."""
+    from cfl_bench.run_reader import read_run
+
+    reading = read_run(run_dir)
+    return reading.done and (reading.summary or {}).get("request_hash") == request_hash
 
 
 def check_run_dir(run_dir: Path) -> None:
