@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Any
 
 from cfl_bench.errors import UserError
 from cfl_bench.run_dir import os_problem
-from cfl_bench.text_values import utf8_text
 
 # The reader's names, kept importable from here (the leaderboard's modules and tests use
 # them): the columns of a run row, and how a record is read and checked.
@@ -65,6 +64,7 @@ from cfl_bench.run_reader import (  # noqa: F401
     read_record,
     read_run,
 )
+from cfl_bench.text_values import utf8_text
 
 if TYPE_CHECKING:
     import pandas as pd
