@@ -308,13 +308,23 @@ def server_address(data_root: str | None) -> tuple[str, int]:
             f"carla-live reads frames from a CARLA server: pass --data-root carla://HOST:PORT "
             f"(e.g. carla://127.0.0.1:2000), got {data_root!r}"
         )
+    if not 1 <= int(port) <= 65535:
+        raise UserError(
+            f"--data-root {data_root!r} names port {int(port)}; a CARLA server's port lies in "
+            f"1–65535 (e.g. carla://127.0.0.1:2000)"
+        )
     return host, int(port)
 
 
 def live_supply(data_root: str | None, phases: list[Phase], clients: int, seed: int) -> LiveSupply:
     """Frames from the CARLA server ``--data-root`` names, checked reachable now."""
-    from carla_bridge.live import LiveConfig, LiveSource, connect
+    from carla_bridge.live import MAX_CLIENTS, LiveConfig, LiveSource, connect
 
+    if not 1 <= clients <= MAX_CLIENTS:  # checked here to name the option, not num_clients
+        raise UserError(
+            f"carla-live drives one vehicle per client and at most {MAX_CLIENTS}; use "
+            f"--clients 1 to {MAX_CLIENTS}, got {clients}"
+        )
     host, port = server_address(data_root)
     base = LiveConfig(host=host, port=port, capture_period=FRAME_PERIOD_S, seed=seed)
     connect(base)  # no server → the one-line refusal before anything else

@@ -479,7 +479,8 @@ def check_value(name: str, value: object, where: str = "") -> Any:
         return value
     if kind is str:
         if not isinstance(value, str) or not value.strip():
-            raise refuse()
+            what = describe_range(name) if spec.choices else "a non-empty text"
+            raise UserError(f"{label} must be {what}, got {_shown(value)}.")
         if spec.choices and value not in spec.choices:
             raise refuse()
         if spec.grammar is not None:

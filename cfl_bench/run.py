@@ -34,7 +34,7 @@ from cfl_bench.models import MODELS, build_model
 from cfl_bench.progress import RoundReport
 from cfl_bench.resources import cuda_peak_bytes, peak_rss_bytes
 from cfl_bench.round_keeper import RoundKeeper, RunInterruptedError, interruption
-from cfl_bench.run_checks import check_diagnostics, check_option_pairs, check_run_length
+from cfl_bench.run_checks import check_diagnostics, check_run_length
 from cfl_bench.run_dir import RunDirectory, free_bytes, os_problem
 from cfl_bench.seeding import derive_seed
 from cfl_bench.threads import (
@@ -247,7 +247,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     model_name = checked_model_name(config)
     partitioner = partitioner_from_spec(str(config.partition))
     device = run_device(config)
-    check_option_pairs(config)
+    check_run_length(config)
     stream, config = load_stream(config, device)
     check_run_length(config, stream.num_tasks)
     check_stream_fits(stream, model_name, asked_partition)

@@ -29,7 +29,10 @@ def check_diagnostics(config: RunConfig, capabilities: frozenset[str] | None = N
 def check_option_pairs(config: RunConfig) -> None:
     """Refuse options the rest of the configuration makes meaningless, instead of silently
     ignoring them: ``--data-root``/``--download`` on an embedded stream, ``--momentum``
-    under Adam, and a run longer than the bounds in ``cfl_bench.config``."""
+    under Adam; and a run longer than the bounds in ``cfl_bench.config``.
+
+    For `cfl-bench run` (and `flower app`) only: a sweep's base options are shared by all
+    its points, so a --data-root for the MNIST points must not refuse the digits points."""
     from streams.catalogue import stream_info
 
     info = stream_info(config.stream)
@@ -47,16 +50,18 @@ def check_option_pairs(config: RunConfig) -> None:
             f"--momentum applies to --optimizer sgd only and this run uses adam{default}, "
             f"which keeps its own moments; drop --momentum or pass --optimizer sgd."
         )
-    check_run_length(config, config.tasks or info.default_tasks or 1)
+    check_run_length(config)
 
 
-def check_run_length(config: RunConfig, tasks: int) -> None:
+def check_run_length(config: RunConfig, tasks: int | None = None) -> None:
     """A run of ``tasks`` tasks stays within ``MAX_TOTAL_ROUNDS`` rounds and
     ``MAX_CLIENT_ROUNDS`` client-rounds (bounded by --async-shift, the largest lag it can
     draw), so a slip is refused at once rather than hanging in the planning."""
     from streams.catalogue import stream_info
 
-    rounds = config.rounds_per_task or stream_info(config.stream).default_rounds_per_task
+    info = stream_info(config.stream)
+    tasks = tasks or config.tasks or info.default_tasks or 1  # Avalanche: known once built
+    rounds = config.rounds_per_task or info.default_rounds_per_task
     total = tasks * rounds + config.lead_rounds + config.async_shift
     extra = " + --lead-rounds + --async-shift" if config.lead_rounds or config.async_shift else ""
     if total > MAX_TOTAL_ROUNDS:

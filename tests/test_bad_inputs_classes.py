@@ -181,6 +181,10 @@ TRACEBACKS: dict[str, tuple[Setup, str]] = {
         lambda root, run: ["run", *TINY, "--out", str(root) + "/\udcff"],
         "--out must be a folder path of UTF-8 text",
     ),
+    "sweep folder with a newline": (
+        argv("sweep", "--out", "{root}/a\nb", "--seed", "1"),
+        "must not hold control characters",
+    ),
     "flower app-dir is a file": (
         made("file", "f", "flower", "app", "--app-dir", "{root}/f", *TINY),
         "--app-dir '{root}/f' is a file, not a folder",
@@ -236,6 +240,36 @@ SILENT: dict[str, tuple[Setup, str]] = {
 }
 
 MESSAGES: dict[str, tuple[Setup, str]] = {
+    "carla-live clients names the option": (
+        argv(
+            "run",
+            "--stream",
+            "carla-live",
+            "--data-root",
+            "carla://127.0.0.1:2000",
+            "--clients",
+            "20",
+            "--threads",
+            "1",
+            "--out",
+            "{root}/o",
+        ),
+        "use --clients 1 to 16, got 20",
+    ),
+    "carla-live port": (
+        argv(
+            "run",
+            "--stream",
+            "carla-live",
+            "--data-root",
+            "carla://127.0.0.1:70000",
+            "--threads",
+            "1",
+            "--out",
+            "{root}/o",
+        ),
+        "names port 70000; a CARLA server's port lies in 1–65535",
+    ),
     "train size names the option": (
         argv("run", *TINY, "--train-size", "100000", "--out", "{root}/o"),
         "--train-size 100000 does not fit",

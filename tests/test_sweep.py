@@ -154,7 +154,7 @@ def test_point_names_are_stable_distinct_readable_and_hash_the_request(tmp_path:
             "--seed must be an integer in [0, 2^63−1], got -1.",
         ),
         (["--set", "clients=4,0"], None, "--clients must be an integer in [1, 100000], got 0."),
-        (["--tasks", "two"], None, "--tasks must be a positive integer, got 'two'."),
+        (["--tasks", "two"], None, "--tasks must be an integer in [1, 1000], got 'two'."),
         (["--seed", "0", "--jobs", "0"], None, "--jobs must be a positive integer, got 0"),
         ([], None, "the sweep grid is empty"),
         (["--seed", "0", "--seed", "0"], None, "lists 0 twice"),

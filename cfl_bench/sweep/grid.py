@@ -45,6 +45,7 @@ from typing import Any
 from cfl_bench.config import (
     RunConfig,
     canonical_hash,
+    check_path_text,
     check_value,
     field_names,
     option_kind,
@@ -54,6 +55,7 @@ from cfl_bench.config import (
     validate,
 )
 from cfl_bench.errors import UserError
+from cfl_bench.text_values import quoted
 
 SWEEP_FILE_KEYS = ("out", "jobs", "base", "grid")
 # Keys the sweep owns: every point writes to its own directory, never overwrites others and
@@ -256,6 +258,10 @@ def build_spec(
     folder = out or file_out
     if not folder:
         raise UserError("the sweep needs a folder: pass --out DIR or set `out:` in the sweep file.")
+    try:
+        check_path_text(folder)  # every point's --out lies below it
+    except ValueError as exc:
+        raise UserError(f"the sweep folder {quoted(folder)} {exc}; give a plain path.") from None
     if not axes:
         raise UserError(
             "the sweep grid is empty; give values with run options (--strategy der --seed 0 "
@@ -286,6 +292,7 @@ def expand(spec: SweepSpec) -> list[GridPoint]:
         try:
             validate(config)
             check_sweep_point(config)
+            resolved = resolved_request(config)
         except UserError as exc:
             shown = ", ".join(f"{k}={v}" for k, v in (varying or values).items())
             raise UserError(f"grid point {index + 1} ({shown}): {exc}") from None
@@ -294,7 +301,7 @@ def expand(spec: SweepSpec) -> list[GridPoint]:
         point = GridPoint(
             index, point_name(request, varying, request_hash), request, request_hash, varying
         )
-        same = seen.setdefault(canonical_hash(resolved_request(config)), point)
+        same = seen.setdefault(canonical_hash(resolved), point)
         if same is not point:
             raise UserError(
                 f"grid points {same.index + 1} ({same.label()}) and {index + 1} "
@@ -319,10 +326,10 @@ def check_grid_size(axes: Axes) -> None:
 
 def check_sweep_point(config: RunConfig) -> None:
     """What `cfl-bench run` refuses from options alone, and what a sweep cannot run."""
-    from cfl_bench.run_checks import check_diagnostics, check_option_pairs
+    from cfl_bench.run_checks import check_diagnostics, check_run_length
 
     check_diagnostics(config)
-    check_option_pairs(config)
+    check_run_length(config)
     if config.executor == "flower":
         raise UserError(
             "--executor flower cannot run inside a sweep yet (each point would start its own "
