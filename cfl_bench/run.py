@@ -305,7 +305,14 @@ def execute_in_flower(
         raise UserError("--executor flower cannot run inside a sweep yet; use another executor.")
     config = dataclasses.replace(plan.config, out=str(plan.out.resolve()))
     say("starting a Flower simulation (Flower and Ray take about a minute to start)")
-    path = run_in_flower(config, plan.device, say)
+    try:
+        path = run_in_flower(config, plan.device, say)
+    except KeyboardInterrupt:
+        raise RunInterruptedError(
+            f"interrupted during the Flower simulation; '{plan.out}' keeps the rounds written "
+            "so far, but --executor flower cannot resume a run: rerun the same command with "
+            "--restart, or resume it with another --executor"
+        ) from None
     summary = json.loads((path / "summary.json").read_text())
     return RunResult(path, summary)
 

@@ -262,3 +262,21 @@ def test_carla_demo_sigterm_keeps_its_rounds_and_resumes(tmp_path: Path) -> None
     assert rerun.returncode == 0, rerun.stderr + rerun.stdout
     assert "resuming from round" in rerun.stdout
     assert (out / "carla_demo.html").exists()
+
+
+def test_run_interrupted_inside_flower_says_it_cannot_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("flwr")
+    import cfl_bench.flower.launch
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cfl_bench.flower.launch, "run_in_flower", interrupted)
+    result = in_process("run", *RUN, "--executor", "flower", "--out", str(tmp_path / "r"))
+    assert result.exit_code == 130
+    *said, line = result.output.strip().splitlines()
+    assert said == ["starting a Flower simulation (Flower and Ray take about a minute to start)"]
+    assert line.startswith("interrupted during the Flower simulation")
+    assert "rerun the same command with --restart" in line
