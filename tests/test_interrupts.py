@@ -85,6 +85,34 @@ def test_the_line_says_what_the_checkpoint_keeps() -> None:
     )
     assert "kept the checkpoint of round 3 (round 4 run again)" in str(interruption(40, 4, 3))
     assert "(rounds 4-7 run again)" in str(interruption(40, 7, 3))
+    assert str(interruption(40, 3, 3, (4, 10))).startswith(
+        "interrupted at round 4 of 40 (4 of 10 clients done, the round runs again); kept "
+        "rounds 1-3 (checkpoint)"
+    )
+
+
+def test_an_interrupt_inside_a_round_names_that_round_and_its_clients(tmp_path: Path) -> None:
+    from cfl_bench.config import make_config
+    from cfl_bench.errors import RunInterruptedError
+    from cfl_bench.progress import ClientsReport, RoundReport
+    from cfl_bench.run import execute
+
+    class Display:
+        def __call__(self, report: RoundReport) -> None:
+            pass
+
+        def clients_done(self, report: ClientsReport) -> None:
+            if (report.round_index, report.done) == (3, 2):
+                raise KeyboardInterrupt
+
+    values = {"tasks": 2, "rounds_per_task": 2, "clients": 4, "threads": 1}
+    values |= {"train_size": 300, "test_size": 100, "checkpoint_every": 1, "out": str(tmp_path)}
+    with pytest.raises(RunInterruptedError) as caught:
+        execute(make_config(values), Display())
+    assert str(caught.value) == (
+        "interrupted at round 3 of 4 (2 of 4 clients done, the round runs again); kept rounds "
+        "1-2 (checkpoint); rerun the same command to resume"
+    )
 
 
 # --- `run` ----------------------------------------------------------------------------------

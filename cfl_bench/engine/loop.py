@@ -181,6 +181,9 @@ class Federation:
         # Told after each client update of a round (``ClientsReport``), so a long round
         # (ResNet-18 on a CPU) shows progress inside it. Never changes results.
         self.on_client: Callable[[ClientsReport], None] | None = None
+        # (clients done, participants) of the round in progress; None between rounds. An
+        # interrupt's message says it (``round_keeper.interruption``).
+        self.round_progress: tuple[int, int] | None = None
 
     @property
     def global_state(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -209,6 +212,7 @@ class Federation:
         for g in range(server.round_index, clock.total_rounds):
             if not self._play_round(g, out):
                 return self._finish(out)
+            self.round_progress = None
             if on_round_end is not None:
                 on_round_end(out)
             if on_round is not None:
@@ -307,6 +311,7 @@ class Federation:
         jobs = self.round_server.jobs(broadcast, probes, diagnose)
         loss_sum = torch.zeros((), device=self.device)
         totals = {"steps": 0, "seconds": 0.0, "clients": 0}
+        self.round_progress = (0, len(jobs))
 
         def receive(result: ClientResult) -> None:
             nonlocal loss_sum
@@ -322,6 +327,7 @@ class Federation:
                 Measurement.client_diagnostics(out.records, server.round_index, server.task, result)
             self.round_server.receive(result)
             totals["clients"] += 1
+            self.round_progress = (int(totals["clients"]), len(jobs))
             if self.on_client is not None:
                 self.on_client(
                     ClientsReport(
