@@ -25,6 +25,9 @@ from cfl_bench.atomic import atomic_write_text
 DOMAIN_NAMES = {0: "urban (Town01–03)", 1: "highway (Town04)", -1: "Town05 (test town)"}
 #: Predicted boxes drawn on the example frames: the detector's most confident ones.
 SHOW_SCORE = 0.3
+#: The mAP axis spans at least this many points (% mAP), so early all-zero curves sit on
+#: the floor of a readable axis.
+MIN_Y_SPAN = 5.0
 
 
 def map_over_rounds(records: pd.DataFrame) -> dict[str, pd.Series]:
@@ -47,10 +50,15 @@ def curves_svg(curves: dict[str, pd.Series], shift_round: int | None) -> str:
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     for name, series in curves.items():
         ax.plot(series.index, series.values, marker="o", markersize=3, label=name)
+    # Rounds are whole numbers; and an all-zero start (no box found yet) must not be drawn
+    # as a line in the middle of a ±0.05 axis: the y axis spans at least MIN_Y_SPAN points.
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(0.0, axis_top(curves))
     if shift_round is not None:
         ax.axvline(shift_round + 0.5, color="grey", linestyle="--", linewidth=1)
         ax.text(shift_round + 0.6, ax.get_ylim()[1] * 0.95, "highway shift", color="grey")
@@ -64,6 +72,12 @@ def curves_svg(curves: dict[str, pd.Series], shift_round: int | None) -> str:
     plt.close(fig)
     text = buffer.getvalue()
     return text[text.index("<svg") :]
+
+
+def axis_top(curves: dict[str, pd.Series]) -> float:
+    """The mAP axis' top: 10 % above the highest point, and at least ``MIN_Y_SPAN``."""
+    highest = max((float(s.max()) for s in curves.values() if len(s)), default=0.0)
+    return max(MIN_Y_SPAN, highest * 1.1)
 
 
 def frame_png(
@@ -94,8 +108,9 @@ def frame_png(
     return base64.b64encode(out.getvalue()).decode("ascii")
 
 
-def example_frames(run_dir: Path, config: dict[str, object]) -> list[tuple[str, str]]:
-    """(caption, base64 PNG) of one held-out frame per domain, with θ_g's boxes."""
+def example_frames(run_dir: Path, config: dict[str, object]) -> list[tuple[str, str, int]]:
+    """(caption, base64 PNG, predicted boxes drawn) of one held-out frame per domain, with
+    θ_g's boxes."""
     from carla_bridge.detection import Detection, decode_boxes
     from carla_bridge.detector import build_detector
     from carla_bridge.stream import frame_stream
@@ -127,8 +142,20 @@ def example_frames(run_dir: Path, config: dict[str, object]) -> list[tuple[str, 
         row = int(boxes_per_frame.argmax())  # the busiest frame shows the most
         outputs = Detection().predict(model, split.test_x[row : row + 1], stream.as_model_input)
         predicted = decode_boxes(outputs, top_k=50, score_threshold=SHOW_SCORE)[0]
-        shown.append((name, frame_png(split.test_x[row], split.test_y[row], predicted)))
+        png = frame_png(split.test_x[row], split.test_y[row], predicted)
+        shown.append((name, png, int(predicted[1].numel())))
     return shown
+
+
+def no_box_note(predicted: int) -> str:
+    """Why a frame shows no red box: none of the detector's boxes reaches SHOW_SCORE yet,
+    as after a short demo (the scores start near 0 and grow over tens of rounds)."""
+    if predicted:
+        return ""
+    return (
+        f" — no predicted box reaches score {SHOW_SCORE} yet (a detector trained for only a "
+        "few rounds is still unsure of everything; run more --rounds)"
+    )
 
 
 def final_table(curves: dict[str, pd.Series], shift_round: int | None) -> str:
@@ -162,8 +189,8 @@ def write_demo_page(run_dir: Path) -> Path:
     figures = "".join(
         f'<figure><img alt="{html.escape(c)}" src="data:image/png;base64,{png}">'
         f"<figcaption>{html.escape(c)}: true boxes green, predicted (score ≥ {SHOW_SCORE}) "
-        "red</figcaption></figure>"
-        for c, png in example_frames(run_dir, config)
+        f"red{no_box_note(count)}</figcaption></figure>"
+        for c, png, count in example_frames(run_dir, config)
     )
     title = f"CARLA demo · {run['strategy']} · {run['stream']}"
     page = f"""<!doctype html>

@@ -176,6 +176,12 @@ class FrameStream(Stream):
         """uint8 pixels → floats in [0, 1] (exact per element, batch by batch)."""
         return stored.to(torch.float32) / 255.0
 
+    def model_input_to_stored(self, x: torch.Tensor) -> torch.Tensor:
+        """[0, 1] floats of :meth:`as_model_input` → the uint8 pixels they came from: k / 255
+        in float32 lies within 1e-7 of k / 255, far inside the ±0.5 / 255 that rounding
+        forgives, so the round trip is exact and replay buffers keep frames as uint8."""
+        return (x * 255.0).round_().clamp_(0, 255).to(torch.uint8)
+
     def round_data(
         self, round_index: int, entries: dict[int, tuple[int, ...]]
     ) -> dict[int, RoundData]:

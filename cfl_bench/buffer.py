@@ -9,6 +9,7 @@ j ~ U{0..n}, and a later example of the same batch that picks the same slot wins
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,23 @@ class BufferDraw:
     task: torch.Tensor
 
 
+@dataclass(frozen=True)
+class StoredInputs:
+    """How a buffer keeps its inputs when the stream's own stored form is more compact than
+    the model's floats (CARLA frames: uint8 pixels, 4× smaller than float32).
+
+    ``encode`` must invert ``decode`` exactly on every model input the stream produces, so a
+    drawn input is bit for bit the one that was offered: ``decode(encode(x)) == x``. Why the
+    buffer and not the learner: the learners offer model inputs (after the stream's
+    ``as_model_input``), and every draw goes through :meth:`ReservoirBuffer.sample` /
+    :meth:`ReservoirBuffer.all`, so one place converts both ways.
+    """
+
+    dtype: torch.dtype
+    encode: Callable[[torch.Tensor], torch.Tensor]
+    decode: Callable[[torch.Tensor], torch.Tensor]
+
+
 class ReservoirBuffer:
     """Capacity-M reservoir storing (x, y, logits at storage time, task id)."""
 
@@ -37,10 +55,13 @@ class ReservoirBuffer:
         generator: torch.Generator,
         target_shape: tuple[int, ...] = (),
         target_dtype: torch.dtype = torch.long,
+        stored_inputs: StoredInputs | None = None,
     ) -> None:
         """``num_outputs`` is the width of a row of stored outputs (class logits) or the
         shape of one (a detector's dense maps); ``target_shape`` / ``target_dtype`` describe
-        one example's target (a class id by default, padded boxes for detection)."""
+        one example's target (a class id by default, padded boxes for detection);
+        ``stored_inputs`` keeps inputs in a compact exact form (float32 model inputs when
+        None)."""
         if capacity <= 0:
             raise ValueError("buffer capacity must be positive")
         self.capacity = capacity
@@ -49,7 +70,9 @@ class ReservoirBuffer:
         # One extra "trash" row receives the examples the reservoir rejects, so an insert
         # never needs a data-dependent branch.
         rows = capacity + 1
-        self.x = torch.zeros((rows, *input_shape), device=device)
+        self.stored_inputs = stored_inputs
+        x_dtype = torch.float32 if stored_inputs is None else stored_inputs.dtype
+        self.x = torch.zeros((rows, *input_shape), dtype=x_dtype, device=device)
         self.y = torch.zeros((rows, *target_shape), dtype=target_dtype, device=device)
         outputs = (num_outputs,) if isinstance(num_outputs, int) else tuple(num_outputs)
         self.logits = torch.zeros((rows, *outputs), device=device)
@@ -108,7 +131,7 @@ class ReservoirBuffer:
     def add(self, x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor, task: int) -> None:
         """Offer a batch to the reservoir (every example counts as offered)."""
         slots = self.slots_for(x.shape[0])
-        self.x.index_copy_(0, slots, x.detach())
+        self.x.index_copy_(0, slots, self._store(x.detach()))
         self.y.index_copy_(0, slots, y)
         self.logits.index_copy_(0, slots, logits.detach().to(self.logits.dtype))
         self.task.index_fill_(0, slots, task)
@@ -123,7 +146,7 @@ class ReservoirBuffer:
         if start + x.shape[0] > self.capacity:
             raise ValueError("append would overflow the buffer")
         end = start + x.shape[0]
-        self.x[start:end] = x.detach()
+        self.x[start:end] = self._store(x.detach())
         self.y[start:end] = y
         self.logits[start:end] = logits.detach().to(self.logits.dtype)
         self.task[start:end] = task
@@ -163,7 +186,7 @@ class ReservoirBuffer:
             return None
         m = min(m, filled)
         idx = torch.randperm(filled, device=self.device, generator=self.generator)[:m]
-        return BufferDraw(self.x[idx], self.y[idx], self.logits[idx], self.task[idx])
+        return BufferDraw(self._load(self.x[idx]), self.y[idx], self.logits[idx], self.task[idx])
 
     def all(self) -> BufferDraw | None:
         """The whole filled buffer, in slot order."""
@@ -171,5 +194,13 @@ class ReservoirBuffer:
         if filled == 0:
             return None
         return BufferDraw(
-            self.x[:filled], self.y[:filled], self.logits[:filled], self.task[:filled]
+            self._load(self.x[:filled]), self.y[:filled], self.logits[:filled], self.task[:filled]
         )
+
+    def _store(self, x: torch.Tensor) -> torch.Tensor:
+        """Model inputs in the buffer's storage form."""
+        return x if self.stored_inputs is None else self.stored_inputs.encode(x)
+
+    def _load(self, x: torch.Tensor) -> torch.Tensor:
+        """Stored rows as the model inputs they were offered as."""
+        return x if self.stored_inputs is None else self.stored_inputs.decode(x)

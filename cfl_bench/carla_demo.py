@@ -22,6 +22,7 @@ from rich.live import Live
 from rich.table import Table
 
 from cfl_bench.errors import RunInterruptedError, UserError
+from cfl_bench.progress import RoundLog
 
 #: Demo defaults, sized to finish within 15 minutes on 2 CPU cores (docs/carla.md).
 DEMO_CLIENTS = 4
@@ -116,6 +117,11 @@ def run_demo(options: DemoOptions, console: Console) -> Path:
         from carla_bridge.live import LiveConfig, connect
 
         # Fail fast, before any data is read: no server → one line, exit 2.
+        console.print(
+            f"connecting to {options.host}:{options.port} (the CARLA server; up to "
+            f"{options.timeout:g} s)",
+            highlight=False,
+        )
         connect(LiveConfig(host=options.host, port=options.port, timeout=options.timeout))
     elif options.data_root is None:
         raise UserError(
@@ -123,6 +129,11 @@ def run_demo(options: DemoOptions, console: Console) -> Path:
             "carla-object-detection/ (the shared frames)"
         )
     config = demo_config(options)
+    if options.source == "replay":
+        console.print(
+            f"replaying the recorded frames under {options.data_root}/carla-object-detection",
+            highlight=False,
+        )
     try:
         from cfl_bench.run import execute
 
@@ -142,8 +153,9 @@ def run_demo(options: DemoOptions, console: Console) -> Path:
     return result.path
 
 
-def view_table(report: Any, options: DemoOptions) -> Table:
-    """The live view: round, phase, frames and buffer fill per client, latest mAP."""
+def view_table(report: Any, options: DemoOptions, timing: str = "") -> Table:
+    """The live view: round, phase, frames and buffer fill per client, latest mAP, and
+    the elapsed time and ETA (``timing``)."""
     phase = "urban" if report.round_index <= options.shift_round else "highway shift"
     table = Table(title=f"round {report.round_index}/{report.total_rounds} · {phase}")
     table.add_column("client")
@@ -152,23 +164,40 @@ def view_table(report: Any, options: DemoOptions) -> Table:
     for k, frames in enumerate(report.client_examples):
         fill = report.buffer_fill[k] if k < len(report.buffer_fill) else 0
         table.add_row(f"vehicle {k}", str(frames), f"{fill}/{options.buffer_size}")
+    lines = [score_line(report) or "mAP@0.5: not evaluated yet", timing]
+    table.caption = "\n".join(line for line in (*lines, no_detection_note(report)) if line)
+    return table
+
+
+def score_line(report: Any) -> str:
     names = {"task 1": "urban", "task 2": "highway", "test": "Town05 (test)"}
     scores = " · ".join(f"{names.get(k, k)} {v:.1f}" for k, v in report.latest_scores)
-    table.caption = f"mAP@0.5 %: {scores}" if scores else "mAP@0.5: not evaluated yet"
-    return table
+    return f"mAP@0.5 %: {scores}" if scores else ""
+
+
+def no_detection_note(report: Any) -> str:
+    """Why every mAP is 0: no predicted box matches a true one yet — the detector's scores
+    start near 0 and the first rounds find nothing (tens of rounds in the paper's setting)."""
+    if report.latest_scores and all(v == 0 for _, v in report.latest_scores):
+        return "no box detected correctly yet: usual in the first rounds"
+    return ""
 
 
 @contextlib.contextmanager
 def live_view(console: Console, options: DemoOptions) -> Iterator[Callable[[Any], None]]:
-    """A live table on a terminal; one plain line per round otherwise."""
+    """A live table on a terminal; one plain line per round otherwise. Both say the time
+    elapsed and an ETA, and why every mAP is still 0."""
+    log = RoundLog()
     if not console.is_terminal:
 
         def on_line(report: Any) -> None:
             scores = ", ".join(f"{k} {v:.1f}" for k, v in report.latest_scores)
             frames = "/".join(str(n) for n in report.client_examples)
+            note = no_detection_note(report)
             console.print(
                 f"round {report.round_index}/{report.total_rounds} frames {frames} "
-                f"buffer {'/'.join(str(n) for n in report.buffer_fill)} mAP50 {scores}",
+                f"buffer {'/'.join(str(n) for n in report.buffer_fill)} mAP50 {scores} · "
+                f"{log.timing(report)}{f' ({note})' if note else ''}",
                 highlight=False,
             )
 
@@ -177,6 +206,6 @@ def live_view(console: Console, options: DemoOptions) -> Iterator[Callable[[Any]
     with Live(console=console, refresh_per_second=4) as live:
 
         def on_round(report: Any) -> None:
-            live.update(view_table(report, options))
+            live.update(view_table(report, options, log.timing(report)))
 
         yield on_round

@@ -241,13 +241,13 @@ _install_flower_commands()
 
 @contextlib.contextmanager
 def round_display(console: Console, title: str) -> Iterator[Callable[[Any], None]]:
-    """A live progress bar on a terminal; one plain line per round otherwise."""
+    """A live progress bar on a terminal; one plain line per round otherwise. Both also
+    show the clients done inside a long round (``clients_done``)."""
     from cfl_bench.progress import RoundLog
 
     if not console.is_terminal:
         yield RoundLog()
         return
-    log = RoundLog()
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -258,20 +258,35 @@ def round_display(console: Console, title: str) -> Iterator[Callable[[Any], None
         console=console,
         transient=False,
     ) as progress:
-        bar = progress.add_task(title, total=None, acc="")
+        yield LiveRounds(progress, progress.add_task(title, total=None, acc=""))
 
-        def on_round(report: Any) -> None:
-            log.line(report)  # keeps the ETA clock consistent with the plain form
-            acc = "" if report.latest_acc is None else f"Acc {report.latest_acc:.2f}%"
-            progress.update(
-                bar,
-                total=report.total_rounds,
-                completed=report.round_index,
-                description=f"task {report.task + 1}/{report.num_tasks}",
-                acc=acc,
-            )
 
-        yield on_round
+class LiveRounds:
+    """The live bar's callbacks: a round ended (``__call__``), a client of the round in
+    progress is done (``clients_done``: "clients 3/10" beside the bar until the round ends)."""
+
+    def __init__(self, progress: Progress, bar: Any) -> None:
+        from cfl_bench.progress import RoundLog
+
+        self.progress, self.bar = progress, bar
+        self.log = RoundLog()  # keeps the ETA clock consistent with the plain form
+        self.acc = ""
+
+    def __call__(self, report: Any) -> None:
+        self.log.line(report)
+        self.acc = "" if report.latest_acc is None else f"Acc {report.latest_acc:.2f}%"
+        self.progress.update(
+            self.bar,
+            total=report.total_rounds,
+            completed=report.round_index,
+            description=f"task {report.task + 1}/{report.num_tasks}",
+            acc=self.acc,
+        )
+
+    def clients_done(self, report: Any) -> None:
+        clients = f"clients {report.done}/{report.clients}"
+        shown = clients if report.done < report.clients else ""
+        self.progress.update(self.bar, total=report.total_rounds, acc=f"{self.acc} {shown}".strip())
 
 
 def _fmt(value: object, spec: str = ".2f") -> str:

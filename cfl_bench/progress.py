@@ -32,33 +32,76 @@ class RoundReport:
     latest_scores: tuple[tuple[str, float], ...] = ()
 
 
+@dataclass(frozen=True)
+class ClientsReport:
+    """What the engine tells a display after each client update within a round."""
+
+    round_index: int  # 1-based, the round in progress
+    total_rounds: int
+    done: int  # client updates of this round received so far
+    clients: int  # participants of this round
+
+
 def clock(seconds: float) -> str:
     """``h:mm:ss``."""
     whole = max(0, round(seconds))
     return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
 
 
+# Inside a round, a line on the clients done is printed once the last line is this old.
+QUIET_ROUND_SECONDS = 30.0
+
+
 class RoundLog:
-    """Formats one line per round and estimates the time left from this process's rounds."""
+    """Formats one line per round and estimates the time left from this process's rounds.
+
+    Inside a long round it also says how many clients are done (``clients_done``), at most
+    one line every ``QUIET_ROUND_SECONDS``: a ResNet-18 round on a CPU takes many minutes,
+    and without it the run looked stuck.
+    """
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream
         self.started = time.monotonic()
         self.first_round: int | None = None  # the first round this process ran
+        self.last_line = self.started
 
     def line(self, report: RoundReport) -> str:
-        if self.first_round is None:
-            self.first_round = report.round_index
-        elapsed = time.monotonic() - self.started
-        done_here = report.round_index - self.first_round + 1
-        left = report.total_rounds - report.round_index
-        eta = elapsed / done_here * left
         acc = "" if report.latest_acc is None else f" · Acc {report.latest_acc:.2f}%"
         return (
             f"round {report.round_index}/{report.total_rounds} · task {report.task + 1}/"
-            f"{report.num_tasks}{acc} · {clock(elapsed)} elapsed · ETA {clock(eta)}"
+            f"{report.num_tasks}{acc} · {self.timing(report)}"
+        )
+
+    def timing(self, report: RoundReport) -> str:
+        """``0:01:12 elapsed · ETA 0:02:10`` after ``report``'s round."""
+        if self.first_round is None:
+            self.first_round = report.round_index
+        self.last_line = time.monotonic()
+        elapsed = self.last_line - self.started
+        done_here = report.round_index - self.first_round + 1
+        left = report.total_rounds - report.round_index
+        eta = elapsed / done_here * left
+        return f"{clock(elapsed)} elapsed · ETA {clock(eta)}"
+
+    def clients_line(self, report: ClientsReport) -> str:
+        """``round 3/40 · clients 4/10 done · 0:12:00 elapsed`` (a round in progress)."""
+        self.last_line = time.monotonic()
+        return (
+            f"round {report.round_index}/{report.total_rounds} · clients {report.done}/"
+            f"{report.clients} done · {clock(self.last_line - self.started)} elapsed"
         )
 
     def __call__(self, report: RoundReport) -> None:
-        stream = self.stream or sys.stdout
-        print(self.line(report), file=stream, flush=True)
+        self.print(self.line(report))
+
+    def clients_done(self, report: ClientsReport) -> None:
+        """A line on the round in progress, once the last line is old enough."""
+        if report.done < report.clients and self.due():
+            self.print(self.clients_line(report))
+
+    def due(self) -> bool:
+        return time.monotonic() - self.last_line >= QUIET_ROUND_SECONDS
+
+    def print(self, text: str) -> None:
+        print(text, file=self.stream or sys.stdout, flush=True)

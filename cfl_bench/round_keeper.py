@@ -52,6 +52,7 @@ class RoundKeeper:
         self.log = RecordLog(run_dir.path)
         self.flushed = (0, 0)  # rows of the outcome already written: records, costs
         self.saved_round = 0  # round of the last checkpoint (0: none)
+        self.ended_round = 0  # the last round that ended (its rows flushed)
         self.checkpoint_bytes = 0
         self.checkpoint_seconds = 0.0  # total time spent writing checkpoints
         self.checkpoints_written = 0
@@ -100,12 +101,13 @@ class RoundKeeper:
         self.log.truncate(state["records"])
         self.federation.load_state_dict(state["federation"])
         self.elapsed_before = float(state["elapsed_s"])
-        self.saved_round = self.federation.server.round_index
+        self.saved_round = self.ended_round = self.federation.server.round_index
 
     # -- every round --------------------------------------------------------------------------
     def round_end(self, out: RunOutcome) -> None:
         """Append the round's rows; write a checkpoint when one is due."""
         self.flush(out)
+        self.ended_round = self.federation.server.round_index
         if self._due():
             self.save()
 
@@ -163,14 +165,21 @@ class RoundKeeper:
         """The one line a Ctrl-C or SIGTERM during the rounds ends with."""
         # A checkpoint already removed (the run was ending) keeps nothing.
         saved = self.saved_round if self.run_dir.checkpoint_path.is_file() else 0
-        return interruption(total_rounds, self.federation.server.round_index, saved)
+        progress = self.federation.round_progress
+        return interruption(total_rounds, self.ended_round, saved, progress)
 
 
-def interruption(total: int, done: int, saved: int) -> RunInterruptedError:
+def interruption(
+    total: int, done: int, saved: int, progress: tuple[int, int] | None = None
+) -> RunInterruptedError:
     """What an interrupt keeps, in one line: ``done`` rounds had ended, the checkpoint holds
     ``saved`` of them (records written after it are cut back and run again on resume, so
-    the finished records stay identical to an uninterrupted run's)."""
+    the finished records stay identical to an uninterrupted run's). ``progress``: the
+    clients done in the round in progress, which is run again whole (docs/protocols.md,
+    "Partial rounds")."""
     where = f"interrupted at round {min(done + 1, total)} of {total}"
+    if progress is not None and progress[0] > 0:
+        where += f" ({progress[0]} of {progress[1]} clients done, the round runs again)"
     if saved == 0:
         return RunInterruptedError(
             f"{where}; kept nothing (no checkpoint yet); rerun the same command to start again"

@@ -307,8 +307,15 @@ def execute_in_flower(
     if annotations:
         raise UserError("--executor flower cannot run inside a sweep yet; use another executor.")
     config = dataclasses.replace(plan.config, out=str(plan.out.resolve()))
-    say("starting a Flower simulation (Ray start-up takes ~10-20 s)")
-    path = run_in_flower(config, plan.device)
+    say("starting a Flower simulation (Flower and Ray take about a minute to start)")
+    try:
+        path = run_in_flower(config, plan.device, say)
+    except KeyboardInterrupt:
+        raise RunInterruptedError(
+            f"interrupted during the Flower simulation; '{plan.out}' keeps the rounds written "
+            "so far, but --executor flower cannot resume a run: rerun the same command with "
+            "--restart, or resume it with another --executor"
+        ) from None
     summary = json.loads((path / "summary.json").read_text())
     return RunResult(path, summary)
 
@@ -540,6 +547,8 @@ def run_in(
             federation = plan.federation()
             trackers = open_run_trackers(plan, run_dir)
             keeper = start_keeper(run_dir, plan, federation, trackers, resume, say)
+        # A display may also follow the clients inside a round (``RoundLog.clients_done``).
+        federation.on_client = getattr(on_round, "clients_done", None)
         outcome = federation.run(on_round, keeper.round_end)
         keeper.finish(outcome)
         if config.save_model:

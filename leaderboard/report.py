@@ -159,12 +159,21 @@ def metric_rows(data: RunData, scenario: str) -> list[dict[str, str]]:
     for index, spec in enumerate(shown):
         name = f"{spec.label} {label}".strip() if spec.label_names_scenario else spec.label
         what = spec.description if spec.origin == "summary" else "from summary.json"
-        rows.append((name, report_value(spec, data), what))
+        if not (spec.family == "diagnostics" and _unrecorded(spec, data)):
+            rows.append((name, report_value(spec, data), what))
         if index + 1 == len(shown) or shown[index + 1].family != spec.family:
             rows += extra.pop(spec.family, [])
     for rest in extra.values():  # a family with no metric shown: its rows go last
         rows += rest
     return [{"label": a, "text": b, "what": c} for a, b, c in rows]
+
+
+def _unrecorded(spec: Any, data: RunData) -> bool:
+    """A metric recorded only on request that this run did not record: FedNTD's
+    diagnostics (static-FL measures, --diagnostics) have no row in a run without them,
+    rather than a column of dashes that reads as "measured, no value"."""
+    source = data.metrics if spec.origin == "summary" else data.summary or {}
+    return source.get(spec.key) is None
 
 
 def _latest_acc(curve: Any) -> tuple[int, float] | None:

@@ -152,7 +152,10 @@ def _bytes_panel(ax: Any, bytes_up: pd.Series, bytes_down: pd.Series, marker: st
             **look,
         )
         reach += series.to_numpy(dtype=float).tolist()
-    set_ylimits(ax, reach, min_span=0.0, include=(0.0,))
+    # Headroom: bytes are often the same every round, and a flat line of wide markers on
+    # the axis' top edge reads as clipped; 20 % above the highest keeps it inside.
+    headroom = (1.2 * max(reach),) if reach else ()
+    set_ylimits(ax, reach, min_span=0.0, include=(0.0, *headroom))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: human_bytes(v)))
     ax.set(xlabel="round", ylabel="bytes per round", title="communication per round")
 

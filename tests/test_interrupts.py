@@ -85,6 +85,34 @@ def test_the_line_says_what_the_checkpoint_keeps() -> None:
     )
     assert "kept the checkpoint of round 3 (round 4 run again)" in str(interruption(40, 4, 3))
     assert "(rounds 4-7 run again)" in str(interruption(40, 7, 3))
+    assert str(interruption(40, 3, 3, (4, 10))).startswith(
+        "interrupted at round 4 of 40 (4 of 10 clients done, the round runs again); kept "
+        "rounds 1-3 (checkpoint)"
+    )
+
+
+def test_an_interrupt_inside_a_round_names_that_round_and_its_clients(tmp_path: Path) -> None:
+    from cfl_bench.config import make_config
+    from cfl_bench.errors import RunInterruptedError
+    from cfl_bench.progress import ClientsReport, RoundReport
+    from cfl_bench.run import execute
+
+    class Display:
+        def __call__(self, report: RoundReport) -> None:
+            pass
+
+        def clients_done(self, report: ClientsReport) -> None:
+            if (report.round_index, report.done) == (3, 2):
+                raise KeyboardInterrupt
+
+    values = {"tasks": 2, "rounds_per_task": 2, "clients": 4, "threads": 1}
+    values |= {"train_size": 300, "test_size": 100, "checkpoint_every": 1, "out": str(tmp_path)}
+    with pytest.raises(RunInterruptedError) as caught:
+        execute(make_config(values), Display())
+    assert str(caught.value) == (
+        "interrupted at round 3 of 4 (2 of 4 clients done, the round runs again); kept rounds "
+        "1-2 (checkpoint); rerun the same command to resume"
+    )
 
 
 # --- `run` ----------------------------------------------------------------------------------
@@ -262,3 +290,21 @@ def test_carla_demo_sigterm_keeps_its_rounds_and_resumes(tmp_path: Path) -> None
     assert rerun.returncode == 0, rerun.stderr + rerun.stdout
     assert "resuming from round" in rerun.stdout
     assert (out / "carla_demo.html").exists()
+
+
+def test_run_interrupted_inside_flower_says_it_cannot_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("flwr")
+    import cfl_bench.flower.launch
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cfl_bench.flower.launch, "run_in_flower", interrupted)
+    result = in_process("run", *RUN, "--executor", "flower", "--out", str(tmp_path / "r"))
+    assert result.exit_code == 130
+    *said, line = result.output.strip().splitlines()
+    assert said == ["starting a Flower simulation (Flower and Ray take about a minute to start)"]
+    assert line.startswith("interrupted during the Flower simulation")
+    assert "rerun the same command with --restart" in line

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from cfl_bench.buffer import ReservoirBuffer
+from cfl_bench.buffer import ReservoirBuffer, StoredInputs
 from cfl_bench.buffer_stack import ReservoirStack
 from cfl_bench.engine.client_data import ClientData
 from cfl_bench.engine.client_update import ClientResult, LocalTrainer, StepSchedule
@@ -40,7 +40,7 @@ from cfl_bench.engine.round_server import RoundServer
 from cfl_bench.engine.splits import TaskSplit
 from cfl_bench.engine.task_clock import TaskClock
 from cfl_bench.flat import FlatModel
-from cfl_bench.progress import RoundReport
+from cfl_bench.progress import ClientsReport, RoundReport
 from cfl_bench.seeding import generator
 from strategies.compose import Strategy
 from streams.base import Stream
@@ -178,6 +178,12 @@ class Federation:
             stream.as_model_input,
         )
         self.executor: Executor = make_executor(trainer, s)
+        # Told after each client update of a round (``ClientsReport``), so a long round
+        # (ResNet-18 on a CPU) shows progress inside it. Never changes results.
+        self.on_client: Callable[[ClientsReport], None] | None = None
+        # (clients done, participants) of the round in progress; None between rounds. An
+        # interrupt's message says it (``round_keeper.interruption``).
+        self.round_progress: tuple[int, int] | None = None
 
     @property
     def global_state(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,6 +212,7 @@ class Federation:
         for g in range(server.round_index, clock.total_rounds):
             if not self._play_round(g, out):
                 return self._finish(out)
+            self.round_progress = None
             if on_round_end is not None:
                 on_round_end(out)
             if on_round is not None:
@@ -303,7 +310,8 @@ class Federation:
         diagnose = self.measure.probe(server.task) if measured else None
         jobs = self.round_server.jobs(broadcast, probes, diagnose)
         loss_sum = torch.zeros((), device=self.device)
-        totals = {"steps": 0, "seconds": 0.0}
+        totals = {"steps": 0, "seconds": 0.0, "clients": 0}
+        self.round_progress = (0, len(jobs))
 
         def receive(result: ClientResult) -> None:
             nonlocal loss_sum
@@ -318,6 +326,17 @@ class Federation:
             if result.class_accuracy is not None:
                 Measurement.client_diagnostics(out.records, server.round_index, server.task, result)
             self.round_server.receive(result)
+            totals["clients"] += 1
+            self.round_progress = (int(totals["clients"]), len(jobs))
+            if self.on_client is not None:
+                self.on_client(
+                    ClientsReport(
+                        server.round_index,
+                        self.clock.total_rounds,
+                        int(totals["clients"]),
+                        len(jobs),
+                    )
+                )
 
         self.executor.train(jobs, receive)
         self.round_server.close_round(self.executor)
@@ -348,6 +367,23 @@ def make_executor(trainer: LocalTrainer, schedule: Schedule) -> Executor:
     return SequentialExecutor(trainer)
 
 
+def buffer_inputs(stream: Stream, executor: str, device: torch.device) -> StoredInputs | None:
+    """The compact form replay buffers keep inputs in, when the stream has an exact one
+    (``Stream.model_input_to_stored``: CARLA's uint8 frames); float32 otherwise, and always
+    under the vectorized executor, whose stacked buffers are read without decoding."""
+    probe = torch.zeros((1, *stream.input_shape), device=device)
+    stored = stream.model_input_to_stored(probe)
+    if stored is None or executor == "vectorized":
+        return None
+
+    def encode(x: torch.Tensor) -> torch.Tensor:
+        compact = stream.model_input_to_stored(x)
+        assert compact is not None  # the stream said it has an exact stored form
+        return compact
+
+    return StoredInputs(stored.dtype, encode, stream.as_model_input)
+
+
 def new_clients(
     stream: Stream, schedule: Schedule, needs_buffer: bool, device: torch.device
 ) -> list[ClientState]:
@@ -355,6 +391,8 @@ def new_clients(
     the strategy uses one; under the vectorized executor rows of one ``ReservoirStack``)
     and the stream's input decoder."""
     s = schedule
+
+    compact = buffer_inputs(stream, s.executor, device)
 
     def buffer(k: int) -> ReservoirBuffer:
         return ReservoirBuffer(
@@ -365,6 +403,7 @@ def new_clients(
             generator=generator(s.seed, "buffer", k, device=device),
             target_shape=stream.target_shape,
             target_dtype=stream.target_dtype,
+            stored_inputs=compact,
         )
 
     clients = [

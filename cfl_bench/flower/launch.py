@@ -21,13 +21,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -189,7 +192,9 @@ def simulation_settings(clients: int, device: torch.device, cores: int | None = 
     return f"{settings} client-resources-num-gpus={fraction:g}"
 
 
-def run_in_flower(config: RunConfig, device: torch.device) -> Path:
+def run_in_flower(
+    config: RunConfig, device: torch.device, say: Callable[[str], None] | None = None
+) -> Path:
     """Run ``config`` (already validated, ``out`` resolved) in a Flower simulation with one
     SuperNode per client and 1 CPU (and on CUDA a GPU fraction) per Ray actor; returns the
     run directory."""
@@ -210,12 +215,11 @@ def run_in_flower(config: RunConfig, device: torch.device) -> Path:
             "--federation-config",
             settings,
         ]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        output = relay(command, env, say or (lambda _text: None))
         outcome_file = home / "run" / "outcome.json"
         if not outcome_file.exists():
             raise UserError(
-                "the Flower simulation ended without running the run: "
-                + (done.stderr or done.stdout).strip()[-2000:]
+                "the Flower simulation ended without running the run: " + output.strip()[-2000:]
             )
         outcome = json.loads(outcome_file.read_text())
         if not outcome["ok"]:
@@ -224,6 +228,68 @@ def run_in_flower(config: RunConfig, device: torch.device) -> Path:
     finally:
         stop(flower_pids(home))
         shutil.rmtree(home, ignore_errors=True)
+
+
+#: Seconds between the "still starting" lines while Flower and Ray start (~70 s on 2 cores).
+STARTING_NOTE_SECONDS = 15.0
+
+
+def relay(command: list[str], env: dict[str, str], say: Callable[[str], None]) -> str:
+    """Run ``flwr run`` and tell the user what it is doing; returns its whole output.
+
+    Why: Flower's simulation spends its first minute starting the SuperLink, Ray and one
+    actor per client, and the run itself prints from inside the ServerApp; with the output
+    captured until the end, `cfl-bench run --executor flower` was silent for 70 s and more.
+    Until the run's first line, a line every ``STARTING_NOTE_SECONDS`` says what is
+    starting; then the run's own lines (round progress, notes) are passed on as they come.
+    """
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines: queue.Queue[str | None] = queue.Queue()
+    reader = threading.Thread(target=_read_lines, args=(process, lines), daemon=True)
+    reader.start()
+    kept: list[str] = []
+    started = time.monotonic()
+    last_note, running = started, False
+    while True:
+        try:
+            line = lines.get(timeout=min(1.0, STARTING_NOTE_SECONDS / 2))
+        except queue.Empty:
+            line = ""
+        if line is None:
+            break
+        if line:
+            kept.append(line)
+            text = run_line(line)
+            if text is not None:
+                running = True
+                say(text)
+        if not running and time.monotonic() - last_note >= STARTING_NOTE_SECONDS:
+            last_note = time.monotonic()
+            say(
+                f"Flower: starting the SuperLink, Ray and one actor per client "
+                f"({last_note - started:.0f} s so far; ~1 min on 2 cores)"
+            )
+    process.wait()
+    return "".join(kept)
+
+
+def _read_lines(process: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.put(line)
+    lines.put(None)
+
+
+#: Lines of the run inside the ServerApp that the user sees (RoundLog, notes).
+RUN_LINE = re.compile(r"((?:round \d+/\d+ · |run size: |note: |resuming ).*)")
+
+
+def run_line(line: str) -> str | None:
+    """The run's own text in a line of Flower's log (which may prefix it), or None."""
+    found = RUN_LINE.search(line.rstrip())
+    return None if found is None else found.group(1)
 
 
 def free_port() -> int:

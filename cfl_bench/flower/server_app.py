@@ -40,6 +40,7 @@ def bound_grid() -> Grid:
 def main(grid: Grid, context: Context) -> None:
     """Run the configured run with this grid; record the outcome for the launcher."""
     from cfl_bench.config import RunConfig
+    from cfl_bench.progress import RoundLog
     from cfl_bench.run import execute
 
     if not str(context.run_config.get("cfl-config", "")):
@@ -54,7 +55,9 @@ def main(grid: Grid, context: Context) -> None:
     _GRID.append(grid)
     try:
         config = RunConfig(**json.loads(path.read_text()))
-        result = execute(config)
+        # One line per round (and inside long rounds) in Flower's log, which the launcher
+        # relays to the user (``flower.launch.relay``).
+        result = execute(config, RoundLog(), notify=lambda text: print(text, flush=True))
         outcome = {"ok": True, "path": str(result.path)}
     except UserError as exc:
         outcome = {"ok": False, "error": str(exc)}

@@ -15,6 +15,7 @@ process.
 from __future__ import annotations
 
 import io
+import textwrap
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -40,16 +41,50 @@ def draw_figure(result: PilotResult) -> Figure:
     axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
     for row, run in zip(axes, result.runs, strict=True):
         draw_row(row, run, result)
-    handles = [
-        axes[0][0].scatter([], [], s=18, color=c, label=name)
-        for c, name in zip(CLASS_COLOURS, result.points.class_names, strict=True)
-    ]
-    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), frameon=False)
+    # The key to the numbers sits in the legend's title, so the layout makes room for both.
+    fig.legend(
+        handles=legend_handles(result),
+        loc="outside lower center",
+        ncols=5,
+        frameon=False,
+        fontsize=8,
+        title=textwrap.fill(KEY, 40 * cols),
+        title_fontsize=8,
+    )
     fig.suptitle(
         "Iris (2-D PCA), 3 non-IID clients: global model vs. each client after local "
         f"training, round {result.config.rounds}"
     )
     return fig
+
+
+#: What the numbers in the titles and row labels mean (below the legend).
+KEY = (
+    '"area": share of the plotted area whose class the client\'s local training changed '
+    'from the global model it started from; "data": the same share of the 150 Iris points; '
+    "row label: their mean over clients and rounds (the run's forgetting)."
+)
+
+
+def legend_handles(result: PilotResult) -> list[object]:
+    """One entry per class, then the dashed boundary and the hollow points explained."""
+    from matplotlib.lines import Line2D
+
+    classes = [
+        Line2D([], [], linestyle="", marker="o", markersize=5, color=c, label=name)
+        for c, name in zip(CLASS_COLOURS, result.points.class_names, strict=True)
+    ]
+    return [
+        *classes,
+        Line2D(
+            [], [], color="black", linestyle="dashed", linewidth=0.8,
+            label="global model's boundary (client panels)",
+        ),
+        Line2D(
+            [], [], linestyle="", marker="o", markersize=5, markerfacecolor="none",
+            markeredgecolor="grey", label="public points (no client holds them)",
+        ),
+    ]  # fmt: skip
 
 
 def draw_row(row: list[Axes], run: Measured, result: PilotResult) -> None:
