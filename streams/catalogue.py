@@ -298,8 +298,8 @@ def require_data_root(name: str, data_root: str | None, download: bool = False) 
         return
     if download and info.downloadable:
         raise UserError(
-            f"--download needs a folder to fetch stream {name!r}'s data into: add --data-root "
-            f"DIR (e.g. --data-root data); {info.data} is then written under DIR"
+            f"--download needs a folder to fetch the data of stream {name!r} into: add "
+            f"--data-root DIR (e.g. --data-root data); {info.data} is then written under DIR"
         )
     fetch = ", or add --download to fetch it there" if info.downloadable else ""
     raise UserError(

@@ -40,7 +40,7 @@ def test_download_without_data_root_asks_for_the_folder() -> None:
     result = at_80_columns("run", "--stream", "seq-cifar10", "--download")
     assert result.returncode == 2
     line = " ".join(result.stderr.split())
-    assert "--download needs a folder to fetch stream 'seq-cifar10'" in line
+    assert "--download needs a folder to fetch the data of stream 'seq-cifar10' into" in line
     assert "add --data-root DIR" in line
     assert "add --download" not in line  # not sent round in a circle
     assert "Traceback" not in result.stderr

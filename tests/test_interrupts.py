@@ -281,8 +281,8 @@ def test_carla_demo_sigterm_keeps_its_rounds_and_resumes(tmp_path: Path) -> None
     argv += ["--batch-size", "8", "--threads", "1", "--out", str(out)]
     proc = start(argv)
     err = signal_at(proc, lambda line: line.startswith("round 1/"), signal.SIGTERM)
-    line = assert_one_line(proc.returncode, err, "of 2; kept round", "rerun the same command")
-    assert "to resume" in line
+    line = assert_one_line(proc.returncode, err, "interrupted at round 2 of 2", "kept round 1")
+    assert line.endswith("rerun the same command to resume")
     assert not (out / "summary.json").exists() and (out / "checkpoint.pt").exists()
     rerun = subprocess.run(
         [sys.executable, "-m", "cfl_bench.cli", *argv], capture_output=True, text=True, env=ENV
