@@ -600,7 +600,8 @@ def load_plain_yaml(text: str) -> Any:
     ``0x10`` is 16 and ``yes``/``on`` are booleans; YAML 1.2 (and most other tools) read
     17, the text "1:30" and the text "yes". A seed or a grid ``[07, 010]`` must never run
     a value the user did not write, so every plain scalar whose two readings differ, and
-    every non-decimal integer, is refused (:func:`check_plain_scalars`). Aliases are
+    every non-decimal integer, is refused (:func:`check_plain_scalars`) — except a decimal
+    with an exponent (``1e-3``), text to 1.1 and a number to 1.2, read as that number. Aliases are
     refused while composing, before anything is expanded: nested aliases ("billion laughs")
     expand a few hundred bytes into billions of values.
     """
@@ -621,6 +622,8 @@ class YamlFormError(Exception):
 
 _YAML12_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?")
 _DECIMAL_INT = re.compile(r"[-+]?[0-9]+")
+# A decimal number with an exponent and no leading zero before other digits: 1e-3, 2.5E4.
+_EXPONENT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)(?:\.[0-9]*)?[eE][-+]?[0-9]+")
 _RADIX_NAMES = {"x": "hexadecimal", "o": "octal", "b": "binary"}
 _MAX_NUMBER_TEXT = 400  # longer numbers are outside every option's range anyway
 
@@ -704,6 +707,12 @@ def check_plain_scalars(node: Any, loader: Any, key: str = "") -> None:
     yaml11 = loader.construct_object(node)
     yaml12 = yaml12_reading(text)
     where = f"{key + ': ' if key else ''}{text} (line {line})"
+    if isinstance(yaml11, str) and isinstance(yaml12, float) and _EXPONENT.fullmatch(text):
+        # 1e-3 is text to YAML 1.1 (its floats need a dot) and 0.001 to YAML 1.2: nothing
+        # else can be meant, so the 1.2 reading is taken (lr: 1e-3 is how configs write it).
+        loader.constructed_objects.pop(node, None)
+        node.tag = "tag:yaml.org,2002:float"
+        return
     if not _same_reading(yaml11, yaml12):
         raise YamlFormError(
             f"{where} reads as {_reading_text(yaml11)} in YAML 1.1 but as "

@@ -392,3 +392,20 @@ def test_a_closed_stdout_does_not_blame_the_run_directory(tmp_path: Path) -> Non
     assert "failed" not in text and "run directory" not in text
     assert len([line for line in text.splitlines() if line.strip()]) <= 1, text
     assert proc.returncode != 0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("lr: 1e-3\n", {"lr": 0.001}),
+        ("weight_decay: 5E-4\nlr: 2.5e-2\n", {"weight_decay": 0.0005, "lr": 0.025}),
+        ("seed: 7\nlr: 0.5\n", {"seed": 7, "lr": 0.5}),
+        ("stream: '017'\n", {"stream": "017"}),
+    ],
+)
+def test_yaml_forms_both_versions_read_alike_are_read(text: str, expected: dict) -> None:
+    # 1e-3 is text to YAML 1.1 and 0.001 to 1.2: the number is the only meaning, so the
+    # 1.2 reading is taken; quoted text stays text.
+    from cfl_bench.config import load_plain_yaml
+
+    assert load_plain_yaml(text) == expected
