@@ -278,10 +278,6 @@ MESSAGES: dict[str, tuple[Setup, str]] = {
         argv("carla", "record", "--out", "{root}/o", "--clients", "0"),
         "--clients must be an integer in [1, 16], got 0",
     ),
-    "carla town names the option": (
-        argv("carla", "record", "--out", "{root}/o", "--data-root", "{root}", "--town", "Bogus"),
-        "--town 'Bogus' is not a town of the shared frames",
-    ),
     "config is a device": (
         argv("run", "--config", "/dev/zero", *TINY, "--out", "{root}/o"),
         "config file '/dev/zero' is a device, not a file",
@@ -409,3 +405,19 @@ def test_yaml_forms_both_versions_read_alike_are_read(text: str, expected: dict)
     from cfl_bench.config import load_plain_yaml
 
     assert load_plain_yaml(text) == expected
+
+
+@pytest.mark.shared_data
+def test_a_replayed_town_is_named_by_its_option(tmp_path: Path, finished_run: Path) -> None:
+    # The replayed towns are those of the shared frames, so this needs the real dataset
+    # (and the recording folder check, which comes first, needs a real replay source).
+    from tests.conftest import SHARED_DATA
+
+    data = str(SHARED_DATA)
+    table = {
+        "town": (
+            argv("carla", "record", "--out", "{root}/o", "--data-root", data, "--town", "Bogus"),
+            "--town 'Bogus' is not a town of the shared frames",
+        )
+    }
+    check_case(table, "town", tmp_path, finished_run)

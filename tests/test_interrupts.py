@@ -273,6 +273,7 @@ def _running(process: psutil.Process) -> bool:
 # --- `carla demo` ---------------------------------------------------------------------------
 
 
+@pytest.mark.shared_data
 def test_carla_demo_sigterm_keeps_its_rounds_and_resumes(tmp_path: Path) -> None:
     root = requires_shared_data()
     out = tmp_path / "demo"
