@@ -209,14 +209,9 @@ def check_app_dir(app_dir: str) -> None:
     from pathlib import Path
 
     from cfl_bench.atomic import path_kind
-    from cfl_bench.config import check_path_text
+    from cfl_bench.config import check_folder_text
 
-    if not app_dir.strip():
-        raise UserError("--app-dir is empty; give a new folder for the Flower app.")
-    try:
-        check_path_text(app_dir)
-    except ValueError as exc:
-        raise UserError(f"--app-dir {exc}; give a plain folder path.") from None
+    check_folder_text("--app-dir", app_dir, "the Flower app (a new one)")
     path = Path(app_dir)
     if path.exists() and not path.is_dir():
         raise UserError(

@@ -96,6 +96,17 @@ def check_path_text(text: str) -> str:
     return text
 
 
+def check_folder_text(option_name: str, text: str, what: str) -> None:
+    """Refuse an empty folder option or one :func:`check_path_text` refuses, in one
+    sentence naming ``option_name``; ``what`` says what the folder is for."""
+    if not text.strip():
+        raise UserError(f"{option_name} is empty; give a folder for {what}.")
+    try:
+        check_path_text(text)
+    except ValueError as exc:
+        raise UserError(f"{option_name} {exc}; give a plain folder path.") from None
+
+
 def option(default: Any, help: str, **spec: Any) -> Any:
     """A dataclass field carrying its :class:`OptionSpec`."""
     return field(default=default, metadata={"option": OptionSpec(help=help, **spec)})

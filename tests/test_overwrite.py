@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from cfl_bench.errors import UserError
 from cfl_bench.round_keeper import RunInterruptedError
 from cfl_bench.run import execute
 from cfl_bench.run_dir import ASIDE, MOVED, STAGING, RunDirectory
+from tests.test_resume import KILLER
 
 BASE: dict[str, Any] = {
     "stream": "rot-digits",
@@ -38,20 +38,7 @@ BASE: dict[str, Any] = {
     "probe_size": 50,
     "threads": 1,
 }
-KILLER = textwrap.dedent(
-    """
-    import json, os, signal, sys
-    from cfl_bench.config import make_config
-    from cfl_bench.run import execute
-    values, k = json.loads(sys.argv[1]), int(sys.argv[2])
-
-    def on_round(report):
-        if report.round_index == k:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    execute(make_config(values), on_round)
-    """
-)
+# The kill -9 stand-in is test_resume's: SIGKILL from inside the round-end callback.
 
 
 def snapshot(folder: Path) -> dict[str, bytes | None]:

@@ -99,15 +99,10 @@ def boundary_cmd(
 
 def check_pilot_out(out: str) -> None:
     """Refuse an --out the four files cannot go into, before the pilot trains for minutes."""
-    from cfl_bench.config import check_path_text
+    from cfl_bench.config import check_folder_text
     from cfl_bench.run_dir import check_out_path
 
-    if not out.strip():
-        raise UserError("--out is empty; give a folder for the pilot's files.")
-    try:
-        check_path_text(out)
-    except ValueError as exc:
-        raise UserError(f"--out {exc}; give a plain folder path.") from None
+    check_folder_text("--out", out, "the pilot's files")
     check_out_path(Path(out))
 
 
