@@ -188,7 +188,7 @@ def open_source(
     seed: int,
 ) -> Any:
     """The frame source `record` pulls from: the shared frames or a live CARLA drive."""
-    from carla_bridge.stream import FRAME_PERIOD_S, HIGHWAY_TOWN, URBAN_TOWNS, carla_root
+    from carla_bridge.stream import FRAME_PERIOD_S, URBAN_TOWNS, carla_root
 
     if source == "carla":
         from carla_bridge.live import LiveConfig, LiveSource
@@ -202,18 +202,20 @@ def open_source(
         raise UserError(f"--source must be replay or carla, got {source!r}")
     if data_root is None:
         raise UserError("--source replay needs --data-root (the folder with the shared frames)")
-    if town not in (*URBAN_TOWNS, HIGHWAY_TOWN):
-        raise UserError(
-            f"--town {town!r} is not a town of the shared frames; use one of "
-            f"{', '.join((*URBAN_TOWNS, HIGHWAY_TOWN))}."
-        )
-    from carla_bridge.replay import ReplaySource
+    from carla_bridge.replay import ReplaySource, scan_split
 
-    # The first vehicle drives --town, the others the other urban towns in turn.
-    cycle = [town, *(t for t in URBAN_TOWNS if t != town)]
+    root = carla_root(data_root)
+    present = sorted(scan_split(root, "train", "voc"))  # the towns these frames hold
+    if town not in present:
+        raise UserError(
+            f"--town {town!r} is not a town of the recorded frames in '{root}'; use one of "
+            f"{', '.join(present)}."
+        )
+    # The first vehicle drives --town, the others the other urban towns present, in turn.
+    cycle = [town, *(t for t in URBAN_TOWNS if t != town and t in present)]
     towns = tuple(cycle[k % len(cycle)] for k in range(clients))
     return ReplaySource(
-        root=carla_root(data_root),
+        root=root,
         split="train",
         num_clients=clients,
         client_towns=towns,

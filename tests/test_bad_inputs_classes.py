@@ -417,7 +417,7 @@ def test_a_replayed_town_is_named_by_its_option(tmp_path: Path, finished_run: Pa
     table = {
         "town": (
             argv("carla", "record", "--out", "{root}/o", "--data-root", data, "--town", "Bogus"),
-            "--town 'Bogus' is not a town of the shared frames",
+            "--town 'Bogus' is not a town of the recorded frames in",
         )
     }
     check_case(table, "town", tmp_path, finished_run)

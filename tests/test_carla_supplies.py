@@ -122,8 +122,8 @@ def test_demo_without_a_carla_server_says_so_in_one_line(tmp_path: Path) -> None
     assert time.monotonic() - started < 60
     assert_user_error(
         result,
-        f"no CARLA server at 127.0.0.1:{port}: start CarlaUE4.sh -RenderOffScreen or use "
-        "--source replay",
+        f"no CARLA server at 127.0.0.1:{port}: start CarlaUE4.sh -RenderOffScreen, or use the "
+        "recorded frames instead (`cfl-bench carla demo --source replay`",
     )
     assert not (tmp_path / "demo").exists()
 
