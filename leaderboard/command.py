@@ -95,15 +95,19 @@ def summary_tables(board: pd.DataFrame, std: str = "sample") -> list[Table]:
 
 
 def problems_table(runs: pd.DataFrame) -> Table | None:
-    """Runs that did not finish (None when all did)."""
+    """Runs that did not finish (None when all did).
+
+    The run directory and the reason share one cell, the reason on its own line below the
+    folder: at 80 columns a long folder name folds over several lines (it is never cut with
+    "…"), and side by side with the reason the two would interleave line by line."""
     problems = runs[runs["status"] != "finished"]
     if problems.empty:
         return None
     table = Table(title="runs not finished (kept out of the means)", box=box.SIMPLE_HEAD)
-    for name in ("run directory", "status", "message"):  # folded, never cut with "…"
-        table.add_column(name, overflow="fold")
+    table.add_column("status")
+    table.add_column("run directory / why", overflow="fold")
     for _, run in problems.iterrows():
-        table.add_row(Text(str(run["path"])), Text(str(run["status"])), Text(str(run["message"])))
+        table.add_row(Text(str(run["status"])), Text(f"{run['path']}\n{run['message']}"))
     return table
 
 

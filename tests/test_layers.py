@@ -48,6 +48,7 @@ CORE = frozenset(
         "cfl_bench.metric_registry",
         "cfl_bench.records",
         "cfl_bench.run_dir",
+        "cfl_bench.run_reader",
         "cfl_bench.engine",
         "cfl_bench.engine.context",
         "cfl_bench.engine.comm",
