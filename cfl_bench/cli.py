@@ -525,6 +525,49 @@ def report_cmd(
     report_command(run_dir, out)
 
 
+@app.command("reproduce")
+@user_errors
+def reproduce_cmd(
+    name: Annotated[str, typer.Argument(help="a table (see `cfl-bench reproduce list`), or list")],
+    scale: Annotated[
+        str | None, typer.Option(help="smoke | cpu | paper (with --shipped: default cpu)")
+    ] = None,
+    data_root: Annotated[str | None, typer.Option(help="folder holding the datasets")] = None,
+    jobs: Annotated[int, typer.Option(min=1, help="runs in parallel")] = 1,
+    device: Annotated[str | None, typer.Option(help="cpu | cuda | auto (the runs' device)")] = None,
+    executor: Annotated[
+        str | None, typer.Option(help="sequential | vectorized (the runs' executor)")
+    ] = None,
+    out: Annotated[
+        str | None,
+        typer.Option(
+            help="run folder [default: runs/reproduce/NAME/SCALE]; with --shipped or "
+            "--compare: the report's folder"
+        ),
+    ] = None,
+    compare: Annotated[
+        str | None, typer.Option(help="judge your runs in this folder (no runs are started)")
+    ] = None,
+    shipped: Annotated[
+        bool, typer.Option("--shipped", help="report the results shipped in the repository")
+    ] = False,
+    ship: Annotated[
+        bool, typer.Option("--ship", help="copy the finished runs into reproductions/results/")
+    ] = False,
+) -> None:
+    """Rerun a paper's table and judge each cell against the paper.
+
+    `reproduce list` shows the tables and their cost at each scale. `reproduce NAME --scale
+    cpu --data-root DATA --jobs 2` runs the table (resumable like a sweep) and writes
+    report.html/.csv/.md in <out>/reproduction/NAME/: per cell the paper's value, ours over the
+    seeds, and a verdict (within noise, same direction, differs)."""
+    from cfl_bench.reproduce.command import reproduce
+
+    code = reproduce(name, scale, data_root, jobs, device, executor, out, compare, shipped, ship)
+    if code:
+        raise typer.Exit(code)
+
+
 def _install_carla_commands() -> None:
     """`cfl-bench carla demo|record` (their module imports the bridge only when called)."""
     from cfl_bench.carla_cli import carla_app

@@ -1,0 +1,154 @@
+"""Which finished runs of a folder are which cells of a table, at which scale.
+
+A run belongs to cell (row, column) when its strategy's canonical name is the row's, and
+its options are the column's options plus the table's protocol at one of the table's
+scales (every option the protocol or any scale sets is compared, so a run at 5 rounds per
+task is never counted as a 20-round run). Runs of the folder that match no cell are
+listed with the reason, never silently averaged in. Seeds of one cell must share one
+protocol hash (same data); anything else is reported.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cfl_bench.reproduce.tables import Column, ReproTable, Row
+from cfl_bench.run_reader import read_run
+
+SKIPPED_FOLDERS = frozenset({".sweep", ".replacement", "leaderboard", "reproduction"})
+
+
+@dataclass(frozen=True)
+class RunValue:
+    seed: int
+    value: float
+    path: Path
+    protocol_hash: str
+    wall_time_s: float
+    scale: str
+
+
+@dataclass
+class Collected:
+    """The runs of a folder, sorted into cells, and what did not fit."""
+
+    cells: dict[tuple[str, str], list[RunValue]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def values(self, row: str, column: str) -> list[RunValue]:
+        return self.cells.get((row, column), [])
+
+    def scales(self) -> list[str]:
+        return sorted({v.scale for values in self.cells.values() for v in values})
+
+    def runs(self) -> list[RunValue]:
+        """Every counted run once (a run read by two columns through two metrics once)."""
+        seen: dict[Path, RunValue] = {}
+        for values in self.cells.values():
+            for value in values:
+                seen.setdefault(value.path, value)
+        return list(seen.values())
+
+
+def run_folders(folder: Path) -> Iterator[Path]:
+    """Every run directory under ``folder`` (one with a config.json), sorted."""
+    for current, subfolders, files in os.walk(folder):
+        subfolders[:] = sorted(s for s in subfolders if s not in SKIPPED_FOLDERS)
+        if "config.json" in files:
+            yield Path(current)
+            subfolders[:] = []
+
+
+def compared_keys(table: ReproTable) -> set[str]:
+    keys = set(table.protocol)
+    for scale in table.scales.values():
+        keys |= set(scale.options)
+    return keys
+
+
+def scale_of(table: ReproTable, options: dict[str, Any], column: Column) -> str | None:
+    """The scale whose options the run's options are, for this column (None: none)."""
+    keys = compared_keys(table) | set(column.options)
+    for name in table.scales:
+        expected = {**table.base_options(name), **column.options}
+        if all(options.get(k) == expected.get(k) for k in keys):
+            return name
+    return None
+
+
+def _place(
+    table: ReproTable, options: dict[str, Any], strategy: str
+) -> tuple[list[tuple[Row, Column]], str | None, str]:
+    """The cells a run fills, its scale, or why it fills none."""
+    rows = [r for r in table.rows if r.canonical == strategy]
+    if not rows:
+        return [], None, f"strategy {strategy} is no row of {table.name}"
+    places, scale = [], None
+    for column in table.columns:
+        found = scale_of(table, options, column)
+        if found is not None:
+            scale = found
+            places += [(row, column) for row in rows]
+    if not places:
+        return [], None, "its options are no column of the table at any of its scales"
+    return places, scale, ""
+
+
+def collect(table: ReproTable, folder: Path, scale: str | None = None) -> Collected:
+    """Sort the finished runs under ``folder`` into the table's cells (with ``scale``, only
+    the runs at that scale; the others are listed as not counted)."""
+    collected = Collected()
+    for run in run_folders(folder):
+        shown = run.relative_to(folder).as_posix() if run != folder else run.name
+        reading = read_run(run, shown, records=False)
+        if not reading.done or reading.row is None:
+            collected.notes.append(f"{shown}: not counted ({reading.status}: {reading.reason})")
+            continue
+        row = reading.row
+        options = reading.config.get("config", {})
+        places, found_scale, why = _place(table, options, str(row["strategy"]))
+        if not places or found_scale is None:
+            collected.notes.append(f"{shown}: not counted ({why})")
+            continue
+        if scale is not None and found_scale != scale:
+            collected.notes.append(f"{shown}: not counted (a run at scale {found_scale})")
+            continue
+        for table_row, column in places:
+            value = row.get(column.metric)
+            if value is None or value != value:
+                collected.notes.append(f"{shown}: not counted (no {column.metric})")
+                continue
+            collected.cells.setdefault((table_row.label, column.label), []).append(
+                RunValue(
+                    seed=int(row["seed"]),
+                    value=float(value),
+                    path=run,
+                    protocol_hash=str(row["protocol_hash"]),
+                    wall_time_s=float(reading.summary.get("wall_time_s") or 0.0)
+                    if reading.summary
+                    else 0.0,
+                    scale=found_scale,
+                )
+            )
+    collected.notes += _consistency_notes(collected)
+    return collected
+
+
+def _consistency_notes(collected: Collected) -> list[str]:
+    """Cells whose seeds are at two scales, repeat a seed, or read different data."""
+    notes = []
+    for (row, column), values in sorted(collected.cells.items()):
+        scales = {v.scale for v in values}
+        hashes = {v.protocol_hash for v in values}
+        seeds = [v.seed for v in values]
+        if len(scales) > 1:
+            notes.append(f"{row} × {column}: runs at scales {', '.join(sorted(scales))}")
+        if len(hashes) > 1:
+            notes.append(f"{row} × {column}: seeds of {len(hashes)} protocols (different data)")
+        if len(set(seeds)) < len(seeds):
+            notes.append(f"{row} × {column}: a seed counted twice ({sorted(seeds)})")
+    return notes

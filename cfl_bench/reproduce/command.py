@@ -1,0 +1,250 @@
+"""``cfl-bench reproduce``: list the reproducible tables, run one, or report on runs.
+
+* ``reproduce list`` — every table with its cells, runs and cost at each scale.
+* ``reproduce NAME --scale S --data-root D [--jobs N] [--device cuda]`` — the table's runs
+  as sweeps (one per distinct column option set; finished runs are skipped, interrupted ones
+  resume), then the report in ``<out>/reproduction/``.
+* ``reproduce NAME --shipped`` — the report of the results shipped in the repository.
+* ``reproduce NAME --compare RUNS`` — your runs judged against the paper, beside ours.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from cfl_bench.atomic import atomic_write_json, atomic_write_text
+from cfl_bench.errors import UserError
+from cfl_bench.reproduce import provenance, shipping
+from cfl_bench.reproduce.collect import Collected, collect
+from cfl_bench.reproduce.outcome import build
+from cfl_bench.reproduce.report import print_terminal, write
+from cfl_bench.reproduce.tables import SCALES, ReproTable, find_table, load_all
+
+REPORT_FOLDER = "reproduction"
+
+
+def reproductions_root() -> Path:
+    """The repository's ``reproductions/`` folder (tables, targets, shipped results)."""
+    return Path(__file__).resolve().parents[2] / "reproductions"
+
+
+def list_tables(console: Console, root: Path) -> None:
+    """``reproduce list``: every table, and per scale its runs and cost."""
+    table = Table(title="Reproducible tables (cfl-bench reproduce NAME --scale SCALE)")
+    for name in ("table", "scale", "runs", "cost"):
+        table.add_column(name, overflow="fold")
+    for repro in load_all(root):
+        cells = len(repro.rows) * len(repro.columns)
+        about = f"{repro.name}\n{repro.paper} · {repro.table} · {cells} cells"
+        if repro.runs_name != repro.name:
+            about += f"\n(the runs of {repro.runs_name})"
+        for index, scale in enumerate(SCALES):
+            seeds = len(repro.scales[scale].seeds)
+            plural = "seed" if seeds == 1 else "seeds"
+            table.add_row(
+                about if index == 0 else "",
+                scale,
+                f"{repro.runs(scale)} ({seeds} {plural})",
+                provenance.cost_text(repro, scale, root),
+                end_section=index == len(SCALES) - 1,
+            )
+    console.print(table)
+    console.print(
+        "Costs are measured where results are shipped (reproductions/results/<name>/<scale>/"
+        "provenance.json) and otherwise estimated from them by the local steps.",
+        highlight=False,
+    )
+
+
+def sweep_documents(
+    repro: ReproTable, scale: str, out: Path, options: dict[str, Any], jobs: int
+) -> list[dict[str, Any]]:
+    """One sweep per column option set: base = protocol + scale + ``options`` (data root,
+    device, executor), grid = seeds × the column's options × strategies, seeds slowest so
+    that an early stop leaves whole seeds."""
+    documents = []
+    for group in repro.column_groups():
+        grid: dict[str, Any] = {"seed": list(repro.scales[scale].seeds)}
+        grid.update({key: [value] for key, value in group.items()})
+        grid["strategy"] = [row.strategy for row in repro.rows]
+        documents.append(
+            {
+                "out": str(out),
+                "jobs": jobs,
+                "base": {**repro.base_options(scale), **options},
+                "grid": grid,
+            }
+        )
+    return documents
+
+
+def run_table(
+    repro: ReproTable,
+    scale: str,
+    out: Path,
+    options: dict[str, Any],
+    jobs: int,
+    console: Console,
+) -> int:
+    """Run (or resume) every sweep of the table at ``scale``; the worst exit code."""
+    from cfl_bench.sweep.command import sweep
+
+    code = 0
+    for index, document in enumerate(sweep_documents(repro, scale, out, options, jobs)):
+        path = out / ".reproduce" / f"sweep-{index + 1}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, yaml.safe_dump(document, sort_keys=False))
+        started = time.monotonic()
+        code = max(code, sweep(str(path), [], console=console, leaderboard=False))
+        console.print(f"sweep {index + 1}: {time.monotonic() - started:.0f} s", highlight=False)
+    return code
+
+
+def report_runs(
+    repro: ReproTable,
+    folder: Path,
+    scale: str | None,
+    report_dir: Path,
+    source: str,
+    console: Console,
+    root: Path,
+    compare_shipped: bool,
+) -> Path:
+    """Judge the runs under ``folder`` and write the report; returns the HTML path."""
+    collected = collect(repro, folder, scale)
+    scale = scale or _only_scale(collected, folder)
+    reference: Collected | None = None
+    shipped_folder = shipping.shipped_folder(root, repro.runs_name, scale)
+    if compare_shipped and shipped_folder.is_dir():
+        reference = collect(repro, shipped_folder, scale)
+    facts = provenance.describe(collected, folder)
+    rep = build(repro, collected, scale, source, reference, facts)
+    paths = write(rep, report_dir)
+    print_terminal(rep, console)
+    console.print(f"report: {paths['html']} (and report.csv, report.md)", highlight=False)
+    return paths["html"]
+
+
+def _only_scale(collected: Collected, folder: Path) -> str:
+    scales = collected.scales()
+    if len(scales) != 1:
+        found = ", ".join(scales) if scales else "none"
+        raise UserError(
+            f"the runs in '{folder}' are at scales: {found}; name one with --scale "
+            f"({', '.join(SCALES)})."
+        )
+    return scales[0]
+
+
+def reproduce(
+    name: str,
+    scale: str | None,
+    data_root: str | None,
+    jobs: int,
+    device: str | None,
+    executor: str | None,
+    out: str | None,
+    compare: str | None,
+    shipped: bool,
+    ship: bool,
+    console: Console | None = None,
+    root: Path | None = None,
+) -> int:
+    """The ``reproduce`` command; returns the exit code."""
+    console = console or Console()
+    root = root or reproductions_root()
+    if not root.is_dir():
+        raise UserError(
+            f"no '{root}' folder: `cfl-bench reproduce` reads its tables from a clone of the "
+            "cfl-bench repository; install it from a clone (pip install -e .)."
+        )
+    if name == "list":
+        list_tables(console, root)
+        return 0
+    repro = find_table(name, root)
+    if scale is not None and scale not in SCALES:
+        raise UserError(f"--scale {scale} is not one of {', '.join(SCALES)}.")
+    if sum(map(bool, (compare, shipped))) > 1:
+        raise UserError("give at most one of --compare and --shipped.")
+    if shipped:
+        return _report_shipped(repro, scale or "cpu", out, console, root)
+    if compare:
+        folder = _existing_folder(compare, "--compare")
+        report_dir = Path(out) if out else folder / REPORT_FOLDER / repro.name
+        report_runs(repro, folder, scale, report_dir, f"your runs in {folder}", console, root, True)
+        return 0
+    return _run_and_report(
+        repro, scale, data_root, jobs, device, executor, out, ship, console, root
+    )
+
+
+def _existing_folder(text: str, option: str) -> Path:
+    folder = Path(text)
+    if not folder.is_dir():
+        raise UserError(f"{option} '{text}' is not a folder; give the folder of your runs.")
+    return folder
+
+
+def _report_shipped(
+    repro: ReproTable, scale: str, out: str | None, console: Console, root: Path
+) -> int:
+    folder = shipping.shipped_folder(root, repro.runs_name, scale)
+    if not folder.is_dir():
+        have = shipping.shipped_scales(root, repro.runs_name)
+        raise UserError(
+            f"no shipped results of {repro.name} at scale {scale}; shipped scales: "
+            f"{', '.join(have) or 'none'} (run it: cfl-bench reproduce {repro.name} --scale "
+            f"{scale} --data-root DATA)."
+        )
+    report_dir = Path(out) if out else Path("runs") / "reproduce" / repro.name / f"shipped-{scale}"
+    report_runs(
+        repro,
+        folder,
+        scale,
+        report_dir,
+        f"the shipped results ({folder.name} in reproductions/results/{repro.runs_name})",
+        console,
+        root,
+        False,
+    )
+    return 0
+
+
+def _run_and_report(
+    repro: ReproTable,
+    scale: str | None,
+    data_root: str | None,
+    jobs: int,
+    device: str | None,
+    executor: str | None,
+    out: str | None,
+    ship: bool,
+    console: Console,
+    root: Path,
+) -> int:
+    if scale is None:
+        raise UserError(
+            f"name a scale: --scale {'|'.join(SCALES)} (see `cfl-bench reproduce list`)."
+        )
+    folder = Path(out) if out else Path("runs") / "reproduce" / repro.runs_name / scale
+    options = {
+        k: v for k, v in (("data_root", data_root), ("device", device), ("executor", executor)) if v
+    }
+    code = run_table(repro, scale, folder, options, jobs, console)
+    report_dir = folder / REPORT_FOLDER / repro.name
+    report_runs(repro, folder, scale, report_dir, f"the runs in {folder}", console, root, True)
+    atomic_write_json(
+        report_dir / "provenance.json", provenance.describe(collect(repro, folder, scale), folder)
+    )
+    if ship:
+        if code:
+            raise UserError("some runs did not finish; rerun the same command before --ship.")
+        target = shipping.ship(repro, folder, scale, root)
+        console.print(f"shipped {target}", highlight=False)
+    return code

@@ -1,0 +1,149 @@
+"""Where a table's results come from, and what a scale costs.
+
+``describe`` gathers the facts a reader needs to trust or rerun shipped results: the git
+commits and torch build of the runs (from their ``config.json``), the machine, the number
+of runs, their summed run time and the sweeps' elapsed wall time (from ``sweep.log``:
+first to last event of each sweep process, so a resumed sweep does not count the pause).
+``cost_text`` turns shipped provenance into the cost of each scale: measured where a scale
+was run, otherwise scaled by the local steps (runs × tasks × rounds × training examples
+per task × epochs) from a measured scale — an estimate, and said to be one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from cfl_bench.reproduce.collect import Collected
+from cfl_bench.reproduce.tables import SCALES, ReproTable
+
+PROVENANCE = "provenance.json"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux), else the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def sweep_elapsed(folder: Path) -> float | None:
+    """Seconds the sweeps of ``folder`` ran: per sweep process, first to last event."""
+    log = folder / ".sweep" / "sweep.log"
+    if not log.is_file():
+        log = folder / "sweep.log"
+    if not log.is_file():
+        return None
+    spans: dict[str, list[datetime]] = {}
+    for line in log.read_text(encoding="utf-8").splitlines():
+        fields = line.split("\t")
+        if len(fields) < 3:
+            continue
+        try:
+            stamp = datetime.fromisoformat(fields[0])
+        except ValueError:
+            continue
+        spans.setdefault(fields[1], []).append(stamp)
+    total = sum((max(s) - min(s)).total_seconds() for s in spans.values())
+    return round(total, 1) if spans else None
+
+
+def _run_facts(collected: Collected) -> dict[str, Any]:
+    commits, torches, devices, threads = set(), set(), set(), set()
+    for run in collected.runs():
+        config = json.loads((run.path / "config.json").read_text(encoding="utf-8"))
+        commits.add(str(config.get("git_commit")))
+        torches.add(str(config.get("packages", {}).get("torch")))
+        environment = config.get("environment", {})
+        devices.add(str(environment.get("device")))
+        threads.add(str(environment.get("torch_threads")))
+    return {
+        "git_commits": sorted(commits),
+        "torch": sorted(torches),
+        "devices": sorted(devices),
+        "torch_threads_per_run": sorted(threads),
+    }
+
+
+def describe(collected: Collected, folder: Path) -> dict[str, Any]:
+    """The provenance of the runs in ``folder``: the stored one for shipped results."""
+    stored = folder / PROVENANCE
+    if stored.is_file():
+        return json.loads(stored.read_text(encoding="utf-8"))
+    runs = collected.runs()
+    facts: dict[str, Any] = {
+        "runs": len(runs),
+        "scales": collected.scales(),
+        **_run_facts(collected),
+        "torch_build": _torch_build(),
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores, {platform.platform()}",
+        "jobs": _jobs(folder),
+        "elapsed_s": sweep_elapsed(folder),
+        "run_time_s_total": round(sum(r.wall_time_s for r in runs), 1),
+    }
+    return facts
+
+
+def _torch_build() -> str:
+    import torch
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    git = torch.version.git_version[:12]
+    return f"{torch.__version__} (git {git}, cuda {torch.version.cuda}, cpu {capability})"
+
+
+def _jobs(folder: Path) -> int | None:
+    manifest = folder / "sweep.json"
+    if not manifest.is_file():
+        manifest = folder / ".sweep" / "sweep.json"
+    try:
+        return int(json.loads(manifest.read_text(encoding="utf-8"))["sweep"]["jobs"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def local_steps(repro: ReproTable, scale: str) -> float:
+    """A relative count of a scale's local training work (see the module docstring)."""
+    options = repro.base_options(scale)
+    train = options.get("train_size") or repro.train_per_task
+    return (
+        repro.runs(scale)
+        * options["tasks"]
+        * options["rounds_per_task"]
+        * train
+        * options.get("epochs", 1)
+    )
+
+
+def shipped_provenance(root: Path, name: str, scale: str) -> dict[str, Any] | None:
+    path = root / "results" / name / scale / PROVENANCE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def cost_text(repro: ReproTable, scale: str, root: Path) -> str:
+    """'1.7 h measured (jobs 2)', '~68 h estimated from cpu', or 'not measured'. Shipped
+    results with runs missing count as a measurement of their share of the runs."""
+    for other in (scale, *(s for s in SCALES if s != scale)):
+        facts = shipped_provenance(root, repro.runs_name, other)
+        if not facts or not facts.get("elapsed_s"):
+            continue
+        runs, expected = facts.get("runs"), repro.runs(other)
+        share = runs / expected if isinstance(runs, int) and 0 < runs < expected else 1.0
+        seconds = facts["elapsed_s"] / share * local_steps(repro, scale) / local_steps(repro, other)
+        if other == scale and share == 1.0:
+            return f"{_hours(seconds)} measured (jobs {facts.get('jobs')})"
+        basis = other if share == 1.0 else f"{runs} of {expected} {other} runs"
+        return f"~{_hours(seconds)} estimated from {basis}"
+    return "not measured"

@@ -1,0 +1,348 @@
+"""A reproducible table: which paper cells, which runs reproduce them, at which scales.
+
+A table file (``reproductions/tables/<name>.yaml``) maps every cell of a printed table to a
+run configuration: its **columns** name the targets' dataset + setting and the run options
+that column changes (``stream: rot-mnist``); its **rows** name the targets' method + variant
+and the strategy string; ``protocol`` holds the options every run shares at the paper's
+scale, and each **scale** (``smoke``, ``cpu``, ``paper``) is a documented reduction of that
+protocol (options it overrides, the seeds) that keeps its structure. ``claims`` are the
+comparisons the paper draws from the cells (with-vs-without pairs, an upper bound), which
+the verdicts test (:mod:`cfl_bench.reproduce.verdict`).
+
+Why YAML beside the targets rather than Python: a reader checks the mapping from a printed
+cell to a command line in one place, and a new table is a new file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cfl_bench.errors import UserError
+from cfl_bench.reproduce.targets import CellKey, Target, load_targets
+
+SCALES = ("smoke", "cpu", "paper")
+TABLE_KEYS = frozenset(
+    {
+        "paper",
+        "targets",
+        "table",
+        "title",
+        "metric",
+        "columns",
+        "rows",
+        "claims",
+        "protocol",
+        "train_per_task",
+        "scales",
+        "runs_of",
+    }
+)
+# Options a table may not fix: they say where and how a run executes, not what it is.
+RUN_PLACE_OPTIONS = frozenset(
+    {"out", "overwrite", "restart", "data_root", "device", "threads", "executor", "seed"}
+)
+
+
+@dataclass(frozen=True)
+class Column:
+    label: str
+    dataset: str
+    setting: str
+    options: dict[str, Any]
+    # The summary metric this column reports (a class-IL table's task-IL column reads the
+    # same runs as its class-IL column through another metric).
+    metric: str
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    method: str
+    variant: str
+    strategy: str
+    # build_strategy(strategy).name: how a run's summary names it.
+    canonical: str
+
+
+@dataclass(frozen=True)
+class Scale:
+    name: str
+    about: str
+    seeds: tuple[int, ...]
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Claims:
+    pairs: tuple[tuple[str, str], ...]
+    upper_bound: str | None
+
+
+@dataclass(frozen=True)
+class ReproTable:
+    """A table as loaded and checked: every cell has its target."""
+
+    name: str
+    paper: str
+    table: str
+    title: str
+    columns: tuple[Column, ...]
+    rows: tuple[Row, ...]
+    claims: Claims
+    protocol: dict[str, Any]
+    train_per_task: int
+    scales: dict[str, Scale]
+    targets: dict[tuple[str, str], Target]
+    # The table whose runs this one reads (itself, or one with the same protocol whose runs
+    # also give this table's metric: FedGP's Table 7 is Table 1's runs' forgetting).
+    runs_name: str
+
+    def target(self, row: Row, column: Column) -> Target:
+        return self.targets[(row.label, column.label)]
+
+    def base_options(self, scale: str) -> dict[str, Any]:
+        """The options every run of ``scale`` shares: the protocol with the scale's changes."""
+        return {**self.protocol, **self.scales[scale].options}
+
+    def column_groups(self) -> list[dict[str, Any]]:
+        """The distinct option sets of the columns (columns that read the same runs through
+        different metrics share one), in column order: one sweep each."""
+        groups: list[dict[str, Any]] = []
+        for column in self.columns:
+            if column.options not in groups:
+                groups.append(column.options)
+        return groups
+
+    def runs(self, scale: str) -> int:
+        return len(self.column_groups()) * len(self.rows) * len(self.scales[scale].seeds)
+
+
+def tables_folder(root: Path) -> Path:
+    return root / "tables"
+
+
+def _mapping(value: object, what: str, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise UserError(f"{where}: {what} must be a mapping; fix the table file.")
+    return value
+
+
+def _text(value: object, what: str, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise UserError(f"{where}: {what} must be non-empty text; fix the table file.")
+    return value
+
+
+def _check_options(options: dict[str, Any], what: str, where: str) -> dict[str, Any]:
+    from cfl_bench.config import field_names
+
+    for key in options:
+        if key not in field_names():
+            raise UserError(f"{where}: {what} names '{key}', which is not a run option.")
+        if key in RUN_PLACE_OPTIONS:
+            raise UserError(
+                f"{where}: {what} fixes '{key}', which says where a run executes; "
+                "`cfl-bench reproduce` sets it."
+            )
+    return dict(options)
+
+
+def _columns(raw: object, metric: str, where: str) -> tuple[Column, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise UserError(f"{where}: columns must be a non-empty list; fix the table file.")
+    columns = []
+    for item in raw:
+        entry = _mapping(item, "a column", where)
+        label = _text(entry.get("label"), "a column's label", where)
+        columns.append(
+            Column(
+                label,
+                _text(entry.get("dataset"), f"column '{label}' dataset", where),
+                str(entry.get("setting", "")),
+                _check_options(_mapping(entry.get("options"), "options", where), label, where),
+                str(entry.get("metric", metric)),
+            )
+        )
+    return tuple(columns)
+
+
+def _rows(raw: object, where: str) -> tuple[Row, ...]:
+    from strategies.compose import build_strategy
+
+    if not isinstance(raw, list) or not raw:
+        raise UserError(f"{where}: rows must be a non-empty list; fix the table file.")
+    rows = []
+    for item in raw:
+        entry = _mapping(item, "a row", where)
+        label = _text(entry.get("label"), "a row's label", where)
+        strategy = _text(entry.get("strategy"), f"row '{label}' strategy", where)
+        rows.append(
+            Row(
+                label,
+                _text(entry.get("method"), f"row '{label}' method", where),
+                str(entry.get("variant", "")),
+                strategy,
+                build_strategy(strategy).name,
+            )
+        )
+    return tuple(rows)
+
+
+def _scales(raw: object, where: str) -> dict[str, Scale]:
+    entries = _mapping(raw, "scales", where)
+    if sorted(entries) != sorted(SCALES):
+        raise UserError(f"{where}: scales must be exactly {', '.join(SCALES)}.")
+    scales = {}
+    for name in SCALES:
+        entry = _mapping(entries[name], f"scale {name}", where)
+        seeds = entry.get("seeds")
+        if (
+            not isinstance(seeds, list)
+            or not seeds
+            or not all(type(s) is int and s >= 0 for s in seeds)
+        ):
+            raise UserError(f"{where}: scale {name} needs seeds, a list of integers >= 0.")
+        options = _check_options(
+            _mapping(entry.get("options", {}), "options", where), f"scale {name}", where
+        )
+        about = _text(entry.get("about"), f"scale {name}'s about", where)
+        scales[name] = Scale(name, about, tuple(seeds), options)
+    return scales
+
+
+def _claims(raw: object, rows: tuple[Row, ...], where: str) -> Claims:
+    entry = _mapping(raw or {}, "claims", where)
+    labels = {row.label for row in rows}
+    pairs = []
+    for pair in entry.get("pairs", []):
+        if not isinstance(pair, list) or len(pair) != 2 or not set(pair) <= labels:
+            raise UserError(f"{where}: claim pair {pair} must name two rows of the table.")
+        pairs.append((pair[0], pair[1]))
+    bound = entry.get("upper_bound")
+    if bound is not None and bound not in labels:
+        raise UserError(f"{where}: upper_bound '{bound}' is not a row of the table.")
+    return Claims(tuple(pairs), bound)
+
+
+def _match_targets(
+    targets: dict[CellKey, Target],
+    table: str,
+    rows: tuple[Row, ...],
+    columns: tuple[Column, ...],
+    where: str,
+) -> dict[tuple[str, str], Target]:
+    """The target of every cell; each (row, column) must name exactly one printed cell."""
+    matched = {}
+    for column in columns:
+        for row in rows:
+            found = [
+                t
+                for k, t in targets.items()
+                if (k.table, k.dataset, k.setting, k.method, k.variant)
+                == (table, column.dataset, column.setting, row.method, row.variant)
+            ]
+            if len(found) != 1:
+                raise UserError(
+                    f"{where}: row '{row.label}' × column '{column.label}' matches "
+                    f"{len(found)} printed cells of {table}, not one; fix the table file."
+                )
+            matched[(row.label, column.label)] = found[0]
+    return matched
+
+
+def load_table(path: Path, root: Path) -> ReproTable:
+    """The table file ``path``, checked: known keys, run options, three scales, and one
+    printed cell with a number for every row × column. A table with ``runs_of`` takes the
+    protocol, scales and run folders of that table, and may only ask for its runs."""
+    from cfl_bench.config import read_yaml_mapping
+
+    where = path.name
+    raw = read_yaml_mapping(path, "table file", "a reproducible table")
+    unknown = sorted(set(map(str, raw)) - TABLE_KEYS)
+    if unknown:
+        raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}; fix the table file.")
+    metric = _text(raw.get("metric"), "metric", where)
+    columns = _columns(raw.get("columns"), metric, where)
+    rows = _rows(raw.get("rows"), where)
+    table = _text(raw.get("table"), "table", where)
+    targets = load_targets(root / "targets" / _text(raw.get("targets"), "targets", where))
+    matched = _match_targets(targets, table, rows, columns, where)
+    for (row, column), target in matched.items():
+        if target.value is None:
+            raise UserError(f"{where}: the cell {row} × {column} has no number in the paper.")
+    runs = _runs_part(raw, path, root, rows, columns)
+    return ReproTable(
+        name=path.stem,
+        paper=_text(raw.get("paper"), "paper", where),
+        table=table,
+        title=_text(raw.get("title"), "title", where),
+        columns=columns,
+        rows=rows,
+        claims=_claims(raw.get("claims"), rows, where),
+        targets=matched,
+        **runs,
+    )
+
+
+def _runs_part(
+    raw: dict[str, Any], path: Path, root: Path, rows: tuple[Row, ...],
+    columns: tuple[Column, ...],
+) -> dict[str, Any]:
+    """protocol, train_per_task, scales and runs_name: the file's own, or its runs_of's."""
+    where = path.name
+    source_name = raw.get("runs_of")
+    if source_name is None:
+        train = raw.get("train_per_task")
+        if type(train) is not int or train < 1:
+            raise UserError(f"{where}: train_per_task must be a positive integer.")
+        protocol = _mapping(raw.get("protocol"), "protocol", where)
+        return {
+            "protocol": _check_options(protocol, "protocol", where),
+            "train_per_task": train,
+            "scales": _scales(raw.get("scales"), where),
+            "runs_name": path.stem,
+        }
+    given = sorted({"protocol", "scales", "train_per_task"} & set(raw))
+    if given:
+        raise UserError(f"{where}: a table with runs_of takes {', '.join(given)} from it.")
+    source_path = tables_folder(root) / f"{source_name}.yaml"
+    if not source_path.is_file():
+        raise UserError(f"{where}: runs_of names '{source_name}', which is no table.")
+    source = load_table(source_path, root)
+    if source.runs_name != source.name:
+        raise UserError(f"{where}: runs_of must name a table with runs of its own.")
+    strategies = {r.strategy for r in source.rows}
+    groups = source.column_groups()
+    for row in rows:
+        if row.strategy not in strategies:
+            raise UserError(f"{where}: row '{row.label}' is not run by {source_name}.")
+    for column in columns:
+        if column.options not in groups:
+            raise UserError(f"{where}: column '{column.label}' is not run by {source_name}.")
+    return {
+        "protocol": source.protocol,
+        "train_per_task": source.train_per_task,
+        "scales": source.scales,
+        "runs_name": source.name,
+    }
+
+
+def table_names(root: Path) -> list[str]:
+    return sorted(p.stem for p in tables_folder(root).glob("*.yaml"))
+
+
+def find_table(name: str, root: Path) -> ReproTable:
+    """The table called ``name``, or a refusal naming the tables there are."""
+    names = table_names(root)
+    if name not in names:
+        raise UserError(
+            f"no reproducible table '{name}'; choose one of {', '.join(names)} "
+            "(`cfl-bench reproduce list`)."
+        )
+    return load_table(tables_folder(root) / f"{name}.yaml", root)
+
+
+def load_all(root: Path) -> list[ReproTable]:
+    return [load_table(tables_folder(root) / f"{n}.yaml", root) for n in table_names(root)]

@@ -1,0 +1,214 @@
+"""The papers' targets and the table files: loading, every refusal, and the defaults audit.
+
+Why: a reproduction is only as good as the mapping from a printed cell to a run. These tests
+pin the shipped targets (every cell of the five papers, digit for digit), check that every
+table file maps each of its cells to exactly one printed number and to a strategy that
+builds, that the suite's stream defaults are the FedGP MNIST protocol (T = 10), and that a
+damaged targets or table file is refused with a sentence naming the fix.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cfl_bench.config import RunConfig
+from cfl_bench.errors import UserError
+from cfl_bench.reproduce.command import reproductions_root, sweep_documents
+from cfl_bench.reproduce.tables import find_table, load_all, load_table
+from cfl_bench.reproduce.targets import COLUMNS, CellKey, load_targets
+from streams.catalogue import STREAMS
+
+ROOT = reproductions_root()
+PAPER_CELLS = {"fedgp": 400, "fedntd": 559, "fedproj-arxiv": 104, "fedproj-anon": 149, "ifa": 78}
+
+
+@pytest.mark.parametrize(("paper", "cells"), sorted(PAPER_CELLS.items()))
+def test_every_papers_targets_load(paper: str, cells: int) -> None:
+    targets = load_targets(ROOT / "targets" / f"{paper}.csv")
+    assert len(targets) == cells
+
+
+def test_a_target_is_the_printed_cell() -> None:
+    targets = load_targets(ROOT / "targets" / "fedgp.csv")
+    key = CellKey(
+        "Table 1", "rotated-MNIST", "domain-IL; K=10, buffer 200", "DER", "w/ FedGP", "Acc_T (%)"
+    )
+    cell = targets[key]
+    assert (cell.value, cell.pm, cell.n_seeds, cell.source_line) == (87.13, 1.1, 5, "143")
+    ideal = next(t for k, t in targets.items() if k.method == "Ideal" and k.table == "Table 1")
+    assert ideal.text == "90.00"  # the printed digits are kept
+
+
+def write_targets(tmp_path: Path, *rows: str) -> Path:
+    path = tmp_path / "t.csv"
+    path.write_text(",".join(COLUMNS) + "\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+GOOD = "P,T1,d,s,m,v,Acc,50.1,1.2,5,10,"
+
+
+@pytest.mark.parametrize(
+    ("rows", "fragment"),
+    [
+        ((GOOD, GOOD), "is given twice"),
+        (("P,T1,d,s,m,v,Acc,Failure,,5,10,",), "not a number and its notes do not say why"),
+        (("P,T1,d,s,m,v,Acc,50,-1,5,10,",), "pm -1.0 is negative"),
+        (("P,T1,d,s,m,v,Acc,50,x,5,10,",), "pm 'x' is not a number"),
+        (("P,T1,d,s,m,v,Acc,50,inf,5,10,",), "is not finite"),
+        (("P,T1,d,s,m,v,Acc,50,,five,10,",), "n_seeds 'five'"),
+        ((GOOD, "Q,T1,d,s,m,v2,Acc,50,,5,10,"), "one paper per targets file"),
+        (("P,T1,,s,m,v,Acc,50,,5,10,",), "must be given"),
+        (("P,T1,d,s,m,v,Acc,50",), "wrong number of fields"),
+    ],
+)
+def test_damaged_targets_are_refused(tmp_path: Path, rows: tuple[str, ...], fragment: str) -> None:
+    with pytest.raises(UserError, match=fragment):
+        load_targets(write_targets(tmp_path, *rows))
+
+
+def test_targets_with_another_header_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("paper,value\nP,1\n", encoding="utf-8")
+    with pytest.raises(UserError, match="the header must be"):
+        load_targets(path)
+    with pytest.raises(UserError, match="does not exist"):
+        load_targets(tmp_path / "absent.csv")
+
+
+def test_non_numeric_cells_keep_their_text() -> None:
+    targets = load_targets(ROOT / "targets" / "fedntd.csv")
+    failures = [t for t in targets.values() if t.text == "Failure"]
+    assert failures and all(t.value is None and t.notes for t in failures)
+
+
+def test_every_shipped_table_loads_with_a_number_for_every_cell() -> None:
+    tables = load_all(ROOT)
+    assert "fedgp-table1-mnist" in [t.name for t in tables]
+    for table in tables:
+        assert len(table.targets) == len(table.rows) * len(table.columns)
+        assert all(t.value is not None for t in table.targets.values())
+
+
+def test_fedgp_table1_mnist_maps_the_papers_cells() -> None:
+    table = find_table("fedgp-table1-mnist", ROOT)
+    rows = {r.label: r for r in table.rows}
+    columns = {c.label: c for c in table.columns}
+    der_gp = table.target(rows["DER w/ FedGP"], columns["permuted-MNIST domain-IL"])
+    assert (der_gp.value, der_gp.pm) == (43.43, 0.9)
+    assert rows["FedCurv w/ FedGP"].canonical == "fedavg+fedcurv+fedgp"
+    assert table.runs("cpu") == 66 and table.runs("paper") == 110
+    assert len(table.claims.pairs) == 5 and table.claims.upper_bound == "Ideal (upper bound)"
+
+
+def test_table7_reads_table1s_runs() -> None:
+    seven, one = find_table("fedgp-table7-mnist", ROOT), find_table("fedgp-table1-mnist", ROOT)
+    assert seven.runs_name == "fedgp-table1-mnist"
+    assert seven.protocol == one.protocol and seven.scales == one.scales
+    assert seven.columns[0].metric == "Fgt_T"
+
+
+def test_stream_defaults_are_the_fedgp_mnist_protocol() -> None:
+    """Item 2 of the reproduction issue: a plain `--stream rot-mnist` run is the paper's
+    protocol (T = 10 tasks, 20 rounds, 1 epoch, lr 0.01, the MNIST CNN, shards, K = 10,
+    batch 32, buffer 200, all clients every round)."""
+    protocol = find_table("fedgp-table1-mnist", ROOT).protocol
+    defaults = RunConfig()
+    for stream in ("rot-mnist", "perm-mnist"):
+        info = STREAMS[stream]
+        assert info.default_tasks == protocol["tasks"] == 10
+        assert info.default_model == protocol["model"]
+        assert info.default_partition == protocol["partition"]
+        assert info.default_rounds_per_task == protocol["rounds_per_task"]
+        assert info.default_epochs == protocol["epochs"]
+        assert info.default_lr == protocol["lr"]
+    for key in ("clients", "participation", "batch_size", "buffer_size"):
+        assert getattr(defaults, key) == protocol[key], key
+
+
+def test_sweep_documents_put_seeds_slowest_and_pass_the_place_options() -> None:
+    table = find_table("fedgp-table1-mnist", ROOT)
+    docs = sweep_documents(table, "cpu", Path("out"), {"data_root": "D", "device": "cuda"}, 2)
+    assert [d["grid"]["stream"] for d in docs] == [["rot-mnist"], ["perm-mnist"]]
+    grid, base = docs[0]["grid"], docs[0]["base"]
+    assert list(grid) == ["seed", "stream", "strategy"] and grid["seed"] == [0, 1, 2]
+    assert grid["strategy"] == [r.strategy for r in table.rows]
+    assert base["rounds_per_task"] == 5 and base["train_size"] == 6000 and base["tasks"] == 10
+    assert (base["data_root"], base["device"], docs[0]["jobs"]) == ("D", "cuda", 2)
+
+
+def copy_root(tmp_path: Path) -> Path:
+    root = tmp_path / "reproductions"
+    shutil.copytree(ROOT / "targets", root / "targets")
+    (root / "tables").mkdir()
+    shutil.copy(ROOT / "tables" / "fedgp-table1-mnist.yaml", root / "tables")
+    return root
+
+
+def edited_table(tmp_path: Path, old: str, new: str) -> Path:
+    root = copy_root(tmp_path)
+    path = root / "tables" / "fedgp-table1-mnist.yaml"
+    text = path.read_text(encoding="utf-8")
+    assert old in text
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "fragment"),
+    [
+        ("metric: Acc_T", "metric: Acc_T\nnonsense: 1", "unknown key"),
+        ("variant: w/ FedGP, strategy: der+fedgp", "variant: w/ FedGQ, strategy: der+fedgp",
+         "matches 0 printed cells"),
+        ("strategy: der+fedgp}", "strategy: der+nosuch}", "unknown strategy component"),
+        ("  lr: 0.01\n", "  lr: 0.01\n  seed: 3\n", "fixes 'seed'"),
+        ("  lr: 0.01\n", "  lr: 0.01\n  speed: 3\n", "not a run option"),
+        ("    seeds: [0, 1, 2]\n", "    seeds: []\n", "needs seeds"),
+        ("upper_bound: Ideal (upper bound)", "upper_bound: Oracle", "is not a row"),
+        ("[DER w/o FedGP, DER w/ FedGP]", "[DER w/o FedGP, DER]", "must name two rows"),
+        ("train_per_task: 60000", "train_per_task: 0", "train_per_task"),
+    ],
+)
+def test_damaged_tables_are_refused(tmp_path: Path, old: str, new: str, fragment: str) -> None:
+    path = edited_table(tmp_path, old, new)
+    with pytest.raises(UserError, match=fragment):
+        load_table(path, path.parent.parent)
+
+
+def test_a_runs_of_table_may_not_set_its_own_protocol(tmp_path: Path) -> None:
+    root = copy_root(tmp_path)
+    seven = (ROOT / "tables" / "fedgp-table7-mnist.yaml").read_text(encoding="utf-8")
+    path = root / "tables" / "fedgp-table7-mnist.yaml"
+    path.write_text(seven + "train_per_task: 5\n", encoding="utf-8")
+    with pytest.raises(UserError, match="takes train_per_task from it"):
+        load_table(path, root)
+    path.write_text(seven.replace("strategy: der+fedgp}", "strategy: derpp+fedgp}"), "utf-8")
+    with pytest.raises(UserError, match="is not run by fedgp-table1-mnist"):
+        load_table(path, root)
+
+
+def test_an_unknown_table_names_the_known_ones() -> None:
+    with pytest.raises(UserError, match=r"choose one of .*fedgp-table1-mnist"):
+        find_table("fedgp-table99", ROOT)
+
+
+def test_the_list_command_shows_every_table_and_scale() -> None:
+    from tests.test_cli import in_process
+
+    code, output = in_process("reproduce", "list")
+    assert code == 0, output
+    for name in ("fedgp-table1-mnist", "fedgp-table7-mnist", "smoke", "cpu", "paper"):
+        assert name in output
+    assert "66 (3 seeds)" in output
+
+
+def test_the_command_refuses_an_unknown_table_in_one_line() -> None:
+    from tests.test_cli import in_process
+
+    code, output = in_process("reproduce", "fedgp-table99", "--scale", "cpu")
+    assert code == 2
+    assert "no reproducible table 'fedgp-table99'" in " ".join(output.split())
+    assert "Traceback" not in output

@@ -1,0 +1,135 @@
+"""The verdict rules of `cfl-bench reproduce`, on hand-made tables.
+
+Why by hand: a verdict is what a reader takes away from a reproduction ("FedGP's gain holds",
+"this cell differs"), so each rule is checked on numbers whose answer is worked out here:
+the combined spread, the three verdicts and "missing", claims whose printed direction is a
+decrease, the upper-bound claims and Kendall's τ.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cfl_bench.reproduce.verdict import (
+    DIFFERS,
+    MISSING,
+    SAME_DIRECTION,
+    WITHIN,
+    Cell,
+    Claim,
+    Ours,
+    combined_spread,
+    counts,
+    judge_cells,
+    judge_claims,
+    kendall_tau,
+    table_claims,
+)
+
+
+def test_ours_mean_and_sample_sd() -> None:
+    ours = Ours((52.0, 56.0))
+    assert ours.mean == 54.0
+    assert ours.sd == pytest.approx(math.sqrt(8.0))  # ((−2)² + 2²) / (2 − 1)
+    assert Ours((3.0,)).sd is None
+
+
+def test_combined_spread_is_the_root_sum_of_squares() -> None:
+    assert combined_spread(3.0, 4.0) == 5.0
+    assert combined_spread(None, 4.0) == 4.0  # the paper printed no ±
+    assert combined_spread(2.0, None) == 2.0  # one seed of ours
+
+
+def two_row_table(
+    paper: tuple[float, float], ours: tuple[tuple[float, ...], tuple[float, ...]],
+    pm: float = 1.0,
+) -> tuple[list[Cell], list[Claim]]:
+    """Rows 'A w/o' and 'A w/' in one column 'c', with one pair claim between them."""
+    cells = [
+        Cell("A w/o", "c", paper[0], pm, Ours(ours[0]) if ours[0] else None),
+        Cell("A w/", "c", paper[1], pm, Ours(ours[1]) if ours[1] else None),
+    ]
+    return cells, table_claims(["c"], ["A w/o", "A w/"], [("A w/o", "A w/")], None)
+
+
+def test_within_noise_same_direction_and_differs() -> None:
+    # Paper 50 ± 1 → 60 ± 1. Ours 50.5 (inside 1) and 58, 60 (mean 59, sd √2; spread √3).
+    cells, claims = two_row_table((50.0, 60.0), ((50.5,), (58.0, 60.0)))
+    verdicts = judge_cells(cells, judge_claims(cells, claims))
+    assert [v.verdict for v in verdicts] == [WITHIN, WITHIN]
+    assert verdicts[1].spread == pytest.approx(math.sqrt(1.0 + 2.0))
+    # Ours 40 → 45: both 10+ below the paper, but FedGP still raises accuracy.
+    cells, claims = two_row_table((50.0, 60.0), ((40.0,), (45.0,)))
+    verdicts = judge_cells(cells, judge_claims(cells, claims))
+    assert [v.verdict for v in verdicts] == [SAME_DIRECTION, SAME_DIRECTION]
+    # Ours 40 → 35: the gain is reversed, so both cells differ and name the failed claim.
+    cells, claims = two_row_table((50.0, 60.0), ((40.0,), (35.0,)))
+    verdicts = judge_cells(cells, judge_claims(cells, claims))
+    assert [v.verdict for v in verdicts] == [DIFFERS, DIFFERS]
+    assert verdicts[0].failed_claims == ("A w/o → A w/",)
+
+
+def test_a_printed_decrease_is_a_claim_too() -> None:
+    """Forgetting tables print decreases: the claim takes the paper's own sign."""
+    cells, claims = two_row_table((26.0, 12.0), ((40.0,), (30.0,)))
+    results = judge_claims(cells, claims)
+    assert results[0].paper_difference == -14.0 and results[0].ours_difference == -10.0
+    assert results[0].holds is True
+    assert [v.verdict for v in judge_cells(cells, results)] == [SAME_DIRECTION] * 2
+
+
+def test_a_cell_without_claims_outside_the_noise_differs() -> None:
+    cells = [Cell("Ideal", "c", 90.0, 2.0, Ours((80.0, 80.0)))]
+    verdicts = judge_cells(cells, [])
+    assert verdicts[0].verdict == DIFFERS and verdicts[0].difference == -10.0
+
+
+def test_missing_cells_and_claims_without_runs() -> None:
+    cells, claims = two_row_table((50.0, 60.0), ((50.0,), ()))
+    results = judge_claims(cells, claims)
+    assert results[0].holds is None and results[0].ours_difference is None
+    verdicts = judge_cells(cells, results)
+    # The run cell is within noise; its claim cannot be judged and does not fail it.
+    assert [v.verdict for v in verdicts] == [WITHIN, MISSING]
+    assert counts(verdicts) == {WITHIN: 1, SAME_DIRECTION: 0, DIFFERS: 0, MISSING: 1}
+
+
+def test_upper_bound_claims_cover_every_other_row_of_every_column() -> None:
+    claims = table_claims(["x", "y"], ["A", "B", "Ideal"], [("A", "B")], "Ideal")
+    bound = [c for c in claims if c.kind == "upper bound"]
+    assert [(c.column, c.lower, c.upper) for c in bound] == [
+        ("x", "A", "Ideal"), ("x", "B", "Ideal"), ("y", "A", "Ideal"), ("y", "B", "Ideal"),
+    ]
+    assert len(claims) == 6
+
+
+def test_same_direction_needs_every_claim_of_the_cell() -> None:
+    """The bound row holds its pair with A but not with B: it differs."""
+    cells = [
+        Cell("A", "c", 50.0, 1.0, Ours((40.0,))),
+        Cell("B", "c", 60.0, 1.0, Ours((70.0,))),
+        Cell("Ideal", "c", 90.0, 1.0, Ours((65.0,))),
+    ]
+    results = judge_claims(cells, table_claims(["c"], ["A", "B", "Ideal"], [], "Ideal"))
+    verdicts = {v.cell.row: v for v in judge_cells(cells, results)}
+    assert verdicts["A"].verdict == SAME_DIRECTION  # A < Ideal holds
+    assert verdicts["B"].verdict == DIFFERS  # B > Ideal in ours
+    assert verdicts["Ideal"].verdict == DIFFERS
+    assert verdicts["Ideal"].failed_claims == ("B → Ideal",)
+
+
+@pytest.mark.parametrize(
+    ("paper", "ours", "tau"),
+    [
+        ([1, 2, 3, 4], [10, 20, 30, 40], 1.0),
+        ([1, 2, 3, 4], [40, 30, 20, 10], -1.0),
+        ([1, 2, 3], [1, 3, 2], 1 / 3),  # pairs: (+)(+)(−)
+        ([1, 1, 2], [5, 6, 7], 2 / 3),  # a tie in the paper counts as neither order
+        ([1], [1], None),
+    ],
+)
+def test_kendall_tau(paper: list[float], ours: list[float], tau: float | None) -> None:
+    result = kendall_tau(paper, ours)
+    assert result == (pytest.approx(tau) if tau is not None else None)
