@@ -561,9 +561,10 @@ def reproduce_cmd(
     cpu --data-root DATA --jobs 2` runs the table (resumable like a sweep) and writes
     report.html/.csv/.md in <out>/reproduction/NAME/: per cell the paper's value, ours over the
     seeds, and a verdict (within noise, same direction, differs)."""
-    from cfl_bench.reproduce.command import reproduce
+    from cfl_bench.reproduce.command import Request, reproduce
 
-    code = reproduce(name, scale, data_root, jobs, device, executor, out, compare, shipped, ship)
+    request = Request(name, scale, data_root, jobs, device, executor, out, compare, shipped, ship)
+    code = reproduce(request)
     if code:
         raise typer.Exit(code)
 

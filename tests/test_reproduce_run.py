@@ -21,7 +21,7 @@ import pytest
 from rich.console import Console
 
 from cfl_bench.errors import UserError
-from cfl_bench.reproduce.command import reproduce, reproductions_root
+from cfl_bench.reproduce.command import Request, reproduce, reproductions_root
 from cfl_bench.reproduce.provenance import cost_text
 from cfl_bench.reproduce.tables import find_table
 from cfl_bench.reproduce.verdict import VERDICTS
@@ -37,13 +37,8 @@ def quiet() -> tuple[Console, io.StringIO]:
 
 def call(name: str, root: Path = ROOT, **options: object) -> tuple[int, str]:
     console, text = quiet()
-    arguments: dict[str, object] = {
-        "scale": None, "data_root": None, "jobs": 2, "device": None, "executor": None,
-        "out": None, "compare": None, "shipped": False, "ship": False,
-    }
-    arguments.update(options)
-    code = reproduce(name, console=console, root=root, **arguments)  # type: ignore[arg-type]
-    return code, text.getvalue()
+    request = Request(name, jobs=2, **options)  # type: ignore[arg-type]
+    return reproduce(request, console=console, root=root), text.getvalue()
 
 
 @pytest.fixture(scope="module")

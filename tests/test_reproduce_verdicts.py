@@ -133,3 +133,16 @@ def test_same_direction_needs_every_claim_of_the_cell() -> None:
 def test_kendall_tau(paper: list[float], ours: list[float], tau: float | None) -> None:
     result = kendall_tau(paper, ours)
     assert result == (pytest.approx(tau) if tau is not None else None)
+
+
+def test_unjudged_claims_count_neither_way() -> None:
+    """Ideal not run yet: A's pair with B decides alone; B's only judged claim holds too."""
+    cells = [
+        Cell("A", "c", 50.0, 1.0, Ours((40.0,))),
+        Cell("B", "c", 60.0, 1.0, Ours((45.0,))),
+        Cell("Ideal", "c", 90.0, 1.0, None),
+        Cell("C", "c", 70.0, 1.0, Ours((30.0,))),
+    ]
+    claims = table_claims(["c"], ["A", "B", "Ideal", "C"], [("A", "B")], "Ideal")
+    verdicts = {v.cell.row: v.verdict for v in judge_cells(cells, judge_claims(cells, claims))}
+    assert verdicts == {"A": SAME_DIRECTION, "B": SAME_DIRECTION, "Ideal": MISSING, "C": DIFFERS}

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -142,20 +143,32 @@ def _only_scale(collected: Collected, folder: Path) -> str:
     return scales[0]
 
 
-def reproduce(
-    name: str,
-    scale: str | None,
-    data_root: str | None,
-    jobs: int,
-    device: str | None,
-    executor: str | None,
-    out: str | None,
-    compare: str | None,
-    shipped: bool,
-    ship: bool,
-    console: Console | None = None,
-    root: Path | None = None,
-) -> int:
+@dataclass(frozen=True)
+class Request:
+    """What ``cfl-bench reproduce NAME …`` asks for (the command line's options)."""
+
+    name: str
+    scale: str | None = None
+    data_root: str | None = None
+    jobs: int = 1
+    device: str | None = None
+    executor: str | None = None
+    out: str | None = None
+    compare: str | None = None
+    shipped: bool = False
+    ship: bool = False
+
+    def run_options(self) -> dict[str, Any]:
+        """The options every run gets from the command line: where data is, what runs it."""
+        given = (
+            ("data_root", self.data_root),
+            ("device", self.device),
+            ("executor", self.executor),
+        )
+        return {key: value for key, value in given if value}
+
+
+def reproduce(request: Request, console: Console | None = None, root: Path | None = None) -> int:
     """The ``reproduce`` command; returns the exit code."""
     console = console or Console()
     root = root or reproductions_root()
@@ -164,24 +177,23 @@ def reproduce(
             f"no '{root}' folder: `cfl-bench reproduce` reads its tables from a clone of the "
             "cfl-bench repository; install it from a clone (pip install -e .)."
         )
-    if name == "list":
+    if request.name == "list":
         list_tables(console, root)
         return 0
-    repro = find_table(name, root)
+    repro = find_table(request.name, root)
+    scale = request.scale
     if scale is not None and scale not in SCALES:
         raise UserError(f"--scale {scale} is not one of {', '.join(SCALES)}.")
-    if sum(map(bool, (compare, shipped))) > 1:
+    if request.compare and request.shipped:
         raise UserError("give at most one of --compare and --shipped.")
-    if shipped:
-        return _report_shipped(repro, scale or "cpu", out, console, root)
-    if compare:
-        folder = _existing_folder(compare, "--compare")
-        report_dir = Path(out) if out else folder / REPORT_FOLDER / repro.name
+    if request.shipped:
+        return _report_shipped(repro, scale or "cpu", request.out, console, root)
+    if request.compare:
+        folder = _existing_folder(request.compare, "--compare")
+        report_dir = Path(request.out) if request.out else folder / REPORT_FOLDER / repro.name
         report_runs(repro, folder, scale, report_dir, f"your runs in {folder}", console, root, True)
         return 0
-    return _run_and_report(
-        repro, scale, data_root, jobs, device, executor, out, ship, console, root
-    )
+    return _run_and_report(repro, request, console, root)
 
 
 def _existing_folder(text: str, option: str) -> Path:
@@ -216,33 +228,22 @@ def _report_shipped(
     return 0
 
 
-def _run_and_report(
-    repro: ReproTable,
-    scale: str | None,
-    data_root: str | None,
-    jobs: int,
-    device: str | None,
-    executor: str | None,
-    out: str | None,
-    ship: bool,
-    console: Console,
-    root: Path,
-) -> int:
+def _run_and_report(repro: ReproTable, request: Request, console: Console, root: Path) -> int:
+    scale = request.scale
     if scale is None:
         raise UserError(
             f"name a scale: --scale {'|'.join(SCALES)} (see `cfl-bench reproduce list`)."
         )
-    folder = Path(out) if out else Path("runs") / "reproduce" / repro.runs_name / scale
-    options = {
-        k: v for k, v in (("data_root", data_root), ("device", device), ("executor", executor)) if v
-    }
+    folder = Path(request.out or Path("runs") / "reproduce" / repro.runs_name / scale)
+    options = request.run_options()
+    jobs = request.jobs
     code = run_table(repro, scale, folder, options, jobs, console)
     report_dir = folder / REPORT_FOLDER / repro.name
     report_runs(repro, folder, scale, report_dir, f"the runs in {folder}", console, root, True)
     atomic_write_json(
         report_dir / "provenance.json", provenance.describe(collect(repro, folder, scale), folder)
     )
-    if ship:
+    if request.ship:
         if code:
             raise UserError("some runs did not finish; rerun the same command before --ship.")
         target = shipping.ship(repro, folder, scale, root)

@@ -247,7 +247,8 @@ def _legend() -> str:
         "<h2>Verdicts</h2><ul><li><b>within noise</b>: |ours − paper| ≤ √(paper ±² + our "
         "seeds' sd²)</li><li><b>same direction</b>: outside the noise, but every claim of the "
         "paper with this cell (with vs without, upper bound) has the paper's sign in ours</li>"
-        "<li><b>differs</b>: outside the noise and a claim with the cell fails</li></ul>"
+        "<li><b>differs</b>: outside the noise and a claim with the cell fails, or none can be "
+        "judged yet</li></ul>"
     )
 
 

@@ -10,8 +10,9 @@ Pure functions of numbers, so the rules can be checked on hand-made tables. Per 
 * **same direction** — outside the noise, but every claim the paper makes with this cell
   holds in ours. A claim is an ordered pair of cells of one column (without → with FedGP,
   or a row → the upper bound): it holds when our difference has the sign of the paper's.
-* **differs** — outside the noise and some claim with this cell fails (or the cell takes
-  part in no claim).
+  A claim whose other cell has no run yet is not judged and counts neither way.
+* **differs** — outside the noise and some claim with this cell fails (or none of its
+  claims can be judged).
 * **missing** — no finished run of the cell.
 
 A column's ranking agreement is Kendall's τ between the paper's values and our means over
@@ -151,9 +152,10 @@ def judge_cells(cells: Sequence[Cell], claim_results: Sequence[ClaimResult]) -> 
             if r.claim.column == cell.column and cell.row in (r.claim.lower, r.claim.upper)
         ]
         failed = tuple(r.claim.shown() for r in mine if r.holds is False)
+        judged = [r for r in mine if r.holds is not None]
         if abs(difference) <= spread:
             verdict = WITHIN
-        elif mine and not failed and all(r.holds for r in mine):
+        elif judged and not failed:
             verdict = SAME_DIRECTION
         else:
             verdict = DIFFERS
