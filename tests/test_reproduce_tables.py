@@ -170,6 +170,7 @@ def edited_table(tmp_path: Path, old: str, new: str) -> Path:
         ("upper_bound: Ideal (upper bound)", "upper_bound: Oracle", "is not a row"),
         ("[DER w/o FedGP, DER w/ FedGP]", "[DER w/o FedGP, DER]", "must name two rows"),
         ("train_per_task: 60000", "train_per_task: 0", "train_per_task"),
+        ("{stream: rot-mnist}", "{stream: rot-mnist, lr: 0.1}", "sets lr, which the protocol"),
     ],
 )
 def test_damaged_tables_are_refused(tmp_path: Path, old: str, new: str, fragment: str) -> None:

@@ -273,6 +273,7 @@ def load_table(path: Path, root: Path) -> ReproTable:
         if target.value is None:
             raise UserError(f"{where}: the cell {row} × {column} has no number in the paper.")
     runs = _runs_part(raw, path, root, rows, columns)
+    _refuse_overlap(columns, runs["protocol"], runs["scales"], where)
     return ReproTable(
         name=path.stem,
         paper=_text(raw.get("paper"), "paper", where),
@@ -327,6 +328,21 @@ def _runs_part(
         "scales": source.scales,
         "runs_name": source.name,
     }
+
+
+def _refuse_overlap(
+    columns: tuple[Column, ...], protocol: dict[str, Any], scales: dict[str, Scale], where: str
+) -> None:
+    """A column option may not also be a protocol or scale option: a run would get two
+    values for it (the sweep refuses a key in both its base and its grid)."""
+    shared = set(protocol).union(*(s.options for s in scales.values()))
+    for column in columns:
+        both = sorted(shared & set(column.options))
+        if both:
+            raise UserError(
+                f"{where}: column '{column.label}' sets {', '.join(both)}, which the protocol "
+                "or a scale sets too; keep it in one place."
+            )
 
 
 def table_names(root: Path) -> list[str]:
