@@ -111,16 +111,19 @@ def _jobs(folder: Path) -> int | None:
 
 
 def local_steps(repro: ReproTable, scale: str) -> float:
-    """A relative count of a scale's local training work (see the module docstring)."""
-    options = repro.base_options(scale)
-    train = options.get("train_size") or repro.train_per_task
-    return (
-        repro.runs(scale)
-        * options["tasks"]
-        * options["rounds_per_task"]
-        * train
-        * options.get("epochs", 1)
-    )
+    """A relative count of a scale's local training work (see the module docstring), summed
+    over the column groups (a column may set its own stream and tasks)."""
+    from streams.catalogue import STREAMS
+
+    total = 0.0
+    for group in repro.column_groups():
+        options = {**repro.base_options(scale), **group}
+        stream = STREAMS.get(str(options.get("stream")))
+        tasks = options.get("tasks") or (stream.default_tasks if stream else 1) or 1
+        train = options.get("train_size") or repro.train_per_task
+        runs = len(repro.rows) * len(repro.scales[scale].seeds)
+        total += runs * tasks * options["rounds_per_task"] * train * options.get("epochs", 1)
+    return total
 
 
 def shipped_provenance(root: Path, name: str, scale: str) -> dict[str, Any] | None:
