@@ -146,3 +146,15 @@ def test_unjudged_claims_count_neither_way() -> None:
     claims = table_claims(["c"], ["A", "B", "Ideal", "C"], [("A", "B")], "Ideal")
     verdicts = {v.cell.row: v.verdict for v in judge_cells(cells, judge_claims(cells, claims))}
     assert verdicts == {"A": SAME_DIRECTION, "B": SAME_DIRECTION, "Ideal": MISSING, "C": DIFFERS}
+
+
+def test_sweep_time_counts_overlapping_sweeps_once() -> None:
+    from datetime import datetime, timedelta
+
+    from cfl_bench.reproduce.provenance import covered_seconds
+
+    t0 = datetime(2026, 1, 1)
+    minutes = [(0, 10), (5, 12), (20, 25), (21, 22)]  # 0-12 and 20-25: 17 minutes
+    spans = [(t0 + timedelta(minutes=a), t0 + timedelta(minutes=b)) for a, b in minutes]
+    assert covered_seconds(spans) == 17 * 60
+    assert covered_seconds([]) == 0.0

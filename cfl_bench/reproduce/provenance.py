@@ -3,7 +3,8 @@
 ``describe`` gathers the facts a reader needs to trust or rerun shipped results: the git
 commits and torch build of the runs (from their ``config.json``), the machine, the number
 of runs, their summed run time and the sweeps' elapsed wall time (from ``sweep.log``:
-first to last event of each sweep process, so a resumed sweep does not count the pause).
+first to last event of each sweep process, so a resumed sweep does not count the pause,
+and two sweeps running at once count once).
 ``cost_text`` turns shipped provenance into the cost of each scale: measured where a scale
 was run, otherwise scaled by the local steps (runs × tasks × rounds × training examples
 per task × epochs) from a measured scale — an estimate, and said to be one.
@@ -36,7 +37,8 @@ def cpu_model() -> str:
 
 
 def sweep_elapsed(folder: Path) -> float | None:
-    """Seconds the sweeps of ``folder`` ran: per sweep process, first to last event."""
+    """Seconds the sweeps of ``folder`` ran: per sweep process, first to last event, with
+    overlapping processes counted once."""
     log = folder / ".sweep" / "sweep.log"
     if not log.is_file():
         log = folder / "sweep.log"
@@ -52,8 +54,21 @@ def sweep_elapsed(folder: Path) -> float | None:
         except ValueError:
             continue
         spans.setdefault(fields[1], []).append(stamp)
-    total = sum((max(s) - min(s)).total_seconds() for s in spans.values())
-    return round(total, 1) if spans else None
+    return round(covered_seconds([(min(s), max(s)) for s in spans.values()]), 1) if spans else None
+
+
+def covered_seconds(intervals: list[tuple[datetime, datetime]]) -> float:
+    """Seconds covered by the union of ``intervals``: two sweeps that ran at the same time
+    (two column groups started side by side) count once."""
+    total, end = 0.0, None
+    for start, stop in sorted(intervals):
+        if end is None or start > end:
+            total += (stop - start).total_seconds()
+            end = stop
+        elif stop > end:
+            total += (stop - end).total_seconds()
+            end = stop
+    return total
 
 
 def _run_facts(collected: Collected) -> dict[str, Any]:

@@ -1,0 +1,65 @@
+"""The reference results shipped in ``reproductions/results/`` and the reports in the docs.
+
+Why: shipped results are what users compare against without rerunning, so they must be
+exactly the table's runs at the scale they claim (no stray run, the three files each, a
+provenance that counts them), and ``docs/reproductions.md`` must show the report those files
+give today — not an older one. Needs no datasets: everything is read from the repository.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cfl_bench.reproduce.collect import collect
+from cfl_bench.reproduce.command import reproductions_root
+from cfl_bench.reproduce.outcome import build
+from cfl_bench.reproduce.report import markdown
+from cfl_bench.reproduce.shipping import SHIPPED_FILES, shipped_folder
+from cfl_bench.reproduce.tables import find_table, load_all
+
+ROOT = reproductions_root()
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "reproductions.md"
+SHIPPED = [
+    (table.name, scale)
+    for table in load_all(ROOT)
+    for scale in table.scales
+    if shipped_folder(ROOT, table.runs_name, scale).is_dir()
+]
+
+
+def test_fedgp_table1_mnist_is_shipped_at_cpu_scale() -> None:
+    assert ("fedgp-table1-mnist", "cpu") in SHIPPED
+    assert ("fedgp-table7-mnist", "cpu") in SHIPPED
+
+
+@pytest.mark.parametrize(("name", "scale"), SHIPPED)
+def test_shipped_runs_are_the_tables_runs(name: str, scale: str) -> None:
+    table = find_table(name, ROOT)
+    folder = shipped_folder(ROOT, table.runs_name, scale)
+    collected = collect(table, folder, scale)
+    assert collected.notes == []
+    runs = collected.runs()
+    facts = json.loads((folder / "provenance.json").read_text(encoding="utf-8"))
+    assert facts["runs"] == len(runs) and facts["expected_runs"] == table.runs(scale)
+    assert facts["scales"] == [scale] and facts["elapsed_s"] > 0
+    for run in folder.iterdir():
+        if run.is_dir():
+            assert sorted(f.name for f in run.iterdir()) == sorted(SHIPPED_FILES), run
+    seeds = set(table.scales[scale].seeds)
+    for values in collected.cells.values():
+        assert {v.seed for v in values} <= seeds
+
+
+@pytest.mark.parametrize(("name", "scale"), SHIPPED)
+def test_the_docs_show_the_report_of_the_shipped_results(name: str, scale: str) -> None:
+    table = find_table(name, ROOT)
+    folder = shipped_folder(ROOT, table.runs_name, scale)
+    source = f"the shipped results ({scale} in reproductions/results/{table.runs_name})"
+    report = markdown(build(table, collect(table, folder, scale), scale, source))
+    assert report in DOCS.read_text(encoding="utf-8"), (
+        f"docs/reproductions.md does not hold the current report of {name} at {scale}; "
+        f"paste the output of report.md of `cfl-bench reproduce {name} --shipped --scale {scale}`"
+    )
