@@ -147,6 +147,8 @@ def shipped_provenance(root: Path, name: str, scale: str) -> dict[str, Any] | No
 
 
 def _hours(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
     return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
