@@ -554,16 +554,29 @@ def reproduce_cmd(
     ship: Annotated[
         bool, typer.Option("--ship", help="copy the finished runs into reproductions/results/")
     ] = False,
+    row: Annotated[
+        list[str] | None, typer.Option(help="run only this row (its label; repeatable)")
+    ] = None,
+    column: Annotated[
+        list[str] | None, typer.Option(help="run only this column (its label; repeatable)")
+    ] = None,
+    seed: Annotated[
+        list[int] | None, typer.Option(help="run only this seed of the scale (repeatable)")
+    ] = None,
 ) -> None:
     """Rerun a paper's table and judge each cell against the paper.
 
     `reproduce list` shows the tables and their cost at each scale. `reproduce NAME --scale
     cpu --data-root DATA --jobs 2` runs the table (resumable like a sweep) and writes
     report.html/.csv/.md in <out>/reproduction/NAME/: per cell the paper's value, ours over the
-    seeds, and a verdict (within noise, same direction, differs)."""
+    seeds, and a verdict (within noise, same direction, differs). --row, --column and --seed
+    run part of the table (e.g. one column on a GPU); the report still lists every cell."""
     from cfl_bench.reproduce.command import Request, reproduce
 
-    request = Request(name, scale, data_root, jobs, device, executor, out, compare, shipped, ship)
+    request = Request(
+        name, scale, data_root, jobs, device, executor, out, compare, shipped, ship,
+        rows=tuple(row or ()), columns=tuple(column or ()), seeds=tuple(seed or ()),
+    )  # fmt: skip
     code = reproduce(request)
     if code:
         raise typer.Exit(code)

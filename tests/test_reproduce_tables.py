@@ -16,7 +16,7 @@ import pytest
 
 from cfl_bench.config import RunConfig
 from cfl_bench.errors import UserError
-from cfl_bench.reproduce.command import reproductions_root, sweep_documents
+from cfl_bench.reproduce.command import Request, reproductions_root, select, sweep_documents
 from cfl_bench.reproduce.tables import find_table, load_all, load_table
 from cfl_bench.reproduce.targets import COLUMNS, CellKey, load_targets
 from streams.catalogue import STREAMS
@@ -138,6 +138,46 @@ def test_sweep_documents_put_seeds_slowest_and_pass_the_place_options() -> None:
     assert grid["strategy"] == [r.strategy for r in table.rows]
     assert base["rounds_per_task"] == 5 and base["train_size"] == 6000 and base["tasks"] == 10
     assert (base["data_root"], base["device"], docs[0]["jobs"]) == ("D", "cuda", 2)
+
+
+def test_a_selection_runs_only_the_named_rows_columns_and_seeds() -> None:
+    table = find_table("fedgp-table1-mnist", ROOT)
+    request = Request(
+        table.name,
+        rows=("DER w/ FedGP", "FedAvg w/o FedGP"),
+        columns=("rotated-MNIST domain-IL",),
+        seeds=(2, 0),
+    )
+    chosen = select(table, "paper", request)
+    (doc,) = sweep_documents(chosen, "paper", Path("out"), {}, 1)
+    # The table's order, whatever the order on the command line.
+    expected = {"seed": [0, 2], "stream": ["rot-mnist"], "strategy": ["fedavg", "der+fedgp"]}
+    assert doc["grid"] == expected
+    assert chosen.scales["cpu"].seeds == (0, 1, 2)  # other scales untouched
+    assert select(table, "cpu", Request(table.name)) == table
+
+
+@pytest.mark.parametrize(
+    ("request_options", "fragment"),
+    [
+        ({"rows": ("DER",)}, r"--row 'DER' is not in fedgp-table1-mnist; choose from: FedAvg w/o"),
+        ({"columns": ("rot",)}, r"--column 'rot' is not in .*rotated-MNIST domain-IL"),
+        ({"seeds": (3,)}, r"--seed 3 is not a seed of fedgp-table1-mnist at scale cpu; .*0, 1, 2"),
+    ],
+)
+def test_a_selection_naming_nothing_in_the_table_is_refused(
+    request_options: dict[str, tuple[object, ...]], fragment: str
+) -> None:
+    table = find_table("fedgp-table1-mnist", ROOT)
+    with pytest.raises(UserError, match=fragment):
+        select(table, "cpu", Request(table.name, **request_options))  # type: ignore[arg-type]
+
+
+def test_a_selection_is_refused_with_shipped_or_compare() -> None:
+    from cfl_bench.reproduce.command import reproduce
+
+    with pytest.raises(UserError, match="--row, --column and --seed choose which runs"):
+        reproduce(Request("fedgp-table1-mnist", shipped=True, seeds=(0,)), root=ROOT)
 
 
 def copy_root(tmp_path: Path) -> Path:
