@@ -3,7 +3,8 @@
 Why by hand: a verdict is what a reader takes away from a reproduction ("FedGP's gain holds",
 "this cell differs"), so each rule is checked on numbers whose answer is worked out here:
 the combined spread, the three verdicts and "missing", claims whose printed direction is a
-decrease, the upper-bound claims and Kendall's τ.
+decrease, claims inside their seed noise, the seed pairing, the upper-bound claims and
+Kendall's τ.
 """
 
 from __future__ import annotations
@@ -14,17 +15,23 @@ import pytest
 
 from cfl_bench.reproduce.verdict import (
     DIFFERS,
+    HOLDS,
+    INSIDE_NOISE,
     MISSING,
+    ONE_SEED,
+    REVERSED,
     SAME_DIRECTION,
     WITHIN,
     Cell,
     Claim,
+    ClaimResult,
     Ours,
     combined_spread,
     counts,
     judge_cells,
     judge_claims,
     kendall_tau,
+    paired_difference,
     table_claims,
 )
 
@@ -60,23 +67,58 @@ def test_within_noise_same_direction_and_differs() -> None:
     verdicts = judge_cells(cells, judge_claims(cells, claims))
     assert [v.verdict for v in verdicts] == [WITHIN, WITHIN]
     assert verdicts[1].spread == pytest.approx(math.sqrt(1.0 + 2.0))
-    # Ours 40 → 45: both 10+ below the paper, but FedGP still raises accuracy.
-    cells, claims = two_row_table((50.0, 60.0), ((40.0,), (45.0,)))
+    # Ours 40, 41 → 45, 47: both 9+ below the paper, but FedGP still raises accuracy, by
+    # 5 and 6 per seed (mean 5.5, standard error 0.5: resolved).
+    cells, claims = two_row_table((50.0, 60.0), ((40.0, 41.0), (45.0, 47.0)))
     verdicts = judge_cells(cells, judge_claims(cells, claims))
     assert [v.verdict for v in verdicts] == [SAME_DIRECTION, SAME_DIRECTION]
-    # Ours 40 → 35: the gain is reversed, so both cells differ and name the failed claim.
-    cells, claims = two_row_table((50.0, 60.0), ((40.0,), (35.0,)))
+    # Ours 40, 41 → 35, 36: the gain is reversed, so both cells differ and say why.
+    cells, claims = two_row_table((50.0, 60.0), ((40.0, 41.0), (35.0, 36.0)))
     verdicts = judge_cells(cells, judge_claims(cells, claims))
     assert [v.verdict for v in verdicts] == [DIFFERS, DIFFERS]
-    assert verdicts[0].failed_claims == ("A w/o → A w/",)
+    assert verdicts[0].failed_claims == ("A w/o → A w/ (reversed)",)
+
+
+def test_a_claim_inside_its_noise_or_on_one_seed_does_not_hold() -> None:
+    """The sign alone is not enough: +5 and −3 per seed (mean +1, SE 4) is noise."""
+    cells, claims = two_row_table((50.0, 60.0), ((40.0, 44.0), (45.0, 41.0)))
+    (result,) = judge_claims(cells, claims)
+    assert (result.ours_difference, result.ours_se) == (1.0, pytest.approx(4.0))
+    assert (result.status, result.holds) == (INSIDE_NOISE, False)
+    verdicts = judge_cells(cells, [result])
+    assert [v.verdict for v in verdicts] == [DIFFERS, DIFFERS]
+    assert verdicts[1].failed_claims == ("A w/o → A w/ (inside noise)",)
+    # One seed: no standard error, so nothing is resolved.
+    cells, claims = two_row_table((50.0, 60.0), ((40.0,), (45.0,)))
+    (result,) = judge_claims(cells, claims)
+    assert (result.ours_difference, result.ours_se, result.status) == (5.0, None, ONE_SEED)
+    assert [v.verdict for v in judge_cells(cells, [result])] == [DIFFERS, DIFFERS]
+
+
+def test_claims_pair_the_seeds_both_rows_ran() -> None:
+    low = Ours((10.0, 12.0, 14.0), (0, 1, 2))
+    # Per-seed differences 1, 3, 0: mean 4/3, sd √(7/3), standard error √(7/3)/√3.
+    assert paired_difference(low, Ours((11.0, 15.0, 14.0), (0, 1, 2))) == (
+        pytest.approx(4 / 3),
+        pytest.approx(math.sqrt(7 / 3) / math.sqrt(3)),
+    )
+    # Seeds 1 and 2 only: 15 − 12 and 14 − 14, mean 1.5, sd √4.5, SE √4.5/√2 = 1.5.
+    assert paired_difference(low, Ours((15.0, 14.0), (1, 2))) == (1.5, pytest.approx(1.5))
+    # No seed in common: the difference of the means, no standard error.
+    assert paired_difference(low, Ours((20.0,), (7,))) == (8.0, None)
+    # Resolved means at least two standard errors: 3 ± 1.5 holds, 2.9 ± 1.5 does not.
+    claim = Claim("c", "a", "b", "with vs without")
+    assert ClaimResult(claim, 1.0, 3.0, 1.5).status == HOLDS
+    assert ClaimResult(claim, 1.0, 2.9, 1.5).status == INSIDE_NOISE
+    assert ClaimResult(claim, -1.0, 3.0, 1.5).status == REVERSED
 
 
 def test_a_printed_decrease_is_a_claim_too() -> None:
     """Forgetting tables print decreases: the claim takes the paper's own sign."""
-    cells, claims = two_row_table((26.0, 12.0), ((40.0,), (30.0,)))
+    cells, claims = two_row_table((26.0, 12.0), ((40.0, 42.0), (30.0, 31.0)))
     results = judge_claims(cells, claims)
-    assert results[0].paper_difference == -14.0 and results[0].ours_difference == -10.0
-    assert results[0].holds is True
+    assert results[0].paper_difference == -14.0 and results[0].ours_difference == -10.5
+    assert results[0].ours_se == pytest.approx(0.5) and results[0].holds is True
     assert [v.verdict for v in judge_cells(cells, results)] == [SAME_DIRECTION] * 2
 
 
@@ -108,16 +150,16 @@ def test_upper_bound_claims_cover_every_other_row_of_every_column() -> None:
 def test_same_direction_needs_every_claim_of_the_cell() -> None:
     """The bound row holds its pair with A but not with B: it differs."""
     cells = [
-        Cell("A", "c", 50.0, 1.0, Ours((40.0,))),
-        Cell("B", "c", 60.0, 1.0, Ours((70.0,))),
-        Cell("Ideal", "c", 90.0, 1.0, Ours((65.0,))),
+        Cell("A", "c", 50.0, 1.0, Ours((40.0, 40.0))),
+        Cell("B", "c", 60.0, 1.0, Ours((70.0, 70.0))),
+        Cell("Ideal", "c", 90.0, 1.0, Ours((65.0, 66.0))),
     ]
     results = judge_claims(cells, table_claims(["c"], ["A", "B", "Ideal"], [], "Ideal"))
     verdicts = {v.cell.row: v for v in judge_cells(cells, results)}
     assert verdicts["A"].verdict == SAME_DIRECTION  # A < Ideal holds
     assert verdicts["B"].verdict == DIFFERS  # B > Ideal in ours
     assert verdicts["Ideal"].verdict == DIFFERS
-    assert verdicts["Ideal"].failed_claims == ("B → Ideal",)
+    assert verdicts["Ideal"].failed_claims == ("B → Ideal (reversed)",)
 
 
 @pytest.mark.parametrize(
@@ -138,10 +180,10 @@ def test_kendall_tau(paper: list[float], ours: list[float], tau: float | None) -
 def test_unjudged_claims_count_neither_way() -> None:
     """Ideal not run yet: A's pair with B decides alone; B's only judged claim holds too."""
     cells = [
-        Cell("A", "c", 50.0, 1.0, Ours((40.0,))),
-        Cell("B", "c", 60.0, 1.0, Ours((45.0,))),
+        Cell("A", "c", 50.0, 1.0, Ours((40.0, 41.0))),
+        Cell("B", "c", 60.0, 1.0, Ours((45.0, 46.0))),
         Cell("Ideal", "c", 90.0, 1.0, None),
-        Cell("C", "c", 70.0, 1.0, Ours((30.0,))),
+        Cell("C", "c", 70.0, 1.0, Ours((30.0, 31.0))),
     ]
     claims = table_claims(["c"], ["A", "B", "Ideal", "C"], [("A", "B")], "Ideal")
     verdicts = {v.cell.row: v.verdict for v in judge_cells(cells, judge_claims(cells, claims))}

@@ -52,7 +52,10 @@ class Reproduction:
 
 def ours_of(collected: Collected, row: str, column: str) -> Ours | None:
     values = collected.values(row, column)
-    return Ours(tuple(v.value for v in sorted(values, key=lambda v: v.seed))) if values else None
+    if not values:
+        return None
+    ordered = sorted(values, key=lambda v: v.seed)
+    return Ours(tuple(v.value for v in ordered), tuple(v.seed for v in ordered))
 
 
 def build(

@@ -26,6 +26,7 @@ from cfl_bench.reproduce.verdict import (
     VERDICTS,
     WITHIN,
     CellVerdict,
+    ClaimResult,
     Ours,
 )
 
@@ -77,6 +78,22 @@ def paper_text(target: Target) -> str:
 
 def _signed(value: float | None) -> str:
     return "—" if value is None else f"{value:+.2f}"
+
+
+def claim_ours(c: ClaimResult) -> str:
+    """Our difference with its standard error over the shared seeds, when there is one."""
+    if c.ours_se is None:
+        return _signed(c.ours_difference)
+    return f"{_signed(c.ours_difference)} ± {c.ours_se:.2f}"
+
+
+def claim_holds(c: ClaimResult, bold: bool) -> str:
+    """yes, no (why: reversed, inside noise, one seed) or — when a cell has no run."""
+    if c.holds is None:
+        return "—"
+    if c.holds:
+        return "yes"
+    return f"{'**no**' if bold else 'no'} ({c.status})"
 
 
 def csv_text(rep: Reproduction) -> str:
@@ -160,14 +177,16 @@ def markdown(rep: Reproduction) -> str:
     lines += [
         "#### The paper's claims",
         "",
+        "A claim holds when our difference has the paper's sign and is at least twice its "
+        "standard error (± here) over the seeds both rows ran.",
+        "",
         "| column | claim | kind | paper | ours | holds |",
         "|---|---|---|---|---|---|",
     ]
     for c in rep.claims:
-        holds = {True: "yes", False: "**no**", None: "—"}[c.holds]
         lines.append(
             f"| {c.claim.column} | {c.claim.shown()} | {c.claim.kind} "
-            f"| {_signed(c.paper_difference)} | {_signed(c.ours_difference)} | {holds} |"
+            f"| {_signed(c.paper_difference)} | {claim_ours(c)} | {claim_holds(c, True)} |"
         )
     if rep.notes:
         lines += ["", "Notes:", ""] + [f"- {note}" for note in rep.notes]
@@ -222,11 +241,10 @@ def html_page(rep: Reproduction) -> str:
         "<th>kind</th><th>paper</th><th>ours</th><th>holds</th></tr>"
     )
     for c in rep.claims:
-        holds = {True: "yes", False: "no", None: "—"}[c.holds]
         parts.append(
             f"<tr><td>{html.escape(c.claim.column)}</td><td>{html.escape(c.claim.shown())}</td>"
             f"<td>{c.claim.kind}</td><td>{_signed(c.paper_difference)}</td>"
-            f"<td>{_signed(c.ours_difference)}</td><td>{holds}</td></tr>"
+            f"<td>{claim_ours(c)}</td><td>{claim_holds(c, False)}</td></tr>"
         )
     parts.append("</table>")
     if rep.notes:
@@ -246,7 +264,9 @@ def _legend() -> str:
     return (
         "<h2>Verdicts</h2><ul><li><b>within noise</b>: |ours − paper| ≤ √(paper ±² + our "
         "seeds' sd²)</li><li><b>same direction</b>: outside the noise, but every claim of the "
-        "paper with this cell (with vs without, upper bound) has the paper's sign in ours</li>"
+        "paper with this cell (with vs without, upper bound) holds in ours: our difference has "
+        "the paper's sign and is at least twice its standard error over the seeds both rows "
+        "ran (a claim fails as reversed, inside noise, or one seed)</li>"
         "<li><b>differs</b>: outside the noise and a claim with the cell fails, or none can be "
         "judged yet</li></ul>"
     )

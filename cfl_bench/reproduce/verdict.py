@@ -9,8 +9,15 @@ Pure functions of numbers, so the rules can be checked on hand-made tables. Per 
   what our own spread is.
 * **same direction** — outside the noise, but every claim the paper makes with this cell
   holds in ours. A claim is an ordered pair of cells of one column (without → with FedGP,
-  or a row → the upper bound): it holds when our difference has the sign of the paper's.
-  A claim whose other cell has no run yet is not judged and counts neither way.
+  or a row → the upper bound). It **holds** when our difference has the sign of the
+  paper's and is resolved: at least twice its standard error, from the per-seed
+  differences of the seeds both cells ran (seed s of both rows shares its tasks, split
+  and initial model, so pairing removes that shared part of the noise). A claim fails as
+  *reversed* (resolved, opposite sign), *inside noise* (|difference| < 2 SE) or
+  *one seed* (no noise estimate). Why not the sign alone: at chance-level accuracy the
+  sign of a 0.5-point difference is a coin flip, and a report must not call that a
+  reproduced claim. A claim whose other cell has no run yet is not judged and counts
+  neither way.
 * **differs** — outside the noise and some claim with this cell fails (or none of its
   claims can be judged).
 * **missing** — no finished run of the cell.
@@ -35,9 +42,15 @@ VERDICTS = (WITHIN, SAME_DIRECTION, DIFFERS, MISSING)
 
 @dataclass(frozen=True)
 class Ours:
-    """Our values of one cell, one per seed."""
+    """Our values of one cell, one per seed (``seeds[i]`` gave ``values[i]``; when no seeds
+    are given, the values are seeds 0, 1, … in order)."""
 
     values: tuple[float, ...]
+    seeds: tuple[int, ...] = ()
+
+    def by_seed(self) -> dict[int, float]:
+        seeds = self.seeds or tuple(range(len(self.values)))
+        return dict(zip(seeds, self.values, strict=True))
 
     @property
     def n(self) -> int:
@@ -77,18 +90,41 @@ class Claim:
         return f"{self.lower} → {self.upper}"
 
 
+HOLDS = "holds"
+REVERSED = "reversed"
+INSIDE_NOISE = "inside noise"
+ONE_SEED = "one seed"
+# A claim is resolved when |our difference| is at least this many standard errors.
+RESOLVED_SE = 2.0
+
+
 @dataclass(frozen=True)
 class ClaimResult:
     claim: Claim
     paper_difference: float
+    # The mean of the per-seed differences over the seeds both cells ran (the difference
+    # of the means when they share none); None when a cell has no run.
     ours_difference: float | None
+    # The standard error of that mean; None with fewer than two shared seeds.
+    ours_se: float | None = None
+
+    @property
+    def status(self) -> str | None:
+        """holds, reversed, inside noise or one seed; None when a cell has no run."""
+        if self.ours_difference is None:
+            return None
+        if self.ours_se is None:
+            return ONE_SEED
+        if abs(self.ours_difference) < RESOLVED_SE * self.ours_se:
+            return INSIDE_NOISE
+        same = _sign(self.ours_difference) == _sign(self.paper_difference)
+        return HOLDS if same else REVERSED
 
     @property
     def holds(self) -> bool | None:
         """None when a cell of the claim has no run."""
-        if self.ours_difference is None:
-            return None
-        return _sign(self.ours_difference) == _sign(self.paper_difference)
+        status = self.status
+        return None if status is None else status == HOLDS
 
 
 @dataclass(frozen=True)
@@ -130,11 +166,25 @@ def judge_claims(cells: Sequence[Cell], claims: Sequence[Claim]) -> list[ClaimRe
     results = []
     for claim in claims:
         low, high = by_place[(claim.lower, claim.column)], by_place[(claim.upper, claim.column)]
-        ours = None
+        difference, se = None, None
         if low.ours is not None and high.ours is not None:
-            ours = high.ours.mean - low.ours.mean
-        results.append(ClaimResult(claim, high.paper - low.paper, ours))
+            difference, se = paired_difference(low.ours, high.ours)
+        results.append(ClaimResult(claim, high.paper - low.paper, difference, se))
     return results
+
+
+def paired_difference(low: Ours, high: Ours) -> tuple[float, float | None]:
+    """Mean and standard error of ``high − low`` over the seeds both ran; without shared
+    seeds, the difference of the means and no standard error."""
+    lows, highs = low.by_seed(), high.by_seed()
+    shared = sorted(set(lows) & set(highs))
+    if not shared:
+        return high.mean - low.mean, None
+    differences = [highs[s] - lows[s] for s in shared]
+    mean = statistics.fmean(differences)
+    if len(differences) < 2:
+        return mean, None
+    return mean, statistics.stdev(differences) / math.sqrt(len(differences))
 
 
 def judge_cells(cells: Sequence[Cell], claim_results: Sequence[ClaimResult]) -> list[CellVerdict]:
@@ -151,7 +201,7 @@ def judge_cells(cells: Sequence[Cell], claim_results: Sequence[ClaimResult]) -> 
             for r in claim_results
             if r.claim.column == cell.column and cell.row in (r.claim.lower, r.claim.upper)
         ]
-        failed = tuple(r.claim.shown() for r in mine if r.holds is False)
+        failed = tuple(f"{r.claim.shown()} ({r.status})" for r in mine if r.holds is False)
         judged = [r for r in mine if r.holds is not None]
         if abs(difference) <= spread:
             verdict = WITHIN
