@@ -32,6 +32,7 @@ from cfl_bench.reproduce.verdict import (
     judge_claims,
     kendall_tau,
     paired_difference,
+    resolving_t,
     table_claims,
 )
 
@@ -68,7 +69,7 @@ def test_within_noise_same_direction_and_differs() -> None:
     assert [v.verdict for v in verdicts] == [WITHIN, WITHIN]
     assert verdicts[1].spread == pytest.approx(math.sqrt(1.0 + 2.0))
     # Ours 40, 41 → 45, 47: both 9+ below the paper, but FedGP still raises accuracy, by
-    # 5 and 6 per seed (mean 5.5, standard error 0.5: resolved).
+    # 5 and 6 per seed (mean 5.5, standard error 0.5: 11 SE > t₀.₉₅(1) = 6.31, resolved).
     cells, claims = two_row_table((50.0, 60.0), ((40.0, 41.0), (45.0, 47.0)))
     verdicts = judge_cells(cells, judge_claims(cells, claims))
     assert [v.verdict for v in verdicts] == [SAME_DIRECTION, SAME_DIRECTION]
@@ -84,6 +85,7 @@ def test_a_claim_inside_its_noise_or_on_one_seed_does_not_hold() -> None:
     cells, claims = two_row_table((50.0, 60.0), ((40.0, 44.0), (45.0, 41.0)))
     (result,) = judge_claims(cells, claims)
     assert (result.ours_difference, result.ours_se) == (1.0, pytest.approx(4.0))
+    assert result.seeds == 2
     assert (result.status, result.holds) == (INSIDE_NOISE, False)
     verdicts = judge_cells(cells, [result])
     assert [v.verdict for v in verdicts] == [DIFFERS, DIFFERS]
@@ -92,6 +94,7 @@ def test_a_claim_inside_its_noise_or_on_one_seed_does_not_hold() -> None:
     cells, claims = two_row_table((50.0, 60.0), ((40.0,), (45.0,)))
     (result,) = judge_claims(cells, claims)
     assert (result.ours_difference, result.ours_se, result.status) == (5.0, None, ONE_SEED)
+    assert result.seeds == 1
     assert [v.verdict for v in judge_cells(cells, [result])] == [DIFFERS, DIFFERS]
 
 
@@ -101,16 +104,28 @@ def test_claims_pair_the_seeds_both_rows_ran() -> None:
     assert paired_difference(low, Ours((11.0, 15.0, 14.0), (0, 1, 2))) == (
         pytest.approx(4 / 3),
         pytest.approx(math.sqrt(7 / 3) / math.sqrt(3)),
+        3,
     )
     # Seeds 1 and 2 only: 15 − 12 and 14 − 14, mean 1.5, sd √4.5, SE √4.5/√2 = 1.5.
-    assert paired_difference(low, Ours((15.0, 14.0), (1, 2))) == (1.5, pytest.approx(1.5))
+    assert paired_difference(low, Ours((15.0, 14.0), (1, 2))) == (1.5, pytest.approx(1.5), 2)
     # No seed in common: the difference of the means, no standard error.
-    assert paired_difference(low, Ours((20.0,), (7,))) == (8.0, None)
-    # Resolved means at least two standard errors: 3 ± 1.5 holds, 2.9 ± 1.5 does not.
+    assert paired_difference(low, Ours((20.0,), (7,))) == (8.0, None, 0)
+
+
+@pytest.mark.parametrize(
+    ("seeds", "quantile"),
+    [(2, 6.3138), (3, 2.9200), (5, 2.1318)],  # Student t, one-sided 95 %, df = seeds − 1
+)
+def test_a_claim_is_resolved_by_a_one_sided_paired_t_test(seeds: int, quantile: float) -> None:
+    assert resolving_t(seeds) == pytest.approx(quantile, abs=1e-4)
     claim = Claim("c", "a", "b", "with vs without")
-    assert ClaimResult(claim, 1.0, 3.0, 1.5).status == HOLDS
-    assert ClaimResult(claim, 1.0, 2.9, 1.5).status == INSIDE_NOISE
-    assert ClaimResult(claim, -1.0, 3.0, 1.5).status == REVERSED
+    above, below = 1.01 * quantile, 0.99 * quantile  # in standard errors of 1.0
+    assert ClaimResult(claim, 5.0, above, 1.0, seeds).status == HOLDS
+    assert ClaimResult(claim, 5.0, below, 1.0, seeds).status == INSIDE_NOISE
+    assert ClaimResult(claim, -5.0, above, 1.0, seeds).status == REVERSED
+    assert ClaimResult(claim, -5.0, -below, 1.0, seeds).status == INSIDE_NOISE
+    # Three seeds at +2.2 SE: 2 SE would call it resolved, t₀.₉₅(2) = 2.92 does not.
+    assert ClaimResult(claim, 5.0, 2.2, 1.0, 3).status == INSIDE_NOISE
 
 
 def test_a_printed_decrease_is_a_claim_too() -> None:

@@ -177,8 +177,8 @@ def markdown(rep: Reproduction) -> str:
     lines += [
         "#### The paper's claims",
         "",
-        "A claim holds when our difference has the paper's sign and is at least twice its "
-        "standard error (± here) over the seeds both rows ran.",
+        "A claim holds when our difference has the paper's sign and is resolved: a one-sided "
+        "paired t-test at 5 % over the seeds both rows ran (± here is the standard error).",
         "",
         "| column | claim | kind | paper | ours | holds |",
         "|---|---|---|---|---|---|",
@@ -265,8 +265,8 @@ def _legend() -> str:
         "<h2>Verdicts</h2><ul><li><b>within noise</b>: |ours − paper| ≤ √(paper ±² + our "
         "seeds' sd²)</li><li><b>same direction</b>: outside the noise, but every claim of the "
         "paper with this cell (with vs without, upper bound) holds in ours: our difference has "
-        "the paper's sign and is at least twice its standard error over the seeds both rows "
-        "ran (a claim fails as reversed, inside noise, or one seed)</li>"
+        "the paper's sign and is resolved by a one-sided paired t-test at 5 % over the seeds "
+        "both rows ran (a claim fails as reversed, inside noise, or one seed)</li>"
         "<li><b>differs</b>: outside the noise and a claim with the cell fails, or none can be "
         "judged yet</li></ul>"
     )

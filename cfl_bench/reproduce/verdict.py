@@ -10,14 +10,16 @@ Pure functions of numbers, so the rules can be checked on hand-made tables. Per 
 * **same direction** — outside the noise, but every claim the paper makes with this cell
   holds in ours. A claim is an ordered pair of cells of one column (without → with FedGP,
   or a row → the upper bound). It **holds** when our difference has the sign of the
-  paper's and is resolved: at least twice its standard error, from the per-seed
-  differences of the seeds both cells ran (seed s of both rows shares its tasks, split
-  and initial model, so pairing removes that shared part of the noise). A claim fails as
-  *reversed* (resolved, opposite sign), *inside noise* (|difference| < 2 SE) or
-  *one seed* (no noise estimate). Why not the sign alone: at chance-level accuracy the
-  sign of a 0.5-point difference is a coin flip, and a report must not call that a
-  reproduced claim. A claim whose other cell has no run yet is not judged and counts
-  neither way.
+  paper's and is resolved: a one-sided paired t-test at the 5 % level, in the direction
+  of our difference, over the per-seed differences of the seeds both cells ran
+  (|mean| > t₀.₉₅(n − 1) · SE; seed s of both rows shares its tasks, split and initial
+  model, so pairing removes that shared part of the noise). A claim fails as *reversed*
+  (resolved, opposite sign), *inside noise* (not resolved) or *one seed* (no noise
+  estimate). Why not the sign alone: at chance-level accuracy the sign of a 0.5-point
+  difference is a coin flip, and a report must not call that a reproduced claim. Why a
+  t quantile rather than a fixed 2 SE: with 3 seeds, 2 SE passes about one pure-noise
+  difference in eleven in the paper's direction; t₀.₉₅(2) = 2.92 passes one in twenty. A claim whose other
+  cell has no run yet is not judged and counts neither way.
 * **differs** — outside the noise and some claim with this cell fails (or none of its
   claims can be judged).
 * **missing** — no finished run of the cell.
@@ -94,8 +96,16 @@ HOLDS = "holds"
 REVERSED = "reversed"
 INSIDE_NOISE = "inside noise"
 ONE_SEED = "one seed"
-# A claim is resolved when |our difference| is at least this many standard errors.
-RESOLVED_SE = 2.0
+# One-sided level of the paired t-test that resolves a claim.
+CLAIM_LEVEL = 0.95
+
+
+def resolving_t(seeds: int) -> float:
+    """The t quantile a difference over ``seeds`` paired seeds must exceed, in standard
+    errors (scipy's Student t: the quantile has no closed form)."""
+    from scipy.stats import t
+
+    return float(t.ppf(CLAIM_LEVEL, seeds - 1))
 
 
 @dataclass(frozen=True)
@@ -107,6 +117,8 @@ class ClaimResult:
     ours_difference: float | None
     # The standard error of that mean; None with fewer than two shared seeds.
     ours_se: float | None = None
+    # How many seeds both cells ran (the t-test's n).
+    seeds: int = 0
 
     @property
     def status(self) -> str | None:
@@ -115,7 +127,7 @@ class ClaimResult:
             return None
         if self.ours_se is None:
             return ONE_SEED
-        if abs(self.ours_difference) < RESOLVED_SE * self.ours_se:
+        if abs(self.ours_difference) <= resolving_t(self.seeds) * self.ours_se:
             return INSIDE_NOISE
         same = _sign(self.ours_difference) == _sign(self.paper_difference)
         return HOLDS if same else REVERSED
@@ -166,25 +178,26 @@ def judge_claims(cells: Sequence[Cell], claims: Sequence[Claim]) -> list[ClaimRe
     results = []
     for claim in claims:
         low, high = by_place[(claim.lower, claim.column)], by_place[(claim.upper, claim.column)]
-        difference, se = None, None
+        difference, se, seeds = None, None, 0
         if low.ours is not None and high.ours is not None:
-            difference, se = paired_difference(low.ours, high.ours)
-        results.append(ClaimResult(claim, high.paper - low.paper, difference, se))
+            difference, se, seeds = paired_difference(low.ours, high.ours)
+        results.append(ClaimResult(claim, high.paper - low.paper, difference, se, seeds))
     return results
 
 
-def paired_difference(low: Ours, high: Ours) -> tuple[float, float | None]:
-    """Mean and standard error of ``high − low`` over the seeds both ran; without shared
-    seeds, the difference of the means and no standard error."""
+def paired_difference(low: Ours, high: Ours) -> tuple[float, float | None, int]:
+    """Mean and standard error of ``high − low`` over the seeds both ran, and how many
+    they are; without shared seeds, the difference of the means and no standard error."""
     lows, highs = low.by_seed(), high.by_seed()
     shared = sorted(set(lows) & set(highs))
     if not shared:
-        return high.mean - low.mean, None
+        return high.mean - low.mean, None, 0
     differences = [highs[s] - lows[s] for s in shared]
     mean = statistics.fmean(differences)
     if len(differences) < 2:
-        return mean, None
-    return mean, statistics.stdev(differences) / math.sqrt(len(differences))
+        return mean, None, 1
+    se = statistics.stdev(differences) / math.sqrt(len(differences))
+    return mean, se, len(differences)
 
 
 def judge_cells(cells: Sequence[Cell], claim_results: Sequence[ClaimResult]) -> list[CellVerdict]:
