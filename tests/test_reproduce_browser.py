@@ -11,7 +11,6 @@ verdict, the counts, the claims with why they fail — and saves a screenshot to
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 from rich.console import Console
 
 from cfl_bench.reproduce.command import Request, reproduce
-from tests.test_report_browser import ARTIFACTS, browser  # noqa: F401 - the fixture
+from tests.test_report_browser import browser, open_page, screenshot  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -37,17 +36,7 @@ def test_the_shipped_reproduction_report_in_headless_chromium(
 ) -> None:
     from selenium.webdriver.common.by import By
 
-    url = page.as_uri()
-    browser.get(url)
-    assert browser.execute_script("return document.readyState") == "complete"
-    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
-    requested = [
-        m["params"]["request"]["url"]
-        for m in (json.loads(e["message"])["message"] for e in browser.get_log("performance"))
-        if m["method"] == "Network.requestWillBeSent"
-    ]
-    assert set(requested) == {url}
-
+    open_page(browser, page)
     tables = browser.find_elements(By.TAG_NAME, "table")
     # rotated-MNIST, permuted-MNIST (11 rows each), then the 30 claims
     assert [len(t.find_elements(By.TAG_NAME, "tr")) - 1 for t in tables] == [11, 11, 30]
@@ -59,6 +48,4 @@ def test_the_shipped_reproduction_report_in_headless_chromium(
     ]
     assert all(v.startswith("differs") for v in verdicts)
     assert "inside noise" in tables[2].text and "+6.05 ± 1.65" in tables[2].text
-    ARTIFACTS.mkdir(exist_ok=True)
-    browser.set_window_size(1280, 2400)
-    browser.save_screenshot(str(ARTIFACTS / "reproduction-fedgp-table1-mnist.png"))
+    screenshot(browser, "reproduction-fedgp-table1-mnist.png")

@@ -18,8 +18,8 @@ Pure functions of numbers, so the rules can be checked on hand-made tables. Per 
   estimate). Why not the sign alone: at chance-level accuracy the sign of a 0.5-point
   difference is a coin flip, and a report must not call that a reproduced claim. Why a
   t quantile rather than a fixed 2 SE: with 3 seeds, 2 SE passes about one pure-noise
-  difference in eleven in the paper's direction; t₀.₉₅(2) = 2.92 passes one in twenty. A claim whose other
-  cell has no run yet is not judged and counts neither way.
+  difference in eleven in the paper's direction; t₀.₉₅(2) = 2.92 passes one in twenty.
+  A claim whose other cell has no run yet is not judged and counts neither way.
 * **differs** — outside the noise and some claim with this cell fails (or none of its
   claims can be judged).
 * **missing** — no finished run of the cell.
