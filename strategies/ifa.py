@@ -1,8 +1,9 @@
 """IFA: iterative forgetting and adaptation, as a server schedule.
 
 "Forget to Generalize: Iterative Adaptation" (2026). Training is cut into generations of
-``generation`` rounds (default: one task's rounds). At the end of each generation, after
-aggregation, a selected part of the global parameters is reset:
+``generation`` rounds (default: one task's rounds), or into ``generations`` equal parts of
+the run. When a generation ends, a selected part of the global parameters is reset, and
+the next generation trains from there (the paper's Alg. 1):
 
 * ``mode=later`` — every parameter of the last layers, taken from the output side: the
   suffix of whole layers (modules that own parameters, in ``parameters()`` order) whose
@@ -19,10 +20,17 @@ aggregation, a selected part of the global parameters is reset:
 * ``mode=random`` — round(ρ·P) scalar parameters drawn uniformly without replacement, a fresh
   draw per generation from the seeded generator ``(seed, "ifa", generation)``.
 
-The selected values return to what they were at the start of that generation
-(``reset_to=generation_start``, default) or to the run's initial random values
-(``reset_to=init``). Only θ_g changes, so it composes with any learner and aggregator; it runs
-before FedGP's server hook so the reference gradient is taken at the reset model.
+The selected values return to what they were at the start of the generation that just
+ended (``reset_to=generation_start``, default) or to the run's initial random values
+(``reset_to=init``).
+
+Why the reset happens at the start of the next generation's first round (before its
+broadcast) and not right after the generation's last aggregation: every evaluation at a
+round's end then sees the model the generation trained, which is what the paper reports
+as "Gen. g" (and what a task-end accuracy means), and a run's last generation end resets
+nothing that no round adapts. Only θ_g changes, so it composes with any learner and
+aggregator. Its cost: FedGP's reference gradient for that first round was taken after
+the previous aggregation, at the model before the reset.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from cfl_bench.errors import UserError
+from cfl_bench.text_values import non_negative_int
 from strategies.base import Component, Option, StrategyEnv, positive_int, text, unit_fraction
 
 if TYPE_CHECKING:
@@ -37,16 +46,6 @@ if TYPE_CHECKING:
 
     from cfl_bench.engine.context import ServerState
     from cfl_bench.flat import ParamSlice
-
-
-def suggest_generation(total: int) -> int | None:
-    """A generation length that resets at least once but not after the last round of a
-    ``total``-round run: the largest N ≤ 0.4·total not dividing it (two or more resets),
-    else any N < total not dividing it; None when there is none (total ≤ 2)."""
-    for n in [*range(int(0.4 * total), 1, -1), *range(total - 1, 1, -1)]:
-        if total % n:
-            return n
-    return None
 
 
 def generation_length(raw: str) -> int | None:
@@ -142,6 +141,13 @@ class IFA(Component):
             show=lambda value: "task" if value is None else str(value),
         ),
         Option(
+            "generations",
+            0,
+            "split the run's rounds into N equal generations (0: use generation)",
+            non_negative_int,
+            quiet_default=True,
+        ),
+        Option(
             "later_unit",
             "params",
             "mode=later: params = the suffix of whole layers nearest ρ·P parameters; "
@@ -164,6 +170,12 @@ class IFA(Component):
         self.rho = float(str(self.values["rho"]))
         generation = self.values["generation"]
         self.generation = generation if isinstance(generation, int) else None
+        self.count = int(str(self.values["generations"]))
+        if self.count and "generation" in self.explicit:
+            raise UserError(
+                "ifa takes either generation=N (rounds per generation) or generations=N "
+                "(equal parts of the run), not both; drop one."
+            )
         self.to_init = self.values["reset_to"] == "init"
         self.by_layers = self.values["later_unit"] == "layers"
         self.static = env.scenario == "static"
@@ -174,53 +186,51 @@ class IFA(Component):
         self.resets = 0
 
     def adjust_schedule(self, rounds_per_task: int, epochs: int) -> tuple[int, int]:
-        """Refuse a static run whose last round ends a generation: its reset would come
-        after the final aggregation, so the one accuracy a static run reports would be of a
-        freshly reset model that never adapted (the caveat in docs/methods.md, fatal here).
-        A generation longer than the run never resets and is refused too. Continual streams
-        keep the documented behaviour: their later tasks adapt."""
+        """Resolve ``generations=N`` into rounds per generation (N must divide the T·R
+        rounds), and refuse a run in which IFA would never reset: a generation at least as
+        long as the run (on a static stream, one task's generation). Lead rounds of
+        ``--lead-rounds`` join the last generation."""
         total = rounds_per_task * self.num_tasks
-        if not self.static:
+        if self.count:
+            if self.count < 2 or total % self.count:
+                raise UserError(
+                    f"ifa:generations={self.count} must split the run's {total} rounds "
+                    "into 2 or more equal generations; give a divisor of "
+                    f"{total} above 1 or change --rounds-per-task."
+                )
+            self.generation = total // self.count
+        length = rounds_per_task if self.generation is None else self.generation
+        if length < total:
             return rounds_per_task, epochs
-        if self.generation is None or total % self.generation == 0:
-            every = "one task's" if self.generation is None else str(self.generation)
-            problem = (
-                f"ifa resets θ_g every {every} rounds, so on a static stream it would reset "
-                f"the final model after round {total} with no round left to adapt"
-            )
-        elif self.generation > total:
-            problem = f"ifa:generation={self.generation} never resets in a {total}-round run"
-        else:
-            return rounds_per_task, epochs
-        suggestion = suggest_generation(total)
-        if suggestion is None:
-            raise UserError(f"{problem}; give the run at least 3 rounds.")
+        given = "generation=task" if self.generation is None else f"generation={length}"
         raise UserError(
-            f"{problem}; give ifa:generation=N with N < {total} not dividing {total} "
-            f"(e.g. ifa:generation={suggestion})."
+            f"ifa:{given} never resets in a {total}-round run; give ifa:generation=N "
+            f"with N < {total} or ifa:generations=N (e.g. ifa:generations=2), or more "
+            "rounds."
         )
 
-    def _starts(self, server: ServerState) -> bool:
+    def _opens_generation(self, server: ServerState) -> bool:
+        """Whether this round is the first of a generation after the first one."""
+        if server.round_index <= 1:
+            return False
         if self.generation is None:  # one (global) task: see cfl_bench.engine.task_clock
             return server.round_in_task == 0
-        return (server.round_index - 1) % self.generation == 0
-
-    def _ends(self, server: ServerState) -> bool:
-        if self.generation is None:
-            return server.is_task_end
-        return server.round_index % self.generation == 0
+        index, offset = divmod(server.round_index - 1, self.generation)
+        return offset == 0 and (not self.count or index < self.count)
 
     def on_round_start(self, server: ServerState) -> None:
         if self.initial is None:
             self.initial = server.global_params.detach().clone()
-        if self._starts(server) and not self.to_init:
+            self.start = self.initial
+        if not self._opens_generation(server):
+            return
+        self._reset(server)
+        if not self.to_init:
             self.start = server.global_params.detach().clone()
 
-    def after_aggregate(self, server: ServerState) -> None:
-        if not self._ends(server):
-            return
+    def _reset(self, server: ServerState) -> None:
         source = self.initial if self.to_init else self.start
-        assert source is not None  # on_round_start ran for this generation
+        assert source is not None  # set in the first round
         params = server.global_params
         if self.mode == "later":
             begin = self._later_start(server)

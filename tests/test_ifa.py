@@ -16,7 +16,6 @@ from strategies.ifa import (
     later_weight_layers_start,
     norm_module_names,
     random_selection,
-    suggest_generation,
 )
 from tests.helpers import env, server
 
@@ -29,32 +28,40 @@ def two_layer_server() -> tuple[FlatModel, ServerState]:
     return model, srv
 
 
-def run_generation(ifa: IFA, srv: ServerState, rounds: int) -> list[torch.Tensor]:
-    """Simulate ``rounds`` rounds in which 'training' adds 1 to every parameter."""
-    seen = []
+def run_rounds(
+    ifa: IFA, srv: ServerState, rounds: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Simulate ``rounds`` rounds in which 'training' adds 1 to every parameter; return the
+    model each round broadcasts (after the round-start hooks) and the one it evaluates."""
+    sent, evaluated = [], []
     for _ in range(rounds):
         srv.round_index += 1
         srv.round_in_task = (srv.round_index - 1) % srv.rounds_per_task
         ifa.on_round_start(srv)
+        sent.append(srv.global_params.clone())
         srv.global_params = srv.global_params + 1.0  # aggregation makes a new tensor
         ifa.after_aggregate(srv)
-        seen.append(srv.global_params.clone())
-    return seen
+        evaluated.append(srv.global_params.clone())
+    return sent, evaluated
 
 
-def test_later_mode_resets_the_output_layer_to_the_generation_start() -> None:
+def test_later_mode_resets_the_output_layer_when_the_next_generation_opens() -> None:
+    """Generations of 2 rounds (one task): rounds 1-2 train untouched and round 2's
+    evaluation sees the trained model; round 3 opens generation 2 with the output layer
+    back at generation 1's start; round 5 resets it to generation 2's start."""
     _, srv = two_layer_server()
     start = srv.global_params.clone()
     ifa = IFA({"rho": 0.3})  # target 7.8 of 26: the output layer (10) is nearest
     ifa.setup(env())
-    after_r1, after_r2 = run_generation(ifa, srv, 2)
-    assert torch.equal(after_r1, start + 1)  # not a generation end: untouched
-    assert torch.allclose(after_r2[:16], start[:16] + 2)  # first layer keeps its training
-    assert torch.equal(after_r2[16:], start[16:])  # output layer back to round-1 start
-    # second generation starts from the reset model
-    _, after_r4 = run_generation(ifa, srv, 2)
-    assert torch.equal(after_r4[16:], after_r2[16:])
-    assert torch.allclose(after_r4[:16], start[:16] + 4)
+    sent, evaluated = run_rounds(ifa, srv, 5)
+    assert torch.equal(sent[0], start) and torch.equal(sent[1], start + 1)
+    assert torch.allclose(evaluated[1], start + 2)  # Gen. 1 as trained, no reset yet
+    assert torch.allclose(sent[2][:16], start[:16] + 2)  # first layer keeps its training
+    assert torch.equal(sent[2][16:], start[16:])  # output layer back to generation 1's start
+    assert torch.allclose(evaluated[3][16:], start[16:] + 2)  # Gen. 2 adapted from there
+    assert torch.allclose(sent[4][:16], start[:16] + 4)
+    assert torch.equal(sent[4][16:], sent[2][16:])  # generation 2's start
+    assert ifa.resets == 2
 
 
 def test_reset_to_init_uses_the_initial_values() -> None:
@@ -62,9 +69,10 @@ def test_reset_to_init_uses_the_initial_values() -> None:
     start = srv.global_params.clone()
     ifa = IFA({"rho": 0.3, "reset_to": "init", "generation": 1})
     ifa.setup(env())
-    run_generation(ifa, srv, 3)
-    assert torch.equal(srv.global_params[16:], start[16:])
-    assert torch.allclose(srv.global_params[:16], start[:16] + 3)
+    sent, evaluated = run_rounds(ifa, srv, 3)
+    assert torch.equal(sent[2][16:], start[16:])
+    assert torch.allclose(sent[2][:16], start[:16] + 2)
+    assert torch.allclose(evaluated[2][16:], start[16:] + 1)
 
 
 def test_random_mode_resets_a_seeded_rho_fraction() -> None:
@@ -72,15 +80,34 @@ def test_random_mode_resets_a_seeded_rho_fraction() -> None:
     start = srv.global_params.clone()
     ifa = IFA({"mode": "random", "rho": 0.5})
     ifa.setup(env(seed=7))
-    run_generation(ifa, srv, 2)
-    reset = srv.global_params == start
+    sent, _ = run_rounds(ifa, srv, 3)
+    reset = sent[2] == start
     assert int(reset.sum()) == 13  # round(0.5 * 26)
-    assert torch.allclose(srv.global_params[~reset], start[~reset] + 2)
+    assert torch.allclose(sent[2][~reset], start[~reset] + 2)
     chosen = random_selection(26, 0.5, 7, 0)
     assert torch.equal(torch.sort(chosen).values, torch.nonzero(reset).flatten())
     assert torch.equal(random_selection(26, 0.5, 7, 0), chosen)  # seeded
     assert not torch.equal(random_selection(26, 0.5, 8, 0), chosen)
     assert not torch.equal(random_selection(26, 0.5, 7, 1), chosen)  # fresh per generation
+
+
+def test_generations_split_the_run_into_equal_parts() -> None:
+    """generations=3 over 2 tasks x 6 rounds: generations of 4 rounds, resets when rounds
+    5 and 9 open, none after the last round (and none for a 13th lead round)."""
+    _, srv = two_layer_server()
+    srv.rounds_per_task = 6
+    ifa = IFA({"rho": 0.3, "generations": 3})
+    ifa.setup(env(num_tasks=2))
+    assert ifa.adjust_schedule(6, 1) == (6, 1)
+    assert ifa.generation == 4
+    opened = []
+    for round_index in range(1, 14):
+        srv.round_index, srv.round_in_task = round_index, (round_index - 1) % 6
+        before = ifa.resets
+        ifa.on_round_start(srv)
+        opened += [round_index] if ifa.resets > before else []
+    assert opened == [5, 9]
+    assert "generations" not in IFA().resolved_options()  # quiet default: old hashes hold
 
 
 def test_later_selection_on_the_mnist_cnn() -> None:
@@ -126,30 +153,41 @@ def test_later_unit_layers_resets_what_it_selects() -> None:
     start = srv.global_params.clone()
     ifa = IFA({"rho": 0.9, "later_unit": "layers"})  # round(1.8) = both linear layers
     ifa.setup(env())
-    run_generation(ifa, srv, 2)
-    assert torch.equal(srv.global_params, start)
+    sent, _ = run_rounds(ifa, srv, 3)
+    assert torch.equal(sent[2], start)
     assert IFA({"later_unit": "layers"}).resolved_options()["later_unit"] == "layers"
     assert "later_unit" not in IFA().resolved_options()  # quiet default: old hashes hold
 
 
-@pytest.mark.parametrize("generation", [None, 10, 20, 25])
-def test_static_runs_refuse_a_reset_after_the_last_round(generation: int | None) -> None:
-    """20 rounds: one task's generation, 10 and 20 reset the final model; 25 never resets."""
-    ifa = IFA({} if generation is None else {"generation": generation})
-    ifa.setup(env("cifar10", "static", 10, 1))
-    with pytest.raises(UserError, match=r"ifa:generation=8\)\.$"):
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "generation=task never resets in a 20-round run"),
+        ({"generation": 20}, "generation=20 never resets"),
+        ({"generation": 25}, "generation=25 never resets"),
+        ({"generations": 3}, "generations=3 must split the run's 20 rounds"),
+        ({"generations": 1}, "into 2 or more equal generations"),
+        ({"generations": 2, "generation": 5}, "not both"),
+    ],
+)
+def test_runs_in_which_ifa_never_resets_are_refused(
+    options: dict[str, object], message: str
+) -> None:
+    """A static run of 20 rounds: one task's generation (or a longer one) never resets;
+    generations must divide the rounds."""
+    with pytest.raises(UserError, match=message):
+        ifa = IFA(options)
+        ifa.setup(env("cifar10", "static", 10, 1))
         ifa.adjust_schedule(20, 1)
 
 
-def test_static_runs_accept_generations_that_leave_rounds_to_adapt() -> None:
-    ifa = IFA({"generation": 8})
-    ifa.setup(env("cifar10", "static", 10, 1))
-    assert ifa.adjust_schedule(20, 1) == (20, 1)
-    continual = IFA()  # continual streams keep the documented task-end reset
+def test_static_runs_accept_generations_that_reset() -> None:
+    """Any generation shorter than the run resets at least once; a generation end on the
+    last round resets nothing (the next generation never opens)."""
+    for options in ({"generation": 8}, {"generation": 10}, {"generations": 10}):
+        ifa = IFA(options)
+        ifa.setup(env("cifar10", "static", 10, 1))
+        assert ifa.adjust_schedule(20, 1) == (20, 1)
+    continual = IFA()  # a task's generation on a continual stream of several tasks
     continual.setup(env())
     assert continual.adjust_schedule(20, 1) == (20, 1)
-    too_short = IFA({"generation": 1})
-    too_short.setup(env("cifar10", "static", 10, 1))
-    with pytest.raises(UserError, match="at least 3 rounds"):
-        too_short.adjust_schedule(2, 1)
-    assert [suggest_generation(t) for t in (2, 3, 4, 10, 20, 100)] == [None, 2, 3, 4, 8, 40]

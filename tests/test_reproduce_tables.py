@@ -197,6 +197,9 @@ def edited_table(tmp_path: Path, old: str, new: str) -> Path:
     return path
 
 
+ROT_OPTIONS = "    options: {stream: rot-mnist}"
+
+
 @pytest.mark.parametrize(
     ("old", "new", "fragment"),
     [
@@ -211,6 +214,9 @@ def edited_table(tmp_path: Path, old: str, new: str) -> Path:
         ("[DER w/o FedGP, DER w/ FedGP]", "[DER w/o FedGP, DER]", "must name two rows"),
         ("train_per_task: 60000", "train_per_task: 0", "train_per_task"),
         ("{stream: rot-mnist}", "{stream: rot-mnist, lr: 0.1}", "sets lr, which the protocol"),
+        (ROT_OPTIONS, f"    round_fraction: 0\n{ROT_OPTIONS}", "round_fraction must be"),
+        (ROT_OPTIONS, f"    round_fraction: half\n{ROT_OPTIONS}", "round_fraction must be"),
+        (ROT_OPTIONS, f"    round_fraction: 1.5\n{ROT_OPTIONS}", "round_fraction must be"),
     ],
 )
 def test_damaged_tables_are_refused(tmp_path: Path, old: str, new: str, fragment: str) -> None:
@@ -253,3 +259,17 @@ def test_the_command_refuses_an_unknown_table_in_one_line() -> None:
     assert code == 2
     assert "no reproducible table 'fedgp-table99'" in " ".join(output.split())
     assert "Traceback" not in output
+
+
+def test_ifa_table2_reads_three_rounds_of_one_run() -> None:
+    """Gen. 1, 3 and 10 of 10 generations are rounds 1/10, 3/10 and 10/10 of the same runs
+    (one sweep), and every IFA row splits the run into 10 generations at any scale."""
+    table = find_table("ifa-table2-cifar10", ROOT)
+    assert [c.round_fraction for c in table.columns] == [0.1, 0.3, 1.0]
+    assert table.column_groups() == [{}]
+    assert table.runs("cpu") == 9
+    assert table.base_options("cpu")["eval_every_round"] is True
+    assert [r.strategy for r in table.rows][1:] == [
+        "fedavg+ifa:mode=random,generations=10",
+        "fedavg+ifa:mode=later,later_unit=layers,generations=10",
+    ]

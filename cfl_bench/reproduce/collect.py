@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cfl_bench.reproduce.tables import Column, ReproTable, Row
-from cfl_bench.run_reader import read_run
+from cfl_bench.run_reader import RunReading, read_run
 
 SKIPPED_FOLDERS = frozenset({".sweep", ".replacement", "leaderboard", "reproduction"})
 
@@ -102,9 +102,10 @@ def collect(table: ReproTable, folder: Path, scale: str | None = None) -> Collec
     """Sort the finished runs under ``folder`` into the table's cells (with ``scale``, only
     the runs at that scale; the others are listed as not counted)."""
     collected = Collected()
+    by_round = any(c.round_fraction is not None for c in table.columns)
     for run in run_folders(folder):
         shown = run.relative_to(folder).as_posix() if run != folder else run.name
-        reading = read_run(run, shown, records=False)
+        reading = read_run(run, shown, records=by_round)
         if not reading.done or reading.row is None:
             collected.notes.append(f"{shown}: not counted ({reading.status}: {reading.reason})")
             continue
@@ -118,9 +119,9 @@ def collect(table: ReproTable, folder: Path, scale: str | None = None) -> Collec
             collected.notes.append(f"{shown}: not counted (a run at scale {found_scale})")
             continue
         for table_row, column in places:
-            value = row.get(column.metric)
+            value, missing = column_value(column, reading)
             if value is None or value != value:
-                collected.notes.append(f"{shown}: not counted (no {column.metric})")
+                collected.notes.append(f"{shown}: not counted (no {missing})")
                 continue
             collected.cells.setdefault((table_row.label, column.label), []).append(
                 RunValue(
@@ -136,6 +137,35 @@ def collect(table: ReproTable, folder: Path, scale: str | None = None) -> Collec
             )
     collected.notes += _consistency_notes(collected)
     return collected
+
+
+def column_value(column: Column, reading: RunReading) -> tuple[float | None, str]:
+    """The run's value for ``column`` (None when it has none) and what is missing then."""
+    assert reading.row is not None
+    if column.round_fraction is None:
+        return reading.row.get(column.metric), column.metric
+    return accuracy_at_round(reading, column.round_fraction)
+
+
+def accuracy_at_round(reading: RunReading, fraction: float) -> tuple[float | None, str]:
+    """The global accuracy recorded after round round(fraction x total rounds) of a static
+    run evaluated every round (``--eval-every-round``), e.g. IFA's "Gen. 3" of 10
+    generations is fraction 0.3. Continual runs have several tasks' accuracies per round,
+    and no one of them is "the" accuracy at a round: they are refused (value None)."""
+    total = int(reading.config.get("task_clock", {}).get("total_rounds", 0))
+    target = max(1, round(fraction * total))
+    missing = f"global accuracy at round {target} of {total} in records.csv"
+    records = reading.records
+    if records is None or (reading.summary or {}).get("num_tasks") != 1:
+        return None, f"{missing} (a static run evaluated every round)"
+    chosen = records[
+        (records["round"] == target)
+        & (records["scope"] == "global")
+        & (records["metric"] == "acc")
+    ]
+    if len(chosen) != 1:
+        return None, missing
+    return float(chosen["value"].iloc[0]), missing
 
 
 def _consistency_notes(collected: Collected) -> list[str]:

@@ -54,6 +54,10 @@ class Column:
     # The summary metric this column reports (a class-IL table's task-IL column reads the
     # same runs as its class-IL column through another metric).
     metric: str
+    # When set, the column reads the global accuracy recorded after round
+    # round(fraction x total rounds) of a static run (records.csv, --eval-every-round)
+    # instead of a summary metric: IFA's "Gen. g" columns are rounds g/10 of one run.
+    round_fraction: float | None = None
 
 
 @dataclass(frozen=True)
@@ -163,9 +167,21 @@ def _columns(raw: object, metric: str, where: str) -> tuple[Column, ...]:
                 str(entry.get("setting", "")),
                 _check_options(_mapping(entry.get("options"), "options", where), label, where),
                 str(entry.get("metric", metric)),
+                _round_fraction(entry.get("round_fraction"), label, where),
             )
         )
     return tuple(columns)
+
+
+def _round_fraction(raw: object, label: str, where: str) -> float | None:
+    if raw is None:
+        return None
+    if type(raw) not in (int, float) or not 0 < float(raw) <= 1:  # type: ignore[arg-type]
+        raise UserError(
+            f"{where}: column '{label}' round_fraction must be a number in (0, 1]; "
+            "fix the table file."
+        )
+    return float(raw)  # type: ignore[arg-type]
 
 
 def _rows(raw: object, where: str) -> tuple[Row, ...]:
