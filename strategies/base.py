@@ -7,7 +7,7 @@ fixes (docs/architecture.md draws it):
 
     task start       component.on_task_start(server, task, holdout)  (public holdout slice)
                      component.on_holdout_labels(server, task, x, y)  (its labels, if any)
-    round start      component.on_round_start(server)        (IFA generation snapshot)
+    round start      component.on_round_start(server)        (IFA: reset, then snapshot)
                      component.broadcast(server)            → declared payloads (counted)
     client start     component.on_client_start(client, local)   (local: LocalRound)
     each local step  learner.loss(step) + Σ component.loss_term(step)   (autograd terms)
@@ -23,7 +23,7 @@ fixes (docs/architecture.md draws it):
                      in ``compose.SERVER_HOOK_ORDER``: component.after_aggregate(server),
                      then component.client_request(server) → the executor computes it on
                      the named clients at θ_g → the request's on_reply(summed answers)
-                     (IFA reset before FedGP's reference gradient, which must see θ_g final)
+                     (FedGP's reference gradient last, at the final θ_g of the round)
 
 Client-side hooks (``on_client_start``, the step hooks, ``after_local``) see the client's
 state, the round's ``Broadcast`` and the model being trained — never the server — so a client
@@ -339,7 +339,7 @@ class Component:
         """Aggregator override: refine ``server.global_params``, which holds the FedAvg mean."""
 
     def after_aggregate(self, server: ServerState) -> None:
-        """Server hooks after aggregation (IFA resets)."""
+        """Server hooks after aggregation (SCAFFOLD's server step, FedCurv's sums)."""
 
     def client_request(self, server: ServerState) -> ClientRequest | None:
         """A computation to run on some clients at the final θ_g of this round (FedGP's

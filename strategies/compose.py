@@ -50,8 +50,9 @@ TRANSFORM_CHAIN: tuple[str, ...] = ("scaffold", "fedproj", "fedgp")
 
 #: The server hooks after aggregation, in order; ``*`` stands for every component not named
 #: (in written order, the learner first). SCAFFOLD's server step (θ_old + η_g·(θ_avg − θ_old))
-#: makes θ_g final first; IFA resets θ_g before anything else reads it; FedGP asks for its
-#: reference gradient last, at the final θ_g of the round.
+#: makes θ_g final first; FedGP asks for its reference gradient last, at the final θ_g of
+#: the round. IFA keeps its place but has no hook here any more: its reset opens the next
+#: generation (``on_round_start``), so a generation's last evaluation sees the trained model.
 SERVER_HOOK_ORDER: tuple[str, ...] = ("scaffold", "ifa", "*", "fedgp")
 
 

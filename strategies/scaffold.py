@@ -25,7 +25,7 @@ round's participants and N all clients, the server sets
 
 with θ_avg the engine's mean (or an aggregator's result: SCAFFOLD is not an aggregator and
 composes with one). This runs first in ``compose.SERVER_HOOK_ORDER``, so θ_g is final before
-IFA resets or FedGP takes its reference gradient.
+FedGP takes its reference gradient.
 
 Choices (why):
 
