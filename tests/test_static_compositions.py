@@ -30,9 +30,9 @@ ALLOWED = [
 ]
 
 REFUSED = {
-    # one task's generation: the reset would hit the final model after the last round
-    "fedavg+ifa": "with no round left to adapt",
-    "fedavg+ifa:generation=5": "with no round left to adapt",
+    # one task's generation (or one as long as the run): IFA would never reset
+    "fedavg+ifa": "ifa:generation=task never resets in a 5-round run",
+    "fedavg+ifa:generation=5": "ifa:generation=5 never resets in a 5-round run",
     "feddyn+fedproj": "overrides aggregation twice",
     "der+er": "two local learners",
     "fedavg+fedavg": "appears twice",
