@@ -178,7 +178,6 @@ class IFA(Component):
             )
         self.to_init = self.values["reset_to"] == "init"
         self.by_layers = self.values["later_unit"] == "layers"
-        self.static = env.scenario == "static"
         self.num_tasks = env.num_tasks
         self.seed = env.seed
         self.initial: torch.Tensor | None = None
