@@ -83,19 +83,22 @@ def scale_of(table: ReproTable, options: dict[str, Any], column: Column) -> str 
 def _place(
     table: ReproTable, options: dict[str, Any], strategy: str
 ) -> tuple[list[tuple[Row, Column]], str | None, str]:
-    """The cells a run fills, its scale, or why it fills none."""
-    rows = [r for r in table.rows if r.canonical == strategy]
-    if not rows:
-        return [], None, f"strategy {strategy} is no row of {table.name}"
+    """The cells a run fills, its scale, or why it fills none. The rows are matched at the
+    run's scale, whose strategy options may be a row's reduced ones."""
     places, scale = [], None
     for column in table.columns:
         found = scale_of(table, options, column)
-        if found is not None:
+        if found is None:
+            continue
+        rows = [r for r in table.rows if table.canonical_at(r, found) == strategy]
+        if rows:
             scale = found
             places += [(row, column) for row in rows]
-    if not places:
-        return [], None, "its options are no column of the table at any of its scales"
-    return places, scale, ""
+    if places:
+        return places, scale, ""
+    if not any(table.canonical_at(r, s) == strategy for r in table.rows for s in table.scales):
+        return [], None, f"strategy {strategy} is no row of {table.name}"
+    return [], None, "its options and strategy are no cell of the table at any of its scales"
 
 
 def collect(table: ReproTable, folder: Path, scale: str | None = None) -> Collected:

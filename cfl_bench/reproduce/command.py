@@ -76,7 +76,7 @@ def sweep_documents(
     for group in repro.column_groups():
         grid: dict[str, Any] = {"seed": list(repro.scales[scale].seeds)}
         grid.update({key: [value] for key, value in group.items()})
-        grid["strategy"] = [row.strategy for row in repro.rows]
+        grid["strategy"] = [repro.strategy_at(row, scale) for row in repro.rows]
         documents.append(
             {
                 "out": str(out),

@@ -113,7 +113,7 @@ def csv_text(rep: Reproduction) -> str:
                 rep.table.table,
                 column.label,
                 row.label,
-                row.strategy,
+                rep.table.strategy_at(row, rep.scale),
                 column.metric,
                 target.text,
                 _num(target.pm, 3),

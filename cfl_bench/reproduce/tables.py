@@ -5,7 +5,8 @@ run configuration: its **columns** name the targets' dataset + setting and the r
 that column changes (``stream: rot-mnist``); its **rows** name the targets' method + variant
 and the strategy string; ``protocol`` holds the options every run shares at the paper's
 scale, and each **scale** (``smoke``, ``cpu``, ``paper``) is a documented reduction of that
-protocol (options it overrides, the seeds) that keeps its structure. ``claims`` are the
+protocol (options it overrides, the seeds, and, per row, cheaper options of the row's own
+methods) that keeps its structure. ``claims`` are the
 comparisons the paper draws from the cells (with-vs-without pairs, an upper bound), which
 the verdicts test (:mod:`cfl_bench.reproduce.verdict`).
 
@@ -15,7 +16,7 @@ cell to a command line in one place, and a new table is a new file.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ TABLE_KEYS = frozenset(
         "runs_of",
     }
 )
+SCALE_KEYS = frozenset({"about", "seeds", "options", "strategies"})
 # Options a table may not fix: they say where and how a run executes, not what it is.
 RUN_PLACE_OPTIONS = frozenset(
     {"out", "overwrite", "restart", "data_root", "device", "threads", "executor", "seed"}
@@ -76,6 +78,11 @@ class Scale:
     about: str
     seeds: tuple[int, ...]
     options: dict[str, Any]
+    # A row's strategy string -> the one this scale runs instead: the same components with
+    # cheaper options (FedDF's 500 server steps per round are most of a CPU run's time).
+    strategies: dict[str, str] = field(default_factory=dict)
+    # The same keys -> build_strategy(that scale strategy).name, how its summaries name it.
+    canonical: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,15 @@ class ReproTable:
 
     def target(self, row: Row, column: Column) -> Target:
         return self.targets[(row.label, column.label)]
+
+    def strategy_at(self, row: Row, scale: str) -> str:
+        """The strategy string ``row`` runs at ``scale`` (its own unless the scale changes
+        its options)."""
+        return self.scales[scale].strategies.get(row.strategy, row.strategy)
+
+    def canonical_at(self, row: Row, scale: str) -> str:
+        """How the summaries of ``row``'s runs at ``scale`` name their strategy."""
+        return self.scales[scale].canonical.get(row.strategy, row.canonical)
 
     def base_options(self, scale: str) -> dict[str, Any]:
         """The options every run of ``scale`` shares: the protocol with the scale's changes."""
@@ -206,13 +222,21 @@ def _rows(raw: object, where: str) -> tuple[Row, ...]:
     return tuple(rows)
 
 
-def _scales(raw: object, where: str) -> dict[str, Scale]:
+def _scales(raw: object, rows: tuple[Row, ...], where: str) -> dict[str, Scale]:
+    from strategies.compose import build_strategy
+
     entries = _mapping(raw, "scales", where)
     if sorted(entries) != sorted(SCALES):
         raise UserError(f"{where}: scales must be exactly {', '.join(SCALES)}.")
     scales = {}
     for name in SCALES:
         entry = _mapping(entries[name], f"scale {name}", where)
+        unknown = sorted(set(map(str, entry)) - SCALE_KEYS)
+        if unknown:
+            raise UserError(
+                f"{where}: scale {name} has unknown key(s) {', '.join(unknown)} (a scale has "
+                f"{', '.join(sorted(SCALE_KEYS))}); fix the table file."
+            )
         seeds = entry.get("seeds")
         if (
             not isinstance(seeds, list)
@@ -224,8 +248,39 @@ def _scales(raw: object, where: str) -> dict[str, Scale]:
             _mapping(entry.get("options", {}), "options", where), f"scale {name}", where
         )
         about = _text(entry.get("about"), f"scale {name}'s about", where)
-        scales[name] = Scale(name, about, tuple(seeds), options)
+        strategies = _scale_strategies(entry.get("strategies", {}), rows, f"scale {name}", where)
+        canonical = {key: build_strategy(text).name for key, text in strategies.items()}
+        scales[name] = Scale(name, about, tuple(seeds), options, strategies, canonical)
     return scales
+
+
+def _scale_strategies(
+    raw: object, rows: tuple[Row, ...], what: str, where: str
+) -> dict[str, str]:
+    """A scale's ``strategies`` (row label -> strategy string), keyed by the rows' own
+    strategy strings. A scale may lower a row's options (cost), never change its methods:
+    the components must be the row's, in its order, or the row would measure another
+    method."""
+    by_label = {row.label: row for row in rows}
+    changed = {}
+    for label, text in _mapping(raw, f"{what} strategies", where).items():
+        row = by_label.get(str(label))
+        if row is None:
+            raise UserError(f"{where}: {what} strategies names '{label}', which is no row.")
+        text = _text(text, f"{what} strategy of row '{label}'", where)
+        if _component_names(text) != _component_names(row.strategy):
+            raise UserError(
+                f"{where}: {what} runs row '{label}' as '{text}', whose methods are not the "
+                f"row's ('{row.strategy}'); a scale may change a row's options only."
+            )
+        changed[row.strategy] = text
+    return changed
+
+
+def _component_names(strategy: str) -> list[str]:
+    from strategies.compose import parse_strategy
+
+    return [spec.name for spec in parse_strategy(strategy)]
 
 
 def _claims(raw: object, rows: tuple[Row, ...], where: str) -> Claims:
@@ -318,7 +373,7 @@ def _runs_part(
         return {
             "protocol": _check_options(protocol, "protocol", where),
             "train_per_task": train,
-            "scales": _scales(raw.get("scales"), where),
+            "scales": _scales(raw.get("scales"), rows, where),
             "runs_name": path.stem,
         }
     given = sorted({"protocol", "scales", "train_per_task"} & set(raw))
