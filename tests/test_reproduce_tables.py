@@ -273,3 +273,60 @@ def test_ifa_table2_reads_three_rounds_of_one_run() -> None:
         "fedavg+ifa:mode=random,generations=10",
         "fedavg+ifa:mode=later,later_unit=layers,generations=10",
     ]
+
+
+CPU_OPTIONS = "    options: {rounds_per_task: 5, train_size: 6000, test_size: 1000}\n"
+
+
+def cheaper_der_at_cpu(tmp_path: Path, strategies: str) -> Path:
+    """The FedGP MNIST table with a cpu scale that runs some rows with other options."""
+    return edited_table(tmp_path, CPU_OPTIONS, CPU_OPTIONS + f"    strategies: {strategies}\n")
+
+
+def test_a_scale_runs_and_reads_a_row_with_its_own_options(tmp_path: Path) -> None:
+    from cfl_bench.reproduce.collect import _place
+
+    path = cheaper_der_at_cpu(tmp_path, '{"DER w/ FedGP": "der:alpha=0.5+fedgp"}')
+    table = load_table(path, path.parent.parent)
+    (cpu_doc, _) = sweep_documents(table, "cpu", Path("out"), {}, 1)
+    (paper_doc, _) = sweep_documents(table, "paper", Path("out"), {}, 1)
+    assert "der:alpha=0.5+fedgp" in cpu_doc["grid"]["strategy"]
+    assert "der+fedgp" not in cpu_doc["grid"]["strategy"]
+    assert paper_doc["grid"]["strategy"] == [r.strategy for r in table.rows]
+    cpu = {**table.base_options("cpu"), "stream": "rot-mnist"}
+    paper = {**table.base_options("paper"), "stream": "rot-mnist"}
+    places, scale, _ = _place(table, cpu, "der:alpha=0.5+fedgp")
+    assert scale == "cpu" and {(r.label, c.label) for r, c in places} == {
+        ("DER w/ FedGP", "rotated-MNIST domain-IL")
+    }
+    # The row's own strategy is not that row's cell at cpu scale; it is at paper scale.
+    assert _place(table, cpu, "der+fedgp")[0] == []
+    assert "no cell of the table" in _place(table, cpu, "der+fedgp")[2]
+    assert _place(table, paper, "der+fedgp")[1] == "paper"
+    assert _place(table, paper, "der:alpha=0.5+fedgp")[0] == []
+    assert "is no row" in _place(table, cpu, "derpp")[2]
+
+
+@pytest.mark.parametrize(
+    ("strategies", "fragment"),
+    [
+        ('{"DER": "der:alpha=0.5+fedgp"}', "strategies names 'DER', which is no row"),
+        ('{"DER w/ FedGP": "derpp+fedgp"}', "whose methods are not the row's"),
+        ('{"DER w/ FedGP": "fedgp+der"}', "whose methods are not the row's"),
+        ('{"DER w/ FedGP": "der:nosuch=1+fedgp"}', "nosuch"),
+        ('{"DER w/ FedGP": ""}', "must be non-empty text"),
+        ("[der]", "strategies must be a mapping"),
+    ],
+)
+def test_a_scale_changing_a_rows_methods_is_refused(
+    tmp_path: Path, strategies: str, fragment: str
+) -> None:
+    path = cheaper_der_at_cpu(tmp_path, strategies)
+    with pytest.raises(UserError, match=fragment):
+        load_table(path, path.parent.parent)
+
+
+def test_a_misspelt_scale_key_is_refused(tmp_path: Path) -> None:
+    path = edited_table(tmp_path, CPU_OPTIONS, CPU_OPTIONS + "    strategy: {}\n")
+    with pytest.raises(UserError, match=r"scale cpu has unknown key\(s\) strategy"):
+        load_table(path, path.parent.parent)

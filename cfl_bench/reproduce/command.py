@@ -26,6 +26,8 @@ from cfl_bench.atomic import atomic_write_json, atomic_write_text
 from cfl_bench.errors import UserError
 from cfl_bench.reproduce import provenance, shipping
 from cfl_bench.reproduce.collect import Collected, collect
+from cfl_bench.reproduce.figure_command import figure_cost_text, reproduce_figure
+from cfl_bench.reproduce.figures import figure_names, find_figure, load_all_figures
 from cfl_bench.reproduce.outcome import build
 from cfl_bench.reproduce.report import print_terminal, write
 from cfl_bench.reproduce.tables import SCALES, ReproTable, find_table, load_all
@@ -43,19 +45,26 @@ def list_tables(console: Console, root: Path) -> None:
     table = Table(title="Reproducible tables (cfl-bench reproduce NAME --scale SCALE)")
     for name in ("table", "scale", "runs", "cost"):
         table.add_column(name, overflow="fold")
+    entries: list[tuple[str, Any, Any]] = []
     for repro in load_all(root):
         cells = len(repro.rows) * len(repro.columns)
         about = f"{repro.name}\n{repro.paper} · {repro.table} · {cells} cells"
         if repro.runs_name != repro.name:
             about += f"\n(the runs of {repro.runs_name})"
+        entries.append((about, repro, provenance.cost_text))
+    for figure in load_all_figures(root):
+        claims = len(figure.claims.drops) * (1 + len(figure.claims.holds))
+        about = f"{figure.name}\n{figure.paper} · {figure.figure} · {claims} claims (a figure)"
+        entries.append((about, figure, figure_cost_text))
+    for about, item, cost in entries:
         for index, scale in enumerate(SCALES):
-            seeds = len(repro.scales[scale].seeds)
+            seeds = len(item.scales[scale].seeds)
             plural = "seed" if seeds == 1 else "seeds"
             table.add_row(
                 about if index == 0 else "",
                 scale,
-                f"{repro.runs(scale)} ({seeds} {plural})",
-                provenance.cost_text(repro, scale, root),
+                f"{item.runs(scale)} ({seeds} {plural})",
+                cost(item, scale, root),
                 end_section=index == len(SCALES) - 1,
             )
     console.print(table)
@@ -198,7 +207,6 @@ def reproduce(request: Request, console: Console | None = None, root: Path | Non
     if request.name == "list":
         list_tables(console, root)
         return 0
-    repro = find_table(request.name, root)
     scale = request.scale
     if scale is not None and scale not in SCALES:
         raise UserError(f"--scale {scale} is not one of {', '.join(SCALES)}.")
@@ -209,6 +217,10 @@ def reproduce(request: Request, console: Console | None = None, root: Path | Non
             "--row, --column and --seed choose which runs to start; leave them out with "
             "--compare or --shipped (the report always shows every cell)."
         )
+    figure = find_figure(request.name, root)
+    if figure is not None:
+        return reproduce_figure(figure, request, console, root)
+    repro = find_table(request.name, root, extra=figure_names(root))
     if request.shipped:
         return _report_shipped(repro, scale or "cpu", request.out, console, root)
     if request.compare:

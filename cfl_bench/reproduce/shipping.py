@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cfl_bench.errors import UserError
 from cfl_bench.reproduce import provenance
-from cfl_bench.reproduce.collect import collect
+from cfl_bench.reproduce.collect import Collected, collect
 from cfl_bench.reproduce.tables import SCALES, ReproTable
 
 SHIPPED_FILES = ("config.json", "records.csv", "summary.json")
@@ -36,19 +36,27 @@ def ship(repro: ReproTable, folder: Path, scale: str, root: Path) -> Path:
     shows the rest as missing), so a finished column need not wait for the next one."""
     if repro.runs_name != repro.name:
         raise UserError(f"{repro.name} reads the runs of {repro.runs_name}; ship that table.")
-    collected = collect(repro, folder, scale)
+    return ship_collected(repro.name, collect(repro, folder, scale), folder, scale, root,
+                          repro.runs(scale))
+
+
+def ship_collected(
+    name: str, collected: Collected, folder: Path, scale: str, root: Path, expected: int
+) -> Path:
+    """Ship the runs ``collected`` from ``folder`` as ``name``'s results at ``scale`` (a
+    table's or a figure's: both sort their runs into a :class:`Collected`)."""
     runs = collected.runs()
     if not runs:
-        raise UserError(f"'{folder}' holds no finished run of {repro.name} at scale {scale}.")
-    target = shipped_folder(root, repro.name, scale)
+        raise UserError(f"'{folder}' holds no finished run of {name} at scale {scale}.")
+    target = shipped_folder(root, name, scale)
     staging = target.with_name(f".{scale}.staging")
     shutil.rmtree(staging, ignore_errors=True)
     for run in runs:
         destination = staging / run.path.name
         destination.mkdir(parents=True)
-        for name in SHIPPED_FILES:
-            shutil.copy2(run.path / name, destination / name)
-    facts = {**provenance.describe(collected, folder), "expected_runs": repro.runs(scale)}
+        for file_name in SHIPPED_FILES:
+            shutil.copy2(run.path / file_name, destination / file_name)
+    facts = {**provenance.describe(collected, folder), "expected_runs": expected}
     (staging / "provenance.json").write_text(json.dumps(facts, indent=2) + "\n")
     old = target.with_name(f".{scale}.old")
     shutil.rmtree(old, ignore_errors=True)

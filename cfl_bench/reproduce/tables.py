@@ -420,13 +420,14 @@ def table_names(root: Path) -> list[str]:
     return sorted(p.stem for p in tables_folder(root).glob("*.yaml"))
 
 
-def find_table(name: str, root: Path) -> ReproTable:
-    """The table called ``name``, or a refusal naming the tables there are."""
+def find_table(name: str, root: Path, extra: list[str] | None = None) -> ReproTable:
+    """The table called ``name``, or a refusal naming the tables there are (and the
+    ``extra`` names, the figures, that are also reproducible)."""
     names = table_names(root)
     if name not in names:
         raise UserError(
-            f"no reproducible table '{name}'; choose one of {', '.join(names)} "
-            "(`cfl-bench reproduce list`)."
+            f"no reproducible table '{name}'; choose one of "
+            f"{', '.join(sorted(names + (extra or [])))} (`cfl-bench reproduce list`)."
         )
     return load_table(tables_folder(root) / f"{name}.yaml", root)
 

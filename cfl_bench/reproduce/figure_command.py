@@ -1,0 +1,166 @@
+"""``cfl-bench reproduce NAME`` for a figure (:mod:`cfl_bench.reproduce.figures`).
+
+The same verbs as a table's (run a scale, ``--shipped``, ``--compare``, ``--ship``, ``--row``
+and ``--seed`` to run part of it) through one sweep: seeds × rows at the scale's options.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from rich.console import Console
+
+from cfl_bench.atomic import atomic_write_json, atomic_write_text
+from cfl_bench.errors import UserError
+from cfl_bench.reproduce import provenance, shipping
+from cfl_bench.reproduce.figure_report import build_figure, print_terminal, write
+from cfl_bench.reproduce.figure_runs import FigureRuns, collect_figure
+from cfl_bench.reproduce.figures import ReproFigure
+from cfl_bench.reproduce.tables import SCALES
+
+if TYPE_CHECKING:
+    from cfl_bench.reproduce.command import Request
+
+REPORT_FOLDER = "reproduction"
+
+
+def sweep_document(
+    figure: ReproFigure, scale: str, out: Path, options: dict[str, Any], jobs: int
+) -> dict[str, Any]:
+    """Seeds (slowest, so an early stop leaves whole seeds) × the rows' strategies."""
+    grid = {
+        "seed": list(figure.scales[scale].seeds),
+        "strategy": [figure.strategy_at(row, scale) for row in figure.rows],
+    }
+    return {
+        "out": str(out),
+        "jobs": jobs,
+        "base": {**figure.base_options(scale), **options},
+        "grid": grid,
+    }
+
+
+def select_figure(figure: ReproFigure, scale: str, request: Request) -> ReproFigure:
+    """The figure cut to the rows and seeds the request names (a figure has no columns)."""
+    from cfl_bench.reproduce.command import _chosen
+
+    if request.columns:
+        raise UserError(f"{figure.name} is a figure and has no columns; leave out --column.")
+    rows = _chosen(figure.rows, request.rows, "--row", figure.name)
+    seeds = figure.scales[scale].seeds
+    unknown = sorted(set(request.seeds) - set(seeds))
+    if unknown:
+        raise UserError(
+            f"--seed {unknown[0]} is not a seed of {figure.name} at scale {scale}; choose "
+            f"from {', '.join(map(str, seeds))}."
+        )
+    chosen = tuple(s for s in seeds if s in request.seeds) if request.seeds else seeds
+    scales = {**figure.scales, scale: replace(figure.scales[scale], seeds=chosen)}
+    return replace(figure, rows=rows, scales=scales)
+
+
+def report_figure(
+    figure: ReproFigure,
+    folder: Path,
+    scale: str,
+    report_dir: Path,
+    source: str,
+    console: Console,
+    reference: FigureRuns | None = None,
+) -> Path:
+    """Judge the runs under ``folder`` and write the report; returns the HTML path."""
+    runs = collect_figure(figure, folder, scale)
+    facts = provenance.describe(runs.collected, folder)
+    rep = build_figure(figure, runs, scale, source, reference, facts)
+    paths = write(rep, report_dir)
+    print_terminal(rep, console)
+    console.print(f"report: {paths['html']} (and report.csv, report.md)", highlight=False)
+    return paths["html"]
+
+
+def reproduce_figure(
+    figure: ReproFigure, request: Request, console: Console, root: Path
+) -> int:
+    """Run, report on, compare or ship ``figure`` as ``request`` asks; the exit code."""
+    scale = request.scale or ("cpu" if request.shipped or request.compare else None)
+    if scale is None:
+        raise UserError(f"name a scale: --scale {'|'.join(SCALES)}.")
+    shipped_folder = shipping.shipped_folder(root, figure.name, scale)
+    if request.shipped:
+        if not shipped_folder.is_dir():
+            raise UserError(
+                f"no shipped results of {figure.name} at scale {scale}; shipped scales: "
+                f"{', '.join(shipping.shipped_scales(root, figure.name)) or 'none'}."
+            )
+        out = Path(request.out or Path("runs") / "reproduce" / figure.name / f"shipped-{scale}")
+        source = f"the shipped results ({scale} in reproductions/results/{figure.name})"
+        report_figure(figure, shipped_folder, scale, out, source, console)
+        return 0
+    reference = collect_figure(figure, shipped_folder, scale) if shipped_folder.is_dir() else None
+    if request.compare:
+        folder = Path(request.compare)
+        if not folder.is_dir():
+            raise UserError(f"--compare '{request.compare}' is not a folder; give your runs'.")
+        out = Path(request.out) if request.out else folder / REPORT_FOLDER / figure.name
+        report_figure(figure, folder, scale, out, f"your runs in {folder}", console, reference)
+        return 0
+    return _run(figure, scale, request, console, root, reference)
+
+
+def _run(
+    figure: ReproFigure,
+    scale: str,
+    request: Request,
+    console: Console,
+    root: Path,
+    reference: FigureRuns | None,
+) -> int:
+    from cfl_bench.sweep.command import sweep
+
+    folder = Path(request.out or Path("runs") / "reproduce" / figure.name / scale)
+    document = sweep_document(
+        select_figure(figure, scale, request), scale, folder, request.run_options(), request.jobs
+    )
+    path = folder / ".reproduce" / "sweep.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, yaml.safe_dump(document, sort_keys=False))
+    started = time.monotonic()
+    code = sweep(str(path), [], console=console, leaderboard=False)
+    console.print(f"sweep: {time.monotonic() - started:.0f} s", highlight=False)
+    report_dir = folder / REPORT_FOLDER / figure.name
+    source = f"the runs in {folder}"
+    report_figure(figure, folder, scale, report_dir, source, console, reference)
+    runs = collect_figure(figure, folder, scale)
+    atomic_write_json(report_dir / "provenance.json", provenance.describe(runs.collected, folder))
+    if request.ship:
+        if code:
+            raise UserError("some runs did not finish; rerun the same command before --ship.")
+        target = shipping.ship_collected(
+            figure.name, runs.collected, folder, scale, root, figure.runs(scale)
+        )
+        console.print(f"shipped {target}", highlight=False)
+    return code
+
+
+def _work(figure: ReproFigure, scale: str) -> float:
+    """Relative training work of a scale: runs × rounds × clients."""
+    options = figure.base_options(scale)
+    rounds = int(options["rounds_per_task"]) * 2 + int(options.get("lead_rounds", 0))
+    return figure.runs(scale) * rounds * int(options.get("clients", 1))
+
+
+def figure_cost_text(figure: ReproFigure, scale: str, root: Path) -> str:
+    """Measured where shipped, else estimated from a shipped scale by the work ratio."""
+    for other in (scale, *(s for s in SCALES if s != scale)):
+        facts = provenance.shipped_provenance(root, figure.name, other)
+        if not facts or not facts.get("elapsed_s"):
+            continue
+        seconds = facts["elapsed_s"] * _work(figure, scale) / _work(figure, other)
+        if other == scale:
+            return f"{provenance._hours(seconds)} measured (jobs {facts.get('jobs')})"
+        return f"~{provenance._hours(seconds)} estimated from {other}"
+    return "not measured"
