@@ -30,6 +30,7 @@ from cfl_bench.reproduce.figure_command import figure_cost_text, reproduce_figur
 from cfl_bench.reproduce.figures import figure_names, find_figure, load_all_figures
 from cfl_bench.reproduce.outcome import build
 from cfl_bench.reproduce.report import print_terminal, write
+from cfl_bench.reproduce.selection import chosen, with_seeds
 from cfl_bench.reproduce.tables import SCALES, ReproTable, find_table, load_all
 
 REPORT_FOLDER = "reproduction"
@@ -290,26 +291,9 @@ def select(repro: ReproTable, scale: str, request: Request) -> ReproTable:
     """The table cut to the rows, columns and seeds the request names, for running part of
     a table (a GPU's 15 minutes, one column at a time); the report still judges every cell,
     so what was not run shows as missing."""
-    rows = _chosen(repro.rows, request.rows, "--row", repro.name)
-    columns = _chosen(repro.columns, request.columns, "--column", repro.name)
-    seeds = repro.scales[scale].seeds
-    unknown = sorted(set(request.seeds) - set(seeds))
-    if unknown:
-        raise UserError(
-            f"--seed {unknown[0]} is not a seed of {repro.name} at scale {scale}; choose from "
-            f"{', '.join(map(str, seeds))}."
-        )
-    chosen_seeds = tuple(s for s in seeds if s in request.seeds) if request.seeds else seeds
-    scales = {**repro.scales, scale: replace(repro.scales[scale], seeds=chosen_seeds)}
-    return replace(repro, rows=rows, columns=columns, scales=scales)
-
-
-def _chosen(items: tuple[Any, ...], labels: tuple[str, ...], option: str, name: str) -> Any:
-    """The rows or columns named by ``labels`` (all when none), in the table's order."""
-    known = [item.label for item in items]
-    for label in labels:
-        if label not in known:
-            raise UserError(
-                f"{option} '{label}' is not in {name}; choose from: {'; '.join(known)}."
-            )
-    return tuple(item for item in items if not labels or item.label in labels)
+    return replace(
+        repro,
+        rows=chosen(repro.rows, request.rows, "--row", repro.name),
+        columns=chosen(repro.columns, request.columns, "--column", repro.name),
+        scales=with_seeds(repro.scales, scale, request.seeds, repro.name),
+    )

@@ -20,6 +20,7 @@ from cfl_bench.reproduce import provenance, shipping
 from cfl_bench.reproduce.figure_report import build_figure, print_terminal, write
 from cfl_bench.reproduce.figure_runs import FigureRuns, collect_figure
 from cfl_bench.reproduce.figures import ReproFigure
+from cfl_bench.reproduce.selection import chosen, with_seeds
 from cfl_bench.reproduce.tables import SCALES
 
 if TYPE_CHECKING:
@@ -46,21 +47,13 @@ def sweep_document(
 
 def select_figure(figure: ReproFigure, scale: str, request: Request) -> ReproFigure:
     """The figure cut to the rows and seeds the request names (a figure has no columns)."""
-    from cfl_bench.reproduce.command import _chosen
-
     if request.columns:
         raise UserError(f"{figure.name} is a figure and has no columns; leave out --column.")
-    rows = _chosen(figure.rows, request.rows, "--row", figure.name)
-    seeds = figure.scales[scale].seeds
-    unknown = sorted(set(request.seeds) - set(seeds))
-    if unknown:
-        raise UserError(
-            f"--seed {unknown[0]} is not a seed of {figure.name} at scale {scale}; choose "
-            f"from {', '.join(map(str, seeds))}."
-        )
-    chosen = tuple(s for s in seeds if s in request.seeds) if request.seeds else seeds
-    scales = {**figure.scales, scale: replace(figure.scales[scale], seeds=chosen)}
-    return replace(figure, rows=rows, scales=scales)
+    return replace(
+        figure,
+        rows=chosen(figure.rows, request.rows, "--row", figure.name),
+        scales=with_seeds(figure.scales, scale, request.seeds, figure.name),
+    )
 
 
 def report_figure(

@@ -103,6 +103,10 @@ def close_text(c: CloseResult) -> str:
     )
 
 
+def _span(first: int, last: int) -> str:
+    return f"round {last}" if first == last else f"rounds {first}–{last}"
+
+
 def window_line(rep: FigureReproduction) -> str:
     k = rep.figure.window(rep.scale)
     options = rep.figure.base_options(rep.scale)
@@ -110,9 +114,10 @@ def window_line(rep: FigureReproduction) -> str:
     shift = after + int(options.get("lead_rounds", 0))
     return (
         f"Curve: {rep.figure.metric_label} of the global model after every round. Headlines "
-        f"over k = {k} rounds: *before* = rounds {shift - k + 1}–{shift} (the shift follows "
-        f"round {shift}), *end* = rounds {shift + after - k + 1}–{shift + after}, "
-        f"*fall* = before − end; mean ± sd over seeds."
+        f"over k = {k} round{'s' if k > 1 else ''}: *before* = {_span(shift - k + 1, shift)} "
+        f"(the shift follows round {shift}), *end* = "
+        f"{_span(shift + after - k + 1, shift + after)}, *fall* = before − end; mean ± sd "
+        "over seeds."
     )
 
 
@@ -206,8 +211,10 @@ def curves_svg(rep: FigureReproduction) -> str:
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(8, 3.8))
+    highest = 0.0
     for row in rep.figure.rows:
         by_seed = rep.curves.get(row.label)
         if not by_seed:
@@ -216,12 +223,17 @@ def curves_svg(rep: FigureReproduction) -> str:
         mean, sd = frame.mean(axis=1), frame.std(axis=1, ddof=1).fillna(0.0)
         ax.plot(mean.index, mean.values, label=f"{row.label} (n={frame.shape[1]})")
         ax.fill_between(mean.index, mean - sd, mean + sd, alpha=0.15)
+        highest = max(highest, float((mean + sd).max()))
     if rep.shift is not None:
         k = rep.figure.window(rep.scale)
         last = max((max(c.index) for s in rep.curves.values() for c in s.values()), default=0)
         ax.axvline(rep.shift + 0.5, color="grey", linestyle="--", linewidth=1)
         ax.axvspan(rep.shift - k + 0.5, rep.shift + 0.5, color="grey", alpha=0.1)
         ax.axvspan(last - k + 0.5, last + 0.5, color="grey", alpha=0.1)
+    # Whole rounds; the metric from 0, spanning at least 5 points so that a flat start at 0
+    # is not drawn in the middle of a ±0.05 axis.
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(0.0, max(5.0, highest * 1.1))
     ax.set_xlabel("round")
     ax.set_ylabel(rep.figure.metric_label)
     ax.grid(alpha=0.3)

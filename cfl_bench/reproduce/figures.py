@@ -148,6 +148,12 @@ def _windows(
     entries = _mapping(raw, "window", where)
     windows = {}
     for scale in scales.values():
+        unset = sorted(set(scale.options) - set(protocol))
+        if unset:
+            raise UserError(
+                f"{where}: scale {scale.name} sets {', '.join(unset)}, which the protocol does "
+                "not; give the protocol its value too, so each scale's runs are told apart."
+            )
         window = _positive_int(entries.get(scale.name), f"window.{scale.name}", where, 1)
         options = {**protocol, **scale.options}
         after = int(options.get("rounds_per_task", 0))
