@@ -26,7 +26,13 @@ from cfl_bench.reproduce.figure_runs import FigureRuns
 from cfl_bench.reproduce.figure_verdict import CloseResult, RowHeadlines, close, judge
 from cfl_bench.reproduce.figures import BEFORE, END, FALL, ReproFigure
 from cfl_bench.reproduce.outcome import ours_of
-from cfl_bench.reproduce.report import _signed, claim_holds, claim_ours, ours_text
+from cfl_bench.reproduce.report import (
+    _signed,
+    claim_holds,
+    claim_ours,
+    markdown_head,
+    ours_text,
+)
 from cfl_bench.reproduce.verdict import CLAIM_LEVEL, ClaimResult, resolving_t
 
 CSV_COLUMNS = ("figure", "paper", "paper_figure", "kind", "row", "what", "mean", "sd_or_se", "n",
@@ -143,13 +149,8 @@ def counts_line(rep: FigureReproduction) -> str:
 
 def markdown(rep: FigureReproduction) -> str:
     f = rep.figure
-    lines = [
-        f"### {f.title}",
-        "",
-        f"Scale **{rep.scale}**: {f.scales[rep.scale].about}",
-        "",
-        f"Source: {rep.source}.",
-        "",
+    lines = markdown_head(f.title, rep.scale, f.scales[rep.scale].about, rep.source)
+    lines += [
         window_line(rep),
         "",
         f"**{counts_line(rep)}.**",

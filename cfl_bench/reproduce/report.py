@@ -148,19 +148,16 @@ def _target(rep: Reproduction, v: CellVerdict) -> Target:
     return rep.table.target(rows[v.cell.row], columns[v.cell.column])
 
 
+def markdown_head(title: str, scale: str, about: str, source: str) -> list[str]:
+    """The first lines of a table's or a figure's Markdown report."""
+    return [f"### {title}", "", f"Scale **{scale}**: {about}", "", f"Source: {source}.", ""]
+
+
 def markdown(rep: Reproduction) -> str:
     """The report as Markdown: headline counts, one table per column, claims, notes."""
     t = rep.table
-    lines = [
-        f"### {t.title}",
-        "",
-        f"Scale **{rep.scale}**: {t.scales[rep.scale].about}",
-        "",
-        f"Source: {rep.source}.",
-        "",
-        f"**{counts_line(rep)}.**",
-        "",
-    ]
+    lines = markdown_head(t.title, rep.scale, t.scales[rep.scale].about, rep.source)
+    lines += [f"**{counts_line(rep)}.**", ""]
     for column in t.columns:
         tau = rep.taus.get(column.label)
         lines += [f"#### {column.label} ({column.metric})", ""]
