@@ -15,6 +15,11 @@ import pytest
 
 from cfl_bench.reproduce.collect import collect
 from cfl_bench.reproduce.command import reproductions_root
+from cfl_bench.reproduce.figure_report import build_figure
+from cfl_bench.reproduce.figure_report import markdown as markdown_figure
+from cfl_bench.reproduce.figure_report import write as write_figure
+from cfl_bench.reproduce.figure_runs import collect_figure
+from cfl_bench.reproduce.figures import find_figure, load_all_figures
 from cfl_bench.reproduce.outcome import build
 from cfl_bench.reproduce.report import markdown
 from cfl_bench.reproduce.shipping import SHIPPED_FILES, shipped_folder
@@ -63,3 +68,40 @@ def test_the_docs_show_the_report_of_the_shipped_results(name: str, scale: str) 
         f"docs/reproductions.md does not hold the current report of {name} at {scale}; "
         f"paste the output of report.md of `cfl-bench reproduce {name} --shipped --scale {scale}`"
     )
+
+
+SHIPPED_FIGURES = [
+    (figure.name, scale)
+    for figure in load_all_figures(ROOT)
+    for scale in figure.scales
+    if shipped_folder(ROOT, figure.name, scale).is_dir()
+]
+
+
+def test_fedgp_fig4_carla_is_shipped_at_cpu_scale() -> None:
+    assert ("fedgp-fig4-carla", "cpu") in SHIPPED_FIGURES
+
+
+@pytest.mark.parametrize(("name", "scale"), SHIPPED_FIGURES)
+def test_a_shipped_figure_is_its_runs_and_the_docs_show_its_report(
+    name: str, scale: str, tmp_path: Path
+) -> None:
+    figure = find_figure(name, ROOT)
+    assert figure is not None
+    folder = shipped_folder(ROOT, name, scale)
+    runs = collect_figure(figure, folder, scale)
+    assert runs.collected.notes == []
+    facts = json.loads((folder / "provenance.json").read_text(encoding="utf-8"))
+    assert facts["runs"] == len(runs.collected.runs()) == figure.runs(scale)
+    assert facts["expected_runs"] == figure.runs(scale) and facts["elapsed_s"] > 0
+    assert {label: len(seeds) for label, seeds in runs.curves.items()} == {
+        row.label: len(figure.scales[scale].seeds) for row in figure.rows
+    }
+    source = f"the shipped results ({scale} in reproductions/results/{name})"
+    rep = build_figure(figure, runs, scale, source)
+    assert markdown_figure(rep) in DOCS.read_text(encoding="utf-8"), (
+        f"docs/reproductions.md does not hold the current report of {name} at {scale}; "
+        f"paste report.md of `cfl-bench reproduce {name} --shipped --scale {scale}`"
+    )
+    page = write_figure(rep, tmp_path)["html"].read_text(encoding="utf-8")
+    assert page.count("<svg") == 1 and figure.claims.drops[0] in page
