@@ -63,16 +63,11 @@ def run_folders(folder: Path) -> Iterator[Path]:
             subfolders[:] = []
 
 
-def compared_keys(table: ReproTable) -> set[str]:
-    keys = set(table.protocol)
-    for scale in table.scales.values():
-        keys |= set(scale.options)
-    return keys
 
 
 def scale_of(table: ReproTable, options: dict[str, Any], column: Column) -> str | None:
     """The scale whose options the run's options are, for this column (None: none)."""
-    keys = compared_keys(table) | set(column.options)
+    keys = table.compared_keys() | set(column.options)
     for name in table.scales:
         expected = {**table.base_options(name), **column.options}
         if all(options.get(k) == expected.get(k) for k in keys):

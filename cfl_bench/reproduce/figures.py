@@ -26,6 +26,7 @@ from cfl_bench.errors import UserError
 from cfl_bench.reproduce.tables import (
     Row,
     Scale,
+    ScaledProtocol,
     _check_options,
     _mapping,
     _rows,
@@ -64,7 +65,7 @@ class FigureClaims:
 
 
 @dataclass(frozen=True)
-class ReproFigure:
+class ReproFigure(ScaledProtocol):
     """A figure file as loaded and checked."""
 
     name: str
@@ -84,26 +85,11 @@ class ReproFigure:
     def runs_name(self) -> str:
         return self.name
 
-    def base_options(self, scale: str) -> dict[str, Any]:
-        return {**self.protocol, **self.scales[scale].options}
-
-    def strategy_at(self, row: Row, scale: str) -> str:
-        return self.scales[scale].strategies.get(row.strategy, row.strategy)
-
-    def canonical_at(self, row: Row, scale: str) -> str:
-        return self.scales[scale].canonical.get(row.strategy, row.canonical)
-
     def runs(self, scale: str) -> int:
         return len(self.rows) * len(self.scales[scale].seeds)
 
     def window(self, scale: str) -> int:
         return self.windows[scale]
-
-    def compared_keys(self) -> set[str]:
-        keys = set(self.protocol)
-        for scale in self.scales.values():
-            keys |= set(scale.options)
-        return keys
 
 
 def figures_folder(root: Path) -> Path:

@@ -91,8 +91,36 @@ class Claims:
     upper_bound: str | None
 
 
+class ScaledProtocol:
+    """What tables and figures share: a protocol, its scales, and the rows' strategies at
+    each scale (a subclass is a dataclass with ``protocol`` and ``scales`` fields)."""
+
+    protocol: dict[str, Any]
+    scales: dict[str, Scale]
+
+    def strategy_at(self, row: Row, scale: str) -> str:
+        """The strategy string ``row`` runs at ``scale`` (its own unless the scale changes
+        its options)."""
+        return self.scales[scale].strategies.get(row.strategy, row.strategy)
+
+    def canonical_at(self, row: Row, scale: str) -> str:
+        """How the summaries of ``row``'s runs at ``scale`` name their strategy."""
+        return self.scales[scale].canonical.get(row.strategy, row.canonical)
+
+    def base_options(self, scale: str) -> dict[str, Any]:
+        """The options every run of ``scale`` shares: the protocol with the scale's changes."""
+        return {**self.protocol, **self.scales[scale].options}
+
+    def compared_keys(self) -> set[str]:
+        """Every option the protocol or a scale sets: a run's scale is told by all of them."""
+        keys = set(self.protocol)
+        for scale in self.scales.values():
+            keys |= set(scale.options)
+        return keys
+
+
 @dataclass(frozen=True)
-class ReproTable:
+class ReproTable(ScaledProtocol):
     """A table as loaded and checked: every cell has its target."""
 
     name: str
@@ -113,18 +141,6 @@ class ReproTable:
     def target(self, row: Row, column: Column) -> Target:
         return self.targets[(row.label, column.label)]
 
-    def strategy_at(self, row: Row, scale: str) -> str:
-        """The strategy string ``row`` runs at ``scale`` (its own unless the scale changes
-        its options)."""
-        return self.scales[scale].strategies.get(row.strategy, row.strategy)
-
-    def canonical_at(self, row: Row, scale: str) -> str:
-        """How the summaries of ``row``'s runs at ``scale`` name their strategy."""
-        return self.scales[scale].canonical.get(row.strategy, row.canonical)
-
-    def base_options(self, scale: str) -> dict[str, Any]:
-        """The options every run of ``scale`` shares: the protocol with the scale's changes."""
-        return {**self.protocol, **self.scales[scale].options}
 
     def column_groups(self) -> list[dict[str, Any]]:
         """The distinct option sets of the columns (columns that read the same runs through
