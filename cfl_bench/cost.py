@@ -495,8 +495,7 @@ def local_training(fed: Federation) -> None:
     trainer = fed.executor.trainer  # type: ignore[attr-defined]
     broadcast = fed.round_server.make_broadcast()
     job = ClientJob(fed.clients[0], broadcast)
-    trainer.start(job)
-    trainer.local_steps(job.client, broadcast)
+    trainer.local_steps(job.client, trainer.start(job))
 
 
 # -- what a run says ---------------------------------------------------------------------------

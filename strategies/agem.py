@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from strategies.base import Learner, Option, StrategyEnv, text
-from strategies.projection import conflict_coefficient
+from strategies.projection import conflict_coefficients
 
 if TYPE_CHECKING:
     import torch
@@ -61,7 +61,7 @@ class AGEM(Learner):
         replay = step.model.module(step.replay_input(draw.x))
         self.objective.loss(replay, draw.y).backward()
         # grads now holds g_b; overwrite it with g − coef·g_b without a new vector.
-        coef = conflict_coefficient(g, grads)
+        coef = conflict_coefficients(g, grads)
         grads.mul_(-coef).add_(g)
 
     def observe(self, step: StepContext) -> None:

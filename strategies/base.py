@@ -9,13 +9,15 @@ fixes (docs/architecture.md draws it):
                      component.on_holdout_labels(server, task, x, y)  (its labels, if any)
     round start      component.on_round_start(server)        (IFA: reset, then snapshot)
                      component.broadcast(server)            → declared payloads (counted)
-    client start     component.on_client_start(client, local)   (local: LocalRound)
+    client start     inputs = component.round_inputs(broadcast)     (once per round)
+                             | component.client_inputs(client, local)   (local: LocalRound)
+                     component.on_client_start(client, local)   (components with frozen
+                                                                 models: FedNTD, MOON)
     each local step  learner.loss(step) + Σ component.loss_term(step)   (autograd terms)
-                     backward into the flat gradient
-                     Σ component.penalty(step)               (closed-form θ penalties add
-                                                              their gradient to the flat one)
+                     backward into the flat gradient g
+                     g, value = component.penalty(θ, g, inputs)   (closed-form θ penalties)
                      learner.refine_grad(step)               (A-GEM)
-                     component.transform_grad(step)          in ``compose.TRANSFORM_CHAIN``
+                     g = component.transform(g, inputs, view)   in ``compose.TRANSFORM_CHAIN``
                      optimizer step; learner.observe(step)   (buffer insertion)
     after training   component.after_local(client, upload, local) → declared upload payloads
     server           component.receive_upload(upload, server) for every upload as it arrives;
@@ -33,7 +35,17 @@ and counts them (``cfl_bench.engine.payloads``).
 
 State lives in explicit objects: per-client state in ``ClientState.extras[component]`` and
 server state on the component instance (one instance per run, its ``state_attributes``
-saved by checkpoints); nothing is global.
+saved by checkpoints); nothing is global. What a client's steps need this round (θ_g and
+the broadcast g_ref from ``round_inputs``, its control variate from ``client_inputs``) is
+kept by the executor with that client's ``LocalRound`` — never an attribute of the
+component, which serves every client.
+
+The step functions (``penalty``, ``transform``) are pure functions of tensors with the
+parameter axis last: one client's θ and g are (P,), a chunk of clients' (C, P), and each
+input is either shared by the chunk ((P,), θ_g) or one row per client ((C, P), stacked by
+the executor). So the sequential executor and the vectorized one run the very same code,
+and a new component runs under both without an executor edit. Dot products over the
+parameter axis go through ``projection.row_dot``.
 
 Component modules import torch (and the engine modules that import it) inside the functions
 that compute, never at module top: the grammar (``strategies.compose``) and `cfl-bench list
@@ -46,7 +58,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from cfl_bench.engine.payloads import Payload
 from cfl_bench.errors import UserError
@@ -67,6 +79,7 @@ if TYPE_CHECKING:
     import torch
 
     from cfl_bench.engine.context import (
+        Broadcast,
         ClientState,
         LocalRound,
         ServerState,
@@ -94,6 +107,42 @@ COMMUNICATION = "communication"
 
 
 AUTO = "auto"  # the written value of an option resolved from the stream at setup
+
+#: What a component's step functions need for one client's round, by name: tensors (one
+#: client's, or a chunk's — shared, or stacked with a leading client axis) and numbers.
+ClientInputs = dict[str, Any]
+
+
+class StepView(Protocol):
+    """What a gradient transform may read at a local step besides the gradient: the
+    parameters θ ((P,) or (C, P)), the step's buffer batch size, the stepping clients'
+    own draws and the gradient of a loss at θ — each executor provides them its way
+    (``engine.client_update.OneClientStep``, the vectorized executor's ``LockStep``)."""
+
+    @property
+    def params(self) -> torch.Tensor: ...
+
+    @property
+    def buffer_batch_size(self) -> int: ...
+
+    def per_client(
+        self, draw: Callable[[ClientState], torch.Tensor], idle: torch.Tensor
+    ) -> torch.Tensor:
+        """``draw(client)`` of the stepping client ((…) tensor), or of every client of a
+        chunk stacked ((C, …); ``idle`` for clients that take no step, so they draw
+        nothing from their generators)."""
+        ...
+
+    def shared(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` as every client's input (a chunk: a leading client axis, expanded)."""
+        ...
+
+    def gradient(
+        self, loss: Callable[..., torch.Tensor], x: torch.Tensor, *inputs: torch.Tensor
+    ) -> torch.Tensor:
+        """The flat gradient of ``loss(f(x; θ), *inputs)`` at θ ((P,) or (C, P): each
+        client's of its own rows), the model in the step's mode (dropout as the step)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -308,23 +357,45 @@ class Component:
         """Extra tensors sent with the global model at round start (counted as bytes down)."""
         return {}
 
+    def round_inputs(self, broadcast: Broadcast) -> ClientInputs | None:
+        """What every client's local steps need this round, read from the broadcast alone
+        (θ_g, g_ref, the ensemble's log-probabilities), so it is the same for all of them:
+        an executor computes it once per round (a chunk of clients shares one copy) and
+        adds each client's ``client_inputs``. None: the component does nothing on the
+        clients' steps this round (its ``penalty`` and ``transform`` are not called)."""
+        return {}
+
+    def client_inputs(self, client: ClientState, local: LocalRound) -> ClientInputs:
+        """What this client's steps need beyond ``round_inputs``, from its own state:
+        tensors of one shape for every client (parameter-shaped (P,) ones so far), which a
+        chunk stacks along a leading client axis. Called once before the client's first
+        step, ``local.model`` at θ_g (only in rounds whose ``round_inputs`` is not None); it
+        may update the client's state (SCAFFOLD's option I takes ∇f_k(θ_g) here)."""
+        return {}
+
     def on_client_start(self, client: ClientState, local: LocalRound) -> None:
-        """Called after the client loaded θ_g into ``local.model``, before its local steps."""
+        """Called after the client loaded θ_g into ``local.model``, before its local steps
+        (components that keep frozen models for their loss terms: FedNTD, MOON)."""
 
     # -- local step ---------------------------------------------------------------------------
     def loss_term(self, step: StepContext) -> torch.Tensor | None:
         """A term of the local loss built from ``step.outputs`` (autograd differentiates it)."""
         return None
 
-    def penalty(self, step: StepContext) -> torch.Tensor | None:
-        """A closed-form penalty on θ: add its gradient to ``step.model.grads`` in place and
-        return its value (for the reported loss). Why not autograd: the parameters are views
-        of one flat vector, so ∇ of a penalty on θ is one fused vector op, while autograd would
-        first have to concatenate every parameter tensor at every step."""
+    def penalty(
+        self, params: torch.Tensor, grads: torch.Tensor, inputs: ClientInputs
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A closed-form penalty on θ: the gradient with the penalty's gradient added and
+        the penalty's value ((), or (C,) for a chunk), a new tensor each (``grads`` is not
+        written). Why not autograd: the parameters are views of one flat vector, so ∇ of a
+        penalty on θ is one fused vector op, while autograd would first have to concatenate
+        every parameter tensor at every step. None: no penalty."""
         return None
 
-    def transform_grad(self, step: StepContext) -> None:
-        """Modify ``step.model.grads`` (the flat gradient) in place."""
+    def transform(self, grads: torch.Tensor, inputs: ClientInputs, step: StepView) -> torch.Tensor:
+        """The gradient after this component's transform (a new tensor; ``grads`` is not
+        written)."""
+        return grads
 
     # -- client → server ----------------------------------------------------------------------
     def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from cfl_bench.engine.payloads import Payload
 from strategies.base import (
+    ClientInputs,
     Component,
     Option,
     Role,
@@ -40,7 +41,7 @@ from strategies.base import (
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import ClientState, LocalRound, ServerState, StepContext, Upload
+    from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, ServerState, Upload
     from cfl_bench.flat import FlatModel
     from cfl_bench.objective import Objective
 
@@ -72,19 +73,21 @@ def diagonal_fisher(
     return fisher.div_(max(batches, 1))
 
 
-def curvature_penalty_(
-    grads: torch.Tensor,
+def curvature_penalty(
     params: torch.Tensor,
+    grads: torch.Tensor,
     others_u: torch.Tensor,
     others_v: torch.Tensor,
     lam: float,
-) -> torch.Tensor:
-    """Add 2λ[θ⊙U' − V'] to ``grads``; return λ·Σ[θ²⊙U' − 2θ⊙V'] (U' = U − u_k, V' = V − v_k)."""
-    import torch
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(∇ + 2λ[θ⊙U' − V'], λ·Σ[θ²⊙U' − 2θ⊙V']) with U' = U − u_k, V' = V − v_k, parameter
+    axis last: θ, ∇ one client's (P,) or a chunk's (C, P), U' and V' shared (P,) or per
+    client (C, P)."""
+    from strategies.projection import row_dot
 
     inner = params * others_u - others_v
-    grads.add_(inner, alpha=2.0 * lam)
-    return lam * (torch.dot(params, inner) - torch.dot(params, others_v))
+    grads = grads.add(inner, alpha=2.0 * lam)
+    return grads, lam * (row_dot(params, inner) - row_dot(params, others_v))
 
 
 class FedCurv(Component):
@@ -115,35 +118,34 @@ class FedCurv(Component):
         self.sums: tuple[torch.Tensor, torch.Tensor] | None = None
         # Sums being collected from this round's uploads.
         self._next: tuple[torch.Tensor, torch.Tensor] | None = None
-        # The penalty vectors of the client currently training.
-        self._others: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
         if self.sums is None:
             return {}
         return {"fedcurv.U": self.sums[0], "fedcurv.V": self.sums[1]}
 
-    def on_client_start(self, client: ClientState, local: LocalRound) -> None:
+    def round_inputs(self, broadcast: Broadcast) -> ClientInputs | None:
+        """None (no penalty) before any sums exist, or when λ = 0."""
+        return None if "fedcurv.U" not in broadcast.payloads or self.lam == 0 else {}
+
+    def client_inputs(self, client: ClientState, local: LocalRound) -> ClientInputs:
+        """U' and V': the broadcast sums less the client's own u_k, v_k when they are in
+        them (it uploaded last round)."""
         import torch
 
         payloads = local.broadcast.payloads
-        if "fedcurv.U" not in payloads:
-            self._others = None
-            return
         total_u, total_v = payloads["fedcurv.U"], payloads["fedcurv.V"]
         state = client.state_for(self.name)
         if state.get("round") == local.broadcast.round_index - 1:  # its u_k is in U
             own_u, own_v = state["u"], state["v"]
             assert isinstance(own_u, torch.Tensor) and isinstance(own_v, torch.Tensor)
-            self._others = (total_u - own_u, total_v - own_v)  # new tensors: U is shared
-        else:
-            self._others = (total_u, total_v)
+            return {"u": total_u - own_u, "v": total_v - own_v}  # new tensors: U is shared
+        return {"u": total_u, "v": total_v}
 
-    def penalty(self, step: StepContext) -> torch.Tensor | None:
-        if self._others is None or self.lam == 0:
-            return None
-        others_u, others_v = self._others
-        return curvature_penalty_(step.model.grads, step.model.params, others_u, others_v, self.lam)
+    def penalty(
+        self, params: torch.Tensor, grads: torch.Tensor, inputs: ClientInputs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return curvature_penalty(params, grads, inputs["u"], inputs["v"], self.lam)
 
     def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:
         """Client k's Fisher u_k at its local θ_k; it keeps and uploads u_k and v_k."""

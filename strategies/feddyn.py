@@ -28,27 +28,36 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, cast
 
-from strategies.base import Component, Option, Role, StrategyEnv, positive_float, text
+from strategies.base import (
+    ClientInputs,
+    Component,
+    Option,
+    Role,
+    StrategyEnv,
+    positive_float,
+    text,
+)
 
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import ClientState, LocalRound, ServerState, StepContext, Upload
+    from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, ServerState, Upload
 
 
-def dynamic_penalty_(
-    grads: torch.Tensor,
+def dynamic_penalty(
     params: torch.Tensor,
+    grads: torch.Tensor,
     anchor: torch.Tensor,
     h: torch.Tensor,
     alpha: float,
-) -> torch.Tensor:
-    """Add −h + α(θ − θ_g) to ``grads`` in place; return −⟨h, θ⟩ + (α/2)‖θ − θ_g‖²."""
-    import torch
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(∇ − h + α(θ − θ_g), −⟨h, θ⟩ + (α/2)‖θ − θ_g‖²), parameter axis last: θ, ∇ and h
+    one client's (P,) or a chunk's (C, P), θ_g (P,)."""
+    from strategies.projection import row_dot
 
     diff = params - anchor
-    grads.add_(diff, alpha=alpha).sub_(h)
-    return 0.5 * alpha * torch.dot(diff, diff) - torch.dot(h, params)
+    grads = grads.add(diff, alpha=alpha).sub_(h)
+    return grads, 0.5 * alpha * row_dot(diff, diff) - row_dot(h, params)
 
 
 class FedDyn(Component):
@@ -87,19 +96,23 @@ class FedDyn(Component):
         self._old: torch.Tensor | None = None
 
     # -- client -------------------------------------------------------------------------------
-    def on_client_start(self, client: ClientState, local: LocalRound) -> None:
-        """A client's h_k starts at zero."""
+    def round_inputs(self, broadcast: Broadcast) -> ClientInputs:
+        """θ_g: the proximal part's anchor."""
+        return {"anchor": broadcast.params}
+
+    def client_inputs(self, client: ClientState, local: LocalRound) -> ClientInputs:
+        """The client's h_k (zeros before its first round)."""
         import torch
 
         state = client.state_for(self.name)
         if "h" not in state:
             state["h"] = torch.zeros_like(local.broadcast.params)
+        return {"h": state["h"]}
 
-    def penalty(self, step: StepContext) -> torch.Tensor | None:
-        h = cast("torch.Tensor", step.client.state_for(self.name)["h"])  # on_client_start
-        return dynamic_penalty_(
-            step.model.grads, step.model.params, step.broadcast.params, h, self.alpha
-        )
+    def penalty(
+        self, params: torch.Tensor, grads: torch.Tensor, inputs: ClientInputs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return dynamic_penalty(params, grads, inputs["anchor"], inputs["h"], self.alpha)
 
     def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:
         """h_k ← h_k − α(θ_k − θ_g): the local gradient at θ_k when training converged."""

@@ -29,13 +29,23 @@ from typing import TYPE_CHECKING, ClassVar
 
 from cfl_bench.engine.payloads import ClientRequest, Payload, Reply
 from cfl_bench.errors import UserError
-from strategies.base import Component, Option, Role, StrategyEnv, boolean, positive_int, text
-from strategies.projection import project_conflicting_
+from strategies.base import (
+    ClientInputs,
+    Component,
+    Option,
+    Role,
+    StepView,
+    StrategyEnv,
+    boolean,
+    positive_int,
+    text,
+)
+from strategies.projection import projected, row_dot
 
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import ClientState, LocalRound, ServerState, StepContext
+    from cfl_bench.engine.context import Broadcast, ClientState, ServerState
     from cfl_bench.flat import FlatModel
     from cfl_bench.objective import Objective
 
@@ -85,8 +95,6 @@ class FedGP(Component):
         self.gref: torch.Tensor | None = None
         self.gref_sq: torch.Tensor | None = None
         # Client side: the g_ref of the broadcast the training client received.
-        self.client_gref: torch.Tensor | None = None
-        self.client_gref_sq: torch.Tensor | None = None
 
     def adjust_schedule(self, rounds_per_task: int, epochs: int) -> tuple[int, int]:
         """equal_comm: half the rounds, twice the epochs — the same local computation with
@@ -105,19 +113,16 @@ class FedGP(Component):
     def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
         return {} if self.gref is None else {"fedgp.gref": self.gref}
 
-    def on_client_start(self, client: ClientState, local: LocalRound) -> None:
+    def round_inputs(self, broadcast: Broadcast) -> ClientInputs | None:
         """A client projects against the g_ref of its broadcast (not the server's copy:
-        under ``--executor flower`` the client holds only what it received)."""
-        import torch
+        under ``--executor flower`` the client holds only what it received); None before
+        the first g_ref."""
+        gref = broadcast.payloads.get("fedgp.gref")
+        return None if gref is None else {"gref": gref, "gref_sq": row_dot(gref, gref)}
 
-        gref = local.broadcast.payloads.get("fedgp.gref")
-        self.client_gref = gref
-        self.client_gref_sq = None if gref is None else torch.dot(gref, gref)
-
-    def transform_grad(self, step: StepContext) -> None:
-        gref = self.client_gref
-        if gref is not None:
-            project_conflicting_(step.model.grads, gref, self.client_gref_sq)
+    def transform(self, grads: torch.Tensor, inputs: ClientInputs, step: StepView) -> torch.Tensor:
+        """g ← g − (g·g_ref / ‖g_ref‖²)·g_ref where g·g_ref < 0."""
+        return projected(grads, inputs["gref"], inputs["gref_sq"])
 
     def client_request(self, server: ServerState) -> ClientRequest | None:
         """After aggregation (last server hook: g_ref must see the final θ_g), ask every

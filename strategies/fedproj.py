@@ -64,9 +64,11 @@ from typing import TYPE_CHECKING, ClassVar
 
 from cfl_bench.engine.payloads import Payload
 from strategies.base import (
+    ClientInputs,
     Component,
     Option,
     Role,
+    StepView,
     StrategyEnv,
     non_negative_float,
     non_negative_int,
@@ -75,7 +77,7 @@ from strategies.base import (
     text,
 )
 from strategies.distillation import distill, kl_to_teacher, teacher_log_probs
-from strategies.projection import conflict_coefficient
+from strategies.projection import conflict_coefficients
 from strategies.public_set import (
     PUBLIC_CHOICES,
     PUBLIC_SIZE,
@@ -85,7 +87,7 @@ from strategies.public_set import (
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import ClientState, LocalRound, ServerState, StepContext, Upload
+    from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, ServerState, Upload
 
 STATE_KEY = "fedproj"
 
@@ -206,9 +208,6 @@ class FedProj(PublicSetUser, Component):
         self._logit_sum: torch.Tensor | None = None
         self._logit_count = 0
         self._distill_gen = generator(env.seed, STATE_KEY, "distill", device=env.device)
-        self._scratch: torch.Tensor | None = None
-        # Client side: log σ(Z_ens/τ) of the ensemble the training client received.
-        self._received: torch.Tensor | None = None
         # This round's anchor material (anchor=mean: Σθ_k and the count; anchor=global: θ_g
         # as the round began), empty at every round end where checkpoints are written.
         self._param_sum: torch.Tensor | None = None
@@ -263,43 +262,52 @@ class FedProj(PublicSetUser, Component):
     def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
         return {} if self.z_ens is None else {"fedproj.z_ens": self.z_ens}
 
-    def on_client_start(self, client: ClientState, local: LocalRound) -> None:
-        """The client's memory target: log σ(Z_ens/T) of the ensemble in the broadcast (the
+    def round_inputs(self, broadcast: Broadcast) -> ClientInputs | None:
+        """The clients' memory target: log σ(Z_ens/τ) of the ensemble in the broadcast (the
         same tensor the server distilled with; recomputing it keeps the client side free of
-        server state)."""
-        z_ens = local.broadcast.payloads.get("fedproj.z_ens")
-        tau = self.client_temperature
-        self._received = None if z_ens is None else teacher_log_probs(z_ens, tau)
+        server state); None before the first ensemble."""
+        z_ens = broadcast.payloads.get("fedproj.z_ens")
+        if z_ens is None or self.public_x is None:
+            return None
+        return {"received": teacher_log_probs(z_ens, self.client_temperature)}
 
     # -- local step ---------------------------------------------------------------------------
-    def transform_grad(self, step: StepContext) -> None:
+    def transform(self, grads: torch.Tensor, inputs: ClientInputs, step: StepView) -> torch.Tensor:
+        """g ← g − coef·g_glob, g_glob = ∇ KL(σ(Z_ens/τ) ‖ σ(f(x_m; θ)/τ)) on the memory
+        batch (``memory_rows``), coef as FedGP's with FedProj's ε."""
+        g_glob = self.memory_gradient(inputs["received"], step)
+        coef = conflict_coefficients(grads, g_glob, min_norm_sq=self.eps)
+        return g_glob.mul(-coef[..., None]).add_(grads)
+
+    def memory_gradient(self, received: torch.Tensor, step: StepView) -> torch.Tensor:
+        """g_glob: ∇ KL(σ(Z_ens/τ) ‖ σ(f(x_m; θ)/τ)) at θ on the memory rows; τ = T or 1
+        (``memory_temperature``)."""
+        x, teacher = self.memory_rows(received, step)
+        tau = self.client_temperature
+
+        def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return kl_to_teacher(logits, target, tau)
+
+        return step.gradient(loss, x, teacher)
+
+    def memory_rows(
+        self, received: torch.Tensor, step: StepView
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The memory inputs and their teacher log-probabilities: a random memory batch of
+        the client's own draws (memory=batch) or the whole memory (memory=all)."""
         import torch
 
-        if self._received is None or self.public_x is None:
-            return
-        grads = step.model.grads
-        if self._scratch is None or self._scratch.shape != grads.shape:
-            self._scratch = torch.empty_like(grads)
-        g = self._scratch.copy_(grads)
-        step.model.zero_grad()
-        self.memory_loss(step).backward()
-        # grads now holds g_glob; overwrite it with g − coef·g_glob without a new vector.
-        coef = conflict_coefficient(g, grads, min_norm_sq=self.eps)
-        grads.mul_(-coef).add_(g)
-
-    def memory_loss(self, step: StepContext) -> torch.Tensor:
-        """KL(σ(Z_ens/τ) ‖ σ(f(x_m; θ)/τ)) on a random memory batch (memory=batch) or on the
-        whole memory (memory=all); τ = T or 1 (``memory_temperature``)."""
-        assert self._received is not None and self.public_x is not None  # transform_grad
-        n = self._received.shape[0]
+        assert self.public_x is not None  # client_inputs
+        n = received.shape[0]
         if self.memory == "all":  # the whole memory M at every step
-            logits = step.model.module(self.public_x[:n])
-            teacher = self._received
-        else:
-            idx = memory_batch(step.client, n, step.buffer_batch_size, self.seed, self.device)
-            logits = step.model.module(self.public_x[idx])
-            teacher = self._received[idx]
-        return kl_to_teacher(logits, teacher, self.client_temperature)
+            return step.shared(self.public_x[:n]), step.shared(received)
+        size = min(step.buffer_batch_size, n)
+
+        def draw(client: ClientState) -> torch.Tensor:
+            return memory_batch(client, n, size, self.seed, self.device)
+
+        idx = step.per_client(draw, torch.arange(size, device=received.device))
+        return self.public_x[idx], received[idx]
 
     # -- client → server ----------------------------------------------------------------------
     def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:

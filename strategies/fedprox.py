@@ -13,23 +13,30 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from strategies.base import Component, Option, Role, StrategyEnv, non_negative_float
+from strategies.base import (
+    ClientInputs,
+    Component,
+    Option,
+    Role,
+    StrategyEnv,
+    non_negative_float,
+)
 
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import StepContext
+    from cfl_bench.engine.context import Broadcast
 
 
-def proximal_penalty_(
-    grads: torch.Tensor, params: torch.Tensor, anchor: torch.Tensor, mu: float
-) -> torch.Tensor:
-    """Add μ(θ − θ_g) to ``grads`` in place; return (μ/2)‖θ − θ_g‖² as a 0-d tensor."""
-    import torch
+def proximal_penalty(
+    params: torch.Tensor, grads: torch.Tensor, anchor: torch.Tensor, mu: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(∇ + μ(θ − θ_g), (μ/2)‖θ − θ_g‖²), parameter axis last: θ and ∇ one client's (P,)
+    or a chunk's (C, P), θ_g (P,)."""
+    from strategies.projection import row_dot
 
     diff = params - anchor
-    grads.add_(diff, alpha=mu)
-    return 0.5 * mu * torch.dot(diff, diff)
+    return grads.add(diff, alpha=mu), 0.5 * mu * row_dot(diff, diff)
 
 
 class FedProx(Component):
@@ -44,8 +51,11 @@ class FedProx(Component):
     def setup(self, env: StrategyEnv) -> None:
         self.mu = float(str(self.values["mu"]))
 
-    def penalty(self, step: StepContext) -> torch.Tensor | None:
-        # The broadcast θ_g: the round's starting point.
-        return proximal_penalty_(
-            step.model.grads, step.model.params, step.broadcast.params, self.mu
-        )
+    def round_inputs(self, broadcast: Broadcast) -> ClientInputs:
+        """The broadcast θ_g: the round's starting point."""
+        return {"anchor": broadcast.params}
+
+    def penalty(
+        self, params: torch.Tensor, grads: torch.Tensor, inputs: ClientInputs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return proximal_penalty(params, grads, inputs["anchor"], self.mu)

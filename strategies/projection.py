@@ -15,44 +15,44 @@ if TYPE_CHECKING:
     import torch
 
 
-def conflict_coefficient(
-    g: torch.Tensor, ref: torch.Tensor, ref_sq: torch.Tensor | None = None, min_norm_sq: float = 0.0
-) -> torch.Tensor:
-    """(g·r / r·r) where g conflicts with r (and ‖r‖² > min_norm_sq), else 0 — a 0-d tensor."""
+def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """⟨a, b⟩ over the parameter axis (the last): () for two (P,) vectors, (C,) when either
+    has a leading client axis (the other (P,) shared or (C, P) row by row).
+
+    Why three kernels for one formula: each is the fastest for its shapes (BLAS ``dot`` for
+    one client, one matrix-vector product against a shared vector, a fused multiply-sum
+    row by row), and each executor keeps the arithmetic it always had, so results recorded
+    before the step functions were shared stay bit for bit."""
     import torch
 
-    dot = torch.dot(g, ref)
-    if ref_sq is None:
-        ref_sq = torch.dot(ref, ref)
-    conflict = (dot < 0) & (ref_sq > min_norm_sq)
-    return torch.where(conflict, dot / torch.clamp(ref_sq, min=torch.finfo(g.dtype).tiny), 0.0)
-
-
-def project_conflicting(
-    g: torch.Tensor, ref: torch.Tensor, ref_sq: torch.Tensor | None = None, min_norm_sq: float = 0.0
-) -> torch.Tensor:
-    """g projected onto the half-space {v : v·ref ≥ 0} when it conflicts with ref (new tensor)."""
-    return g - conflict_coefficient(g, ref, ref_sq, min_norm_sq) * ref
-
-
-def project_conflicting_(
-    g: torch.Tensor, ref: torch.Tensor, ref_sq: torch.Tensor | None = None, min_norm_sq: float = 0.0
-) -> None:
-    """In-place variant on the flat gradient: one fused multiply-add, no new vector."""
-    coef = conflict_coefficient(g, ref, ref_sq, min_norm_sq)
-    g.addcmul_(ref, coef, value=-1.0)
+    if a.dim() == 1 and b.dim() == 1:
+        return torch.dot(a, b)
+    if b.dim() == 1:
+        return a @ b
+    if a.dim() == 1:
+        return b @ a
+    return (a * b).sum(dim=-1)
 
 
 def conflict_coefficients(
     g: torch.Tensor, ref: torch.Tensor, ref_sq: torch.Tensor | None = None, min_norm_sq: float = 0.0
 ) -> torch.Tensor:
-    """``conflict_coefficient`` of every row of ``g`` (C, P) against one shared ``ref`` (P,)
-    or against its own row of ``ref`` (C, P): a (C,) tensor (the vectorized executor's
-    clients; a shared reference is one matrix-vector product)."""
+    """``conflict_coefficient`` of ``g`` against ``ref``, parameter axis last: one client
+    ((P,) each: a 0-d tensor) or every row of a chunk's ``g`` (C, P) against one shared
+    ``ref`` (P,) or its own row of ``ref`` (C, P): a (C,) tensor."""
     import torch
 
-    dot = g @ ref if ref.dim() == 1 else (g * ref).sum(dim=1)
+    dot = row_dot(g, ref)
     if ref_sq is None:
-        ref_sq = torch.dot(ref, ref) if ref.dim() == 1 else (ref * ref).sum(dim=1)
+        ref_sq = row_dot(ref, ref)
     conflict = (dot < 0) & (ref_sq > min_norm_sq)
     return torch.where(conflict, dot / torch.clamp(ref_sq, min=torch.finfo(g.dtype).tiny), 0.0)
+
+
+def projected(
+    g: torch.Tensor, ref: torch.Tensor, ref_sq: torch.Tensor | None = None, min_norm_sq: float = 0.0
+) -> torch.Tensor:
+    """g − coef·ref with ``conflict_coefficients`` (parameter axis last; a new tensor):
+    FedGP's step function, for one client or a chunk."""
+    coef = conflict_coefficients(g, ref, ref_sq, min_norm_sq)
+    return g.addcmul(ref, coef[..., None], value=-1.0)

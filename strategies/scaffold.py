@@ -64,13 +64,22 @@ from typing import TYPE_CHECKING, ClassVar, cast
 
 from cfl_bench.engine.payloads import Payload
 from cfl_bench.errors import UserError
-from strategies.base import Component, Option, Role, StrategyEnv, positive_float, text
+from strategies.base import (
+    ClientInputs,
+    Component,
+    Option,
+    Role,
+    StepView,
+    StrategyEnv,
+    positive_float,
+    text,
+)
 from strategies.fednova import momentum_steps
 
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import ClientState, LocalRound, ServerState, StepContext, Upload
+    from cfl_bench.engine.context import ClientState, LocalRound, ServerState, Upload
     from cfl_bench.flat import FlatModel
     from cfl_bench.objective import Objective
 
@@ -154,7 +163,6 @@ class Scaffold(Component):
         self.momentum = float(env.momentum) if self.divisor == "momentum" else 0.0
         self.batch_size = env.batch_size
         self.c: torch.Tensor | None = None
-        self._correction: torch.Tensor | None = None  # c − c_k of the client training now
         self._dc_sum: torch.Tensor | None = None
         self._old: torch.Tensor | None = None
         self._round = -1
@@ -168,23 +176,23 @@ class Scaffold(Component):
         return {C: self.c}
 
     # -- client -------------------------------------------------------------------------------
-    def on_client_start(self, client: ClientState, local: LocalRound) -> None:
-        """c_k starts at zero; option I takes ∇f_k(θ_g) now, while the model holds θ_g."""
+    def client_inputs(self, client: ClientState, local: LocalRound) -> ClientInputs:
+        """The correction c − c_k (c_k starts at zero); option I takes ∇f_k(θ_g) now, while
+        the model holds θ_g, and keeps it in the client's state for ``after_local``."""
         import torch
 
         state = client.state_for(self.name)
         if "c" not in state:
             state["c"] = torch.zeros_like(local.broadcast.params)
         c_k = cast("torch.Tensor", state["c"])
-        self._correction = local.broadcast.payloads[C] - c_k
         state.pop("next", None)
         if self.variate == "I" and client.num_samples > 0:
             state["next"] = local_gradient(local.model, client, self.batch_size, self.objective)
+        return {"correction": local.broadcast.payloads[C] - c_k}
 
-    def transform_grad(self, step: StepContext) -> None:
+    def transform(self, grads: torch.Tensor, inputs: ClientInputs, step: StepView) -> torch.Tensor:
         """g ← g − c_k + c."""
-        assert self._correction is not None, "on_client_start sets the correction"
-        step.model.grads.add_(self._correction)
+        return grads.add(inputs["correction"])
 
     def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:
         """c_k ← c_k⁺ and upload Δc_k = c_k⁺ − c_k."""
@@ -202,7 +210,6 @@ class Scaffold(Component):
         if new is not None:
             state["c"] = new
         upload.extras[DC] = delta
-        self._correction = None
 
     # -- server -------------------------------------------------------------------------------
     def receive_upload(self, upload: Upload, server: ServerState) -> None:

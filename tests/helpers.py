@@ -19,7 +19,7 @@ from cfl_bench.flat import FlatModel
 from cfl_bench.model_catalogue import model_capabilities, models_offering
 from cfl_bench.models import build_model
 from cfl_bench.objective import Classification
-from strategies.base import Component, ModelFacts, StrategyEnv
+from strategies.base import ClientInputs, Component, ModelFacts, StrategyEnv
 from strategies.compose import Strategy, build_strategy
 from streams.partition import Partitioner, ShardPartitioner
 from streams.public_data import public_images
@@ -99,6 +99,13 @@ def local_round(
 ) -> LocalRound:
     """A client's side of the round ``srv`` is in, training ``model``."""
     return LocalRound(model, broadcast(srv, payloads))
+
+
+def inputs_for(component: Component, cl: ClientState, local: LocalRound) -> ClientInputs | None:
+    """``component``'s inputs for ``cl``'s round as ``LocalTrainer.start`` joins them: the
+    round's, then the client's own (None: nothing on its steps this round)."""
+    common = component.round_inputs(local.broadcast)
+    return None if common is None else {**common, **component.client_inputs(cl, local)}
 
 
 def step(

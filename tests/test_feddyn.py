@@ -11,8 +11,8 @@ import torch
 from cfl_bench.engine.context import Upload
 from cfl_bench.errors import UserError
 from strategies.compose import build_strategy
-from strategies.feddyn import FedDyn, dynamic_penalty_
-from tests.helpers import client, env, linear_model, local_round, server, step
+from strategies.feddyn import FedDyn, dynamic_penalty
+from tests.helpers import client, env, inputs_for, linear_model, local_round, server
 from tests.test_resume import assert_resumes_after_crash, uninterrupted
 
 
@@ -26,8 +26,7 @@ def test_penalty_value_and_gradient_by_hand() -> None:
     theta = torch.tensor([1.0, 2.0, 3.0])
     anchor = torch.tensor([0.0, 1.0, 1.0])
     h = torch.tensor([0.5, -1.0, 2.0])
-    grads = torch.tensor([1.0, 1.0, 1.0])  # the data gradient already there
-    value = dynamic_penalty_(grads, theta, anchor, h, alpha=0.5)
+    grads, value = dynamic_penalty(theta, torch.ones(3), anchor, h, alpha=0.5)
     # θ − θ_g = [1, 1, 2]; (α/2)‖·‖² = 0.25·6 = 1.5; ⟨h, θ⟩ = 0.5 − 2 + 6 = 4.5
     assert torch.isclose(value, torch.tensor(1.5 - 4.5))
     # + α(θ − θ_g) − h = [0.5, 0.5, 1] − [0.5, −1, 2] = [0, 1.5, −1]
@@ -39,19 +38,19 @@ def test_component_penalty_matches_autograd_and_h_starts_at_zero() -> None:
     cl = client(0, None)
     srv = server(model, [cl])
     dyn = feddyn(alpha=0.3)
-    dyn.on_client_start(cl, local_round(model, srv))
+    inputs = inputs_for(dyn, cl, local_round(model, srv))
+    assert inputs is not None
     h = cast(torch.Tensor, cl.state_for("feddyn")["h"])
-    assert torch.equal(h, torch.zeros(6))
+    assert torch.equal(h, torch.zeros(6)) and inputs["h"] is h
     h.copy_(torch.arange(6.0) - 2)  # as after some rounds
     with torch.no_grad():
         model.params.add_(torch.arange(6.0) / 10)  # local training moved θ away from θ_g
-    model.zero_grad()
-    value = dyn.penalty(step(model, cl, srv, torch.zeros(1, 3), torch.zeros(1, dtype=torch.long)))
+    penalized = dyn.penalty(model.params, torch.zeros(6), inputs)
     theta = model.params.clone().requires_grad_(True)
     expected = -(h * theta).sum() + 0.15 * ((theta - srv.global_params) ** 2).sum()
     expected.backward()
-    assert value is not None and torch.isclose(value, expected.detach())
-    assert theta.grad is not None and torch.allclose(model.grads, theta.grad)
+    assert penalized is not None and torch.isclose(penalized[1], expected.detach())
+    assert theta.grad is not None and torch.allclose(penalized[0], theta.grad)
 
 
 def test_h_k_update_by_hand() -> None:
@@ -79,14 +78,13 @@ def test_converged_local_training_leaves_h_k_at_the_local_gradient() -> None:
     c = torch.tensor([3.0, 2.0, -1.0])
     dyn = feddyn(alpha=0.5)
     local = local_round(model, srv)
-    dyn.on_client_start(cl, local)
     cl.state_for("feddyn")["h"] = torch.tensor([0.2, -0.4, 1.0])
-    st = step(model, cl, srv, torch.zeros(1, 3), torch.zeros(1, dtype=torch.long))
+    inputs = inputs_for(dyn, cl, local)
+    assert inputs is not None
     for _ in range(200):
-        model.zero_grad()
-        model.grads.add_(model.params - c)  # ∇L_k
-        dyn.penalty(st)
-        model.params.sub_(model.grads, alpha=0.5)
+        penalized = dyn.penalty(model.params, model.params - c, inputs)  # ∇L_k + penalty
+        assert penalized is not None
+        model.params.sub_(penalized[0], alpha=0.5)
     # the minimiser (c + h_k + αθ_g)/(1 + α), reached
     expected = (c + torch.tensor([0.2, -0.4, 1.0]) + 0.5 * srv.global_params) / 1.5
     assert torch.allclose(model.params, expected, atol=1e-6)

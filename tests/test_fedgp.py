@@ -11,7 +11,16 @@ from torch.nn import functional as F
 from cfl_bench.engine.context import LocalRound
 from cfl_bench.errors import UserError
 from strategies.fedgp import FedGP
-from tests.helpers import buffer_with, client, env, linear_model, round_server, server, step
+from tests.helpers import (
+    buffer_with,
+    client,
+    env,
+    inputs_for,
+    linear_model,
+    round_server,
+    server,
+    step,
+)
 
 
 def ce_grad_by_hand(W: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -54,20 +63,20 @@ def test_fedgp_projects_local_gradient_only_on_conflict() -> None:
     fedgp = FedGP()
     fedgp.setup(env("rot-mnist", "domain-il", 2, 2))
     st = step(model, cl, srv, torch.zeros(1, 3), torch.zeros(1, dtype=torch.long))
-    model.grads.copy_(torch.tensor([1.0, 0, 0, 0, 0, 0]))
-    fedgp.on_client_start(cl, LocalRound(model, st.broadcast))
-    fedgp.transform_grad(st)  # no g_ref in the broadcast yet → untouched
-    assert torch.equal(model.grads, torch.tensor([1.0, 0, 0, 0, 0, 0]))
+    # No g_ref in the broadcast yet → nothing on the client's steps.
+    assert inputs_for(fedgp, cl, LocalRound(model, st.broadcast)) is None
     # The client projects against the g_ref its broadcast carries (not the server's copy).
     fedgp.gref = torch.tensor([9.0, 9.0, 0, 0, 0, 0])
     gref = torch.tensor([-1.0, 1.0, 0, 0, 0, 0])
     sent = dataclasses.replace(st.broadcast, payloads={"fedgp.gref": gref})
-    fedgp.on_client_start(cl, LocalRound(model, sent))
-    fedgp.transform_grad(st)  # g·r = −1, r·r = 2 → g + 0.5 r
-    assert torch.allclose(model.grads, torch.tensor([0.5, 0.5, 0, 0, 0, 0]))
-    model.grads.copy_(torch.tensor([0.0, 2.0, 0, 0, 0, 0]))
-    fedgp.transform_grad(st)  # no conflict
-    assert torch.equal(model.grads, torch.tensor([0.0, 2.0, 0, 0, 0, 0]))
+    inputs = inputs_for(fedgp, cl, LocalRound(model, sent))
+    assert inputs is not None
+    g = torch.tensor([1.0, 0, 0, 0, 0, 0])
+    projected = fedgp.transform(g, inputs, None)  # type: ignore[arg-type]
+    assert torch.allclose(projected, torch.tensor([0.5, 0.5, 0, 0, 0, 0]))  # g + 0.5 r
+    assert torch.equal(g, torch.tensor([1.0, 0, 0, 0, 0, 0]))  # a new tensor
+    kept = torch.tensor([0.0, 2.0, 0, 0, 0, 0])
+    assert torch.equal(fedgp.transform(kept, inputs, None), kept)  # type: ignore[arg-type]
 
 
 def test_gref_interval_keeps_stale_reference() -> None:

@@ -11,22 +11,34 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from cfl_bench.engine.client_update import OneClientStep
 from cfl_bench.engine.context import ClientState, ServerState, Upload
 from cfl_bench.errors import UserError
 from cfl_bench.flat import FlatModel
 from strategies.compose import Strategy
 from strategies.fedavg import FedAvg
 from strategies.fedproj import FedProj, distill, memory_batch, teacher_log_probs
-from tests.helpers import client, digits_federation, env, linear_model, local_round, server, step
+from tests.helpers import (
+    client,
+    digits_federation,
+    env,
+    inputs_for,
+    linear_model,
+    local_round,
+    server,
+)
 from tests.synthetic_data import write_tiny_mnist
 
 T = 3.0
 
 
-def start(fp: FedProj, cl: ClientState, model: FlatModel) -> None:
-    """The client receives the round's broadcast (Z_ens, once there is one)."""
+def project(fp: FedProj, cl: ClientState, model: FlatModel, batch: int = 32) -> None:
+    """The client receives the round's broadcast (Z_ens, once there is one) and projects
+    the gradient in ``model.grads`` as the sequential executor does (``OneClientStep``)."""
     srv = server(model, [cl])
-    fp.on_client_start(cl, local_round(model, srv, fp.broadcast(srv)))
+    inputs = inputs_for(fp, cl, local_round(model, srv, fp.broadcast(srv)))
+    if inputs is not None:
+        model.grads.copy_(fp.transform(model.grads, inputs, OneClientStep(model, cl, batch)))
 
 
 def send(fp: FedProj, cl: ClientState, upload: Upload, srv: ServerState) -> None:
@@ -83,13 +95,11 @@ def test_projection_removes_conflict_with_memory_gradient() -> None:
     y = torch.tensor([0, 1, 1, 0, 1, 0])
     fp, model, x, y, z = projection_setup(1 - y)  # teacher says the opposite of the labels
     cl = client(0, None)
-    st = step(model, cl, server(model, [cl]), x, y, buffer_batch_size=32)  # batch = whole memory
     g_glob = memory_grad_by_hand(model.params.view(2, 3), x, z, T)
     g = ce_grad(model, x, y)
     dot = torch.dot(g, g_glob)
     assert dot < 0, "the test data gradient must conflict with g_glob"
-    start(fp, cl, model)
-    fp.transform_grad(st)
+    project(fp, cl, model)
     expected = g - dot / torch.dot(g_glob, g_glob) * g_glob
     assert torch.allclose(model.grads, expected, atol=1e-6)
     assert torch.dot(model.grads, g_glob) >= -1e-6
@@ -101,11 +111,9 @@ def test_projection_leaves_gradient_alone_without_conflict() -> None:
     y = torch.tensor([0, 1, 1, 0, 1, 0])
     fp, model, x, y, z = projection_setup(y)  # teacher agrees with the labels
     cl = client(0, None)
-    st = step(model, cl, server(model, [cl]), x, y, buffer_batch_size=32)
     g = ce_grad(model, x, y)
     assert torch.dot(g, memory_grad_by_hand(model.params.view(2, 3), x, z, T)) > 0
-    start(fp, cl, model)
-    fp.transform_grad(st)
+    project(fp, cl, model)
     assert torch.equal(model.grads, g)
 
 
@@ -113,10 +121,8 @@ def test_no_projection_when_memory_gradient_is_below_eps() -> None:
     y = torch.tensor([0, 1, 1, 0, 1, 0])
     fp, model, x, y, _ = projection_setup(1 - y, eps=1e6)  # ‖g_glob‖² ≤ eps
     cl = client(0, None)
-    st = step(model, cl, server(model, [cl]), x, y, buffer_batch_size=32)
     g = ce_grad(model, x, y)
-    start(fp, cl, model)
-    fp.transform_grad(st)
+    project(fp, cl, model)
     assert torch.equal(model.grads, g)
 
 
@@ -125,10 +131,8 @@ def test_no_projection_before_the_first_ensemble() -> None:
     x, y = torch.randn(6, 3, generator=torch.Generator().manual_seed(3)), torch.ones(6).long()
     fp = holdout_fedproj(x)
     cl = client(0, None)
-    st = step(model, cl, server(model, [cl]), x, y)
     g = ce_grad(model, x, y)
-    start(fp, cl, model)
-    fp.transform_grad(st)
+    project(fp, cl, model)
     assert torch.equal(model.grads, g)
     assert fp.broadcast(server(model, [cl])) == {}
 
@@ -334,11 +338,10 @@ def test_holdout_memory_grows_per_task_and_z_ens_covers_only_its_prefix() -> Non
     fp.on_task_start(srv, 1, second)
     assert fp.public_x is not None and torch.equal(fp.public_x, torch.cat([first, second]))
     # the memory batch draws only among the examples Z_ens covers (the first 4)
-    st = step(model, cl, srv, first, torch.zeros(4, dtype=torch.long), buffer_batch_size=32)
-    start(fp, cl, model)
-    fp.transform_grad(st)
-    assert fp._received is not None and fp._received.shape[0] == 4
-    drawn = memory_batch(cl, fp._received.shape[0], 32, fp.seed, fp.device)
+    project(fp, cl, model)
+    inputs = inputs_for(fp, cl, local_round(model, srv, fp.broadcast(srv)))
+    assert inputs is not None and inputs["received"].shape[0] == 4
+    drawn = memory_batch(cl, inputs["received"].shape[0], 32, fp.seed, fp.device)
     assert drawn.sort().values.tolist() == [0, 1, 2, 3]
     upload = Upload(0, model.params, model.buffers, 1)
     send(fp, cl, upload, srv)

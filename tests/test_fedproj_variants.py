@@ -11,13 +11,22 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from cfl_bench.engine.client_update import OneClientStep
 from cfl_bench.engine.context import ServerState, Upload
 from cfl_bench.errors import UserError
 from cfl_bench.flat import FlatModel
 from strategies.compose import Strategy
 from strategies.fedavg import FedAvg
 from strategies.fedproj import FedProj
-from tests.helpers import client, digits_federation, env, linear_model, local_round, server, step
+from tests.helpers import (
+    client,
+    digits_federation,
+    env,
+    inputs_for,
+    linear_model,
+    local_round,
+    server,
+)
 from tests.synthetic_data import write_tiny_cifar100
 
 
@@ -34,11 +43,9 @@ def memory_grad(fp: FedProj, model: FlatModel, z: torch.Tensor, batch: int = 32)
     fp.remember(z)
     cl = client(0, None)
     srv = server(model, [cl])
-    fp.on_client_start(cl, local_round(model, srv, fp.broadcast(srv)))
-    st = step(model, cl, srv, torch.zeros(1, 3), torch.zeros(1).long(), buffer_batch_size=batch)
-    model.zero_grad()
-    fp.memory_loss(st).backward()
-    return model.grads.clone()
+    inputs = inputs_for(fp, cl, local_round(model, srv, fp.broadcast(srv)))
+    assert inputs is not None
+    return fp.memory_gradient(inputs["received"], OneClientStep(model, cl, batch))
 
 
 # -- memory_temperature ---------------------------------------------------------------------------

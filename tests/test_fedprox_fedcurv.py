@@ -6,18 +6,24 @@ import torch
 from torch.nn import functional as F
 
 from cfl_bench.engine.context import ClientState, ServerState, Upload
-from strategies.fedcurv import FedCurv, curvature_penalty_, diagonal_fisher
-from strategies.fedprox import FedProx, proximal_penalty_
-from tests.helpers import client, env, linear_model, local_round, server, step
+from strategies.fedcurv import FedCurv, curvature_penalty, diagonal_fisher
+from strategies.fedprox import FedProx, proximal_penalty
+from tests.helpers import client, env, inputs_for, linear_model, local_round, server
 
 
 def test_fedprox_gradient_is_mu_times_distance_to_round_start_model() -> None:
     theta = torch.tensor([1.0, 2.0, 3.0])
     anchor = torch.tensor([0.0, 1.0, 1.0])
     grads = torch.tensor([10.0, 0.0, 0.0])  # the data gradient already there
-    value = proximal_penalty_(grads, theta, anchor, mu=0.5)
-    assert torch.allclose(grads, torch.tensor([10.5, 0.5, 1.0]))
+    penalized, value = proximal_penalty(theta, grads, anchor, mu=0.5)
+    assert torch.allclose(penalized, torch.tensor([10.5, 0.5, 1.0]))
     assert torch.isclose(value, torch.tensor(0.25 * (1 + 1 + 4)))
+    assert torch.equal(grads, torch.tensor([10.0, 0.0, 0.0]))  # a new tensor: g untouched
+    # Two clients at once (parameter axis last): the second at θ_g has no penalty.
+    rows = torch.stack([theta, anchor])
+    chunk, values = proximal_penalty(rows, torch.stack([grads, grads]), anchor, mu=0.5)
+    assert torch.allclose(chunk, torch.stack([penalized, grads]))
+    assert torch.allclose(values, torch.tensor([1.5, 0.0]))
 
 
 def test_fedprox_component_matches_autograd_of_the_penalty() -> None:
@@ -28,21 +34,21 @@ def test_fedprox_component_matches_autograd_of_the_penalty() -> None:
         model.params.add_(torch.arange(6.0) / 10)  # local training moved θ away from θ_g
     prox = FedProx({"mu": 2.0})
     prox.setup(env())
-    model.zero_grad()
-    value = prox.penalty(step(model, cl, srv, torch.zeros(1, 3), torch.zeros(1, dtype=torch.long)))
+    inputs = inputs_for(prox, cl, local_round(model, srv))
+    assert inputs is not None
+    penalized = prox.penalty(model.params, torch.zeros(6), inputs)
     theta = model.params.clone().requires_grad_(True)
     expected = 0.5 * 2.0 * ((theta - srv.global_params) ** 2).sum()
     expected.backward()
-    assert value is not None and torch.isclose(value, expected.detach())
-    assert theta.grad is not None and torch.allclose(model.grads, theta.grad)
+    assert penalized is not None and torch.isclose(penalized[1], expected.detach())
+    assert theta.grad is not None and torch.allclose(penalized[0], theta.grad)
     assert FedProx().values["mu"] == 0.01  # spec default
 
 
 def test_curvature_penalty_value_and_gradient_by_hand() -> None:
     theta = torch.tensor([1.0, 2.0])
-    grads = torch.zeros(2)
-    value = curvature_penalty_(
-        grads, theta, torch.tensor([3.0, 1.0]), torch.tensor([1.0, 0.0]), 0.5
+    grads, value = curvature_penalty(
+        theta, torch.zeros(2), torch.tensor([3.0, 1.0]), torch.tensor([1.0, 0.0]), 0.5
     )
     # 0.5 * (1*3 + 4*1 - 2*(1*1 + 2*0)) = 2.5 ; grad = 2*0.5*(θ⊙U' − V') = [2, 2]
     assert torch.isclose(value, torch.tensor(2.5))
@@ -78,27 +84,25 @@ def test_fedcurv_removes_own_terms_and_anchors_to_the_other_client() -> None:
     assert torch.equal(payload["fedcurv.U"], torch.tensor([1.0, 2.0]))
     assert torch.equal(payload["fedcurv.V"], torch.tensor([2.0, 2.0]))
     model = srv.model
-    curv.on_client_start(clients[0], local_round(model, srv, payload))
-    with torch.no_grad():
-        model.params.copy_(torch.tensor([5.0, 4.0]))
-    model.zero_grad()
-    st = step(model, clients[0], srv, torch.zeros(1, 1), torch.zeros(1, dtype=torch.long))
-    value = curv.penalty(st)
+    inputs = inputs_for(curv, clients[0], local_round(model, srv, payload))
+    assert inputs is not None
+    theta = torch.tensor([5.0, 4.0])
+    penalized = curv.penalty(theta, torch.zeros(2), inputs)
     # client 0: U − u_0 = [0, 2], V − v_0 = [0, 2] → λ(2·16 − 2·2·4) = 16, ∇ = 2[(0, 8) − (0, 2)]
-    assert value is not None and torch.isclose(value, torch.tensor(16.0))
-    assert torch.allclose(model.grads, torch.tensor([0.0, 12.0]))
+    assert penalized is not None and torch.isclose(penalized[1], torch.tensor(16.0))
+    assert torch.allclose(penalized[0], torch.tensor([0.0, 12.0]))
     # no aliasing: the shared sums are untouched by client 0's subtraction
     assert torch.equal(curv.broadcast(srv)["fedcurv.U"], torch.tensor([1.0, 2.0]))
     # client 2 did not contribute last round (its u_2 is from round 0, not in U): it is
     # penalised by the full sums
     clients[2].state_for("fedcurv").update(u=torch.ones(2), v=torch.ones(2), round=0)
-    curv.on_client_start(clients[2], local_round(model, srv, payload))
-    model.zero_grad()
-    value = curv.penalty(st)
+    others = inputs_for(curv, clients[2], local_round(model, srv, payload))
+    assert others is not None
+    penalized = curv.penalty(theta, torch.zeros(2), others)
     expected = (torch.tensor([25.0, 16.0]) * torch.tensor([1.0, 2.0])).sum() - 2 * (
         torch.tensor([5.0, 4.0]) * torch.tensor([2.0, 2.0])
     ).sum()
-    assert value is not None and torch.isclose(value, expected)
+    assert penalized is not None and torch.isclose(penalized[1], expected)
 
 
 def test_fedcurv_is_silent_before_the_first_sums_and_after_an_empty_round() -> None:
@@ -108,9 +112,7 @@ def test_fedcurv_is_silent_before_the_first_sums_and_after_an_empty_round() -> N
     curv = FedCurv()
     curv.setup(env())
     assert curv.broadcast(srv) == {}
-    curv.on_client_start(cl, local_round(model, srv))
-    st = step(model, cl, srv, torch.zeros(1, 3), torch.zeros(1, dtype=torch.long))
-    assert curv.penalty(st) is None
+    assert inputs_for(curv, cl, local_round(model, srv)) is None  # no penalty this round
     curv.after_aggregate(srv)  # a round with no uploads leaves no sums
     assert curv.broadcast(srv) == {}
 

@@ -15,7 +15,7 @@ from cfl_bench.engine.context import LocalRound, Upload
 from cfl_bench.errors import UserError
 from strategies.compose import build_strategy
 from strategies.scaffold import DC, C, Scaffold, local_gradient
-from tests.helpers import broadcast, client, env, linear_model, server, step
+from tests.helpers import broadcast, client, env, inputs_for, linear_model, server
 from tests.test_resume import assert_resumes_after_crash, uninterrupted
 from tests.test_zoo_cli import CLIENTS, MODEL, per_round, run
 
@@ -36,13 +36,15 @@ def test_transform_subtracts_c_k_and_adds_c() -> None:
     sc = scaffold()
     sc.c = torch.tensor([0.5, -1.0, 0.0])
     cl.state_for("scaffold")["c"] = torch.tensor([1.0, 2.0, -3.0])
-    sc.on_client_start(cl, LocalRound(model, broadcast(srv, sc.broadcast(srv)), lr=0.1))
-    st = step(model, cl, srv, torch.zeros(1, 3), torch.zeros(1, dtype=torch.long))
-    model.zero_grad()
-    model.grads.copy_(torch.tensor([1.0, 1.0, 1.0]))
-    sc.transform_grad(st)
+    inputs = inputs_for(sc, cl, LocalRound(model, broadcast(srv, sc.broadcast(srv)), lr=0.1))
+    assert inputs is not None
+    g = sc.transform(torch.tensor([1.0, 1.0, 1.0]), inputs, None)  # type: ignore[arg-type]
     # g − c_k + c = [1 − 1 + 0.5, 1 − 2 − 1, 1 + 3 + 0] = [0.5, −2, 4]
-    assert torch.equal(model.grads, torch.tensor([0.5, -2.0, 4.0]))
+    assert torch.equal(g, torch.tensor([0.5, -2.0, 4.0]))
+    # A chunk of two clients: the same function on (C, P) rows, c − c_k stacked per client.
+    rows = torch.stack([inputs["correction"], torch.zeros(3)])
+    chunk = sc.transform(torch.ones(2, 3), {"correction": rows}, None)  # type: ignore[arg-type]
+    assert torch.equal(chunk, torch.tensor([[0.5, -2.0, 4.0], [1.0, 1.0, 1.0]]))
 
 
 def _train_by_hand(sc: Scaffold, lr: float, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,13 +60,13 @@ def _train_by_hand(sc: Scaffold, lr: float, steps: int) -> tuple[torch.Tensor, t
     sc.c = torch.tensor([0.5, -1.0])
     cl.state_for("scaffold")["c"] = torch.tensor([1.0, 2.0])
     local = LocalRound(model, broadcast(srv, sc.broadcast(srv)), lr=lr)
-    sc.on_client_start(cl, local)
-    st = step(model, cl, srv, torch.zeros(1, 2), torch.zeros(1, dtype=torch.long))
+    inputs = inputs_for(sc, cl, local)
+    assert inputs is not None
     target = torch.tensor([1.0, 2.0])
     for _ in range(steps):
         model.zero_grad()
         model.grads.add_(model.params.detach() - target)
-        sc.transform_grad(st)
+        model.grads.copy_(sc.transform(model.grads, inputs, None))  # type: ignore[arg-type]
         with torch.no_grad():
             model.params.sub_(model.grads, alpha=lr)
     upload = Upload(0, model.params, model.buffers, 1)
@@ -109,7 +111,7 @@ def test_option_i_takes_the_full_data_gradient_at_the_broadcast_model() -> None:
     old = torch.arange(6.0)
     cl.state_for("scaffold")["c"] = old.clone()
     local = LocalRound(model, broadcast(srv, sc.broadcast(srv)), lr=0.1)
-    sc.on_client_start(cl, local)
+    inputs_for(sc, cl, local)
     with torch.no_grad():
         model.params.add_(1.0)  # local training moves θ; option I ignores it
     upload = Upload(0, model.params, model.buffers, 5)

@@ -12,16 +12,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cfl_bench.engine import vectorized, vectorized_fl
+import strategies.projection
+from cfl_bench.engine import vectorized
 from cfl_bench.engine.executor import SequentialExecutor
 from cfl_bench.engine.loop import Federation
 from cfl_bench.engine.vectorized import check_strategy
-from cfl_bench.engine.vectorized_fl import BATCHED, DynHooks, GPHooks, MoonHooks, NTDHooks
+from cfl_bench.engine.vectorized_fl import BATCHED_LOSS_TERMS, MoonHooks, NTDHooks
 from cfl_bench.errors import UserError
+from strategies import compose, fedproj
+from strategies.base import ClientInputs, Component, Learner, Option, Role, non_negative_float
 from strategies.compose import build_strategy
-from strategies.fedgp import FedGP
-from strategies.fedntd import not_true_distillation
-from strategies.projection import conflict_coefficients
+from strategies.fedntd import FedNTD, not_true_distillation
+from strategies.projection import conflict_coefficients, row_dot
 from tests.helpers import client, env
 from tests.test_vectorized import Skewed, assert_same, both, one_thread  # noqa: F401 - the fixture
 from tests.test_vectorized_replay import REPLAY, assert_same_buffers, run_both
@@ -51,12 +53,15 @@ def assert_same_client_state(seq: Federation, vec: Federation, component: str) -
 def test_der_fedgp_equals_and_projects(monkeypatch: pytest.MonkeyPatch) -> None:
     # The FedGP protocol: g_ref from each client's buffer after every round, projection at
     # every step of rounds 2 to 4. Count the conflicting rows the batched projection met.
-    conflicts = count_conflicts(monkeypatch, vectorized_fl)
+    conflicts = count_conflicts(monkeypatch, strategies.projection)
     answered = spy_sequential_answers(monkeypatch)
     seq, vec = run_both("der+fedgp")
     assert_same_buffers(seq, vec)
     assert_same_gref(seq, vec)
-    assert sum(conflicts) > 0 and len(conflicts) > 10  # projections happened, batched
+    # FedGP's own step function projected, one client at a time and a chunk at a time.
+    chunked = [count for count, rows in conflicts if rows == 4]
+    assert sum(chunked) > 0 and len(chunked) > 10
+    assert any(rows == 1 and count for count, rows in conflicts)
     # g_ref after each of the 4 rounds, batched by the vectorized executor's own answer.
     assert answered == [seq.executor] * 4
 
@@ -132,9 +137,10 @@ def test_fedproj_client_projection_equals(monkeypatch: pytest.MonkeyPatch) -> No
     # with memory=all on torch 2.14.1 (AVX2) and under 1e-5 on an older build; eps = 1e-6
     # keeps those references out and leaves every well-conditioned projection in
     # (measured: 2.3e-7; 17 of the 129 client steps had a reference under eps).
-    conflicts = count_conflicts(monkeypatch, vectorized_fl)
+    conflicts = count_conflicts(monkeypatch, fedproj)
     seq, vec = run_both("fedavg+fedproj:distill_lr=1e-12,eps=1e-6")
-    assert sum(conflicts) > 0 and len(conflicts) > 10
+    chunked = [count for count, rows in conflicts if rows == 4]
+    assert sum(chunked) > 0 and len(chunked) > 10
     for c, d in zip(seq.clients, vec.clients, strict=True):
         one, two = c.state_for("fedproj")["generator"], d.state_for("fedproj")["generator"]
         assert isinstance(one, torch.Generator) and isinstance(two, torch.Generator)
@@ -142,16 +148,53 @@ def test_fedproj_client_projection_equals(monkeypatch: pytest.MonkeyPatch) -> No
     run_both("der+fedproj:memory=all,distill_lr=1e-12,eps=1e-6", augment=True)
 
 
-def test_a_subclass_of_a_supported_component_is_refused() -> None:
-    # Support is per exact class: a subclass may override a hook the batched form ignores.
-    class Variant(FedGP):
+def test_a_subclass_of_a_batched_loss_term_is_refused() -> None:
+    # The batched loss terms are per exact class: a subclass may override a hook their
+    # batched form ignores.
+    class Variant(FedNTD):
         pass
 
-    strategy = build_strategy("fedavg+fedgp")
+    strategy = build_strategy("fedavg+fedntd")
     strategy.components[0].__class__ = Variant
-    hooks = "on_client_start, transform_grad"
-    with pytest.raises(UserError, match=f"not 'fedgp' \\(its client-side {hooks}"):
+    hooks = "on_client_start, loss_term"
+    with pytest.raises(UserError, match=f"not 'fedntd' \\(its client-side {hooks}"):
         check_strategy(strategy)
+
+
+class PullToLastLocal(Component):
+    """A method that exists only in this test, written as any new method is: its step
+    function (a penalty) and its per-round inputs, no executor code. (μ/2)‖θ − a_k‖², a_k
+    the client's own last local model (θ_g before its first round)."""
+
+    name = "pull-test"
+    roles = frozenset({Role.LOSS_TERM})
+    options = (Option("mu", 0.5, "weight μ", non_negative_float),)
+
+    def setup(self, env: object) -> None:
+        self.mu = float(str(self.values["mu"]))
+
+    def client_inputs(self, client: object, local: object) -> ClientInputs:
+        state = client.state_for(self.name)  # type: ignore[attr-defined]
+        return {"target": state.get("last", local.broadcast.params)}  # type: ignore[attr-defined]
+
+    def penalty(
+        self, params: torch.Tensor, grads: torch.Tensor, inputs: ClientInputs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        diff = params - inputs["target"]
+        return grads.add(diff, alpha=self.mu), 0.5 * self.mu * row_dot(diff, diff)
+
+    def after_local(self, client: object, upload: object, local: object) -> None:
+        state = client.state_for(self.name)  # type: ignore[attr-defined]
+        state["last"] = local.model.params.detach().clone()  # type: ignore[attr-defined]
+
+
+def test_a_new_method_runs_vectorized_by_construction(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One module-level class and a registry entry: both executors run its penalty, the
+    # first round with one shared target, later rounds with a stacked target per client.
+    classes = {**compose.component_classes(), PullToLastLocal.name: PullToLastLocal}
+    monkeypatch.setattr(compose, "component_classes", lambda: classes)
+    seq, vec = run_both("der+pull-test:mu=0.3+fedgp")
+    assert_same_client_state(seq, vec, "pull-test")
 
 
 def test_the_ideal_learner_is_refused() -> None:
@@ -160,22 +203,21 @@ def test_the_ideal_learner_is_refused() -> None:
     assert str(caught.value).endswith("use --executor sequential.")
 
 
-def test_supported_components_pass_the_check() -> None:
-    names = ["fedcurv", "feddyn", "fedgp", "fednova", "fedntd", "fedproj", "fedprox", "moon"]
-    names.append("scaffold")
-    for name in names:
-        check_strategy(build_strategy(f"der+{name}"))
-    assert sorted(cls.name for cls in BATCHED) == names
+def test_every_component_passes_the_check() -> None:
+    for name, cls in compose.component_classes().items():
+        if not issubclass(cls, Learner):
+            check_strategy(build_strategy(f"der+{name}"))
+    assert sorted(cls.name for cls in BATCHED_LOSS_TERMS) == ["fedntd", "moon"]
 
 
-def count_conflicts(monkeypatch: pytest.MonkeyPatch, module: object) -> list[int]:
+def count_conflicts(monkeypatch: pytest.MonkeyPatch, module: object) -> list[tuple[int, int]]:
     """Record, at every call of ``module``'s ``conflict_coefficients``, how many rows
-    conflicted (a non-zero coefficient)."""
-    conflicts: list[int] = []
+    conflicted (a non-zero coefficient) and how many rows it had (1: one client)."""
+    conflicts: list[tuple[int, int]] = []
 
     def counting(*args: torch.Tensor, **kw: float) -> torch.Tensor:
         coef = conflict_coefficients(*args, **kw)
-        conflicts.append(int((coef != 0).sum()))
+        conflicts.append((int((coef != 0).sum()), coef.numel()))
         return coef
 
     monkeypatch.setattr(module, "conflict_coefficients", counting)
@@ -188,7 +230,7 @@ def test_agem_equals_and_projects(monkeypatch: pytest.MonkeyPatch) -> None:
     conflicts = count_conflicts(monkeypatch, vectorized)
     seq, vec = run_both("agem", augment=True, momentum=0.5)
     assert_same_buffers(seq, vec)
-    assert sum(conflicts) > 0 and len(conflicts) > 10
+    assert sum(c for c, _ in conflicts) > 0 and len(conflicts) > 10
 
 
 def test_agem_task_end_fill_and_a_composition_chunked_equal() -> None:
@@ -261,35 +303,42 @@ def test_conflict_coefficients_by_hand() -> None:
     assert conflict_coefficients(g, refs).tolist() == [0.0, -3.0, 0.0]
 
 
-def test_batched_fedgp_projection_by_hand() -> None:
+def test_fedgp_step_function_on_a_chunk_by_hand() -> None:
     # g_ref = (0, 2), ‖g_ref‖² = 4. Row (1, −1): g·r = −2, coef −0.5, g − coef·r = (1, 0);
-    # row (1, 1): g·r = 2, kept.
+    # row (1, 1): g·r = 2, kept. The same function projects one client's (P,) gradient.
     fedgp = build_strategy("fedavg+fedgp").components[0]
     fedgp.setup(env())
     broadcast = SimpleNamespace(payloads={"fedgp.gref": torch.tensor([0.0, 2.0])})
-    local = SimpleNamespace(broadcast=broadcast)
-    fedgp.on_client_start(client(0, None), local)  # type: ignore[arg-type]
-    hooks = GPHooks(fedgp)
-    hooks.capture(client(0, None), local)  # type: ignore[arg-type]
+    inputs = fedgp.round_inputs(broadcast)  # type: ignore[arg-type]
+    assert inputs is not None
     grads = torch.tensor([[1.0, -1.0], [1.0, 1.0]])
-    projected = hooks.transform(grads, None)  # type: ignore[arg-type]
-    assert projected.tolist() == [[1.0, 0.0], [1.0, 1.0]]
+    assert fedgp.transform(grads, inputs, None).tolist() == [[1.0, 0.0], [1.0, 1.0]]  # type: ignore[arg-type]
+    assert fedgp.transform(grads[0], inputs, None).tolist() == [1.0, 0.0]  # type: ignore[arg-type]
+    assert fedgp.round_inputs(SimpleNamespace(payloads={})) is None  # type: ignore[arg-type]
 
 
-def test_batched_feddyn_penalty_by_hand() -> None:
+def test_feddyn_step_function_on_a_chunk_by_hand() -> None:
     # α = 0.5, θ_g = (1, 1). Client 0: θ = (3, 1), h = (1, 0): ∇ += 0.5·(2, 0) − (1, 0) =
     # (0, 0), loss += 0.25·4 − 3 = −2. Client 1: θ = (1, 1), h = (0, 2): ∇ += (0, −2),
-    # loss += 0 − 2 = −2.
+    # loss += 0 − 2 = −2. The chunk's h is the clients' h_k stacked (``chunk_inputs``).
+    from cfl_bench.engine.vectorized_fl import chunk_inputs
+
     feddyn = build_strategy("fedavg+feddyn:alpha=0.5").components[0]
     feddyn.setup(env())
-    hooks = DynHooks(feddyn)
     anchor = torch.ones(2)
+    shared = feddyn.round_inputs(SimpleNamespace(params=anchor))  # type: ignore[arg-type]
+    assert shared is not None
+    rows = []
     for h in ([1.0, 0.0], [0.0, 2.0]):
         one = client(0, None)
         one.state_for("feddyn")["h"] = torch.tensor(h)
         local = SimpleNamespace(broadcast=SimpleNamespace(params=anchor))
-        hooks.capture(one, local)  # type: ignore[arg-type]
+        rows.append(feddyn.client_inputs(one, local))  # type: ignore[arg-type]
+    inputs = chunk_inputs(shared, rows)
+    assert inputs["anchor"] is anchor and inputs["h"].shape == (2, 2)
     params = torch.tensor([[3.0, 1.0], [1.0, 1.0]])
-    grads, losses = hooks.penalty(params, torch.zeros(2, 2), torch.zeros(2))
+    penalized = feddyn.penalty(params, torch.zeros(2, 2), inputs)
+    assert penalized is not None
+    grads, losses = penalized
     assert grads.tolist() == [[0.0, 0.0], [0.0, -2.0]]
     assert losses.tolist() == [-2.0, -2.0]

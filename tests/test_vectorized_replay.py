@@ -164,9 +164,14 @@ def test_draw_replay_takes_the_sequential_samples_and_pads() -> None:
     assert draw_replay([client(1, empty)], plan, 3, None) is None  # nobody replays: no batch
 
 
-def test_fedprox_and_server_components_are_recognised_by_their_hooks() -> None:
-    strategy = build_strategy("er+fedprox+fedavgm")
-    strategy.setup(env())
+def test_model_bound_hooks_are_recognised() -> None:
+    # FedProx's penalty is a step function (every executor runs it); FedAvgM acts on the
+    # server only; MOON forwards frozen models in its loss term (a batched form of its own).
+    strategy = build_strategy("er+fedprox+fedavgm+moon")
     hooks = {c.name: client_hooks(c) for c in strategy.components}
-    assert hooks == {"fedprox": ["penalty"], "fedavgm": []}
+    assert hooks == {
+        "fedprox": [],
+        "fedavgm": [],
+        "moon": ["on_client_start", "loss_term", "wants_representation"],
+    }
     check_strategy(strategy)

@@ -32,7 +32,7 @@ from cfl_bench.engine.optim import LocalOptimizer
 from cfl_bench.flat import FlatModel
 from cfl_bench.objective import Objective
 from cfl_bench.seeding import seed_torch_default
-from strategies.base import Component
+from strategies.base import ClientInputs, Component
 from strategies.compose import Strategy
 
 
@@ -86,6 +86,40 @@ class ClientResult:
 Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 
 
+@dataclass(frozen=True)
+class OneClientStep:
+    """The ``strategies.base.StepView`` of one client's local step: its θ (P,), its own
+    draws, and gradients taken with autograd on the working model (which is in the step's
+    mode, so dropout draws as in the step)."""
+
+    model: FlatModel
+    client: ClientState
+    buffer_batch_size: int
+
+    @property
+    def params(self) -> torch.Tensor:
+        return self.model.params
+
+    def per_client(
+        self, draw: Callable[[ClientState], torch.Tensor], idle: torch.Tensor
+    ) -> torch.Tensor:
+        return draw(self.client)
+
+    def shared(self, value: torch.Tensor) -> torch.Tensor:
+        return value
+
+    def gradient(
+        self, loss: Callable[..., torch.Tensor], x: torch.Tensor, *inputs: torch.Tensor
+    ) -> torch.Tensor:
+        """∇θ loss(f(x; θ), *inputs) as a new flat vector; the flat gradient the step is
+        building is left as it is (``torch.autograd.grad``, not ``backward``)."""
+        module = self.model.module
+        parameters = [p for p in module.parameters() if p.requires_grad]
+        value = loss(module(x), *inputs)
+        grads = torch.autograd.grad(value, parameters, materialize_grads=True)
+        return torch.cat([g.reshape(-1) for g in grads])
+
+
 @dataclass
 class LocalTrainer:
     """The pieces a client update runs with: the working model and its optimiser, the
@@ -123,7 +157,7 @@ class LocalTrainer:
         """The whole client update: start, local steps (timed), probes, upload."""
         local = self.start(job)
         started = time.perf_counter()
-        loss_sum, steps = self.local_steps(job.client, job.broadcast)
+        loss_sum, steps = self.local_steps(job.client, local)
         local = dataclasses.replace(local, steps=steps)
         if self.model.params.device.type == "cuda":
             torch.cuda.synchronize(self.model.params.device)  # once per client: honest timing
@@ -135,14 +169,28 @@ class LocalTrainer:
             result.class_accuracy, result.weight_divergence = self.diagnose(job)
         return result
 
-    def start(self, job: ClientJob) -> LocalRound:
-        """Load θ_g into the working model and run the components' client-start hooks."""
+    def round_inputs(self, broadcast: Broadcast) -> dict[str, ClientInputs | None]:
+        """Every component's ``round_inputs`` of ``broadcast``, by component name."""
+        return {c.name: c.round_inputs(broadcast) for c in self.strategy.all}
+
+    def start(
+        self, job: ClientJob, shared: dict[str, ClientInputs | None] | None = None
+    ) -> LocalRound:
+        """Load θ_g into the working model; each component's inputs for this client's
+        round (``shared``: the round's, computed once for a chunk of clients; None: computed
+        here) joined with its ``client_inputs``, and its client-start hook, in strategy
+        order."""
         broadcast = job.broadcast
         seed_torch_default(self.steps.seed, "dropout", broadcast.round_index, job.client.index)
         self.model.load(broadcast.params, broadcast.buffers)
         self.optimizer.lr = self.round_lr(broadcast.round_index)
         local = LocalRound(self.model, broadcast, lr=self.optimizer.lr)
+        shared = self.round_inputs(broadcast) if shared is None else shared
         for component in self.strategy.all:
+            common = shared[component.name]
+            if common is not None:
+                own = component.client_inputs(job.client, local)
+                local.inputs[component.name] = {**common, **own}
             component.on_client_start(job.client, local)
         return local
 
@@ -180,9 +228,10 @@ class LocalTrainer:
         ]
         return torch.stack(scores).mean()
 
-    def local_steps(self, client: ClientState, broadcast: Broadcast) -> tuple[torch.Tensor, int]:
+    def local_steps(self, client: ClientState, local: LocalRound) -> tuple[torch.Tensor, int]:
         """The client's epochs over its data; returns the summed loss and the step count."""
         s = self.steps
+        broadcast = local.broadcast
         self.model.module.train()
         self.optimizer.reset()
         self.optimizer.lr = self.round_lr(broadcast.round_index)
@@ -222,6 +271,7 @@ class LocalTrainer:
                     raw_x=None if augment is None else raw,
                     replay_augment=replay_augment,
                     keep_representation=self.keep_representation,
+                    inputs=local.inputs,
                 )
                 loss_sum += self.step(step)
                 steps += 1
@@ -242,17 +292,41 @@ class LocalTrainer:
                 if extra is not None:
                     loss = loss + extra
         finite = self.backward(loss)
-        for term in self.loss_terms:
-            value = term.penalty(step)
-            if value is not None:
-                loss = loss + value
+        loss = self.penalize(step, loss)
         learner.refine_grad(step)
-        for transform in self.transforms:
-            transform.transform_grad(step)
+        self.transform(step)
         if finite:
             self.optimizer.step()
         learner.observe(step)
         return loss.detach()
+
+    def penalize(self, step: StepContext, loss: torch.Tensor) -> torch.Tensor:
+        """The loss terms' closed-form penalties (``Component.penalty``) in order: their
+        gradients into the flat gradient, their values added to the reported ``loss``."""
+        grads = self.model.grads
+        g = grads
+        for term in self.loss_terms:
+            inputs = step.inputs.get(term.name)
+            penalized = None if inputs is None else term.penalty(self.model.params, g, inputs)
+            if penalized is not None:
+                g, value = penalized
+                loss = loss + value
+        if g is not grads:
+            grads.copy_(g)
+        return loss
+
+    def transform(self, step: StepContext) -> None:
+        """The gradient transforms (``Component.transform``) in ``TRANSFORM_CHAIN`` order,
+        the result written into the flat gradient."""
+        grads = self.model.grads
+        g = grads
+        view = OneClientStep(self.model, step.client, step.buffer_batch_size)
+        for transform in self.transforms:
+            inputs = step.inputs.get(transform.name)
+            if inputs is not None:
+                g = transform.transform(g, inputs, view)
+        if g is not grads:
+            grads.copy_(g)
 
     def backward(self, loss: torch.Tensor) -> bool:
         """The loss's gradient into the flat gradient; under fp16, of the scaled loss, then

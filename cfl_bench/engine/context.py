@@ -153,13 +153,18 @@ class LocalRound:
 
     ``lr`` is the round's local learning rate (after ``--lr-decay``) and ``steps`` the local
     steps taken (0 before training; ``after_local`` sees the count): SCAFFOLD's control
-    variates and FedNova's normalisation are functions of both.
+    variates and FedNova's normalisation are functions of both. ``inputs`` holds what the
+    components' step functions need this round (``Component.client_inputs``): per-client
+    values live here, with the client's round, and never on a component.
     """
 
     model: FlatModel
     broadcast: Broadcast
     lr: float = 0.0
     steps: int = 0
+    # Each component's ``client_inputs`` for this client's round, by component name (absent:
+    # the component does nothing on this client's steps this round).
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -201,6 +206,8 @@ class StepContext:
     # it costs no second forward pass.
     keep_representation: bool = False
     representation: torch.Tensor | None = None
+    # The components' ``client_inputs`` of this client's round (``LocalRound.inputs``).
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def replay_input(self, x: torch.Tensor) -> torch.Tensor:
         """A buffer draw's inputs as the model should see them during local training."""

@@ -23,13 +23,15 @@ executor's client update, not an approximation of it:
   θ ← θ − η·v. Adam (``FlatAdam``): g ← ∇ + λθ; m ← β₁m + (1−β₁)g; s ← β₂s + (1−β₂)g²;
   θ ← θ − η/(1−β₁^t) · m / (√(s/(1−β₂^t)) + ε), with t the client's own step count. State
   starts at zero every round, as ``LocalOptimizer.reset`` does.
-- **Client-side components** (FedProx, FedDyn, FedCurv, SCAFFOLD, FedGP, FedNova, FedNTD,
-  MOON, FedProj;
-  ``engine.vectorized_fl``): each client's ``LocalTrainer.start`` (``on_client_start``)
-  runs before the first lock-step and its ``LocalTrainer.finish`` (``after_local``, with
-  the client's row loaded) after the last, per client as sequentially; the per-step
-  output loss terms (FedNTD, MOON), penalties and gradient transforms are batched over the
-  client axis, in the sequential order (loss terms, penalties, then ``TRANSFORM_CHAIN``).
+- **Client-side components** (``engine.vectorized_fl``): each client's
+  ``LocalTrainer.start`` (its inputs, ``on_client_start``) runs before the first
+  lock-step, the round's inputs computed once for the chunk, and its
+  ``LocalTrainer.finish`` (``after_local``, with the client's row loaded) after the last,
+  per client as sequentially. The step functions are the components' own (``penalty``,
+  ``transform``: parameter axis last), called once on the chunk's rows with the chunk's
+  inputs (``vectorized_fl.chunk_inputs``), in the sequential order (loss terms, penalties,
+  then ``TRANSFORM_CHAIN``); FedNTD's and MOON's output terms join the vmapped loss
+  through their batched forms.
 - **Replay learners** (ER, DER, DER++; ``engine.vectorized_replay``): the clients'
   buffers are rows of one stacked storage (``buffer_stack.ReservoirStack``); the random
   draws (sample permutations, reservoir u's, replay augmentations) are taken client by
@@ -48,17 +50,16 @@ executor's client update, not an approximation of it:
   calls of the vmapped forward: bit-identical masks on CPU; on CUDA equal in
   distribution only (the sequential executor's fused kernel draws differently).
 
-Supported: the learners fedavg, er, der, derpp and agem, with the components of
-``vectorized_fl.BATCHED`` and with any component that overrides no client-side hook
-(``CLIENT_HOOKS``: server optimizers, IFA, FedDF's server distillation act on θ_g only, so
-the executor cannot change them); classification
+Supported: the learners fedavg, er, der, derpp and agem, with any component that
+overrides no hook written against the one working model (``MODEL_HOOKS``) or is one of
+``vectorized_fl.BATCHED_LOSS_TERMS``; classification
 streams; models whose parameters are all they hold (no BatchNorm statistics), with or
 without dropout (not alpha dropout: its noise is affine, not a mask).
 Why the refusals: BatchNorm's running statistics are buffers updated inside the forward,
-which ``vmap`` over a shared module cannot keep per client; the other learners and client-side
-components not in ``vectorized_fl.BATCHED`` (the joint learner's growing history; a
-subclass or a new component until its batched form is written) have per-step hooks
-written against one working model. The client spread (task-end probes)
+which ``vmap`` over a shared module cannot keep per client; the other learners and the
+components overriding a ``MODEL_HOOKS`` hook without a batched form (the joint learner's
+growing history; a subclass of FedNTD or MOON) have per-step hooks written against one
+working model. The client spread (task-end probes)
 and ``--diagnostics`` load each client's final row into the working model and run the
 sequential code, once per client per round.
 ``answer`` batches gradient requests (FedGP's g_ref_k: one vmapped backward at θ_g over
@@ -84,6 +85,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -96,9 +98,10 @@ from cfl_bench.engine.optim import FlatAdam, FlatSGD
 from cfl_bench.engine.payloads import ClientRequest
 from cfl_bench.engine.vectorized_dropout import ChunkDropout
 from cfl_bench.engine.vectorized_fl import (
-    BATCHED,
-    ChunkHooks,
+    BATCHED_LOSS_TERMS,
+    BatchedLossTerm,
     LockStep,
+    chunk_inputs,
 )
 from cfl_bench.engine.vectorized_grad import ClientGradients
 from cfl_bench.engine.vectorized_memory import planner_for
@@ -114,30 +117,25 @@ from cfl_bench.engine.vectorized_requests import BatchedRequests
 from cfl_bench.errors import UserError
 from cfl_bench.host_values import device_tensor
 from cfl_bench.objective import Classification
-from strategies.base import Component
+from strategies.base import ClientInputs, Component
 from strategies.compose import Strategy
 from strategies.projection import conflict_coefficients
 
 # Models built from the catalogue that hold nothing but parameters (no BatchNorm), dropout
 # allowed (``engine.vectorized_dropout``).
 VECTORIZABLE_MODELS = ("fedavg-cnn", "linear", "mlp", "mnist-cnn")
-# Component hooks that run on the client; a component overriding none of them acts on the
-# server only (aggregators, server optimizers, IFA's resets) and is executor-independent.
-CLIENT_HOOKS = (
-    "on_client_start",
-    "loss_term",
-    "penalty",
-    "transform_grad",
-    "after_local",
-    "wants_representation",
-)
+# Client hooks written against the one working model (frozen model copies forwarded in the
+# step): a component overriding one of them runs vectorized only through a batched form of
+# its own (``vectorized_fl.BATCHED_LOSS_TERMS``). The step functions (``penalty``,
+# ``transform``) and the per-round hooks run under every executor as they are.
+MODEL_HOOKS = ("on_client_start", "loss_term", "wants_representation")
 FALLBACK = "use --executor sequential"
 
 
 def client_hooks(component: Component) -> list[str]:
-    """The client-side hooks ``component``'s class overrides."""
+    """The model-bound client hooks ``component``'s class overrides."""
     cls = type(component)
-    return [h for h in CLIENT_HOOKS if getattr(cls, h) is not getattr(Component, h)]
+    return [h for h in MODEL_HOOKS if getattr(cls, h) is not getattr(Component, h)]
 
 
 def check_strategy(strategy: Strategy) -> None:
@@ -151,11 +149,11 @@ def check_strategy(strategy: Strategy) -> None:
         )
     for component in strategy.components:
         hooks = client_hooks(component)
-        if hooks and type(component) not in BATCHED:
-            names = ", ".join(cls.name for cls in BATCHED)
+        if hooks and type(component) not in BATCHED_LOSS_TERMS:
+            names = ", ".join(cls.name for cls in BATCHED_LOSS_TERMS)
             raise UserError(
-                f"the vectorized executor supports the client-side components {names} and "
-                f"server-only components, not '{component.name}' (its client-side "
+                f"the vectorized executor runs every component's step functions, and the "
+                f"model-bound loss terms of {names}, not '{component.name}' (its client-side "
                 f"{', '.join(hooks)} are written for one working model); {FALLBACK}."
             )
 
@@ -358,6 +356,16 @@ def client_result(
     return result
 
 
+@dataclass(frozen=True)
+class ChunkRound:
+    """A chunk's side of the round: each component's inputs for the whole chunk
+    (``vectorized_fl.chunk_inputs``; absent: nothing on its steps this round) and the
+    batched output loss terms active this round (FedNTD, MOON)."""
+
+    inputs: dict[str, ClientInputs]
+    outputs: list[BatchedLossTerm]
+
+
 class VectorizedExecutor:
     """Clients trained in lock-step, ``clients_per_chunk`` at a time (None: all at once)."""
 
@@ -409,7 +417,7 @@ class VectorizedExecutor:
         device = trainer.model.params.device
         trainer.model.module.train()  # as ``local_steps``: dropout active
         self.dropout = ChunkDropout(self.grads.dropout_layers, trainer.model.params.dtype, device)
-        locals_, hooks = self._start(jobs)
+        locals_, chunk = self._start(jobs)
         trainer.optimizer.lr = lr
         started = time.perf_counter()
         batches = [ClientBatches(j.client, trainer.steps, trainer.augment, device) for j in jobs]
@@ -430,7 +438,7 @@ class VectorizedExecutor:
                 pairs = zip(first_visit, batches, strict=True)
                 offers = [every_step or (first and b.epoch == 0) for first, b in pairs]
                 params, losses = self._lock_step(
-                    params, hooks, optimizer, clients, drawn, offers, s
+                    params, chunk, optimizer, clients, drawn, offers, s
                 )
                 loss_sums += losses
         if self.scaler is not None:
@@ -450,29 +458,41 @@ class VectorizedExecutor:
         if jobs:  # the working model ends where the sequential executor leaves it
             trainer.model.load(params[-1], jobs[-1].broadcast.buffers)
 
-    def _start(self, jobs: Sequence[ClientJob]) -> tuple[list[LocalRound], ChunkHooks]:
-        """Each client's ``LocalTrainer.start`` (θ_g loaded, ``on_client_start`` hooks), in
-        chunk order, each followed by the batched hooks' capture of that client's rows and
-        of its default-generator state (its dropout draws start there).
-        Returns the clients' local rounds and the hooks in the sequential step order."""
+    def _start(self, jobs: Sequence[ClientJob]) -> tuple[list[LocalRound], ChunkRound]:
+        """Each client's ``LocalTrainer.start`` (θ_g loaded, its inputs, its
+        ``on_client_start`` hooks) in chunk order, with the round's inputs computed once,
+        each followed by the batched loss terms' capture of that client's rows and of its
+        default-generator state (its dropout draws start there).
+        Returns the clients' local rounds and the chunk's inputs and output terms."""
         assert self.dropout is not None
-        strategy = self.trainer.strategy
-        batched = {id(c): BATCHED[type(c)](c) for c in strategy.components if type(c) in BATCHED}
+        if len({id(job.broadcast) for job in jobs}) != 1:
+            raise RuntimeError("a chunk of client jobs must share one broadcast")
+        trainer = self.trainer
+        shared = trainer.round_inputs(jobs[0].broadcast)
+        terms = {
+            id(c): BATCHED_LOSS_TERMS[type(c)](c)
+            for c in trainer.loss_terms
+            if type(c) in BATCHED_LOSS_TERMS
+        }
         locals_ = []
         for job in jobs:
-            local = self.trainer.start(job)
-            for hook in batched.values():
-                hook.capture(job.client, local)
+            local = trainer.start(job, shared)
+            for term in terms.values():
+                term.capture(job.client, local)
             self.dropout.rngs.capture()
             locals_.append(local)
-        losses = [batched[id(c)] for c in self.trainer.loss_terms if id(c) in batched]
-        transforms = [batched[id(c)] for c in self.trainer.transforms if id(c) in batched]
-        return locals_, ChunkHooks(losses, transforms)
+        inputs = {
+            name: chunk_inputs(common, [local.inputs[name] for local in locals_])
+            for name, common in shared.items()
+            if common is not None
+        }
+        outputs = [t for t in terms.values() if t.has_batch_term]
+        return locals_, ChunkRound(inputs, outputs)
 
     def _lock_step(
         self,
         params: torch.Tensor,
-        hooks: ChunkHooks,
+        chunk: ChunkRound,
         optimizer: BatchedOptimizer,
         clients: list[ClientState],
         drawn: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None],
@@ -497,21 +517,27 @@ class VectorizedExecutor:
         counts = [None if d is None else d[1].shape[0] for d in drawn]
         masks = self.dropout.step_masks(x, counts, replay)
         grads, losses, outputs = self.grads.gradients(
-            params, x, y, mask, replay, hooks.outputs, amp=True, scale=scale, masks=masks
+            params, x, y, mask, replay, chunk.outputs, amp=True, scale=scale, masks=masks
         )
         stepping_rows = active
         if self.scaler is not None:  # fp16: unscale; a non-finite row takes no step
             grads, finite = self.scaler.unscale(grads)
             self.scaler.update(finite, active)
             stepping_rows = active & finite
-        for hook in hooks.losses:
-            grads, losses = hook.penalty(params, grads, losses)
+        for term in trainer.loss_terms:  # the components' own penalty functions
+            inputs = chunk.inputs.get(term.name)
+            penalized = None if inputs is None else term.penalty(params, grads, inputs)
+            if penalized is not None:
+                grads, value = penalized
+                losses = losses + value
         if self.reference is not None:
             grads = self._refine(params, grads, stepping, replay_augment)
         gradients = self.dropout.with_masks(self.grads.loss_gradients, stepping)
         lock_step = LockStep(params, stepping, size, gradients)
-        for hook in hooks.transforms:
-            grads = hook.transform(grads, lock_step)
+        for transform in trainer.transforms:  # the components' own transform functions
+            inputs = chunk.inputs.get(transform.name)
+            if inputs is not None:
+                grads = transform.transform(grads, inputs, lock_step)
         every = all(d is not None for d in drawn)  # from the host: no device sync
         keep_all = every and self.scaler is None
         params = optimizer.step(params, grads, None if keep_all else stepping_rows, s + 1)
