@@ -147,17 +147,24 @@ def build_targets(
 
 
 def focal_loss(
-    logits: torch.Tensor, heatmap: torch.Tensor, num_objects: torch.Tensor
+    logits: torch.Tensor,
+    heatmap: torch.Tensor,
+    num_objects: torch.Tensor,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """CenterNet's penalty-reduced pixel focal loss (α=2, β=4), summed and divided by the
     number of objects: positives are the cells where the target is exactly 1; the other
     cells are down-weighted by ``(1 - target)^4`` near an object. ``logsigmoid`` keeps the
-    logs finite without CenterNet's probability clamp."""
+    logs finite without CenterNet's probability clamp. ``rows`` (B,): 1 for the images that
+    count, 0 for a padded batch's padding (None: all count)."""
     p = torch.sigmoid(logits)
     pos = heatmap.eq(1.0)
     pos_term = F.logsigmoid(logits) * (1 - p) ** 2
     neg_term = F.logsigmoid(-logits) * p**2 * (1 - heatmap) ** 4
-    return -torch.where(pos, pos_term, neg_term).sum() / num_objects
+    cells = torch.where(pos, pos_term, neg_term)
+    if rows is not None:
+        cells = cells * rows.view(-1, 1, 1, 1)
+    return -cells.sum() / num_objects
 
 
 def decode_boxes(
@@ -231,16 +238,24 @@ class Detection:
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The batch's CenterNet loss (a differentiable scalar); see the class docstring."""
+        return self.masked_loss(outputs, targets, None)
+
+    def masked_loss(
+        self, outputs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The CenterNet loss of the real images (mask 1) of a padded batch: padding adds
+        no focal term and no object (None: every image is real, the loss itself)."""
         num_classes = outputs.shape[1] - REGRESSION_CHANNELS
         t = build_targets(targets.to(outputs.device), num_classes, *outputs.shape[-2:])
-        num_objects = t.valid.sum().clamp_min(1)
-        total = focal_loss(outputs[:, :num_classes], t.heatmap, num_objects)
+        valid = t.valid if mask is None else t.valid & (mask.unsqueeze(-1) > 0)
+        num_objects = valid.sum().clamp_min(1)
+        total = focal_loss(outputs[:, :num_classes], t.heatmap, num_objects, mask)
         reg = outputs[:, num_classes:].flatten(2)  # (B, 4, Ho·Wo)
         at_centres = reg.gather(2, t.cells.unsqueeze(1).expand(-1, REGRESSION_CHANNELS, -1))
         at_centres = at_centres.transpose(1, 2)  # (B, M, 4)
-        mask = t.valid.unsqueeze(-1)
-        offset_l1 = ((at_centres[..., :2] - t.offsets).abs() * mask).sum() / (2 * num_objects)
-        size_l1 = ((at_centres[..., 2:] - t.log_sizes).abs() * mask).sum() / (2 * num_objects)
+        kept = valid.unsqueeze(-1)
+        offset_l1 = ((at_centres[..., :2] - t.offsets).abs() * kept).sum() / (2 * num_objects)
+        size_l1 = ((at_centres[..., 2:] - t.log_sizes).abs() * kept).sum() / (2 * num_objects)
         return total + self.offset_weight * offset_l1 + self.size_weight * size_l1
 
     def predict(

@@ -38,6 +38,14 @@ class Objective(Protocol):
         """The training loss of a batch (mean over examples), differentiable."""
         ...
 
+    def masked_loss(
+        self, outputs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``loss`` of the real rows (mask 1) of a padded batch, without a host read (it
+        runs inside ``vmap``): a chunk of clients pads every client's batch to one size.
+        ``mask`` None: every row is real, and it is ``loss`` itself."""
+        ...
+
     def predict(
         self, module: nn.Module, x: torch.Tensor, decode: Decode | None = None
     ) -> torch.Tensor:
@@ -77,6 +85,16 @@ class Classification:
 
         return F.cross_entropy(outputs, targets)
 
+    def masked_loss(
+        self, outputs: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The mean cross-entropy over the real rows (0 if none)."""
+        from torch.nn import functional as F
+
+        if mask is None:
+            return self.loss(outputs, targets)
+        return masked_mean(F.cross_entropy(outputs, targets, reduction="none"), mask)
+
     def predict(
         self, module: nn.Module, x: torch.Tensor, decode: Decode | None = None
     ) -> torch.Tensor:
@@ -101,3 +119,9 @@ class Classification:
 
     def buffer_outputs(self, outputs: torch.Tensor) -> torch.Tensor:
         return outputs
+
+
+def masked_mean(per_row: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of ``per_row`` over the real (mask 1) rows of a padded batch; 0 when there
+    are none (no host read: it runs inside ``vmap``)."""
+    return (per_row * mask).sum() / mask.sum().clamp(min=1)

@@ -341,7 +341,7 @@ def check_executor(
     if config.executor == "vectorized":
         from cfl_bench.engine.vectorized import check_vectorizable
 
-        check_vectorizable(strategy, model, objective, str(config.model))
+        check_vectorizable(strategy, model, str(config.model))
     elif config.clients_per_chunk is not None or config.compile:
         flag = "--clients-per-chunk" if config.clients_per_chunk is not None else "--compile"
         raise UserError(

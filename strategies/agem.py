@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from strategies.base import Learner, Option, StrategyEnv, text
 from strategies.projection import conflict_coefficients
+from strategies.replay import ReplayPlan, ReplayTerm
 
 if TYPE_CHECKING:
     import torch
@@ -64,9 +65,13 @@ class AGEM(Learner):
         coef = conflict_coefficients(g, grads)
         grads.mul_(-coef).add_(g)
 
-    def observe(self, step: StepContext) -> None:
-        if self.fill == "reservoir":
-            super().observe(step)
+    def reference_plan(self) -> ReplayPlan:
+        """One buffer draw per step; g_b is the gradient of the objective's loss on it."""
+        return ReplayPlan(1, (ReplayTerm(0, "ce", 1.0),))
+
+    def offers_batches(self) -> bool:
+        """reservoir: batches are offered as they are trained; task_end: not at all."""
+        return self.fill == "reservoir"
 
     def on_task_end(self, client: ClientState, task: int, model: FlatModel) -> None:
         """task_end fill: M/T random examples of the finished task join the episodic memory."""

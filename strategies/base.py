@@ -74,6 +74,7 @@ from cfl_bench.text_values import (  # noqa: F401 - the option parsers component
     strict_int,
     unit_fraction,
 )
+from strategies.replay import ReplayPlan
 
 if TYPE_CHECKING:
     import torch
@@ -426,7 +427,42 @@ class Learner(Component):
     # Whether old tasks' training data must be kept (the joint upper bound).
     needs_history: ClassVar[bool] = False
 
+    def replay_plan(self) -> ReplayPlan:
+        """The buffer draws a step makes and the replay terms on them (``strategies.replay``):
+        what ``loss`` computes beyond the batch, declared so any executor can run it."""
+        return ReplayPlan()
+
+    def reference_plan(self) -> ReplayPlan | None:
+        """The buffer draw whose loss gradient ``refine_grad`` projects against (A-GEM's
+        reference gradient g_b); None: the learner refines nothing."""
+        return None
+
+    def offers_batches(self) -> bool:
+        """Whether ``observe`` offers training batches to the buffer (A-GEM's task-end fill
+        does not: its memory is filled at task ends)."""
+        return True
+
     def loss(self, step: StepContext) -> torch.Tensor:
+        """The objective's loss on the batch (``batch_loss``) plus the replay terms of
+        ``replay_plan``: each draw sampled from the buffer (when it holds anything), each
+        term its own forward of its draw's (augmented) inputs, as in Mammoth."""
+        from strategies.replay import replay_term_loss
+
+        loss = self.batch_loss(step)
+        plan = self.replay_plan()
+        buffer = step.client.buffer
+        if not plan.draws or buffer is None or buffer.filled == 0:
+            return loss
+        draws = [buffer.sample(step.buffer_batch_size) for _ in range(plan.draws)]
+        for term in plan.terms:
+            draw = draws[term.draw]
+            assert draw is not None  # filled > 0
+            replay = step.model.module(step.replay_input(draw.x))
+            value = replay_term_loss(term, replay, draw.y, draw.logits, self.objective)
+            loss = loss + term.weight * value
+        return loss
+
+    def batch_loss(self, step: StepContext) -> torch.Tensor:
         """Forward the batch, store the outputs in ``step.outputs``, return the objective's
         loss."""
         module = step.model.module
@@ -454,7 +490,7 @@ class Learner(Component):
     def observe(self, step: StepContext) -> None:
         """Offer the batch to the client's buffer according to the buffer policy."""
         buffer = step.client.buffer
-        if buffer is None:
+        if buffer is None or not self.offers_batches():
             return
         if step.offer_to_buffer:
             outputs = self.objective.buffer_outputs(step.outputs)

@@ -12,26 +12,15 @@ statistics of the current batch are not mixed with the buffer's.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from strategies.base import Learner, Option, StrategyEnv, non_negative_float
-
-if TYPE_CHECKING:
-    import torch
-
-    from cfl_bench.engine.context import StepContext
+from strategies.replay import ReplayPlan, ReplayTerm
 
 
 def is_mnist_like(stream_name: str) -> bool:
     """Rotated/permuted digit streams use the MNIST defaults of the specs."""
     return stream_name.startswith(("rot-", "perm-"))
-
-
-def der_logit_loss(outputs: torch.Tensor, stored_logits: torch.Tensor) -> torch.Tensor:
-    """The DER replay term before weighting: mean squared error over batch × outputs."""
-    from torch.nn import functional as F
-
-    return F.mse_loss(outputs, stored_logits)
 
 
 class DER(Learner):
@@ -54,12 +43,8 @@ class DER(Learner):
         alpha = self.values["alpha"]
         self.alpha = float(alpha) if isinstance(alpha, (int, float)) else 1.0
 
-    def loss(self, step: StepContext) -> torch.Tensor:
-        loss = super().loss(step)
-        buffer = step.client.buffer
-        if buffer is not None and buffer.filled > 0 and self.alpha > 0:
-            draw = buffer.sample(step.buffer_batch_size)
-            assert draw is not None  # filled > 0
-            replay = step.model.module(step.replay_input(draw.x))
-            loss = loss + self.alpha * der_logit_loss(replay, draw.logits)
-        return loss
+    def replay_plan(self) -> ReplayPlan:
+        """One draw while α > 0 (none at all at α = 0); α · MSE to its stored logits."""
+        if self.alpha <= 0:
+            return ReplayPlan()
+        return ReplayPlan(1, (ReplayTerm(0, "mse", self.alpha),))

@@ -10,15 +10,10 @@ Mammoth), each its own forward pass. Defaults α = 0.1, β = 0.5 (specs/algorith
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from strategies.base import Learner, Option, StrategyEnv, non_negative_float
-from strategies.der import der_logit_loss
-
-if TYPE_CHECKING:
-    import torch
-
-    from cfl_bench.engine.context import StepContext
+from strategies.replay import ReplayPlan, ReplayTerm
 
 
 class DERPP(Learner):
@@ -35,20 +30,9 @@ class DERPP(Learner):
         self.alpha = float(str(self.values["alpha"]))
         self.beta = float(str(self.values["beta"]))
 
-    def loss(self, step: StepContext) -> torch.Tensor:
-
-        loss = super().loss(step)
-        buffer = step.client.buffer
-        if buffer is None or buffer.filled == 0:
-            return loss
-        module = step.model.module
-        logit_draw = buffer.sample(step.buffer_batch_size)
-        label_draw = buffer.sample(step.buffer_batch_size)
-        assert logit_draw is not None and label_draw is not None  # filled > 0
-        if self.alpha > 0:
-            replay = module(step.replay_input(logit_draw.x))
-            loss = loss + self.alpha * der_logit_loss(replay, logit_draw.logits)
-        if self.beta > 0:
-            replay = module(step.replay_input(label_draw.x))
-            loss = loss + self.beta * self.objective.loss(replay, label_draw.y)
-        return loss
+    def replay_plan(self) -> ReplayPlan:
+        """Two independent draws whenever the buffer holds anything (even at α = β = 0, so
+        the buffer's generator advances the same); α · MSE to the first's stored logits
+        and β · CE on the second's labels, each only when its weight is above 0."""
+        terms = (ReplayTerm(0, "mse", self.alpha), ReplayTerm(1, "ce", self.beta))
+        return ReplayPlan(2, tuple(t for t in terms if t.weight > 0))

@@ -12,14 +12,10 @@ their union, which weights the two halves by their sizes rather than equally.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from strategies.base import Learner
-
-if TYPE_CHECKING:
-    import torch
-
-    from cfl_bench.engine.context import StepContext
+from strategies.replay import ReplayPlan, ReplayTerm
 
 
 class ER(Learner):
@@ -28,13 +24,6 @@ class ER(Learner):
     paper: ClassVar[str] = "Chaudhry et al., 2019 (tiny episodic memories, reservoir ER)"
     needs_buffer: ClassVar[bool] = True
 
-    def loss(self, step: StepContext) -> torch.Tensor:
-
-        loss = super().loss(step)
-        buffer = step.client.buffer
-        if buffer is not None and buffer.filled > 0:
-            draw = buffer.sample(step.buffer_batch_size)
-            assert draw is not None  # filled > 0
-            replay = step.model.module(step.replay_input(draw.x))
-            loss = loss + self.objective.loss(replay, draw.y)
-        return loss
+    def replay_plan(self) -> ReplayPlan:
+        """One draw; the objective's loss on its stored labels, weight 1."""
+        return ReplayPlan(1, (ReplayTerm(0, "ce", 1.0),))

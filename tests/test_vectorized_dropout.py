@@ -24,12 +24,11 @@ from cfl_bench.engine.vectorized_dropout import (
     stack_masks,
 )
 from cfl_bench.engine.vectorized_grad import ClientGradients
-from cfl_bench.engine.vectorized_replay import ReplayPlan
 from cfl_bench.errors import UserError
 from cfl_bench.flat import FlatModel
 from cfl_bench.models import build_model
-from cfl_bench.objective import Classification
 from strategies.compose import build_strategy
+from strategies.replay import ReplayPlan
 from tests.helpers import CPU, digits_federation
 from tests.test_vectorized import assert_same, one_thread  # noqa: F401 - the fixture
 from tests.test_vectorized_replay import REPLAY, assert_same_buffers
@@ -200,7 +199,7 @@ def test_the_vmapped_mnist_cnn_loss_equals_the_sequential_forward() -> None:
 
 def test_mnist_cnn_is_accepted_and_alpha_dropout_refused() -> None:
     module = build_model("mnist-cnn", (1, 28, 28), 10)
-    check_vectorizable(build_strategy("der+fedgp"), module, Classification(), "mnist-cnn")
+    check_vectorizable(build_strategy("der+fedgp"), module, "mnist-cnn")
     alpha = nn.Sequential(nn.Linear(2, 2), nn.AlphaDropout(0.2))
     with pytest.raises(UserError, match=r"alpha dropout.*use --executor sequential"):
         check_model(alpha)

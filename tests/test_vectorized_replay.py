@@ -17,15 +17,10 @@ from cfl_bench.buffer import ReservoirBuffer
 from cfl_bench.buffer_stack import ReservoirStack
 from cfl_bench.engine.loop import Federation
 from cfl_bench.engine.vectorized import VectorizedExecutor, check_strategy, client_hooks
-from cfl_bench.engine.vectorized_replay import (
-    ReplayBatch,
-    ReplayPlan,
-    ReplayTerm,
-    draw_replay,
-    replay_loss,
-    replay_plan,
-)
+from cfl_bench.engine.vectorized_replay import ReplayBatch, draw_replay, replay_loss
+from cfl_bench.objective import Classification
 from strategies.compose import build_strategy
+from strategies.replay import ReplayPlan, ReplayTerm
 from streams.partition import DirichletPartitioner
 from tests.helpers import client, digits_federation, env
 from tests.test_vectorized import assert_same, one_thread  # noqa: F401 - the fixture
@@ -109,14 +104,19 @@ def learner_of(strategy: str):  # type: ignore[no-untyped-def]
 
 
 def test_replay_plans() -> None:
-    assert replay_plan(learner_of("der")) == ReplayPlan(1, (ReplayTerm(0, "mse", 1.0),))
-    assert replay_plan(learner_of("der:alpha=0")) == ReplayPlan()
-    derpp = replay_plan(learner_of("derpp:alpha=0.2,beta=0"))
+    # What each learner declares (``Learner.replay_plan``), which both executors run.
+    assert learner_of("der").replay_plan() == ReplayPlan(1, (ReplayTerm(0, "mse", 1.0),))
+    assert learner_of("der:alpha=0").replay_plan() == ReplayPlan()
+    derpp = learner_of("derpp:alpha=0.2,beta=0").replay_plan()
     assert derpp == ReplayPlan(2, (ReplayTerm(0, "mse", 0.2),))
-    both = replay_plan(learner_of("derpp"))
+    both = learner_of("derpp").replay_plan()
     assert both == ReplayPlan(2, (ReplayTerm(0, "mse", 0.1), ReplayTerm(1, "ce", 0.5)))
-    assert replay_plan(learner_of("er")) == ReplayPlan(1, (ReplayTerm(0, "ce", 1.0),))
-    assert replay_plan(learner_of("fedavg")) == ReplayPlan()
+    assert learner_of("er").replay_plan() == ReplayPlan(1, (ReplayTerm(0, "ce", 1.0),))
+    assert learner_of("fedavg").replay_plan() == ReplayPlan()
+    assert learner_of("agem").replay_plan() == ReplayPlan()
+    assert learner_of("agem").reference_plan() == ReplayPlan(1, (ReplayTerm(0, "ce", 1.0),))
+    assert learner_of("agem").offers_batches()
+    assert not learner_of("agem:agem_fill=task_end").offers_batches()
 
 
 def test_the_masked_replay_loss_by_hand() -> None:
@@ -133,10 +133,10 @@ def test_the_masked_replay_loss_by_hand() -> None:
         mask=torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]),
     )
     terms = (ReplayTerm(0, "mse", 0.5), ReplayTerm(1, "ce", 1.0))
-    value = replay_loss(outputs, batch, terms)
+    value = replay_loss(outputs, batch, terms, Classification())
     assert value.item() == pytest.approx(0.625 + math.log(2), rel=1e-6)
     empty = ReplayBatch(batch.x, batch.y, batch.logits, torch.zeros(2, 3))
-    assert replay_loss(outputs, empty, terms).item() == 0.0  # an empty buffer: no term
+    assert replay_loss(outputs, empty, terms, Classification()).item() == 0.0  # no term
 
 
 def test_draw_replay_takes_the_sequential_samples_and_pads() -> None:
@@ -154,7 +154,7 @@ def test_draw_replay_takes_the_sequential_samples_and_pads() -> None:
     ReservoirStack([buf, empty])
     clients = [client(0, buf), client(1, empty), None]
     reference = full_buffer(5).sample(3)
-    plan = replay_plan(learner_of("er"))
+    plan = learner_of("er").replay_plan()
     batch = draw_replay(clients, plan, 3, None)
     assert batch is not None and reference is not None
     assert batch.x.shape == (3, 1, 3, 1)

@@ -105,30 +105,26 @@ from cfl_bench.engine.vectorized_fl import (
 )
 from cfl_bench.engine.vectorized_grad import ClientGradients
 from cfl_bench.engine.vectorized_memory import planner_for
-from cfl_bench.engine.vectorized_replay import (
-    SUPPORTED_LEARNERS,
-    draw_replay,
-    observe_all,
-    observes,
-    reference_plan,
-    replay_plan,
-)
+from cfl_bench.engine.vectorized_replay import draw_replay, observe_all
 from cfl_bench.engine.vectorized_requests import BatchedRequests
 from cfl_bench.errors import UserError
 from cfl_bench.host_values import device_tensor
-from cfl_bench.objective import Classification
-from strategies.base import ClientInputs, Component
+from strategies.base import ClientInputs, Component, Learner
 from strategies.compose import Strategy
 from strategies.projection import conflict_coefficients
 
 # Models built from the catalogue that hold nothing but parameters (no BatchNorm), dropout
 # allowed (``engine.vectorized_dropout``).
-VECTORIZABLE_MODELS = ("fedavg-cnn", "linear", "mlp", "mnist-cnn")
+VECTORIZABLE_MODELS = ("centernet", "fedavg-cnn", "linear", "mlp", "mnist-cnn")
 # Client hooks written against the one working model (frozen model copies forwarded in the
 # step): a component overriding one of them runs vectorized only through a batched form of
 # its own (``vectorized_fl.BATCHED_LOSS_TERMS``). The step functions (``penalty``,
 # ``transform``) and the per-round hooks run under every executor as they are.
 MODEL_HOOKS = ("on_client_start", "loss_term", "wants_representation")
+# A learner's step is its declared plans (``replay_plan``, ``reference_plan``,
+# ``offers_batches``): one that overrides these hooks computes something else, on the one
+# working model.
+LEARNER_HOOKS = ("loss", "batch_loss", "observe", "training_data")
 FALLBACK = "use --executor sequential"
 
 
@@ -138,14 +134,29 @@ def client_hooks(component: Component) -> list[str]:
     return [h for h in MODEL_HOOKS if getattr(cls, h) is not getattr(Component, h)]
 
 
+def learner_hooks(learner: Learner) -> list[str]:
+    """The learner hooks beyond its declared plans that ``learner``'s class overrides
+    (``refine_grad`` counts unless a ``reference_plan`` declares it)."""
+    cls = type(learner)
+    hooks = [h for h in LEARNER_HOOKS if getattr(cls, h) is not getattr(Learner, h)]
+    if cls.refine_grad is not Learner.refine_grad and learner.reference_plan() is None:
+        hooks.append("refine_grad")
+    return hooks
+
+
 def check_strategy(strategy: Strategy) -> None:
     """Refuse compositions the vectorized executor does not implement (one sentence each)."""
     learner = strategy.learner
-    if type(learner) not in SUPPORTED_LEARNERS:
-        names = ", ".join(cls.name for cls in SUPPORTED_LEARNERS)
+    hooks = learner_hooks(learner)
+    if hooks or learner.needs_history:
+        why = (
+            f"its {', '.join(hooks)} are written for one working model"
+            if hooks
+            else "its training data grows with the task history"
+        )
         raise UserError(
-            f"the vectorized executor supports the learners {names}, not '{learner.name}' "
-            f"(its local steps use hooks written for one working model); {FALLBACK}."
+            f"the vectorized executor runs learners declared by their replay plans, not "
+            f"'{learner.name}' ({why}); {FALLBACK}."
         )
     for component in strategy.components:
         hooks = client_hooks(component)
@@ -185,16 +196,12 @@ def check_model(module: nn.Module, name: str | None = None) -> None:
 
 
 def check_vectorizable(
-    strategy: Strategy, module: nn.Module, objective: object, model_name: str | None = None
+    strategy: Strategy, module: nn.Module, model_name: str | None = None
 ) -> None:
-    """Everything the vectorized executor refuses, checked before a run starts."""
+    """Everything the vectorized executor refuses, checked before a run starts (any
+    objective: each client's loss is its ``masked_loss``)."""
     check_strategy(strategy)
     check_model(module, model_name)
-    if not isinstance(objective, Classification):
-        raise UserError(
-            "the vectorized executor supports classification streams only (its masked mean "
-            f"is a per-example cross-entropy); {FALLBACK}."
-        )
 
 
 class ClientBatches:
@@ -375,7 +382,7 @@ class VectorizedExecutor:
         clients_per_chunk: int | None = None,
         compile_step: bool = False,
     ) -> None:
-        check_vectorizable(trainer.strategy, trainer.model.module, trainer.objective)
+        check_vectorizable(trainer.strategy, trainer.model.module)
         self.trainer = trainer
         self.sequential = SequentialExecutor(trainer)
         self.clients_per_chunk = clients_per_chunk
@@ -385,14 +392,17 @@ class VectorizedExecutor:
         self.finishing = any(
             type(c).after_local is not Component.after_local for c in trainer.strategy.all
         )
-        self.plan = replay_plan(trainer.strategy.learner)
-        self.grads = ClientGradients(trainer.model, trainer.keep_representation, self.plan)
+        learner = trainer.strategy.learner
+        self.plan = learner.replay_plan()
+        self.grads = ClientGradients(
+            trainer.model, trainer.keep_representation, self.plan, trainer.objective
+        )
         self.grads.precision = trainer.precision
         if compile_step:
             self.grads.compile()
         self.scaler: LossScaler | None = None  # fp16: the chunk's clients' loss scales
-        self.reference = reference_plan(trainer.strategy.learner)
-        self.observes = observes(trainer.strategy.learner)
+        self.reference = learner.reference_plan()
+        self.observes = learner.offers_batches()
         self.dropout: ChunkDropout | None = None  # the chunk being trained's dropout draws
         self.requests = BatchedRequests(trainer, self.grads, self.chunks, self.sequential)
 

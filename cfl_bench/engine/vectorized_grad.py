@@ -2,13 +2,13 @@
 executor that differentiates (``cfl_bench.engine.vectorized``). A chunk's stacked
 parameters (C, P) become per-parameter (C, …) views, ``functional_call`` runs the one
 working module at each client's row inside ``vmap``, and the per-parameter gradients are
-joined into flat (C, P) rows. The loss of one client is its masked mean cross-entropy,
-plus the replay terms of the learner's plan and the components' output terms (FedNTD,
-MOON), exactly as the sequential step builds it. Dropout (``engine.vectorized_dropout``):
-each forward of the loss runs with the clients' masks (vmapped inputs, one per probed
-dropout call, rows matching the forward's) in place of the dropout calls; the frozen
-forwards (MOON's z_glob and z_prev) run the working module in eval mode, drawing none, as
-the sequential executor's eval-mode copies do.
+joined into flat (C, P) rows. The loss of one client is the objective's loss over its real
+rows (``Objective.masked_loss``), plus the replay terms of the learner's plan and the
+components' output terms (FedNTD, MOON), exactly as the sequential step builds it.
+Dropout (``engine.vectorized_dropout``): each forward of the loss runs with the clients'
+masks (vmapped inputs, one per probed dropout call, rows matching the forward's) in place
+of the dropout calls; the frozen forwards (MOON's z_glob and z_prev) run the working
+module in eval mode, drawing none, as the sequential executor's eval-mode copies do.
 
 ``--amp`` (``engine.amp``): the lock-step's gradient (``gradients(..., amp=True)``) runs its
 forwards under ``torch.autocast`` *inside* the vmapped function (autocast is a dispatch
@@ -29,18 +29,10 @@ import torch
 from cfl_bench.engine.amp import Precision
 from cfl_bench.engine.vectorized_dropout import DropoutLayer, apply_masks, probe
 from cfl_bench.engine.vectorized_fl import BatchedLossTerm, Representation
-from cfl_bench.engine.vectorized_replay import ReplayBatch, ReplayPlan, replay_loss
+from cfl_bench.engine.vectorized_replay import ReplayBatch, replay_loss
 from cfl_bench.flat import FlatModel
-
-
-def masked_cross_entropy(
-    outputs: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """Mean cross-entropy over the real (mask 1) examples of a padded batch (0 if none)."""
-    from torch.nn import functional as F
-
-    per_example = F.cross_entropy(outputs, y, reduction="none")
-    return (per_example * mask).sum() / mask.sum().clamp(min=1)
+from cfl_bench.objective import Objective
+from strategies.replay import ReplayPlan
 
 
 def scaled(loss: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
@@ -75,11 +67,21 @@ def eval_mode(module: torch.nn.Module) -> Iterator[None]:
 class ClientGradients:
     """Vmapped losses and gradients at stacked parameter rows of one working model."""
 
-    def __init__(self, model: FlatModel, keep_representation: bool, plan: ReplayPlan) -> None:
+    def __init__(
+        self,
+        model: FlatModel,
+        keep_representation: bool,
+        plan: ReplayPlan,
+        objective: Objective | None = None,
+    ) -> None:
         from torch.func import grad_and_value, vmap
+
+        from cfl_bench.objective import Classification
 
         self.model = model
         self.plan = plan
+        # The stream's objective: its masked loss is each client's loss on its padded batch.
+        self.objective: Objective = objective or Classification()
         self.terms: list[BatchedLossTerm] = []  # the output terms of the gradient being taken
         self.precision = Precision()
         self.autocasting = False  # whether the gradient being taken autocasts its forwards
@@ -114,13 +116,13 @@ class ClientGradients:
         masks: tuple[torch.Tensor, ...] = (),
         scale: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One client's mean cross-entropy over its real (mask 1) examples at ``params``
+        """One client's objective loss over its real (mask 1) examples at ``params``
         plus the output terms (``aux``: their per-client inputs), and the batch's outputs
         (what a replay buffer stores); ``masks``: its dropout masks; times the client's
         loss ``scale`` under fp16."""
         outputs, z = self._forward(params, x, masks)
         extra = self._output_terms(outputs, z, y, mask, aux)
-        return scaled(masked_cross_entropy(outputs, y, mask) + extra, scale), outputs
+        return scaled(self.objective.masked_loss(outputs, y, mask) + extra, scale), outputs
 
     def _forward(
         self, params: dict[str, torch.Tensor], x: torch.Tensor, masks: tuple = ()
@@ -197,10 +199,10 @@ class ClientGradients:
         joint = torch.cat([x, rx.flatten(0, 1)])
         out, z = self._forward(params, joint, masks)
         outputs, replayed = out[: x.shape[0]], out[x.shape[0] :].unflatten(0, rx.shape[:2])
-        extra = replay_loss(replayed, ReplayBatch(*replay), self.plan.terms)
+        extra = replay_loss(replayed, ReplayBatch(*replay), self.plan.terms, self.objective)
         z = None if z is None else z[: x.shape[0]]
         extra = extra + self._output_terms(outputs, z, y, mask, aux)
-        return scaled(masked_cross_entropy(outputs, y, mask) + extra, scale), outputs
+        return scaled(self.objective.masked_loss(outputs, y, mask) + extra, scale), outputs
 
     def gradients(
         self,

@@ -1,21 +1,15 @@
-"""Replay learners (ER, DER, DER++) for the vectorized executor: draws client by client,
-compute batched.
+"""Replay learners for the vectorized executor: draws client by client, compute batched.
 
-The sequential step of a replay learner is (``strategies.er`` / ``der`` / ``derpp``, then
-``Learner.observe``):
+The sequential step of a replay learner is (``Learner.loss``, then ``Learner.observe``):
 
     draws    d_1 … d_D ← buffer.sample(m) each (buffer generator), only when filled > 0
-    loss     CE(f(x), y) + Σ_t w_t · ℓ_t(f(aug(x_{d(t)})), target_t)
+    loss     ℓ(f(x), y) + Σ_t w_t · ℓ_t(f(aug(x_{d(t)})), target_t)
     step     backward, penalties, optimizer
     observe  buffer.add(raw x, y, f(x) before the step, task)   (offered batches only)
 
-with, per learner (``ReplayPlan``):
-
-- ER: D = 1, one term ℓ = CE on the draw's labels, w = 1;
-- DER: D = 1 when α > 0 (no draw at all when α = 0), ℓ = MSE to the draw's stored logits
-  (mean over rows × outputs), w = α;
-- DER++: D = 2 independent draws whenever the buffer holds anything; the MSE term on the
-  first (w = α, only when α > 0), the CE term on the second (w = β, only when β > 0).
+with D and the terms the learner's declared ``replay_plan`` (``strategies.replay``: ER,
+DER and DER++ write theirs there), each term computed by the same ``replay_term_loss`` as
+sequentially, over the real rows of the padded draw.
 
 What stays per client (a Python loop over the chunk's clients, as cheap as the index draws
 it makes): the random draws — each sample's ``randperm`` and each insertion's u ~ U[0, 1)
@@ -54,64 +48,11 @@ from cfl_bench.buffer import ReservoirBuffer
 from cfl_bench.buffer_stack import ReservoirStack
 from cfl_bench.engine.context import ClientState
 from cfl_bench.host_values import device_tensor
-from strategies.agem import AGEM
+from cfl_bench.objective import Objective
 from strategies.base import Learner
-from strategies.der import DER
-from strategies.derpp import DERPP
-from strategies.er import ER
-from strategies.fedavg import FedAvg
-
-# The learners whose local step the vectorized executor reproduces (exact classes: a
-# subclass may override ``loss`` or ``observe``).
-SUPPORTED_LEARNERS: tuple[type[Learner], ...] = (FedAvg, ER, DER, DERPP, AGEM)
+from strategies.replay import ReplayPlan, ReplayTerm, replay_term_loss
 
 Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class ReplayTerm:
-    """One replay term of the loss: ``weight`` · ``kind`` on the rows of draw ``draw``;
-    ``kind`` is "ce" (cross-entropy to the stored labels) or "mse" (mean squared error to
-    the stored logits)."""
-
-    draw: int
-    kind: str
-    weight: float
-
-
-@dataclass(frozen=True)
-class ReplayPlan:
-    """How many buffer draws a step makes while the buffer holds anything, and the terms
-    built from them (in the order the learner forwards them)."""
-
-    draws: int = 0
-    terms: tuple[ReplayTerm, ...] = ()
-
-
-def reference_plan(learner: Learner) -> ReplayPlan | None:
-    """A-GEM's reference draw: one buffer sample per step, whose mean CE gradient g_b the
-    step's gradient is projected against (after the penalties, before the transforms);
-    None for the other learners."""
-    return ReplayPlan(1, (ReplayTerm(0, "ce", 1.0),)) if type(learner) is AGEM else None
-
-
-def observes(learner: Learner) -> bool:
-    """Whether the learner's ``observe`` offers batches to the buffer (A-GEM's ``task_end``
-    fill does not: its buffer is filled at task ends)."""
-    return not (type(learner) is AGEM and learner.fill != "reservoir")
-
-
-def replay_plan(learner: Learner) -> ReplayPlan:
-    """The replay plan of one of ``SUPPORTED_LEARNERS`` (fedavg and agem: none)."""
-    if type(learner) is ER:
-        return ReplayPlan(1, (ReplayTerm(0, "ce", 1.0),))
-    if type(learner) is DER:
-        alpha = float(learner.alpha)
-        return ReplayPlan(1, (ReplayTerm(0, "mse", alpha),)) if alpha > 0 else ReplayPlan()
-    if type(learner) is DERPP:
-        terms = (ReplayTerm(0, "mse", float(learner.alpha)), ReplayTerm(1, "ce", learner.beta))
-        return ReplayPlan(2, tuple(t for t in terms if t.weight > 0))
-    return ReplayPlan()
 
 
 @dataclass(frozen=True)
@@ -175,26 +116,20 @@ def stack_of(buffers: Sequence[ReservoirBuffer | None]) -> ReservoirStack | None
 
 
 def replay_loss(
-    outputs: torch.Tensor, replay: ReplayBatch, terms: tuple[ReplayTerm, ...]
+    outputs: torch.Tensor,
+    replay: ReplayBatch,
+    terms: tuple[ReplayTerm, ...],
+    objective: Objective,
 ) -> torch.Tensor:
     """One client's weighted replay terms (inside ``vmap``: ``replay``'s tensors are the
-    client's (T, m, …) slices, ``outputs`` its (T, m, K) replay outputs).
-
-    Masked means over the real rows: CE as ``F.cross_entropy``'s mean, MSE as
-    ``F.mse_loss``'s mean over rows × outputs; a term with no real rows is exactly 0.
-    """
-    from torch.nn import functional as F
-
+    client's (T, m, …) slices, ``outputs`` its (T, m, K) replay outputs): each term's
+    ``replay_term_loss`` over the real rows (a term with no real rows is exactly 0)."""
     total = outputs.new_zeros(())
     for t, term in enumerate(terms):
-        mask = replay.mask[t]
-        rows = mask.sum().clamp(min=1)
-        if term.kind == "ce":
-            per_row = F.cross_entropy(outputs[t], replay.y[t], reduction="none")
-        else:
-            diff = outputs[t] - replay.logits[t]
-            per_row = (diff * diff).flatten(1).mean(dim=1)
-        total = total + term.weight * ((per_row * mask).sum() / rows)
+        value = replay_term_loss(
+            term, outputs[t], replay.y[t], replay.logits[t], objective, replay.mask[t]
+        )
+        total = total + term.weight * value
     return total
 
 
