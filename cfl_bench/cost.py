@@ -358,17 +358,10 @@ def measure(
         task = StoredTask(stream.task_train(0), stream.task_test(0))
         task_seconds = time.perf_counter() - t0
         # One client, one epoch: a local step costs the same in every epoch, and a shard of
-        # k batches then times exactly k steps.
-        # (Steps are timed through the sequential trainer whatever the run's executor.)
+        # k batches then times exactly k steps. Steps are timed through the sequential
+        # trainer whatever the run's executor: the federation is given no other.
         scratch = dataclasses.replace(
-            schedule,
-            num_clients=1,
-            participation=1.0,
-            async_shift=0,
-            epochs=1,
-            executor="sequential",
-            clients_per_chunk=None,
-            compile_step=False,
+            schedule, num_clients=1, participation=1.0, async_shift=0, epochs=1
         )
         fed = Federation(
             stream,

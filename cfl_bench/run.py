@@ -14,7 +14,6 @@ import functools
 import json
 import math
 import os
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from cfl_bench.config import RunConfig, canonical_hash
 from cfl_bench.engine.loop import Federation, RunOutcome, Schedule
 from cfl_bench.engine.splits import TaskSplit, plan_splits
 from cfl_bench.errors import UserError
+from cfl_bench.executors import PlannedRun, executor_kind
 from cfl_bench.metrics import summarize
 from cfl_bench.model_catalogue import DETECTION_MODELS, model_capabilities, models_offering
 from cfl_bench.models import MODELS, build_model
@@ -140,8 +140,11 @@ class RunPlan:
     out: Path
     resolved: dict[str, object]  # config.json
 
-    def federation(self) -> Federation:
-        """The engine's federation for this plan (clients, data, executor, server)."""
+    def federation(self, host: object = None) -> Federation:
+        """The engine's federation for this plan (clients, data, executor, server), its
+        executor built by the registry (``cfl_bench.executors``); ``host``: what a hosted
+        executor runs in (Flower's grid)."""
+        kind = executor_kind(self.schedule.executor)
         return Federation(
             self.stream,
             self.partitioner,
@@ -150,6 +153,7 @@ class RunPlan:
             self.schedule,
             self.device,
             self.splits,
+            executor=kind.for_federation(self.schedule, host),
         )
 
 
@@ -257,10 +261,8 @@ def plan_run(config: RunConfig) -> RunPlan:
     schedule = make_schedule(config, strategy, num_tasks)
     torch.manual_seed(derive_seed(config.seed, "model-init"))
     model = build_model(model_name, stream.input_shape, stream.num_classes)
-    check_executor(config, strategy, model, stream.objective)
+    executor_kind(config.executor).check(PlannedRun(config, stream, strategy, model))
     check_amp(config, device, stream.objective)
-    if config.executor == "flower":
-        check_flower(config, strategy, stream)
     threads = configure_cpu(device, config.threads, model, tuple(stream.input_shape))
     # Dropout draws from torch's default generator; seed it explicitly for this run.
     torch.manual_seed(derive_seed(config.seed, "dropout"))
@@ -291,12 +293,6 @@ def plan_run(config: RunConfig) -> RunPlan:
     )
 
 
-def inside_flower() -> bool:
-    """Whether this process is a Flower ServerApp running a run (``flower.server_app``)."""
-    module = sys.modules.get("cfl_bench.flower.server_app")
-    return module is not None and bool(module._GRID)
-
-
 def execute_in_flower(
     plan: RunPlan, annotations: Mapping[str, object] | None, say: Callable[[str], None]
 ) -> RunResult:
@@ -318,35 +314,6 @@ def execute_in_flower(
         ) from None
     summary = json.loads((path / "summary.json").read_text())
     return RunResult(path, summary)
-
-
-def check_flower(config: RunConfig, strategy: Strategy, stream: Stream) -> None:
-    """Refuse what ``--executor flower`` does not run yet (docs/executors.md, "Flower")."""
-    from cfl_bench.flower import require_flwr
-
-    require_flwr()
-    if config.diagnostics:
-        raise UserError("--diagnostics is not supported with --executor flower; drop one.")
-    if stream.per_round or strategy.learner.needs_history:
-        raise UserError(
-            "--executor flower loads each client's shard of the current task only; per-round "
-            "streams and learners that keep history (joint) need another --executor."
-        )
-
-
-def check_executor(
-    config: RunConfig, strategy: Strategy, model: torch.nn.Module, objective: object
-) -> None:
-    """Refuse what the chosen executor cannot run, before anything is written."""
-    if config.executor == "vectorized":
-        from cfl_bench.engine.vectorized import check_vectorizable
-
-        check_vectorizable(strategy, model, objective, str(config.model))
-    elif config.clients_per_chunk is not None or config.compile:
-        flag = "--clients-per-chunk" if config.clients_per_chunk is not None else "--compile"
-        raise UserError(
-            f"{flag} applies to --executor vectorized only; drop it or add --executor vectorized."
-        )
 
 
 def check_amp(config: RunConfig, device: torch.device, objective: object) -> None:
@@ -479,6 +446,7 @@ def execute(
     on_round: Callable[[RoundReport], None] | None = None,
     annotations: Mapping[str, object] | None = None,
     notify: Callable[[str], None] | None = None,
+    host: object = None,
 ) -> RunResult:
     """Run ``config`` into its run directory, resuming it from its checkpoint when the
     directory holds an unfinished run of the same configuration.
@@ -486,10 +454,12 @@ def execute(
     ``annotations``: caller keys added to summary.json (the run's own keys win), so a
     caller such as ``cfl-bench sweep`` can recognise its finished runs in one read.
     ``notify`` receives one-line messages for the user (resuming, notes).
+    ``host``: what a hosted executor's client side runs in, passed by that host (Flower's
+    ServerApp passes its grid); without one, such a run starts its host (``flower.launch``).
     """
     say = notify or (lambda _text: None)
     plan = plan_run(config)
-    if plan.config.executor == "flower" and not inside_flower():
+    if executor_kind(plan.config.executor).hosted and host is None:
         return execute_in_flower(plan, annotations, say)
     check_memory(plan)
     if plan.config.log:
@@ -504,7 +474,8 @@ def execute(
     )
     with run_dir:
         try:
-            summary = {**(annotations or {}), **run_in(run_dir, plan, resume, on_round, say)}
+            ran = run_in(run_dir, plan, resume, on_round, say, host)
+            summary = {**(annotations or {}), **ran}
             run_dir.write_summary(summary)
             run_dir.commit()  # a replacement takes the old run's place only now, complete
         except OSError as exc:
@@ -523,6 +494,7 @@ def run_in(
     resume: bool,
     on_round: Callable[[RoundReport], None] | None,
     say: Callable[[str], None],
+    host: object = None,
 ) -> dict[str, object]:
     """The federated run itself, with records appended and checkpoints written as it goes.
 
@@ -532,7 +504,7 @@ def run_in(
     """
     config = plan.config
     check_resumable(plan, resume)
-    if resume and config.executor == "flower":
+    if resume and not executor_kind(config.executor).resumable:
         raise UserError(
             f"'{plan.out}' holds an unfinished run, and --executor flower cannot resume one "
             "(the clients' states live in the simulation); pass --restart or resume it with "
@@ -544,7 +516,7 @@ def run_in(
         with interrupts_before_rounds(total, resume):
             if not resume:  # before the federation touches the model
                 plan.resolved["cost_estimate"] = cost.announce(plan, say)
-            federation = plan.federation()
+            federation = plan.federation(host)
             trackers = open_run_trackers(plan, run_dir)
             keeper = start_keeper(run_dir, plan, federation, trackers, resume, say)
         # A display may also follow the clients inside a round (``RoundLog.clients_done``).

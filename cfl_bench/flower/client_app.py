@@ -30,8 +30,7 @@ from flwr.clientapp import ClientApp
 from cfl_bench.engine.client_data import ClientData
 from cfl_bench.engine.client_update import ClientJob, LocalTrainer
 from cfl_bench.engine.context import ClientState, ServerState
-from cfl_bench.engine.loop import new_clients
-from cfl_bench.engine.optim import local_optimizer
+from cfl_bench.engine.loop import build_trainer, new_clients
 from cfl_bench.flat import FlatModel
 from cfl_bench.flower import records
 from cfl_bench.seeding import seed_torch_default
@@ -122,19 +121,12 @@ def runtime(text: str) -> ClientRuntime:
     plan = plan_run(config)
     torch.set_num_threads(1)  # one CPU per Ray actor (docs/executors.md)
     s, device = plan.schedule, plan.device
-    model = FlatModel(plan.model.to(device))
-    optimizer = local_optimizer(
-        s.optimizer, model.params, model.grads, s.lr, s.momentum, s.weight_decay
-    )
-    stream = plan.stream
-    augment = stream.augment if stream.augments else None
-    trainer = LocalTrainer(
-        model, optimizer, plan.strategy, s.steps, augment, stream.objective, stream.as_model_input
-    )
+    trainer = build_trainer(FlatModel(plan.model.to(device)), plan.strategy, s, plan.stream)
     data = ClientData(
-        stream, plan.partitioner, plan.strategy, s.clock(), s.seed, device, plan.splits
+        plan.stream, plan.partitioner, plan.strategy, s.clock(), s.seed, device, plan.splits
     )
-    fresh = new_clients(stream, s, plan.strategy.needs_buffer, device)
+    # A node trains its one client with the sequential trainer: per-client buffers.
+    fresh = new_clients(plan.stream, s, plan.strategy.needs_buffer, device)
     return ClientRuntime(trainer, data, fresh, device)
 
 
