@@ -67,7 +67,7 @@ from streams.base import Stream, TaskTest, TaskTrain
 from streams.partition import Partitioner
 
 if TYPE_CHECKING:
-    from cfl_bench.run import RunPlan
+    from cfl_bench.plan import RunPlan
 
 # An estimate above this many seconds on CPU says so and names the faster choices.
 LONG_RUN_SECONDS = 600.0

@@ -55,7 +55,13 @@ def test_a_hosted_executor_without_its_host_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["cfl_bench/engine/loop.py", "cfl_bench/run.py", "cfl_bench/sweep/grid.py"]
+    "path",
+    [
+        "cfl_bench/engine/loop.py",
+        "cfl_bench/plan.py",
+        "cfl_bench/run.py",
+        "cfl_bench/sweep/grid.py",
+    ],
 )
 def test_no_executor_name_is_compared(path: str) -> None:
     """Nothing outside the registry compares ``executor`` with a name."""

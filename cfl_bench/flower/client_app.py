@@ -4,7 +4,7 @@ A node holds its client's ``ClientState`` in ``context.state`` (``cfl.client``, 
 ``torch.save`` image) between messages, and loads its training shard itself from the run's
 stream and task split (the same deterministic gather ``ClientData.assign`` does on the
 server), so no data travels. Per process, the run's pieces (stream, strategy, model,
-trainer) are built once from the run configuration (``plan_run``: the same code, seed and
+trainer) are built once from the run configuration (``plan.plan_run``: the same code, seed and
 validation as the server) and cached.
 
 The run configuration is the app's run config: ``cfl-config`` (a file path: the simulation
@@ -115,7 +115,7 @@ def runtime_of(context: Context) -> ClientRuntime:
 def runtime(text: str) -> ClientRuntime:
     """Build the run's client side from its configuration (once per process)."""
     from cfl_bench.config import RunConfig
-    from cfl_bench.run import plan_run
+    from cfl_bench.plan import plan_run
 
     config = RunConfig(**json.loads(text))
     plan = plan_run(config)
