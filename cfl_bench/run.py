@@ -17,16 +17,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
 import torch
 
 from cfl_bench import cost
 from cfl_bench.atomic import atomic_write
 from cfl_bench.config import RunConfig
-from cfl_bench.engine.loop import Federation, RunOutcome
+from cfl_bench.engine.loop import Federation
 from cfl_bench.errors import UserError
 from cfl_bench.executors import executor_kind
-from cfl_bench.metrics import summarize
 from cfl_bench.plan import (
     RunPlan,
     check_amp,
@@ -38,9 +36,9 @@ from cfl_bench.plan import (
     run_identity,
 )
 from cfl_bench.progress import RoundReport
-from cfl_bench.resources import cuda_peak_bytes, peak_rss_bytes
 from cfl_bench.round_keeper import RoundKeeper, RunInterruptedError, interruption
 from cfl_bench.run_dir import RunDirectory, os_problem
+from cfl_bench.run_summary import run_summary
 from cfl_bench.trackers import Tracker, check_available, open_trackers, parse_trackers
 
 # The plan's public names, re-exported for the callers that import them from here.
@@ -263,44 +261,4 @@ def fingerprint(plan: RunPlan) -> dict[str, object]:
         "git_commit": plan.resolved["git_commit"],
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-    }
-
-
-def cost_mean(costs: pd.DataFrame, metric: str) -> float | None:
-    values = costs.loc[costs["metric"] == metric, "value"]
-    return float(values.mean()) if len(values) else None
-
-
-def cost_total(costs: pd.DataFrame, metric: str) -> float | None:
-    values = costs.loc[costs["metric"] == metric, "value"]
-    return float(values.sum()) if len(values) else None
-
-
-def run_summary(keeper: RoundKeeper, outcome: RunOutcome, plan: RunPlan) -> dict[str, object]:
-    """summary.json, computed from the record files (the whole run, resumed or not)."""
-    records = keeper.log.read()
-    costs = keeper.log.read("costs.csv")
-    num_tasks = plan.schedule.num_tasks
-    return {
-        "status": outcome.status,
-        "message": outcome.message,
-        **summarize(records, num_tasks),
-        "wall_time_s": keeper.elapsed(),
-        "round_time_s_mean": cost_mean(costs, "round_time_s"),
-        "train_time_s_total": cost_total(costs, "train_time_s"),
-        "peak_rss_bytes": peak_rss_bytes(),
-        "cuda_peak_bytes": cuda_peak_bytes(plan.device),
-        "buffer_bytes_per_client": outcome.buffer_bytes_per_client,
-        "num_params": outcome.num_params,
-        "bytes_by_payload": outcome.comm_by_payload,
-        "checkpoint": {
-            "written": keeper.checkpoints_written,
-            "seconds": keeper.checkpoint_seconds,
-            "bytes": keeper.checkpoint_bytes,
-        },
-        "stream": plan.config.stream,
-        "strategy": plan.strategy.name,
-        "seed": plan.config.seed,
-        "protocol_hash": plan.protocol_hash,
-        "config_hash": plan.config_hash,
     }
