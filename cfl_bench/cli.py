@@ -143,7 +143,7 @@ BEFORE_ROUND_ONE = (
 
 
 def check_names(config: RunConfig) -> None:
-    """Refuse what ``cfl_bench.run.plan_run`` would refuse from names alone: the strategy,
+    """Refuse what ``cfl_bench.plan.plan_run`` would refuse from names alone: the strategy,
     stream and model names in its order, a stream's missing ``--data-root``, the partition.
 
     Why here: the engine imports torch, which takes seconds, and a misspelled name or a

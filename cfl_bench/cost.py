@@ -13,10 +13,12 @@ The estimate is a sum of counts × unit times:
   the expectation under partial participation); evaluation-mode forwards (every test set
   at the start, the seen and next tasks' test sets at each task end or every round with
   ``--eval-every-round``, memory-drift probes, each participant's probes at task ends,
-  every client's buffer every round, FedProj's public logits per participant); forward +
-  backward samples outside local steps (FedGP's reference gradient per participant with a
-  buffer, FedCurv's Fisher per participant, FedProj's distillation per round); task
-  materialisations (each task twice) and client visits (load, aggregate).
+  every client's buffer every round, public-set logits per participant); forward + backward
+  samples outside local steps, as each component declares them (``Component.extra_work``:
+  client requests over buffers such as FedGP's reference gradient, passes over a
+  participant's examples such as FedCurv's Fisher, server distillation over a public set);
+  task materialisations (each task twice) and client visits (load, aggregate). The
+  estimate never names a component: a method that does extra work declares it.
 * **unit times** (:func:`measure`): one local step as the engine runs it — the strategy's
   loss and loss terms, backward, penalties, A-GEM, FedProj and FedGP projections, SGD —
   through the executor's ``LocalTrainer`` on a scratch one-client federation after one
@@ -59,12 +61,13 @@ from cfl_bench.engine.client_update import ClientJob
 from cfl_bench.engine.loop import Federation, RunOutcome, Schedule
 from cfl_bench.engine.splits import TaskSplit
 from cfl_bench.engine.task_clock import TaskClock
+from strategies.base import ExtraWork
 from strategies.compose import Strategy
 from streams.base import Stream, TaskTest, TaskTrain
 from streams.partition import Partitioner
 
 if TYPE_CHECKING:
-    from cfl_bench.run import RunPlan
+    from cfl_bench.plan import RunPlan
 
 # An estimate above this many seconds on CPU says so and names the faster choices.
 LONG_RUN_SECONDS = 600.0
@@ -81,7 +84,7 @@ CHECKPOINT_SHARE = 0.05
 FORWARD_SAMPLES = 128  # forward timing batch (per-sample time is flat beyond this on CPU)
 # What the forward-only and the forward + backward samples outside local steps are for.
 FORWARD_PARTS = ("evaluation", "client spread", "buffer drift", "public logits")
-BACKWARD_PARTS = ("reference gradient", "Fisher", "distillation")
+BACKWARD_PARTS = ("client requests", "client extra passes", "distillation")
 
 
 @dataclass(frozen=True)
@@ -113,14 +116,15 @@ class RunSize:
 
 @dataclass(frozen=True)
 class StrategyWork:
-    """The per-round work of a strategy's components, as sample counts."""
+    """The per-round extra work the strategy's components declare, with the public
+    examples the tasks' holdouts have added to any public set by the end of each task."""
 
-    gref_samples: int | None = None  # FedGP: per contributing client (None: no FedGP)
-    gref_interval: int = 1
-    fisher_samples: int | None = None  # FedCurv: per participant (None: no FedCurv)
-    public_per_task: tuple[int, ...] | None = None  # FedProj/FedDF: public examples after task t
-    distill_epochs: int = 1
-    distill_steps: int = 0  # FedDF: batches of the run's batch size per round
+    extras: tuple[ExtraWork, ...] = ()
+    holdouts: tuple[int, ...] = ()  # cumulative held-out examples after task t
+
+    def public_after(self, work: ExtraWork, task: int) -> int:
+        """The public set of ``work`` while task ``task`` trains (fixed part + holdouts)."""
+        return int(work.public_examples or 0) + self.holdouts[task]
 
 
 @dataclass(frozen=True)
@@ -235,18 +239,21 @@ def workload(
             if t != last_task[k]:
                 seen[k] += shards[t][k]
                 last_task[k] = t
-            if work.fisher_samples is not None and n:
-                batches = math.ceil(min(work.fisher_samples, n) / s.batch_size)
-                parts["Fisher"] += f * min(n, batches * s.batch_size)
+            for extra in work.extras:
+                if extra.shard_samples and n:
+                    batches = math.ceil(min(extra.shard_samples, n) / s.batch_size)
+                    parts["client extra passes"] += f * min(n, batches * s.batch_size)
         filled = [min(s.buffer_size, x) for x in seen]
-        if work.public_per_task is not None:
-            public = work.public_per_task[min(max(tasks), T - 1)]
-            parts["public logits"] += cpr * public
-            parts["distillation"] += work.distill_epochs * public
-            parts["distillation"] += work.distill_steps * min(s.batch_size, public)
-        if work.gref_samples is not None and (g + 1) % work.gref_interval == 0:
-            mean_fill = sum(filled) / K
-            parts["reference gradient"] += cpr * min(work.gref_samples, mean_fill)
+        for extra in work.extras:
+            if extra.public_examples is not None:
+                public = work.public_after(extra, min(max(tasks), T - 1))
+                parts["public logits"] += cpr * public
+                parts["distillation"] += extra.distill_epochs * public
+                parts["distillation"] += extra.distill_steps * min(s.batch_size, public)
+        for extra in work.extras:
+            if extra.request_samples and (g + 1) % extra.request_interval == 0:
+                mean_fill = sum(filled) / K
+                parts["client requests"] += cpr * min(extra.request_samples, mean_fill)
         if needs_buffer:
             parts["buffer drift"] += sum(filled)
         t = clock.global_task(g)
@@ -261,52 +268,21 @@ def workload(
     return Workload(steps, forward, backward, 2 * T, visits, parts)
 
 
-def strategy_work(
-    strategy: Strategy, splits: dict[int, TaskSplit], buffer_size: int
-) -> StrategyWork:
-    """The per-round sample counts of the strategy's components, from their resolved
-    options (FedGP's g_ref samples, FedCurv's Fisher samples, FedProj's public set)."""
-    values = {c.name: c.resolved_options() for c in strategy.all}
-    work = StrategyWork()
-    if "fedgp" in values:
-        gref = values["fedgp"]["gref_samples"]
-        work = dataclasses.replace(
-            work,
-            gref_samples=buffer_size if gref == "all" else int(str(gref)),
-            gref_interval=int(str(values["fedgp"]["gref_interval"])),
-        )
-    if "fedcurv" in values:
-        work = dataclasses.replace(work, fisher_samples=int(str(values["fedcurv"]["samples"])))
-    if "fedproj" in values:
-        work = dataclasses.replace(
-            work,
-            public_per_task=public_sizes(strategy, splits),
-            distill_epochs=int(str(values["fedproj"]["distill_epochs"])),
-        )
-    if "feddf" in values:
-        work = dataclasses.replace(
-            work,
-            public_per_task=public_sizes(strategy, splits, "feddf"),
-            distill_epochs=0,
-            distill_steps=int(str(values["feddf"]["distill_steps"])),
-        )
-    return work
+def strategy_work(strategy: Strategy, splits: dict[int, TaskSplit]) -> StrategyWork:
+    """What the strategy's components declare they compute besides the local steps
+    (``Component.extra_work``, after setup), and the holdouts that grow a public set."""
+    extras = tuple(c.extra_work() for c in strategy.all)
+    return StrategyWork(tuple(e for e in extras if e != ExtraWork()), holdout_totals(splits))
 
 
-def public_sizes(
-    strategy: Strategy, splits: dict[int, TaskSplit], name: str = "fedproj"
-) -> tuple[int, ...]:
-    """The public set of component ``name`` (FedProj, FedDF) after each task: the fixed
-    set, or the holdouts so far."""
-    owner = next(c for c in strategy.all if c.name == name)
-    fixed = getattr(owner, "public_x", None)
-    base = int(fixed.shape[0]) if isinstance(fixed, torch.Tensor) else 0
-    sizes, held = [], 0
+def holdout_totals(splits: dict[int, TaskSplit]) -> tuple[int, ...]:
+    """Examples withheld from every client by the end of each task (cumulative)."""
+    totals, held = [], 0
     for t in range(len(splits)):
         split = splits[t]
         held += 0 if split.held is None else int(split.held.numel())
-        sizes.append(base + held)
-    return tuple(sizes)
+        totals.append(held)
+    return tuple(totals)
 
 
 def estimate(work: Workload, units: UnitTimes, *, checkpoints: bool) -> Estimate:
@@ -358,17 +334,10 @@ def measure(
         task = StoredTask(stream.task_train(0), stream.task_test(0))
         task_seconds = time.perf_counter() - t0
         # One client, one epoch: a local step costs the same in every epoch, and a shard of
-        # k batches then times exactly k steps.
-        # (Steps are timed through the sequential trainer whatever the run's executor.)
+        # k batches then times exactly k steps. Steps are timed through the sequential
+        # trainer whatever the run's executor: the federation is given no other.
         scratch = dataclasses.replace(
-            schedule,
-            num_clients=1,
-            participation=1.0,
-            async_shift=0,
-            epochs=1,
-            executor="sequential",
-            clients_per_chunk=None,
-            compile_step=False,
+            schedule, num_clients=1, participation=1.0, async_shift=0, epochs=1
         )
         fed = Federation(
             stream,
@@ -530,7 +499,7 @@ def announce(plan: RunPlan, say: Callable[[str], None]) -> dict[str, object]:
         shards,
         needs_buffer=strategy.needs_buffer,
         needs_history=history,
-        work=strategy_work(strategy, plan.splits, schedule.buffer_size),
+        work=strategy_work(strategy, plan.splits),
     )
     checkpoints = plan.config.checkpoint_every != 0
 

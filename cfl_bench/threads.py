@@ -3,7 +3,7 @@
 Why not torch's default (one thread per core): every op of a multi-threaded local step ends
 at an OpenMP barrier, and on a shared machine the cores the other threads need are often
 busy, so the step waits for them to be scheduled again (torch's worker threads also keep
-denormal floats; only the main thread flushes them, see ``cfl_bench.run.configure_cpu``).
+denormal floats; only the main thread flushes them, see ``cfl_bench.plan.configure_cpu``).
 Measured with ``bench/threads.py`` on 2 cores (README, Performance), a local step with 2
 threads instead of 1 took:
 

@@ -253,6 +253,32 @@ class StrategyEnv:
     momentum: float = 0.0
 
 
+@dataclass(frozen=True)
+class ExtraWork:
+    """The work a component adds to each round outside the local steps, as sample counts.
+
+    Why declared: the run's cost estimate (``cfl_bench.cost``) multiplies these counts by
+    measured per-sample times, so a method that does extra work changes the estimate by
+    declaring it here, and the estimate never needs to know the method. Zero (or None):
+    no such work. Components' declarations add up.
+    """
+
+    # A client request after aggregation: a forward + backward over up to this many
+    # examples of each contributing client's buffer (``math.inf``: all of it), every
+    # ``request_interval`` rounds (FedGP's reference gradient).
+    request_samples: float = 0
+    request_interval: int = 1
+    # A forward + backward over up to this many of each participant's current examples, in
+    # whole batches of the run's batch size (FedCurv's Fisher).
+    shard_samples: int = 0
+    # A public set of this many fixed examples (None: none; the tasks' public holdouts so far
+    # add to it): every participant computes logits on it, and the server distils over it
+    # for ``distill_epochs`` passes plus ``distill_steps`` batches (FedProj, FedDF).
+    public_examples: int | None = None
+    distill_epochs: int = 0
+    distill_steps: int = 0
+
+
 class Component:
     """Base class: a component with no hooks does nothing (every hook is optional)."""
 
@@ -268,6 +294,13 @@ class Component:
     # Instance attributes that change during a run and must survive a checkpoint (tensors,
     # generators, numbers and containers of them); everything else is rebuilt by setup().
     state_attributes: ClassVar[tuple[str, ...]] = ()
+    # Its place in a local step's gradient-transform chain (``Strategy.transforms``, lowest
+    # first); every component with the gradient-transform role declares one, so a new
+    # transform takes its place without an edit of the composition.
+    transform_order: ClassVar[int | None] = None
+    # Its place among the server hooks after aggregation (``Strategy.server_hooks``, lowest
+    # first); components at the same place keep the written order, the learner first.
+    server_hook_order: ClassVar[int] = 0
 
     @classmethod
     def role_names(cls) -> list[str]:
@@ -325,6 +358,11 @@ class Component:
         Folded into the protocol hash, so runs whose clients hold different data are never
         ranked as if they shared a protocol."""
         return {}
+
+    def extra_work(self) -> ExtraWork:
+        """What this component computes each round besides the local steps (after
+        ``setup``), for the run's cost estimate; the base component does nothing extra."""
+        return ExtraWork()
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, object]:

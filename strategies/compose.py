@@ -40,20 +40,36 @@ from strategies.registry import component_classes
 _SEPARATOR = re.compile(r"(?<!=)(?<![0-9][eE])\+|\+(?![0-9.])")
 _COUNT_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
 
-#: The gradient-transform chain of a local step, in order. A-GEM's projection is the
-#: learner's ``refine_grad`` and runs before the chain; SCAFFOLD's control-variate correction
-#: comes first (it corrects the data gradient, which the projections then constrain), then
-#: FedProj's distillation projection, and FedGP's buffer projection last, so g_ref
-#: constrains the final direction. Every component with the gradient-transform role must be
-#: listed (tests/test_compose.py).
-TRANSFORM_CHAIN: tuple[str, ...] = ("scaffold", "fedproj", "fedgp")
 
-#: The server hooks after aggregation, in order; ``*`` stands for every component not named
-#: (in written order, the learner first). SCAFFOLD's server step (θ_old + η_g·(θ_avg − θ_old))
-#: makes θ_g final first; FedGP asks for its reference gradient last, at the final θ_g of
-#: the round. IFA keeps its place but has no hook here any more: its reset opens the next
-#: generation (``on_round_start``), so a generation's last evaluation sees the trained model.
-SERVER_HOOK_ORDER: tuple[str, ...] = ("scaffold", "ifa", "*", "fedgp")
+def transform_chain() -> tuple[str, ...]:
+    """The gradient-transform chain of a local step, by name, in order: every component
+    that declares a ``transform_order`` (``Strategy.transforms`` sorts by it). A-GEM's
+    projection is the learner's ``refine_grad`` and runs before the chain; the components'
+    declarations say why each sits where it does (SCAFFOLD, FedProj, FedGP)."""
+    ordered = sorted(
+        (cls for cls in component_classes().values() if cls.transform_order is not None),
+        key=lambda cls: cls.transform_order or 0,
+    )
+    return tuple(cls.name for cls in ordered)
+
+
+def server_hook_order() -> tuple[str, ...]:
+    """The server hooks after aggregation, by name, in order; ``*`` stands for every
+    component at the default place 0 (in written order, the learner first). From the
+    components' declared ``server_hook_order`` (``Strategy.server_hooks`` sorts by it)."""
+    placed = sorted(
+        (cls for cls in component_classes().values() if cls.server_hook_order != 0),
+        key=lambda cls: cls.server_hook_order,
+    )
+    before = tuple(cls.name for cls in placed if cls.server_hook_order < 0)
+    after = tuple(cls.name for cls in placed if cls.server_hook_order > 0)
+    return (*before, "*", *after)
+
+
+#: Both orders as names, derived from the declarations (for listings, docs and tests):
+#: ("scaffold", "fedproj", "fedgp") and ("scaffold", "ifa", "*", "fedgp").
+TRANSFORM_CHAIN: tuple[str, ...] = transform_chain()
+SERVER_HOOK_ORDER: tuple[str, ...] = server_hook_order()
 
 
 @dataclass(frozen=True)
@@ -175,9 +191,9 @@ class Strategy:
 
     @property
     def transforms(self) -> list[Component]:
-        """Gradient transforms in the order of ``TRANSFORM_CHAIN``."""
+        """Gradient transforms in their declared order (``Component.transform_order``)."""
         chain = [c for c in self.components if Role.GRAD_TRANSFORM in c.roles]
-        return sorted(chain, key=lambda c: TRANSFORM_CHAIN.index(c.name))
+        return sorted(chain, key=transform_position)
 
     @property
     def loss_terms(self) -> list[Component]:
@@ -191,13 +207,9 @@ class Strategy:
 
     @property
     def server_hooks(self) -> list[Component]:
-        """Every component in the order of ``SERVER_HOOK_ORDER`` (stable within ``*``)."""
-        rest = SERVER_HOOK_ORDER.index("*")
-
-        def position(c: Component) -> int:
-            return SERVER_HOOK_ORDER.index(c.name) if c.name in SERVER_HOOK_ORDER else rest
-
-        return sorted(self.all, key=position)
+        """Every component in its declared order (``Component.server_hook_order``; a
+        stable sort, so equal places keep the written order, the learner first)."""
+        return sorted(self.all, key=lambda c: c.server_hook_order)
 
     def protocol_changes(self) -> dict[str, object]:
         changes: dict[str, object] = {}
@@ -242,6 +254,14 @@ class Strategy:
                 for c in self.all
             ],
         }
+
+
+def transform_position(component: Component) -> int:
+    """A gradient transform's place in the chain; one without a declared place is a
+    programming error the registry test catches, refused here in one line."""
+    if component.transform_order is None:
+        raise TypeError(f"gradient transform {component.name!r} declares no transform_order")
+    return component.transform_order
 
 
 def capabilities(env: StrategyEnv) -> frozenset[str]:

@@ -31,6 +31,7 @@ from cfl_bench.engine.payloads import Payload
 from strategies.base import (
     ClientInputs,
     Component,
+    ExtraWork,
     Option,
     Role,
     StrategyEnv,
@@ -108,6 +109,11 @@ class FedCurv(Component):
         Option("lam", 1.0, "penalty weight λ", non_negative_float),
         Option("samples", 500, "examples used for each client's Fisher", positive_int),
     )
+
+    def extra_work(self) -> ExtraWork:
+        """Each participant's diagonal Fisher: a forward + backward over ``samples`` of its
+        current examples, in whole batches."""
+        return ExtraWork(shard_samples=int(str(self.values["samples"])))
 
     def setup(self, env: StrategyEnv) -> None:
         self.lam = float(str(self.values["lam"]))

@@ -47,7 +47,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from strategies.base import Component, Option, Role, StrategyEnv, positive_float, positive_int, text
+from strategies.base import (
+    Component,
+    ExtraWork,
+    Option,
+    Role,
+    StrategyEnv,
+    positive_float,
+    positive_int,
+    text,
+)
 from strategies.distillation import distill, teacher_log_probs
 from strategies.public_set import (
     PUBLIC_CHOICES,
@@ -96,6 +105,14 @@ class FedDF(PublicSetUser, Component):
         ),
         Option("distill_lr", 1e-3, "server Adam learning rate (authors' code)", positive_float),
     )
+
+    def extra_work(self) -> ExtraWork:
+        """Every participant's logits on the public set, and ``distill_steps`` server batches
+        over it."""
+        return ExtraWork(
+            public_examples=self.fixed_public_size(),
+            distill_steps=int(str(self.values["distill_steps"])),
+        )
 
     def setup(self, env: StrategyEnv) -> None:
         from cfl_bench.seeding import generator

@@ -25,6 +25,7 @@ download g_ref with the next broadcast.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, ClassVar
 
 from cfl_bench.engine.payloads import ClientRequest, Payload, Reply
@@ -32,6 +33,7 @@ from cfl_bench.errors import UserError
 from strategies.base import (
     ClientInputs,
     Component,
+    ExtraWork,
     Option,
     Role,
     StepView,
@@ -90,6 +92,19 @@ class FedGP(Component):
         ),
         Option("equal_comm", False, "halve the rounds per task, double local epochs", boolean),
     )
+    # Last in the transform chain, so g_ref constrains the final direction; its request
+    # last after aggregation, so g_ref is taken at the round's final θ_g.
+    transform_order: ClassVar[int | None] = 30
+    server_hook_order: ClassVar[int] = 10
+
+    def extra_work(self) -> ExtraWork:
+        """g_ref: a forward + backward over ``gref_samples`` of every contributing client's
+        buffer (``all``: the whole buffer), every ``gref_interval`` rounds."""
+        samples = self.values["gref_samples"]
+        return ExtraWork(
+            request_samples=math.inf if samples == "all" else int(str(samples)),
+            request_interval=int(str(self.values["gref_interval"])),
+        )
 
     def setup(self, env: StrategyEnv) -> None:
         self.gref: torch.Tensor | None = None

@@ -66,6 +66,7 @@ from cfl_bench.engine.payloads import Payload
 from strategies.base import (
     ClientInputs,
     Component,
+    ExtraWork,
     Option,
     Role,
     StepView,
@@ -182,6 +183,18 @@ class FedProj(PublicSetUser, Component):
             quiet_default=True,
         ),
     )
+
+    # After SCAFFOLD's correction, before FedGP: the distillation projection constrains the
+    # corrected gradient, and g_ref then the final direction.
+    transform_order: ClassVar[int | None] = 20
+
+    def extra_work(self) -> ExtraWork:
+        """Every participant's logits on the public set, and ``distill_epochs`` server
+        passes over it."""
+        return ExtraWork(
+            public_examples=self.fixed_public_size(),
+            distill_epochs=int(str(self.values["distill_epochs"])),
+        )
 
     def setup(self, env: StrategyEnv) -> None:
         from cfl_bench.seeding import generator

@@ -124,6 +124,9 @@ class IFA(Component):
     summary: ClassVar[str] = "reset a ρ fraction of θ_g at every generation end"
     paper: ClassVar[str] = '"Forget to Generalize: Iterative Adaptation" (IFA), 2026'
     state_attributes: ClassVar[tuple[str, ...]] = ("initial", "start", "resets")
+    # Right after SCAFFOLD's server step. It has no hook there any more (its reset opens the
+    # next generation, ``on_round_start``), but keeps its place.
+    server_hook_order: ClassVar[int] = -10
     options: ClassVar[tuple[Option, ...]] = (
         Option(
             "mode",

@@ -178,6 +178,12 @@ class PublicSetUser:
             count = self.public_size or AUTO_PUBLIC_SIZE
             self.public_x = load_public(env, owner, self.public, count, env.seed)
 
+    def fixed_public_size(self) -> int:
+        """Examples of the public set before any task's holdout joins it: a named set's
+        subset once set up, else 0 (the cost estimate adds the holdouts itself)."""
+        fixed = getattr(self, "public_x", None)  # unset before ``setup``
+        return 0 if fixed is None else int(fixed.shape[0])
+
     def declared_public_size(self) -> int | None:
         size = self.values["public_size"]
         return int(str(size)) if size is not None else None

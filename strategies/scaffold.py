@@ -116,6 +116,10 @@ def local_gradient(
 class Scaffold(Component):
     name: ClassVar[str] = "scaffold"
     roles: ClassVar[frozenset[Role]] = frozenset({Role.GRAD_TRANSFORM})
+    # First in the transform chain: it corrects the data gradient, which the projections
+    # then constrain; first after aggregation, so θ_g is final before the other hooks.
+    transform_order: ClassVar[int | None] = 10
+    server_hook_order: ClassVar[int] = -20
     summary: ClassVar[str] = (
         "control variates: g ← g − c_k + c at every local step; server c and η_g step"
     )

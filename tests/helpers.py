@@ -15,6 +15,7 @@ from cfl_bench.engine.executor import SequentialExecutor
 from cfl_bench.engine.loop import Federation, Schedule
 from cfl_bench.engine.optim import FlatSGD
 from cfl_bench.engine.round_server import RoundServer
+from cfl_bench.executors import executor_kind
 from cfl_bench.flat import FlatModel
 from cfl_bench.model_catalogue import model_capabilities, models_offering
 from cfl_bench.models import build_model
@@ -195,7 +196,10 @@ def digits_federation(
     torch.manual_seed(0)
     build = build_model if module_factory is None else module_factory
     module = build(model, stream.input_shape, stream.num_classes)
-    return Federation(stream, partitioner or ShardPartitioner(), strat, module, schedule, CPU)
+    executor = executor_kind(schedule.executor).for_federation(schedule)
+    return Federation(
+        stream, partitioner or ShardPartitioner(), strat, module, schedule, CPU, executor=executor
+    )
 
 
 def enter_task(fed: Federation, t: int) -> None:

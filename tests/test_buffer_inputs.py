@@ -76,5 +76,5 @@ def test_classification_streams_keep_float32_buffers() -> None:
     stream = build_stream(
         "rot-digits", num_tasks=2, seed=0, device=CPU, data_root=None, download=False
     )
-    for executor in ("sequential", "vectorized"):
-        assert buffer_inputs(stream, executor, CPU) is None
+    for stacked in (False, True):
+        assert buffer_inputs(stream, stacked, CPU) is None

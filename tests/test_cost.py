@@ -4,9 +4,12 @@ of a small real run against its actual time."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
+import math
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,9 @@ from cfl_bench.config import make_config
 from cfl_bench.engine.loop import Schedule
 from cfl_bench.run import RunPlan, execute, plan_run
 from cfl_bench.threads import usable_cores
+from strategies.base import Component, ExtraWork
 from strategies.compose import build_strategy
+from strategies.registry import component_classes
 
 SHARDS = [[25, 10, 0], [5, 30, 11]]  # task × client
 SMALL = {"tasks": 2, "rounds_per_task": 1, "clients": 3, "epochs": 1, "threads": 1}
@@ -83,17 +88,16 @@ def test_run_size_under_partial_participation_and_for_the_joint_learner() -> Non
 
 def test_workload_counts_evaluation_buffers_and_strategy_extras() -> None:
     s = schedule()
-    work = cost.StrategyWork(
-        gref_samples=32, fisher_samples=12, public_per_task=(7, 14), distill_epochs=1
-    )
+    extra = ExtraWork(request_samples=32, shard_samples=12, public_examples=0, distill_epochs=1)
+    work = cost.StrategyWork((extra,), holdouts=(7, 14))
     w = cost.workload(
         s, s.clock(), SHARDS, [10, 10], needs_buffer=True, needs_history=False, work=work
     )
     assert w.parts["evaluation"] == 20 + (20 + 4) + (20 + 8)  # start, end of task 1, 2
     assert w.parts["client spread"] == 3 * 4 + 3 * 8
     assert w.parts["buffer drift"] == 10 + 10 + 15 + 15  # min(5, seen) per client
-    assert w.parts["reference gradient"] == pytest.approx(10 + 10 + 15 + 15)
-    assert w.parts["Fisher"] == 2 * (20 + 10) + 2 * (5 + 20 + 11)  # whole batches, ≤ n
+    assert w.parts["client requests"] == pytest.approx(10 + 10 + 15 + 15)
+    assert w.parts["client extra passes"] == 2 * (20 + 10) + 2 * (5 + 20 + 11)  # ≤ n
     assert w.parts["public logits"] == 2 * 3 * 7 + 2 * 3 * 14
     assert w.parts["distillation"] == 2 * 7 + 2 * 14
     assert w.forward_samples == 72 + 36 + 50 + 126
@@ -126,19 +130,67 @@ def test_estimate_is_counts_times_unit_times() -> None:
     assert with_checkpoints == pytest.approx(expected * (1 + cost.CHECKPOINT_SHARE))
 
 
-def test_strategy_work_reads_the_components_options() -> None:
+def test_strategy_work_is_what_the_components_declare() -> None:
     strategy = build_strategy("der+fedcurv:samples=100+fedgp:gref_samples=all,gref_interval=2")
-    work = cost.strategy_work(strategy, {}, buffer_size=200)
-    assert (work.gref_samples, work.gref_interval, work.fisher_samples) == (200, 2, 100)
-    assert work.public_per_task is None
-    assert cost.strategy_work(build_strategy("fedavg"), {}, 200) == cost.StrategyWork()
+    work = cost.strategy_work(strategy, {})
+    assert work.extras == (
+        ExtraWork(shard_samples=100),
+        ExtraWork(request_samples=math.inf, request_interval=2),
+    )
+    assert cost.strategy_work(build_strategy("fedavg"), {}) == cost.StrategyWork()
+
+
+def test_a_new_method_changes_the_estimate_by_declaring_its_work() -> None:
+    """A component the estimate has never heard of counts through its declaration alone."""
+
+    class Probe(Component):
+        name = "probe"
+
+        def extra_work(self) -> ExtraWork:
+            return ExtraWork(shard_samples=5)
+
+    s = schedule()
+    plain = cost.strategy_work(build_strategy("fedavg"), {})
+    strategy = build_strategy("fedavg")
+    strategy.components.append(Probe())
+    declared = cost.strategy_work(strategy, {})
+    counts = [
+        cost.workload(
+            s, s.clock(), SHARDS, [10, 10], needs_buffer=False, needs_history=False, work=w
+        ).backward_samples
+        for w in (plain, declared)
+    ]
+    assert counts == [0, 2 * (10 + 10) + 2 * (5 + 10 + 10)]  # a whole batch of 10, ≤ n
+
+
+def test_the_estimate_names_no_component() -> None:
+    """cost.py holds no component's name in its code (docstrings may cite methods)."""
+    tree = ast.parse(Path(cost.__file__).read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+    }
+    names = set(component_classes())
+    words = {
+        word.lower()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if id(node) not in docstrings
+        for word in re.findall(r"[A-Za-z]+", node.value)
+    }
+    assert not words & names
 
 
 def test_fedproj_holdouts_grow_the_public_set() -> None:
     plan = plan_run(make_config({**SMALL, "strategy": "fedavg+fedproj", "out": "unused"}))
     held = [int(plan.splits[t].held.numel()) for t in range(2)]  # type: ignore[union-attr]
-    work = cost.strategy_work(plan.strategy, plan.splits, 200)
-    assert work.public_per_task == (held[0], held[0] + held[1])
+    work = cost.strategy_work(plan.strategy, plan.splits)
+    (extra,) = work.extras
+    assert extra.public_examples == 0 and extra.distill_epochs == 1
+    assert [work.public_after(extra, t) for t in (0, 1)] == [held[0], held[0] + held[1]]
 
 
 # -- the probe --------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Why a table: each row builds one bad layout in ``tmp_path`` (a folder where a file should
 be, a --data-root that is a file, a corrupt or empty file of each format, too many --tasks,
-...), calls ``streams.registry.build_stream`` exactly as ``cfl_bench/run.py`` does, and
+...), calls ``streams.registry.build_stream`` exactly as ``cfl_bench/plan.py`` does, and
 checks three things: the message carries the key words, it is a single line, and nothing
 was left behind under ``tmp_path``. No row touches the network, torchvision's downloader or
 the MiniLM encoder: an autouse fixture makes each of them fail loudly, which also proves
@@ -69,7 +69,7 @@ def build(
     download: bool = False,
     train_size: int | None = None,
 ) -> object:
-    """build_stream with the arguments cfl_bench/run.py passes (the stream's default number
+    """build_stream with the arguments cfl_bench/plan.py passes (the stream's default number
     of tasks when ``tasks`` is None, as run.py fills it in)."""
     return build_stream(
         stream,

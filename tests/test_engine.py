@@ -114,24 +114,24 @@ def test_flat_views_survive_training() -> None:
 
 
 def test_holdout_split_is_disjoint_seeded_and_complete() -> None:
-    held, kept = holdout_split(100, 10, task=0, seed=3)
+    held, kept = holdout_split(100, 10, task=0, seed=3, owner="fedproj")
     assert held is not None and kept is not None
     assert held.numel() == 10 and kept.numel() == 90
     assert torch.equal(torch.sort(torch.cat([held, kept])).values, torch.arange(100))
-    again, _ = holdout_split(100, 10, task=0, seed=3)
-    other_task, _ = holdout_split(100, 10, task=1, seed=3)
+    again, _ = holdout_split(100, 10, task=0, seed=3, owner="fedproj")
+    other_task, _ = holdout_split(100, 10, task=1, seed=3, owner="fedproj")
     assert again is not None and torch.equal(held, again)
     assert other_task is not None and not torch.equal(held, other_task)
-    assert holdout_split(100, 0, task=0, seed=3) == (None, None)
+    assert holdout_split(100, 0, task=0, seed=3, owner="fedproj") == (None, None)
     with pytest.raises(UserError, match="lower fedproj:public_size"):
-        holdout_split(100, 100, task=0, seed=3)
+        holdout_split(100, 100, task=0, seed=3, owner="fedproj")
 
 
 def test_fedproj_holdout_is_withheld_from_every_client() -> None:
     fed = federation("fedproj:public=holdout,public_size=50")
     enter_task(fed, 0)
     task = fed.stream.task(0)
-    held, kept = holdout_split(task.train_y.shape[0], 50, task=0, seed=0)
+    held, kept = holdout_split(task.train_y.shape[0], 50, task=0, seed=0, owner="fedproj")
     assert held is not None and kept is not None
     public = fed.strategy.components[0].public_x  # type: ignore[attr-defined]
     assert torch.equal(public, task.train_x[held])

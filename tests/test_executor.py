@@ -120,6 +120,12 @@ def test_the_transform_chain_and_server_order_name_real_components() -> None:
     transforms = {n for n, c in classes.items() if Role.GRAD_TRANSFORM in c.roles}
     assert transforms == set(TRANSFORM_CHAIN)
     assert set(SERVER_HOOK_ORDER) - {"*"} <= set(classes)
+    # The declared places give exactly the orders the names used to list.
+    assert TRANSFORM_CHAIN == ("scaffold", "fedproj", "fedgp")
+    assert SERVER_HOOK_ORDER == ("scaffold", "ifa", "*", "fedgp")
+    both = build_strategy("der+fedgp+ifa+scaffold+fedcurv")
+    assert [c.name for c in both.server_hooks] == ["scaffold", "ifa", "der", "fedcurv", "fedgp"]
+    assert [c.name for c in both.transforms] == ["scaffold", "fedgp"]
     strategy = build_strategy("fedgp+ifa+fedcurv")
     assert [c.name for c in strategy.server_hooks] == ["ifa", "fedavg", "fedcurv", "fedgp"]
     assert [c.name for c in build_strategy("fedgp+fedproj").transforms] == ["fedproj", "fedgp"]

@@ -125,12 +125,12 @@ def in_process(*args: str) -> Any:
 def test_run_interrupted_while_loading_data_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import cfl_bench.run
+    import cfl_bench.plan
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cfl_bench.run, "build_stream", interrupted)
+    monkeypatch.setattr(cfl_bench.plan, "build_stream", interrupted)
     result = in_process("run", *RUN, "--out", str(tmp_path / "r"))
     assert result.exit_code == 130
     assert result.output.strip().splitlines() == [

@@ -75,10 +75,15 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def imported(path: Path, name: str) -> Iterator[str]:
-    """Every project module ``path`` imports (dotted names, relative imports resolved)."""
+def imported(path: Path, name: str, type_checking: bool = True) -> Iterator[str]:
+    """Every project module ``path`` imports (dotted names, relative imports resolved);
+    without ``type_checking``, not those under ``if TYPE_CHECKING:`` (never run)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = set() if type_checking else type_checking_nodes(tree)
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
@@ -93,6 +98,17 @@ def imported(path: Path, name: str) -> Iterator[str]:
         for target in targets:
             if target.split(".")[0] in PACKAGES:
                 yield target
+
+
+def type_checking_nodes(tree: ast.AST) -> set[int]:
+    """The ids of every node inside an ``if TYPE_CHECKING:`` body (imports for annotations
+    only, which never run)."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for statement in node.body:
+                found.update(id(inner) for inner in ast.walk(statement))
+    return found
 
 
 def owning_module(target: str, known: dict[str, Path]) -> str | None:
@@ -165,3 +181,84 @@ def test_a_wrong_direction_is_reported(tmp_path: Path, monkeypatch: pytest.Monke
         lambda: {**real, "strategies.fedx": fake},
     )
     assert violations() == ["strategies.fedx imports streams.mnist, a side-by-side package"]
+
+
+# -- import cycles -------------------------------------------------------------------------------
+def import_graph() -> dict[str, set[str]]:
+    """Module → the project modules it imports when it runs: at module level and inside
+    functions alike (a lazy import is still a dependency), not under ``TYPE_CHECKING``;
+    importing ``a.b.c`` also runs the packages ``a`` and ``a.b``."""
+    known = modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        targets = {owning_module(t, known) for t in imported(path, name, type_checking=False)}
+        edges = set()
+        for target in targets - {None, name}:
+            assert target is not None
+            parts = target.split(".")
+            edges.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+        graph[name] = {
+            m for m in edges if m in known and m != name and not name.startswith(m + ".")
+        }
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_module_imports_itself_back() -> None:
+    """No import circles: a module that needs another's code must not be needed by it,
+    however lazily either imports (the run, the engine, Flower and the cost estimate used to
+    form one). A package importing its own package is allowed (the package runs first)."""
+    assert import_cycles(import_graph()) == []
+
+
+def test_a_cycle_is_found_through_a_function_level_import() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_imports_for_annotations_only_are_not_dependencies(tmp_path: Path) -> None:
+    path = tmp_path / "fedx.py"
+    path.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from cfl_bench.run import RunPlan\n"
+        "def f():\n    from cfl_bench.plan import plan_run\n",
+        encoding="utf-8",
+    )
+    known = modules()
+    runs = {owning_module(t, known) for t in imported(path, "strategies.fedx", False)}
+    assert runs == {"cfl_bench.plan"}

@@ -13,6 +13,7 @@ implement this same protocol.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -89,3 +90,23 @@ class SequentialExecutor:
         for client, task in ending:
             self.trainer.strategy.learner.on_task_end(client, task, model)
         model.module.train()
+
+
+@dataclass(frozen=True)
+class ExecutorBuild:
+    """How a ``Federation`` gets its executor, injected by whoever chose it (the run's
+    executor registry, ``cfl_bench.executors``), so the engine never dispatches on an
+    executor's name.
+
+    ``make`` turns the federation's trainer into the executor (the trainer exists only once
+    the federation has wrapped the model). ``stacked_buffers``: the clients' replay buffers
+    are rows of one ``ReservoirStack`` (batched draws and inserts over clients), which also
+    keeps their inputs as float32 rather than a stream's compact stored form.
+    """
+
+    make: Callable[[LocalTrainer], Executor] = SequentialExecutor
+    stacked_buffers: bool = False
+
+
+#: The reference executor: clients one after another, per-client buffers.
+SEQUENTIAL = ExecutorBuild()

@@ -32,7 +32,7 @@ from cfl_bench.engine.client_data import ClientData
 from cfl_bench.engine.client_update import ClientResult, LocalTrainer, StepSchedule
 from cfl_bench.engine.context import ClientState, ServerState
 from cfl_bench.engine.evaluation import EvalSet
-from cfl_bench.engine.executor import Executor, SequentialExecutor
+from cfl_bench.engine.executor import SEQUENTIAL, Executor, ExecutorBuild
 from cfl_bench.engine.federation_state import federation_state, load_federation_state
 from cfl_bench.engine.measurement import Measurement, Record
 from cfl_bench.engine.optim import local_optimizer
@@ -77,9 +77,10 @@ class Schedule:
     diagnostics: bool = False
     # ``--amp``: the local steps' mixed precision (``engine.amp``).
     amp: str = "off"
-    # How the client side runs (``engine.executor``; results are the same up to float
-    # rounding): "sequential", "flower" (the same floats) or "vectorized", the latter
-    # ``clients_per_chunk`` clients at a time (None: all of a round's participants at once).
+    # Which executor runs the client side, and its options (results are the same up to
+    # float rounding): its name in ``cfl_bench.executors``, which builds it and injects it
+    # into the ``Federation`` (the engine itself never reads the name); the vectorized one
+    # takes ``clients_per_chunk`` clients at a time (None: all of a round's participants).
     executor: str = "sequential"
     clients_per_chunk: int | None = None
     compile_step: bool = False  # torch.compile the vectorized executor's client step
@@ -140,6 +141,7 @@ class Federation:
         schedule: Schedule,
         device: torch.device,
         splits: dict[int, TaskSplit] | None = None,
+        executor: ExecutorBuild = SEQUENTIAL,
     ) -> None:
         self.stream = stream
         self.strategy = strategy
@@ -147,7 +149,9 @@ class Federation:
         self.device = device
         self.model = FlatModel(model.to(device))
         s = schedule
-        self.clients = new_clients(stream, s, strategy.needs_buffer, device)
+        self.clients = new_clients(
+            stream, s, strategy.needs_buffer, device, stacked=executor.stacked_buffers
+        )
         self.server = ServerState(
             model=self.model,
             global_params=self.model.params.detach().clone(),
@@ -164,20 +168,8 @@ class Federation:
         self.measure = Measurement(
             self.model, s.probe_size, stream.objective, stream.as_model_input, s.diagnostics
         )
-        optimizer = local_optimizer(
-            s.optimizer, self.model.params, self.model.grads, s.lr, s.momentum, s.weight_decay
-        )
-        augment = stream.augment if stream.augments else None
-        trainer = LocalTrainer(
-            self.model,
-            optimizer,
-            strategy,
-            s.steps,
-            augment,
-            stream.objective,
-            stream.as_model_input,
-        )
-        self.executor: Executor = make_executor(trainer, s)
+        trainer = build_trainer(self.model, strategy, s, stream)
+        self.executor: Executor = executor.make(trainer)
         # Told after each client update of a round (``ClientsReport``), so a long round
         # (ResNet-18 on a CPU) shows progress inside it. Never changes results.
         self.on_client: Callable[[ClientsReport], None] | None = None
@@ -353,27 +345,30 @@ class Federation:
         load_federation_state(self, state)
 
 
-def make_executor(trainer: LocalTrainer, schedule: Schedule) -> Executor:
-    """The executor ``schedule.executor`` names, running ``trainer``'s client updates."""
-    if schedule.executor == "vectorized":
-        from cfl_bench.engine.vectorized import VectorizedExecutor
+def build_trainer(
+    model: FlatModel, strategy: Strategy, schedule: Schedule, stream: Stream
+) -> LocalTrainer:
+    """The client updates' trainer for ``model``: the run's local optimiser over its flat
+    parameters, the strategy's client hooks, the step schedule and the stream's
+    augmentation, objective and decoder. One function for the federation and for a Flower
+    ClientApp (``flower.client_app``), so both train with the same pieces."""
+    s = schedule
+    optimizer = local_optimizer(
+        s.optimizer, model.params, model.grads, s.lr, s.momentum, s.weight_decay
+    )
+    augment = stream.augment if stream.augments else None
+    return LocalTrainer(
+        model, optimizer, strategy, s.steps, augment, stream.objective, stream.as_model_input
+    )
 
-        return VectorizedExecutor(trainer, schedule.clients_per_chunk, schedule.compile_step)
-    if schedule.executor == "flower":
-        from cfl_bench.flower.executor import FlowerExecutor
-        from cfl_bench.flower.server_app import bound_grid
 
-        return FlowerExecutor(bound_grid(), schedule.num_clients, trainer.strategy.learner)
-    return SequentialExecutor(trainer)
-
-
-def buffer_inputs(stream: Stream, executor: str, device: torch.device) -> StoredInputs | None:
+def buffer_inputs(stream: Stream, stacked: bool, device: torch.device) -> StoredInputs | None:
     """The compact form replay buffers keep inputs in, when the stream has an exact one
     (``Stream.model_input_to_stored``: CARLA's uint8 frames); float32 otherwise, and always
-    under the vectorized executor, whose stacked buffers are read without decoding."""
+    for ``stacked`` buffers (the vectorized executor's), which are read without decoding."""
     probe = torch.zeros((1, *stream.input_shape), device=device)
     stored = stream.model_input_to_stored(probe)
-    if stored is None or executor == "vectorized":
+    if stored is None or stacked:
         return None
 
     def encode(x: torch.Tensor) -> torch.Tensor:
@@ -385,14 +380,18 @@ def buffer_inputs(stream: Stream, executor: str, device: torch.device) -> Stored
 
 
 def new_clients(
-    stream: Stream, schedule: Schedule, needs_buffer: bool, device: torch.device
+    stream: Stream,
+    schedule: Schedule,
+    needs_buffer: bool,
+    device: torch.device,
+    stacked: bool = False,
 ) -> list[ClientState]:
     """The run's clients in their initial state: seeded generators, empty buffers (when
-    the strategy uses one; under the vectorized executor rows of one ``ReservoirStack``)
-    and the stream's input decoder."""
+    the strategy uses one; with ``stacked`` — the executor's ``ExecutorBuild`` says so —
+    rows of one ``ReservoirStack``) and the stream's input decoder."""
     s = schedule
 
-    compact = buffer_inputs(stream, s.executor, device)
+    compact = buffer_inputs(stream, stacked, device)
 
     def buffer(k: int) -> ReservoirBuffer:
         return ReservoirBuffer(
@@ -415,6 +414,6 @@ def new_clients(
         )
         for k in range(s.num_clients)
     ]
-    if needs_buffer and s.executor == "vectorized":  # batched draws and inserts over clients
+    if needs_buffer and stacked:  # batched draws and inserts over clients
         ReservoirStack([c.buffer for c in clients if c.buffer is not None])
     return clients

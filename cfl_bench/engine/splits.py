@@ -40,8 +40,10 @@ def plan_task_split(
     """The seeded split of one task (holdout first, then the partitioner on the rest)."""
     total = labels.shape[0]
     per_task = strategy.holdout_per_task(total)
-    owner = next((c.name for c in strategy.all if c.holdout_per_task(total) == per_task), "")
-    held, kept = holdout_split(total, per_task, task, seed, owner or "fedproj")
+    # The component withholding the most names itself in a refusal (the maximum is some
+    # component's own count, so there always is one).
+    owner = next(c.name for c in strategy.all if c.holdout_per_task(total) == per_task)
+    held, kept = holdout_split(total, per_task, task, seed, owner)
     parts = partitioner.split(
         labels if kept is None else labels[kept], num_clients, task=task, seed=seed
     )
@@ -78,13 +80,13 @@ def plan_splits(
 
 
 def holdout_split(
-    total: int, per_task: int, task: int, seed: int, owner: str = "fedproj"
+    total: int, per_task: int, task: int, seed: int, owner: str
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(held-out indices, kept indices) of one task's training split, or (None, None).
 
     The held-out slice is a seeded random draw per task; the partitioner then splits only
-    the kept indices, so no client ever holds a held-out example. ``owner`` is the component
-    that withholds it (FedProj or FedDF), whose ``public_size`` a refusal names.
+    the kept indices, so no client ever holds a held-out example. ``owner`` names the
+    component that withholds it, whose ``public_size`` a refusal names.
     """
     if per_task <= 0:
         return None, None

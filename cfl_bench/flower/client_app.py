@@ -4,7 +4,7 @@ A node holds its client's ``ClientState`` in ``context.state`` (``cfl.client``, 
 ``torch.save`` image) between messages, and loads its training shard itself from the run's
 stream and task split (the same deterministic gather ``ClientData.assign`` does on the
 server), so no data travels. Per process, the run's pieces (stream, strategy, model,
-trainer) are built once from the run configuration (``plan_run``: the same code, seed and
+trainer) are built once from the run configuration (``plan.plan_run``: the same code, seed and
 validation as the server) and cached.
 
 The run configuration is the app's run config: ``cfl-config`` (a file path: the simulation
@@ -30,8 +30,7 @@ from flwr.clientapp import ClientApp
 from cfl_bench.engine.client_data import ClientData
 from cfl_bench.engine.client_update import ClientJob, LocalTrainer
 from cfl_bench.engine.context import ClientState, ServerState
-from cfl_bench.engine.loop import new_clients
-from cfl_bench.engine.optim import local_optimizer
+from cfl_bench.engine.loop import build_trainer, new_clients
 from cfl_bench.flat import FlatModel
 from cfl_bench.flower import records
 from cfl_bench.seeding import seed_torch_default
@@ -116,25 +115,18 @@ def runtime_of(context: Context) -> ClientRuntime:
 def runtime(text: str) -> ClientRuntime:
     """Build the run's client side from its configuration (once per process)."""
     from cfl_bench.config import RunConfig
-    from cfl_bench.run import plan_run
+    from cfl_bench.plan import plan_run
 
     config = RunConfig(**json.loads(text))
     plan = plan_run(config)
     torch.set_num_threads(1)  # one CPU per Ray actor (docs/executors.md)
     s, device = plan.schedule, plan.device
-    model = FlatModel(plan.model.to(device))
-    optimizer = local_optimizer(
-        s.optimizer, model.params, model.grads, s.lr, s.momentum, s.weight_decay
-    )
-    stream = plan.stream
-    augment = stream.augment if stream.augments else None
-    trainer = LocalTrainer(
-        model, optimizer, plan.strategy, s.steps, augment, stream.objective, stream.as_model_input
-    )
+    trainer = build_trainer(FlatModel(plan.model.to(device)), plan.strategy, s, plan.stream)
     data = ClientData(
-        stream, plan.partitioner, plan.strategy, s.clock(), s.seed, device, plan.splits
+        plan.stream, plan.partitioner, plan.strategy, s.clock(), s.seed, device, plan.splits
     )
-    fresh = new_clients(stream, s, plan.strategy.needs_buffer, device)
+    # A node trains its one client with the sequential trainer: per-client buffers.
+    fresh = new_clients(plan.stream, s, plan.strategy.needs_buffer, device)
     return ClientRuntime(trainer, data, fresh, device)
 
 

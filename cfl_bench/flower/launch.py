@@ -119,7 +119,7 @@ def write_deploy_app(config: RunConfig, app: Path) -> Path:
     ``cfl-bench run`` would check it. Returns the app folder."""
     import dataclasses
 
-    from cfl_bench.run import plan_run
+    from cfl_bench.plan import plan_run
 
     if app.exists() and any(app.iterdir()):
         raise UserError(f"'{app}' is not empty; choose a new folder for the Flower app.")

@@ -1,5 +1,5 @@
-"""The ServerApp: the engine's whole run (``run.execute``) with a ``FlowerExecutor`` bound
-to this run's grid.
+"""The ServerApp: the engine's whole run (``run.execute``) with its grid passed as the run's
+host, so the executor registry builds a ``FlowerExecutor`` on it (``cfl_bench.executors``).
 
 Why the engine's loop inside ``main`` rather than Flower's strategies: the round order,
 the server hooks, the declared payloads, measurement and checkpoints are the engine's; only
@@ -9,6 +9,9 @@ is written next to the configuration file for the launcher (``flower.launch``), 
 flower app``) carries the configuration itself (``cfl-config-json``) and has no launcher
 waiting: there a failed run raises, so that ``flwr ls`` lists it as failed, and the run
 directory (``out``, on the SuperLink's machine) holds the records as with any executor.
+
+The grid travels as an argument, never through module state: a process running two apps
+(or a test) cannot hand one run another run's grid.
 """
 
 from __future__ import annotations
@@ -23,17 +26,6 @@ from flwr.serverapp import Grid, ServerApp
 from cfl_bench.errors import UserError
 
 app = ServerApp()
-_GRID: list[Grid] = []
-
-
-def bound_grid() -> Grid:
-    """The grid of the ServerApp this process runs (``make_executor`` asks for it)."""
-    if not _GRID:
-        raise UserError(
-            "--executor flower runs inside a Flower simulation; start it with "
-            "cfl-bench run ... --executor flower."
-        )
-    return _GRID[-1]
 
 
 @app.main()
@@ -44,25 +36,20 @@ def main(grid: Grid, context: Context) -> None:
     from cfl_bench.run import execute
 
     if not str(context.run_config.get("cfl-config", "")):
-        _GRID.append(grid)
-        try:
-            execute(RunConfig(**json.loads(str(context.run_config["cfl-config-json"]))))
-        finally:
-            _GRID.pop()
+        config = RunConfig(**json.loads(str(context.run_config["cfl-config-json"])))
+        execute(config, host=grid)
         return
     path = Path(str(context.run_config["cfl-config"]))
     outcome: dict[str, object] = {"ok": False}
-    _GRID.append(grid)
     try:
         config = RunConfig(**json.loads(path.read_text()))
         # One line per round (and inside long rounds) in Flower's log, which the launcher
         # relays to the user (``flower.launch.relay``).
-        result = execute(config, RoundLog(), notify=lambda text: print(text, flush=True))
+        result = execute(config, RoundLog(), notify=lambda text: print(text, flush=True), host=grid)
         outcome = {"ok": True, "path": str(result.path)}
     except UserError as exc:
         outcome = {"ok": False, "error": str(exc)}
     except Exception:
         outcome = {"ok": False, "error": traceback.format_exc()}
     finally:
-        _GRID.pop()
         path.with_name("outcome.json").write_text(json.dumps(outcome))

@@ -146,7 +146,8 @@ def plan_pilot_split(
     """The one task's split, identical for every strategy: the engine's seeded holdout draw
     (``engine.splits.holdout_split``) withholds the public points, the partitioner deals the
     rest."""
-    held, kept = holdout_split(labels.shape[0], public_count(labels.shape[0]), 0, seed)
+    total = labels.shape[0]
+    held, kept = holdout_split(total, public_count(total), 0, seed, owner="fedproj")
     assert held is not None and kept is not None  # public_count is at least 1
     parts = partitioner.split(labels[kept], num_clients, task=0, seed=seed)
     return TaskSplit([kept[p] for p in parts], held)

@@ -326,11 +326,12 @@ def check_grid_size(axes: Axes) -> None:
 
 def check_sweep_point(config: RunConfig) -> None:
     """What `cfl-bench run` refuses from options alone, and what a sweep cannot run."""
+    from cfl_bench.executors import executor_kind
     from cfl_bench.run_checks import check_diagnostics, check_run_length
 
     check_diagnostics(config)
     check_run_length(config)
-    if config.executor == "flower":
+    if executor_kind(config.executor).hosted:
         raise UserError(
             "--executor flower cannot run inside a sweep yet (each point would start its own "
             "Flower simulation); use --executor sequential or vectorized."
