@@ -11,9 +11,9 @@ fixes (docs/architecture.md draws it):
                      component.broadcast(server)            → declared payloads (counted)
     client start     inputs = component.round_inputs(broadcast)     (once per round)
                              | component.client_inputs(client, local)   (local: LocalRound)
-                     component.on_client_start(client, local)   (components with frozen
-                                                                 models: FedNTD, MOON)
-    each local step  learner.loss(step) + Σ component.loss_term(step)   (autograd terms)
+    each local step  learner.loss(step) + Σ component.loss_term(outputs, z, y, mask,
+                                                 values)   (autograd terms; values: the
+                                                 component's frozen forwards and inputs)
                      backward into the flat gradient g
                      g, value = component.penalty(θ, g, inputs)   (closed-form θ penalties)
                      learner.refine_grad(step)               (A-GEM)
@@ -27,11 +27,11 @@ fixes (docs/architecture.md draws it):
                      the named clients at θ_g → the request's on_reply(summed answers)
                      (FedGP's reference gradient last, at the final θ_g of the round)
 
-Client-side hooks (``on_client_start``, the step hooks, ``after_local``) see the client's
-state, the round's ``Broadcast`` and the model being trained — never the server — so a client
-update can run in another process. Server-side hooks see the ``ServerState``. No component
-counts traffic or tracks model versions: it declares its ``payloads`` and the engine moves
-and counts them (``cfl_bench.engine.payloads``).
+Client-side hooks (``round_inputs``, ``client_inputs``, the step functions, ``after_local``)
+see the client's state, the round's ``Broadcast`` and the model being trained — never the
+server — so a client update can run in another process. Server-side hooks see the
+``ServerState``. No component counts traffic or tracks model versions: it declares its
+``payloads`` and the engine moves and counts them (``cfl_bench.engine.payloads``).
 
 State lives in explicit objects: per-client state in ``ClientState.extras[component]`` and
 server state on the component instance (one instance per run, its ``state_attributes``
@@ -43,9 +43,12 @@ component, which serves every client.
 The step functions (``penalty``, ``transform``) are pure functions of tensors with the
 parameter axis last: one client's θ and g are (P,), a chunk of clients' (C, P), and each
 input is either shared by the chunk ((P,), θ_g) or one row per client ((C, P), stacked by
-the executor). So the sequential executor and the vectorized one run the very same code,
-and a new component runs under both without an executor edit. Dot products over the
-parameter axis go through ``projection.row_dot``.
+the executor). ``loss_term`` is one client's term on its batch's outputs (the vectorized
+executor vmaps it over the chunk, with a row mask for padded batches), reading the forwards
+without gradient it declares (``frozen_forwards``), which each executor computes its own
+way. So the sequential executor and the vectorized one run the very same code, and a new
+component runs under both without an executor edit. Dot products over the parameter axis
+go through ``projection.row_dot``.
 
 Component modules import torch (and the engine modules that import it) inside the functions
 that compute, never at module top: the grammar (``strategies.compose``) and `cfl-bench list
@@ -112,6 +115,19 @@ AUTO = "auto"  # the written value of an option resolved from the stream at setu
 #: What a component's step functions need for one client's round, by name: tensors (one
 #: client's, or a chunk's — shared, or stacked with a leading client axis) and numbers.
 ClientInputs = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FrozenForward:
+    """One forward without gradient a loss term reads: the model at the parameters (and
+    float buffers) under the ``params`` (``buffers``) keys of the component's inputs, on the
+    step's batch; ``output`` is "outputs" or "representation"; its result goes to the loss
+    term under ``name``."""
+
+    name: str
+    params: str
+    buffers: str
+    output: str = "outputs"
 
 
 class StepView(Protocol):
@@ -412,13 +428,32 @@ class Component:
         may update the client's state (SCAFFOLD's option I takes ∇f_k(θ_g) here)."""
         return {}
 
-    def on_client_start(self, client: ClientState, local: LocalRound) -> None:
-        """Called after the client loaded θ_g into ``local.model``, before its local steps
-        (components that keep frozen models for their loss terms: FedNTD, MOON)."""
-
     # -- local step ---------------------------------------------------------------------------
-    def loss_term(self, step: StepContext) -> torch.Tensor | None:
-        """A term of the local loss built from ``step.outputs`` (autograd differentiates it)."""
+    def frozen_forwards(self) -> tuple[FrozenForward, ...]:
+        """The forwards without gradient a ``loss_term`` reads, each at parameters its
+        inputs hold (FedNTD's teacher at θ_g, MOON's previous model): the executor runs
+        them on the step's batch, in eval mode, and passes their results by name."""
+        return ()
+
+    def term_inputs(self) -> tuple[str, ...]:
+        """The keys of this client's inputs a ``loss_term`` reads besides the frozen
+        forwards (MOON's per-client weight)."""
+        return ()
+
+    def loss_term(
+        self,
+        outputs: torch.Tensor,
+        representation: torch.Tensor | None,
+        y: torch.Tensor,
+        mask: torch.Tensor | None,
+        values: dict[str, torch.Tensor],
+    ) -> torch.Tensor | None:
+        """A term of one client's local loss on its batch's ``outputs`` (and its
+        ``representation`` when ``wants_representation``), differentiated by autograd:
+        ``values`` holds the ``frozen_forwards`` by name and the ``term_inputs``. A pure
+        function of tensors: the vectorized executor calls it inside ``vmap`` with one
+        client's slice and the padded batch's row ``mask`` (None: every row is real).
+        None: no term."""
         return None
 
     def penalty(

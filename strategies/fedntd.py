@@ -12,24 +12,32 @@ The CE part is the learner's; this component adds the second term. Because the t
 is removed, the distillation term has no gradient w.r.t. the true-class logit: the global
 model's knowledge is kept only on the classes the client is *not* being taught.
 
-The teacher runs in eval mode (a frozen, deterministic copy: no dropout noise, BatchNorm on
-its running statistics) on a private copy of the module, so its forward never touches the
-global statistics or the student's parameters. Defaults τ = 1, β = 1 (specs).
+The teacher runs in eval mode (a frozen, deterministic forward: no dropout noise, BatchNorm
+on its running statistics) at θ_g and the broadcast buffers — a ``FrozenForward`` the
+executor runs on a copy of the module, so it never touches the global statistics or the
+student's parameters. Defaults τ = 1, β = 1 (specs).
 """
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING, ClassVar
 
 from cfl_bench.errors import UserError
-from strategies.base import Component, Option, Role, StrategyEnv, non_negative_float, positive_float
+from strategies.base import (
+    ClientInputs,
+    Component,
+    FrozenForward,
+    Option,
+    Role,
+    StrategyEnv,
+    non_negative_float,
+    positive_float,
+)
 
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import ClientState, LocalRound, StepContext
-    from cfl_bench.flat import FlatModel
+    from cfl_bench.engine.context import Broadcast
 
 
 def drop_true_class(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -48,14 +56,24 @@ def drop_true_class(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def not_true_distillation(
-    logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor, tau: float
+    logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    labels: torch.Tensor,
+    tau: float,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """τ² · KL(softmax(z̃_g/τ) ‖ softmax(z̃/τ)) with batchmean reduction."""
+    """τ² · KL(softmax(z̃_g/τ) ‖ softmax(z̃/τ)) with batchmean reduction (``mask``: the mean
+    over a padded batch's real rows instead)."""
     from torch.nn import functional as F
+
+    from cfl_bench.objective import masked_mean
 
     student = F.log_softmax(drop_true_class(logits, labels) / tau, dim=1)
     teacher = F.log_softmax(drop_true_class(teacher_logits, labels) / tau, dim=1)
-    return tau * tau * F.kl_div(student, teacher, reduction="batchmean", log_target=True)
+    if mask is None:
+        return tau * tau * F.kl_div(student, teacher, reduction="batchmean", log_target=True)
+    per_row = (teacher.exp() * (teacher - student)).sum(dim=1)
+    return tau * tau * masked_mean(per_row, mask)
 
 
 class FedNTD(Component):
@@ -77,24 +95,24 @@ class FedNTD(Component):
             )
         self.tau = float(str(self.values["tau"]))
         self.beta = float(str(self.values["beta"]))
-        self.teacher: FlatModel | None = None
 
-    def on_client_start(self, client: ClientState, local: LocalRound) -> None:
-        """The teacher is a frozen copy of θ_g as broadcast (the model architecture is the
-        client's own)."""
-        from cfl_bench.flat import FlatModel
-
-        if self.teacher is None:
-            self.teacher = FlatModel(copy.deepcopy(local.model.module))
-            self.teacher.module.eval()
-            self.teacher.module.requires_grad_(False)
-        self.teacher.load(local.broadcast.params, local.broadcast.buffers)
-
-    def loss_term(self, step: StepContext) -> torch.Tensor | None:
-        import torch
-
-        if self.beta == 0 or self.teacher is None or step.outputs is None:
+    def round_inputs(self, broadcast: Broadcast) -> ClientInputs | None:
+        """The teacher: θ_g and its buffers as broadcast (None: no term at β = 0)."""
+        if self.beta == 0:
             return None
-        with torch.no_grad():
-            teacher_logits = self.teacher.module(step.x)
-        return self.beta * not_true_distillation(step.outputs, teacher_logits, step.y, self.tau)
+        return {"teacher": broadcast.params, "teacher_buffers": broadcast.buffers}
+
+    def frozen_forwards(self) -> tuple[FrozenForward, ...]:
+        return (FrozenForward("teacher_logits", "teacher", "teacher_buffers"),)
+
+    def loss_term(
+        self,
+        outputs: torch.Tensor,
+        representation: torch.Tensor | None,
+        y: torch.Tensor,
+        mask: torch.Tensor | None,
+        values: dict[str, torch.Tensor],
+    ) -> torch.Tensor:
+        """β · τ² · KL on the not-true classes against the teacher's logits."""
+        teacher = values["teacher_logits"]
+        return self.beta * not_true_distillation(outputs, teacher, y, self.tau, mask)

@@ -14,16 +14,18 @@ Representation: the features the model's classifier reads (``representation(x)``
 ``features`` model capability), as in FedNTD's code, which contrasts the penultimate
 features (MOON's own model adds a projection head; no model here has one). z comes from the
 learner's own forward (``StepContext.representation``), so MOON adds no forward pass of the
-local model; z_glob and z_prev are two forwards of frozen copies in eval mode (like FedNTD's
-teacher: deterministic, on their own BatchNorm statistics), skipped entirely when μ = 0.
+local model; z_glob and z_prev are two ``FrozenForward``s the executor runs in eval mode
+(like FedNTD's teacher: deterministic, on their own BatchNorm statistics), none at μ = 0.
 
 The previous local model: after local training the client stores its parameters and
 BatchNorm buffers in its state (one model per client, on the client — memory grows with the
 client count). A client without one (its first round) skips the term: in FedNTD's code every
 client's previous model starts as the initial global model, which in round 1 is θ_g itself,
 so z_prev = z_glob and the term is the constant log 2 with zero gradient — skipping gives
-the same update. (A client joining later would, in FedNTD's code, contrast with the round-0
-model instead.) Nothing extra is communicated.
+the same update. The skip is a per-client weight of 0 (``client_inputs``), so a chunk of
+clients with and without previous models trains in one vmapped step. (A client joining
+later would, in FedNTD's code, contrast with the round-0 model instead.) Nothing extra is
+communicated.
 
 Defaults: τ = 0.5 (the paper and FedNTD's config/moon.json), μ = 0.1 (FedNTD's config; the
 paper used μ = 5 for CIFAR-10 and 1 for CIFAR-100 / Tiny-ImageNet: ``moon:mu=5``).
@@ -31,40 +33,45 @@ paper used μ = 5 for CIFAR-10 and 1 for CIFAR-100 / Tiny-ImageNet: ``moon:mu=5`
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING, ClassVar, cast
 
-from strategies.base import Component, Option, Role, StrategyEnv, non_negative_float, positive_float
+from strategies.base import (
+    ClientInputs,
+    Component,
+    FrozenForward,
+    Option,
+    Role,
+    StrategyEnv,
+    non_negative_float,
+    positive_float,
+)
 
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import ClientState, LocalRound, StepContext, Upload
-    from cfl_bench.flat import FlatModel
+    from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, Upload
 
 
 def model_contrastive_loss(
-    z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float
+    z: torch.Tensor,
+    z_glob: torch.Tensor,
+    z_prev: torch.Tensor,
+    tau: float,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Mean over rows of −log softmax([sim(z, z_glob), sim(z, z_prev)]/τ)[0]."""
+    """Mean over rows of −log softmax([sim(z, z_glob), sim(z, z_prev)]/τ)[0] (``mask``: over
+    a padded batch's real rows)."""
     import torch
     from torch.nn import functional as F
+
+    from cfl_bench.objective import masked_mean
 
     z = z.flatten(1)
     positive = F.cosine_similarity(z, z_glob.flatten(1), dim=1) / tau
     negative = F.cosine_similarity(z, z_prev.flatten(1), dim=1) / tau
     logits = torch.stack((positive, negative), dim=1)
-    return (torch.logsumexp(logits, dim=1) - positive).mean()
-
-
-def frozen_copy(model: FlatModel) -> FlatModel:
-    """A private copy of the client's architecture, in eval mode and without gradients."""
-    from cfl_bench.flat import FlatModel
-
-    frozen = FlatModel(copy.deepcopy(model.module))
-    frozen.module.eval()
-    frozen.module.requires_grad_(False)
-    return frozen
+    per_row = torch.logsumexp(logits, dim=1) - positive
+    return per_row.mean() if mask is None else masked_mean(per_row, mask)
 
 
 class MOON(Component):
@@ -88,39 +95,54 @@ class MOON(Component):
     def setup(self, env: StrategyEnv) -> None:
         self.mu = float(str(self.values["mu"]))
         self.tau = float(str(self.values["tau"]))
-        self.global_model: FlatModel | None = None
-        self.previous_model: FlatModel | None = None
-        self.active = False  # this client has a previous local model
 
     def wants_representation(self) -> bool:
         return self.mu > 0
 
-    def on_client_start(self, client: ClientState, local: LocalRound) -> None:
-        """Load the frozen θ_g and the client's previous local model (when it has one)."""
-        state = client.state_for(self.name)
-        self.active = self.mu > 0 and "params" in state
-        if not self.active:
-            return
-        if self.global_model is None or self.previous_model is None:
-            self.global_model = frozen_copy(local.model)
-            self.previous_model = frozen_copy(local.model)
-        self.global_model.load(local.broadcast.params, local.broadcast.buffers)
-        params = cast("torch.Tensor", state["params"])
-        self.previous_model.load(params, cast("torch.Tensor", state["buffers"]))
+    def round_inputs(self, broadcast: Broadcast) -> ClientInputs | None:
+        """θ_g and its buffers (z_glob); None: no term at μ = 0."""
+        if self.mu == 0:
+            return None
+        return {"global": broadcast.params, "global_buffers": broadcast.buffers}
 
-    def loss_term(self, step: StepContext) -> torch.Tensor | None:
+    def client_inputs(self, client: ClientState, local: LocalRound) -> ClientInputs:
+        """The client's previous local model (z_prev) and the term's weight: 1, or 0 for a
+        client without a previous model (its z_prev is then taken at θ_g, unused)."""
         import torch
 
-        if not self.active or self.global_model is None or self.previous_model is None:
-            return None
-        z = step.representation
-        if z is None:
+        state = client.state_for(self.name)
+        active = "params" in state
+        broadcast = local.broadcast
+        return {
+            "previous": state["params"] if active else broadcast.params,
+            "previous_buffers": state["buffers"] if active else broadcast.buffers,
+            "weight": torch.tensor(float(active), device=broadcast.params.device),
+        }
+
+    def frozen_forwards(self) -> tuple[FrozenForward, ...]:
+        return (
+            FrozenForward("z_glob", "global", "global_buffers", "representation"),
+            FrozenForward("z_prev", "previous", "previous_buffers", "representation"),
+        )
+
+    def term_inputs(self) -> tuple[str, ...]:
+        return ("weight",)
+
+    def loss_term(
+        self,
+        outputs: torch.Tensor,
+        representation: torch.Tensor | None,
+        y: torch.Tensor,
+        mask: torch.Tensor | None,
+        values: dict[str, torch.Tensor],
+    ) -> torch.Tensor:
+        """μ · weight · ℓ_con(z, z_glob, z_prev)."""
+        if representation is None:
             raise RuntimeError("moon needs the learner's forward to keep the representation")
-        with torch.no_grad():
-            # ``.float()``: fp32 under ``--amp`` autocast; the identity otherwise.
-            z_glob = self.global_model.module.representation(step.x).float()
-            z_prev = self.previous_model.module.representation(step.x).float()
-        return self.mu * model_contrastive_loss(z, z_glob, z_prev, self.tau)
+        contrast = model_contrastive_loss(
+            representation, values["z_glob"], values["z_prev"], self.tau, mask
+        )
+        return self.mu * values["weight"] * contrast
 
     def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:
         """Keep the local model as this client's next previous model (when μ > 0)."""

@@ -109,6 +109,23 @@ def inputs_for(component: Component, cl: ClientState, local: LocalRound) -> Clie
     return None if common is None else {**common, **component.client_inputs(cl, local)}
 
 
+def sequential_term(
+    component: Component, model: FlatModel, cl: ClientState, local: LocalRound, st: StepContext
+) -> torch.Tensor | None:
+    """``component``'s loss term on ``st`` (its outputs already computed) as the sequential
+    executor computes it: its inputs for ``cl``'s round, its frozen forwards on a copy of
+    ``model`` (``LocalTrainer.loss_term``)."""
+    from strategies.fedavg import FedAvg
+
+    inputs = inputs_for(component, cl, local)
+    st.inputs = {} if inputs is None else {component.name: inputs}
+    optimizer = FlatSGD(model.params, model.grads, 0.1, 0.0, 0.0)
+    steps = StepSchedule(1, 32, 32, "first_pass", False)
+    strategy = Strategy(FedAvg(), [component])
+    trainer = LocalTrainer(model, optimizer, strategy, steps, None, Classification())
+    return trainer.loss_term(component, st)
+
+
 def step(
     model: FlatModel,
     cl: ClientState,

@@ -12,7 +12,7 @@ from cfl_bench.errors import UserError
 from cfl_bench.objective import Classification
 from strategies.compose import build_strategy
 from strategies.fedntd import FedNTD, drop_true_class, not_true_distillation
-from tests.helpers import client, env, linear_model, local_round, server, step
+from tests.helpers import client, env, linear_model, local_round, sequential_term, server, step
 
 
 def test_drop_true_class_keeps_the_original_order() -> None:
@@ -59,7 +59,7 @@ def test_component_distils_from_the_frozen_round_start_model() -> None:
     srv = server(model, [cl])
     ntd = FedNTD({"tau": 3.0, "beta": 0.5})
     ntd.setup(env(num_classes=4))
-    ntd.on_client_start(cl, local_round(model, srv))
+    local = local_round(model, srv)
     x, y = (
         torch.randn(6, 3, generator=torch.Generator().manual_seed(4)),
         torch.tensor([0, 1, 2, 3, 0, 1]),
@@ -69,7 +69,7 @@ def test_component_distils_from_the_frozen_round_start_model() -> None:
         model.params.mul_(-2.0)  # local training moved the student; the teacher must not move
     st = step(model, cl, srv, x, y)
     st.outputs = model.module(x)
-    term = ntd.loss_term(st)
+    term = sequential_term(ntd, model, cl, local, st)
     expected = 0.5 * not_true_distillation(st.outputs, teacher_logits, y, 3.0)
     assert term is not None and torch.isclose(term, expected)
     assert FedNTD().values == {"tau": 1.0, "beta": 1.0}

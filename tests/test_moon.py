@@ -23,7 +23,7 @@ from strategies.base import ModelFacts
 from strategies.compose import build_strategy
 from strategies.fedavg import FedAvg
 from strategies.moon import MOON, model_contrastive_loss
-from tests.helpers import client, env, local_round, server, step
+from tests.helpers import client, env, inputs_for, local_round, sequential_term, server, step
 from tests.test_resume import assert_resumes_after_crash, uninterrupted
 
 MLP_FACTS = ModelFacts("mlp", model_capabilities("mlp"), models_offering())
@@ -105,10 +105,10 @@ def test_first_round_skips_then_contrasts_with_the_stored_local_model() -> None:
     moon = _moon(mu=2.0, tau=0.5)
     assert moon.wants_representation()
     x, y = torch.randn(5, 4, generator=torch.Generator().manual_seed(1)), torch.tensor([0] * 5)
-    moon.on_client_start(cl, local_round(model, srv))
     st = dataclasses.replace(step(model, cl, srv, x, y), keep_representation=True)
     FedAvg().loss(st)
-    assert moon.loss_term(st) is None  # no previous local model yet: plain CE
+    first = sequential_term(moon, model, cl, local_round(model, srv), st)
+    assert first is not None and first.item() == 0.0  # no previous local model: weight 0
     with torch.no_grad():
         model.params.add_(0.1)  # local training
     previous = model.params.clone()
@@ -117,12 +117,12 @@ def test_first_round_skips_then_contrasts_with_the_stored_local_model() -> None:
     # next round: θ_g moved on; the client starts from it and contrasts
     srv.global_params = srv.global_params - 0.2
     model.load(srv.global_params, srv.global_buffers)
-    moon.on_client_start(cl, local_round(model, srv))
+    local = local_round(model, srv)
     with torch.no_grad():
         model.params.mul_(1.5)  # the student moved; the frozen models must not
     st = dataclasses.replace(step(model, cl, srv, x, y), keep_representation=True)
     FedAvg().loss(st)
-    term = moon.loss_term(st)
+    term = sequential_term(moon, model, cl, local, st)
     module = model.module
     with torch.no_grad():
         z = module.representation(x)  # type: ignore[operator]
@@ -142,7 +142,7 @@ def test_mu_zero_costs_nothing() -> None:
     cl = client(0, None)
     srv = server(model, [cl])
     moon.after_local(cl, Upload(0, model.params, model.buffers, 1), local_round(model, srv))
-    moon.on_client_start(cl, local_round(model, srv))
+    assert inputs_for(moon, cl, local_round(model, srv)) is None  # no term, no forwards
     assert cl.state_for("moon") == {}  # no stored model
     assert MOON().values == {"mu": 0.1, "tau": 0.5}  # FedNTD's config/moon.json
 

@@ -17,12 +17,12 @@ from cfl_bench.engine import vectorized
 from cfl_bench.engine.executor import SequentialExecutor
 from cfl_bench.engine.loop import Federation
 from cfl_bench.engine.vectorized import check_strategy
-from cfl_bench.engine.vectorized_fl import BATCHED_LOSS_TERMS, MoonHooks, NTDHooks
+from cfl_bench.engine.vectorized_grad import ChunkTerm
 from cfl_bench.errors import UserError
 from strategies import compose, fedproj
 from strategies.base import ClientInputs, Component, Learner, Option, Role, non_negative_float
 from strategies.compose import build_strategy
-from strategies.fedntd import FedNTD, not_true_distillation
+from strategies.fedntd import not_true_distillation
 from strategies.projection import conflict_coefficients, row_dot
 from tests.helpers import client, env
 from tests.test_vectorized import Skewed, assert_same, both, one_thread  # noqa: F401 - the fixture
@@ -148,19 +148,6 @@ def test_fedproj_client_projection_equals(monkeypatch: pytest.MonkeyPatch) -> No
     run_both("der+fedproj:memory=all,distill_lr=1e-12,eps=1e-6", augment=True)
 
 
-def test_a_subclass_of_a_batched_loss_term_is_refused() -> None:
-    # The batched loss terms are per exact class: a subclass may override a hook their
-    # batched form ignores.
-    class Variant(FedNTD):
-        pass
-
-    strategy = build_strategy("fedavg+fedntd")
-    strategy.components[0].__class__ = Variant
-    hooks = "on_client_start, loss_term"
-    with pytest.raises(UserError, match=f"not 'fedntd' \\(its client-side {hooks}"):
-        check_strategy(strategy)
-
-
 class PullToLastLocal(Component):
     """A method that exists only in this test, written as any new method is: its step
     function (a penalty) and its per-round inputs, no executor code. (μ/2)‖θ − a_k‖², a_k
@@ -204,10 +191,10 @@ def test_the_ideal_learner_is_refused() -> None:
 
 
 def test_every_component_passes_the_check() -> None:
+    # Every component's client side is its step functions: none is refused.
     for name, cls in compose.component_classes().items():
         if not issubclass(cls, Learner):
             check_strategy(build_strategy(f"der+{name}"))
-    assert sorted(cls.name for cls in BATCHED_LOSS_TERMS) == ["fedntd", "moon"]
 
 
 def count_conflicts(monkeypatch: pytest.MonkeyPatch, module: object) -> list[tuple[int, int]]:
@@ -257,35 +244,36 @@ def test_fedntd_equals() -> None:
 def test_moon_equals_with_clients_joining_later(monkeypatch: pytest.MonkeyPatch) -> None:
     # Participation 0.5: a client's first round has no previous model (weight 0) while
     # others contrast with theirs, in the same lock-steps; the representation comes from
-    # the vmapped forward (DER's joint forward too), z_glob and z_prev from batched
-    # forwards at θ_g and at the stacked previous models.
-    flags: set[tuple[bool, ...]] = set()
-    original = MoonHooks.batch_inputs
+    # the vmapped forward (DER's joint forward too), z_glob from one forward at θ_g and
+    # z_prev from the vmapped forward at the stacked previous models.
+    weights: set[tuple[float, ...]] = set()
+    original = vectorized.ClientGradients.term_values
 
-    def spy(self: MoonHooks, *args: object) -> object:
-        flags.add(tuple(self.flags))
-        return original(self, *args)  # type: ignore[arg-type]
+    def spy(self: vectorized.ClientGradients, term: ChunkTerm, x: torch.Tensor) -> object:
+        values = original(self, term, x)
+        weights.add(tuple(values["weight"].tolist()))
+        return values
 
-    monkeypatch.setattr(MoonHooks, "batch_inputs", spy)
+    monkeypatch.setattr(vectorized.ClientGradients, "term_values", spy)
     seq, vec = run_both("fedavg+moon:mu=1", participation=0.5, rounds_per_task=3)
     assert_same_client_state(seq, vec, "moon")
-    assert (True, False) in flags or (False, True) in flags  # mixed lock-steps happened
+    assert any(0.0 in w and 1.0 in w for w in weights)  # mixed lock-steps happened
     run_both("der+moon:mu=5", augment=True)
     run_both("fedavg+moon:mu=0")  # no term, no representation kept
 
 
 def test_masked_not_true_distillation_equals_the_batchmean_on_real_rows() -> None:
-    # Rows 0 and 1 real, row 2 padding (its logits 9s must not count): the masked mean
-    # equals fedntd.not_true_distillation (batchmean) on the two real rows.
+    # Rows 0 and 1 real, row 2 padding (its logits 9s must not count): FedNTD's loss term
+    # with the padded batch's mask equals the batchmean term on the two real rows.
     ntd = build_strategy("fedavg+fedntd:beta=0.5,tau=2").components[0]
     ntd.setup(env(num_classes=3))
     outputs = torch.tensor([[1.0, 2.0, 0.5], [0.0, -1.0, 3.0], [9.0, 9.0, 9.0]])
     teacher = torch.tensor([[0.5, 0.0, 2.0], [1.0, 1.0, 0.0], [9.0, -9.0, 9.0]])
     y = torch.tensor([0, 2, 1])
     mask = torch.tensor([1.0, 1.0, 0.0])
-    value = NTDHooks(ntd).batch_term(outputs, None, y, mask, teacher)
+    value = ntd.loss_term(outputs, None, y, mask, {"teacher_logits": teacher})
     expected = 0.5 * not_true_distillation(outputs[:2], teacher[:2], y[:2], 2.0)
-    assert value.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert value is not None and value.item() == pytest.approx(expected.item(), rel=1e-6)
     assert expected.item() > 0
 
 

@@ -16,7 +16,7 @@ import torch
 from cfl_bench.buffer import ReservoirBuffer
 from cfl_bench.buffer_stack import ReservoirStack
 from cfl_bench.engine.loop import Federation
-from cfl_bench.engine.vectorized import VectorizedExecutor, check_strategy, client_hooks
+from cfl_bench.engine.vectorized import VectorizedExecutor, check_strategy
 from cfl_bench.engine.vectorized_replay import ReplayBatch, draw_replay, replay_loss
 from cfl_bench.objective import Classification
 from strategies.compose import build_strategy
@@ -91,8 +91,7 @@ def test_zero_weights_still_draw_as_sequentially() -> None:
 
 @pytest.mark.parametrize("strategy", ["fedavg+fedavgm", "er+ifa:generation=1"])
 def test_server_only_components_are_allowed_and_equal(strategy: str) -> None:
-    for component in build_strategy(strategy).components:
-        assert client_hooks(component) == []
+    check_strategy(build_strategy(strategy))
     run_both(strategy)
 
 
@@ -164,14 +163,12 @@ def test_draw_replay_takes_the_sequential_samples_and_pads() -> None:
     assert draw_replay([client(1, empty)], plan, 3, None) is None  # nobody replays: no batch
 
 
-def test_model_bound_hooks_are_recognised() -> None:
-    # FedProx's penalty is a step function (every executor runs it); FedAvgM acts on the
-    # server only; MOON forwards frozen models in its loss term (a batched form of its own).
-    strategy = build_strategy("er+fedprox+fedavgm+moon")
-    hooks = {c.name: client_hooks(c) for c in strategy.components}
-    assert hooks == {
-        "fedprox": [],
-        "fedavgm": [],
-        "moon": ["on_client_start", "loss_term", "wants_representation"],
-    }
-    check_strategy(strategy)
+def test_learners_are_recognised_by_their_hooks() -> None:
+    # A learner runs vectorized through its declared plans; one overriding its loss or its
+    # data (the joint learner's history) is refused, with the hook named.
+    from cfl_bench.engine.vectorized import learner_hooks
+
+    assert learner_hooks(learner_of("agem")) == []  # refine_grad declared by reference_plan
+    assert learner_hooks(learner_of("der")) == []
+    assert learner_hooks(learner_of("ideal")) == ["training_data"]
+    check_strategy(build_strategy("er+fedprox+fedavgm+moon"))

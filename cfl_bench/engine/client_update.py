@@ -18,6 +18,7 @@ and transforms, and a non-finite step skipped (``LocalTrainer.backward``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections.abc import Callable
@@ -142,6 +143,8 @@ class LocalTrainer:
     precision: Precision = field(init=False)
     # fp16: the scale of the client being trained (``engine.amp.LossScaler``, one row).
     scaler: LossScaler | None = field(init=False, default=None)
+    # A copy of the module for the loss terms' forwards without gradient (made on first use).
+    frozen: FlatModel | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.base_lr = self.optimizer.lr
@@ -178,8 +181,7 @@ class LocalTrainer:
     ) -> LocalRound:
         """Load θ_g into the working model; each component's inputs for this client's
         round (``shared``: the round's, computed once for a chunk of clients; None: computed
-        here) joined with its ``client_inputs``, and its client-start hook, in strategy
-        order."""
+        here) joined with its ``client_inputs``, in strategy order."""
         broadcast = job.broadcast
         seed_torch_default(self.steps.seed, "dropout", broadcast.round_index, job.client.index)
         self.model.load(broadcast.params, broadcast.buffers)
@@ -191,7 +193,6 @@ class LocalTrainer:
             if common is not None:
                 own = component.client_inputs(job.client, local)
                 local.inputs[component.name] = {**common, **own}
-            component.on_client_start(job.client, local)
         return local
 
     def round_lr(self, round_index: int) -> float:
@@ -288,7 +289,7 @@ class LocalTrainer:
         with self.precision.autocast():  # forwards only: outputs come back fp32
             loss = learner.loss(step)
             for term in self.loss_terms:
-                extra = term.loss_term(step)
+                extra = self.loss_term(term, step)
                 if extra is not None:
                     loss = loss + extra
         finite = self.backward(loss)
@@ -299,6 +300,36 @@ class LocalTrainer:
             self.optimizer.step()
         learner.observe(step)
         return loss.detach()
+
+    def loss_term(self, term: Component, step: StepContext) -> torch.Tensor | None:
+        """``term``'s ``loss_term`` on the batch's outputs, with its frozen forwards run on
+        the batch (``frozen_forward``) and its term inputs; None when it has no inputs this
+        round or no term."""
+        inputs = step.inputs.get(term.name)
+        if inputs is None or step.outputs is None:
+            return None
+        values = {key: inputs[key] for key in term.term_inputs()}
+        for forward in term.frozen_forwards():
+            params, buffers = inputs[forward.params], inputs[forward.buffers]
+            values[forward.name] = self.frozen_forward(params, buffers, step.x, forward.output)
+        return term.loss_term(step.outputs, step.representation, step.y, None, values)
+
+    def frozen_forward(
+        self, params: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor, output: str
+    ) -> torch.Tensor:
+        """The model at ``params`` (and ``buffers``) on ``x``: eval mode, no gradient, on a
+        private copy of the module made once (the working model is never touched); fp32
+        under ``--amp``'s autocast."""
+        if self.frozen is None:
+            self.frozen = FlatModel(copy.deepcopy(self.model.module))
+            self.frozen.module.eval()
+            self.frozen.module.requires_grad_(False)
+        frozen = self.frozen
+        frozen.load(params, buffers)
+        with torch.no_grad():
+            if output == "representation":
+                return frozen.module.representation(x).float()
+            return frozen.module(x).float()
 
     def penalize(self, step: StepContext, loss: torch.Tensor) -> torch.Tensor:
         """The loss terms' closed-form penalties (``Component.penalty``) in order: their

@@ -24,14 +24,14 @@ executor's client update, not an approximation of it:
   θ ← θ − η/(1−β₁^t) · m / (√(s/(1−β₂^t)) + ε), with t the client's own step count. State
   starts at zero every round, as ``LocalOptimizer.reset`` does.
 - **Client-side components** (``engine.vectorized_fl``): each client's
-  ``LocalTrainer.start`` (its inputs, ``on_client_start``) runs before the first
-  lock-step, the round's inputs computed once for the chunk, and its
-  ``LocalTrainer.finish`` (``after_local``, with the client's row loaded) after the last,
-  per client as sequentially. The step functions are the components' own (``penalty``,
-  ``transform``: parameter axis last), called once on the chunk's rows with the chunk's
-  inputs (``vectorized_fl.chunk_inputs``), in the sequential order (loss terms, penalties,
-  then ``TRANSFORM_CHAIN``); FedNTD's and MOON's output terms join the vmapped loss
-  through their batched forms.
+  ``LocalTrainer.start`` (its inputs) runs before the first lock-step, the round's inputs
+  computed once for the chunk, and its ``LocalTrainer.finish`` (``after_local``, with the
+  client's row loaded) after the last, per client as sequentially. The step functions are
+  the components' own: ``penalty`` and ``transform`` (parameter axis last) called once on
+  the chunk's rows with the chunk's inputs (``vectorized_fl.chunk_inputs``), in the
+  sequential order (loss terms, penalties, then ``TRANSFORM_CHAIN``); ``loss_term``
+  (FedNTD's, MOON's) called inside the vmapped loss on each client's slice, its frozen
+  forwards (``vectorized_grad.ClientGradients.frozen_forward``) run for the chunk first.
 - **Replay learners** (ER, DER, DER++; ``engine.vectorized_replay``): the clients'
   buffers are rows of one stacked storage (``buffer_stack.ReservoirStack``); the random
   draws (sample permutations, reservoir u's, replay augmentations) are taken client by
@@ -50,16 +50,14 @@ executor's client update, not an approximation of it:
   calls of the vmapped forward: bit-identical masks on CPU; on CUDA equal in
   distribution only (the sequential executor's fused kernel draws differently).
 
-Supported: the learners fedavg, er, der, derpp and agem, with any component that
-overrides no hook written against the one working model (``MODEL_HOOKS``) or is one of
-``vectorized_fl.BATCHED_LOSS_TERMS``; classification
-streams; models whose parameters are all they hold (no BatchNorm statistics), with or
-without dropout (not alpha dropout: its noise is affine, not a mask).
-Why the refusals: BatchNorm's running statistics are buffers updated inside the forward,
-which ``vmap`` over a shared module cannot keep per client; the other learners and the
-components overriding a ``MODEL_HOOKS`` hook without a batched form (the joint learner's
-growing history; a subclass of FedNTD or MOON) have per-step hooks written against one
-working model. The client spread (task-end probes)
+Supported: every learner whose step is its declared plans (``LEARNER_HOOKS``: fedavg,
+er, der, derpp, agem), with every component (their client sides are step functions); any
+objective (``Objective.masked_loss``); models whose parameters are all they hold (no
+BatchNorm statistics), with or without dropout (not alpha dropout: its noise is affine,
+not a mask). Why the refusals: BatchNorm's running statistics are buffers updated inside
+the forward, which ``vmap`` over a shared module cannot keep per client; a learner
+overriding its loss or its data (the joint learner's growing history) computes its step
+on the one working model. The client spread (task-end probes)
 and ``--diagnostics`` load each client's final row into the working model and run the
 sequential code, once per client per round.
 ``answer`` batches gradient requests (FedGP's g_ref_k: one vmapped backward at θ_g over
@@ -97,13 +95,8 @@ from cfl_bench.engine.executor import AnswerSink, ResultSink, SequentialExecutor
 from cfl_bench.engine.optim import FlatAdam, FlatSGD
 from cfl_bench.engine.payloads import ClientRequest
 from cfl_bench.engine.vectorized_dropout import ChunkDropout
-from cfl_bench.engine.vectorized_fl import (
-    BATCHED_LOSS_TERMS,
-    BatchedLossTerm,
-    LockStep,
-    chunk_inputs,
-)
-from cfl_bench.engine.vectorized_grad import ClientGradients
+from cfl_bench.engine.vectorized_fl import LockStep, chunk_inputs
+from cfl_bench.engine.vectorized_grad import ChunkTerm, ClientGradients
 from cfl_bench.engine.vectorized_memory import planner_for
 from cfl_bench.engine.vectorized_replay import draw_replay, observe_all
 from cfl_bench.engine.vectorized_requests import BatchedRequests
@@ -116,22 +109,11 @@ from strategies.projection import conflict_coefficients
 # Models built from the catalogue that hold nothing but parameters (no BatchNorm), dropout
 # allowed (``engine.vectorized_dropout``).
 VECTORIZABLE_MODELS = ("centernet", "fedavg-cnn", "linear", "mlp", "mnist-cnn")
-# Client hooks written against the one working model (frozen model copies forwarded in the
-# step): a component overriding one of them runs vectorized only through a batched form of
-# its own (``vectorized_fl.BATCHED_LOSS_TERMS``). The step functions (``penalty``,
-# ``transform``) and the per-round hooks run under every executor as they are.
-MODEL_HOOKS = ("on_client_start", "loss_term", "wants_representation")
 # A learner's step is its declared plans (``replay_plan``, ``reference_plan``,
 # ``offers_batches``): one that overrides these hooks computes something else, on the one
 # working model.
 LEARNER_HOOKS = ("loss", "batch_loss", "observe", "training_data")
 FALLBACK = "use --executor sequential"
-
-
-def client_hooks(component: Component) -> list[str]:
-    """The model-bound client hooks ``component``'s class overrides."""
-    cls = type(component)
-    return [h for h in MODEL_HOOKS if getattr(cls, h) is not getattr(Component, h)]
 
 
 def learner_hooks(learner: Learner) -> list[str]:
@@ -158,15 +140,6 @@ def check_strategy(strategy: Strategy) -> None:
             f"the vectorized executor runs learners declared by their replay plans, not "
             f"'{learner.name}' ({why}); {FALLBACK}."
         )
-    for component in strategy.components:
-        hooks = client_hooks(component)
-        if hooks and type(component) not in BATCHED_LOSS_TERMS:
-            names = ", ".join(cls.name for cls in BATCHED_LOSS_TERMS)
-            raise UserError(
-                f"the vectorized executor runs every component's step functions, and the "
-                f"model-bound loss terms of {names}, not '{component.name}' (its client-side "
-                f"{', '.join(hooks)} are written for one working model); {FALLBACK}."
-            )
 
 
 def check_model(module: nn.Module, name: str | None = None) -> None:
@@ -366,11 +339,11 @@ def client_result(
 @dataclass(frozen=True)
 class ChunkRound:
     """A chunk's side of the round: each component's inputs for the whole chunk
-    (``vectorized_fl.chunk_inputs``; absent: nothing on its steps this round) and the
-    batched output loss terms active this round (FedNTD, MOON)."""
+    (``vectorized_fl.chunk_inputs``; absent: nothing on its steps this round) and the loss
+    terms on the batch's outputs this round (the components overriding ``loss_term``)."""
 
     inputs: dict[str, ClientInputs]
-    outputs: list[BatchedLossTerm]
+    outputs: list[ChunkTerm]
 
 
 class VectorizedExecutor:
@@ -469,35 +442,30 @@ class VectorizedExecutor:
             trainer.model.load(params[-1], jobs[-1].broadcast.buffers)
 
     def _start(self, jobs: Sequence[ClientJob]) -> tuple[list[LocalRound], ChunkRound]:
-        """Each client's ``LocalTrainer.start`` (θ_g loaded, its inputs, its
-        ``on_client_start`` hooks) in chunk order, with the round's inputs computed once,
-        each followed by the batched loss terms' capture of that client's rows and of its
+        """Each client's ``LocalTrainer.start`` (θ_g loaded, its inputs) in chunk order, with
+        the round's inputs computed once, each followed by the capture of its
         default-generator state (its dropout draws start there).
-        Returns the clients' local rounds and the chunk's inputs and output terms."""
+        Returns the clients' local rounds and the chunk's inputs and loss terms."""
         assert self.dropout is not None
         if len({id(job.broadcast) for job in jobs}) != 1:
             raise RuntimeError("a chunk of client jobs must share one broadcast")
         trainer = self.trainer
         shared = trainer.round_inputs(jobs[0].broadcast)
-        terms = {
-            id(c): BATCHED_LOSS_TERMS[type(c)](c)
-            for c in trainer.loss_terms
-            if type(c) in BATCHED_LOSS_TERMS
-        }
         locals_ = []
         for job in jobs:
-            local = trainer.start(job, shared)
-            for term in terms.values():
-                term.capture(job.client, local)
+            locals_.append(trainer.start(job, shared))
             self.dropout.rngs.capture()
-            locals_.append(local)
         inputs = {
             name: chunk_inputs(common, [local.inputs[name] for local in locals_])
             for name, common in shared.items()
             if common is not None
         }
-        outputs = [t for t in terms.values() if t.has_batch_term]
-        return locals_, ChunkRound(inputs, outputs)
+        terms = [
+            ChunkTerm(c, inputs[c.name], frozenset(inputs[c.name].keys() - shared[c.name].keys()))
+            for c in trainer.loss_terms
+            if c.name in inputs and type(c).loss_term is not Component.loss_term
+        ]
+        return locals_, ChunkRound(inputs, terms)
 
     def _lock_step(
         self,

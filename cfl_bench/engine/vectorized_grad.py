@@ -23,21 +23,52 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from cfl_bench.engine.amp import Precision
 from cfl_bench.engine.vectorized_dropout import DropoutLayer, apply_masks, probe
-from cfl_bench.engine.vectorized_fl import BatchedLossTerm, Representation
 from cfl_bench.engine.vectorized_replay import ReplayBatch, replay_loss
 from cfl_bench.flat import FlatModel
 from cfl_bench.objective import Objective
+from strategies.base import ClientInputs, Component
 from strategies.replay import ReplayPlan
+
+
+@dataclass(frozen=True)
+class ChunkTerm:
+    """A component's loss term over a chunk: the component, its chunk inputs and which of
+    their keys are stacked per client (the others are the round's, shared)."""
+
+    component: Component
+    inputs: ClientInputs
+    stacked: frozenset[str]
+
+
+class Representation(nn.Module):
+    """``module`` returning (representation, outputs): ``forward(x) ==
+    classify(representation(x))``, the operations of the sequential learner's forward when
+    a component keeps the representation. Its parameters are ``inner.<name>``."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.inner = module
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.inner.representation(x)  # type: ignore[operator]
+        return z, self.inner.classify(z)  # type: ignore[operator]
 
 
 def scaled(loss: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     """``loss`` times the fp16 loss ``scale`` (``loss`` itself when not scaling)."""
     return loss if scale is None else loss * scale
+
+
+def param_views(model: FlatModel, params: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-parameter views of one flat parameter vector ``params`` (P,)."""
+    return {s.name: params[s.start : s.start + s.numel].view(s.shape) for s in model.slices}
 
 
 def row_views(model: FlatModel, params: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -82,14 +113,14 @@ class ClientGradients:
         self.plan = plan
         # The stream's objective: its masked loss is each client's loss on its padded batch.
         self.objective: Objective = objective or Classification()
-        self.terms: list[BatchedLossTerm] = []  # the output terms of the gradient being taken
+        self.terms: list[Component] = []  # the loss terms of the gradient being taken
         self.precision = Precision()
         self.autocasting = False  # whether the gradient being taken autocasts its forwards
         # Whether the forward of the gradient being taken replaces dropout by masks.
         self.intercept = False
         self.probed: dict[tuple[tuple[int, ...], bool], tuple[DropoutLayer, ...] | None] = {}
         self.split = Representation(model.module) if keep_representation else None
-        self.represent_rows = vmap(self._representation)
+        self.frozen_rows = vmap(self._frozen, in_dims=(0, 0, None))
         self.loss_and_grad = vmap(grad_and_value(self._client_loss, has_aux=True))
         self.replay_loss_and_grad = vmap(grad_and_value(self._replay_client_loss, has_aux=True))
 
@@ -153,18 +184,44 @@ class ClientGradients:
             self.probed[key] = probe(forward, example)
         return self.probed[key]
 
-    def _representation(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """One client's representation of ``x`` at ``params`` (vmapped: ``represent``)."""
-        z = self._forward(params, x)[1]
-        assert z is not None
-        return z
+    def _frozen(
+        self, params: dict[str, torch.Tensor], x: torch.Tensor, output: str
+    ) -> torch.Tensor:
+        """The model's ``output`` ("outputs" or "representation") of ``x`` at ``params``,
+        fp32 (the caller holds eval mode and no gradient)."""
+        from torch.func import functional_call
 
-    def represent(self, params: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Every client's representation (C, batch, F) of its batch of ``x`` at its row of
-        ``params`` (C, P); no gradient (MOON's frozen global and previous models)."""
+        if output != "representation":
+            return functional_call(self.model.module, params, (x,)).float()
+        split = self.split or Representation(self.model.module)
+        named = {f"inner.{name}": value for name, value in params.items()}
+        return functional_call(split, named, (x,))[0].float()
+
+    def frozen_forward(self, params: torch.Tensor, x: torch.Tensor, output: str) -> torch.Tensor:
+        """A loss term's forward without gradient (``FrozenForward``) on every client's
+        batch of ``x`` (C, batch, …): at one shared parameter vector (P,) as one forward of
+        all C×batch rows (θ_g), or at each client's row of ``params`` (C, P), vmapped; eval
+        mode, as the sequential executor's frozen copy (no dropout draws)."""
         self.intercept = False
         with torch.no_grad(), eval_mode(self.model.module):
-            return self.represent_rows(row_views(self.model, params), x)
+            if params.dim() == 1:
+                rows = x.flatten(0, 1)
+                out = self._frozen(param_views(self.model, params), rows, output)
+                return out.unflatten(0, x.shape[:2])
+            return self.frozen_rows(row_views(self.model, params), x, output)
+
+    def term_values(self, term: ChunkTerm, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What ``term``'s ``loss_term`` reads, each with a leading client axis: its frozen
+        forwards on the chunk's batch ``x`` and its term inputs (shared ones expanded)."""
+        component, inputs = term.component, term.inputs
+        count = x.shape[0]
+        values = {}
+        for key in component.term_inputs():
+            value = inputs[key]
+            values[key] = value if key in term.stacked else value.expand(count, *value.shape)
+        for forward in component.frozen_forwards():
+            values[forward.name] = self.frozen_forward(inputs[forward.params], x, forward.output)
+        return values
 
     def _output_terms(
         self,
@@ -175,10 +232,13 @@ class ClientGradients:
         aux: tuple,
     ) -> torch.Tensor | float:
         """The components' loss terms on one client's batch outputs and representation
-        (FedNTD's, MOON's), in order."""
+        (FedNTD's, MOON's), in order: each component's own ``loss_term`` on this client's
+        slice of its values."""
         total: torch.Tensor | float = 0.0
-        for hook, inputs in zip(self.terms, aux, strict=True):
-            total = total + hook.batch_term(outputs, z, y, mask, inputs)
+        for component, values in zip(self.terms, aux, strict=True):
+            term = component.loss_term(outputs, z, y, mask, values)
+            if term is not None:
+                total = total + term
         return total
 
     def _replay_client_loss(
@@ -211,7 +271,7 @@ class ClientGradients:
         y: torch.Tensor,
         mask: torch.Tensor,
         replay: ReplayBatch | None = None,
-        terms: Sequence[BatchedLossTerm] = (),
+        terms: Sequence[ChunkTerm] = (),
         amp: bool = False,
         scale: torch.Tensor | None = None,
         masks: tuple[torch.Tensor, ...] | None = None,
@@ -230,11 +290,11 @@ class ClientGradients:
         """
         count = params.shape[0]
         views = row_views(self.model, params)
-        self.terms = list(terms)
+        self.terms = [term.component for term in terms]
         self.autocasting = amp and self.precision.enabled
         try:
             with self.precision.autocast() if self.autocasting else contextlib.nullcontext():
-                aux = tuple(hook.batch_inputs(x, self.represent) for hook in self.terms)
+                aux = tuple(self.term_values(term, x) for term in terms)
             scales = () if scale is None else (scale,)  # vmap takes no None argument
             self.intercept, drop = masks is not None, masks or ()
             if replay is None:
