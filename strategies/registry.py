@@ -7,6 +7,7 @@ from strategies.base import Component
 from strategies.der import DER
 from strategies.derpp import DERPP
 from strategies.er import ER
+from strategies.ewc import OnlineEWC
 from strategies.fedavg import FedAvg
 from strategies.fedcurv import FedCurv
 from strategies.feddf import FedDF
@@ -19,6 +20,7 @@ from strategies.fedproj import FedProj
 from strategies.fedprox import FedProx
 from strategies.ideal import Ideal
 from strategies.ifa import IFA
+from strategies.lwf import LwF
 from strategies.moon import MOON
 from strategies.scaffold import Scaffold
 
@@ -38,6 +40,8 @@ def component_classes() -> dict[str, type[Component]]:
         FedCurv,
         FedNTD,
         MOON,
+        LwF,
+        OnlineEWC,
         # gradient transforms, aggregators, schedules
         FedProj,
         FedGP,
