@@ -11,12 +11,11 @@ import pytest
 import torch
 
 from cfl_bench.config import make_config
-from cfl_bench.engine.client_update import StepSchedule
+from cfl_bench.engine.batches import ClientBatches
 from cfl_bench.engine.loop import Federation, RunOutcome
 from cfl_bench.engine.optim import FlatAdam, FlatSGD
 from cfl_bench.engine.vectorized import (
     BatchedOptimizer,
-    ClientBatches,
     VectorizedExecutor,
     check_model,
     check_vectorizable,
@@ -211,8 +210,9 @@ def test_a_masked_adam_step_keeps_the_row_and_its_moments() -> None:
     assert not opt.second[1].any() and not opt.first[1].any()
 
 
-def test_client_batches_follow_the_sequential_draw_order() -> None:
-    # 5 examples, batch 2, 2 epochs: randperm, three batches (2, 2, 1), each augmented
+def test_client_batches_draw_in_the_documented_order() -> None:
+    # Both executors walk a client's data through ClientBatches. 5 examples, batch 2,
+    # 2 epochs: randperm, three batches (2, 2, 1), each augmented
     # (a draw from the same generator), then the second epoch's randperm.
     cl = client(3, None)
     cl.train_x, cl.train_y = torch.arange(5.0)[:, None], torch.arange(5)
@@ -220,8 +220,7 @@ def test_client_batches_follow_the_sequential_draw_order() -> None:
     def augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         return x + torch.rand(x.shape, generator=gen)
 
-    steps = StepSchedule(2, 2, 2, "first_pass", False)
-    batches = ClientBatches(cl, steps, augment, torch.device("cpu"))
+    batches = ClientBatches(cl, 2, 2, augment, torch.device("cpu"))
     assert batches.total == 6
     drawn = [batches.next() for _ in range(6)]
     gen = torch.Generator().manual_seed(3)

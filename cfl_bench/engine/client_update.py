@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from cfl_bench.engine.amp import LossScaler, Precision, install
+from cfl_bench.engine.batches import ClientBatches, offers, start_visit
 from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, StepContext, Upload
 from cfl_bench.engine.evaluation import EvalSet
 from cfl_bench.engine.optim import LocalOptimizer
@@ -236,13 +237,11 @@ class LocalTrainer:
         self.model.module.train()
         self.optimizer.reset()
         self.optimizer.lr = self.round_lr(broadcast.round_index)
-        first_visit = client.task not in client.tasks_started
-        client.tasks_started.add(client.task)
-        n = client.num_samples
+        first_visit = start_visit(client)
         loss_sum = torch.zeros((), device=self.model.params.device)
-        steps = 0
-        if n == 0 or client.train_x is None or client.train_y is None:
-            return loss_sum, steps
+        batches = ClientBatches(client, s.epochs, s.batch_size, self.augment, loss_sum.device)
+        if batches.total == 0:
+            return loss_sum, 0
         augment = self.augment
         gen = client.generator
 
@@ -253,33 +252,28 @@ class LocalTrainer:
         replay_augment = augmented if augment is not None and s.replay_augment else None
         if self.precision.scaled:
             self.scaler = LossScaler.of([client], loss_sum.device)
-        for epoch in range(s.epochs):
-            order = torch.randperm(n, device=loss_sum.device, generator=gen)
-            offer = s.buffer_offer == "every_step" or (first_visit and epoch == 0)
-            for start in range(0, n, s.batch_size):
-                batch = order[start : start + s.batch_size]
-                raw = client.inputs(batch)
-                step = StepContext(
-                    model=self.model,
-                    client=client,
-                    broadcast=broadcast,
-                    x=raw if augment is None else augmented(raw),
-                    y=client.train_y[batch],
-                    task=client.task,
-                    epoch=epoch,
-                    offer_to_buffer=offer,
-                    buffer_batch_size=s.buffer_batch_size,
-                    raw_x=None if augment is None else raw,
-                    replay_augment=replay_augment,
-                    keep_representation=self.keep_representation,
-                    inputs=local.inputs,
-                )
-                loss_sum += self.step(step)
-                steps += 1
+        for _ in range(batches.total):
+            x, y, raw = batches.next()
+            step = StepContext(
+                model=self.model,
+                client=client,
+                broadcast=broadcast,
+                x=x,
+                y=y,
+                task=client.task,
+                epoch=batches.epoch,
+                offer_to_buffer=offers(s.buffer_offer, first_visit, batches.epoch),
+                buffer_batch_size=s.buffer_batch_size,
+                raw_x=None if augment is None else raw,
+                replay_augment=replay_augment,
+                keep_representation=self.keep_representation,
+                inputs=local.inputs,
+            )
+            loss_sum += self.step(step)
         if self.scaler is not None:
             self.scaler.save([client])
             self.scaler = None
-        return loss_sum, steps
+        return loss_sum, batches.total
 
     def step(self, step: StepContext) -> torch.Tensor:
         """One local step in the documented hook order (``strategies.base``); returns the

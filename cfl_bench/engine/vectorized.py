@@ -80,7 +80,6 @@ memory the first chunk was measured to take per client (``engine.vectorized_memo
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -89,7 +88,8 @@ import torch
 from torch import nn
 
 from cfl_bench.engine.amp import LossScaler
-from cfl_bench.engine.client_update import ClientJob, ClientResult, LocalTrainer, StepSchedule
+from cfl_bench.engine.batches import ClientBatches, offers, start_visit
+from cfl_bench.engine.client_update import ClientJob, ClientResult, LocalTrainer
 from cfl_bench.engine.context import ClientState, LocalRound, Upload
 from cfl_bench.engine.executor import AnswerSink, ResultSink, SequentialExecutor
 from cfl_bench.engine.optim import FlatAdam, FlatSGD
@@ -175,51 +175,6 @@ def check_vectorizable(
     objective: each client's loss is its ``masked_loss``)."""
     check_strategy(strategy)
     check_model(module, model_name)
-
-
-class ClientBatches:
-    """One client's batches in the sequential executor's order, drawn one at a time.
-
-    ``randperm`` at the start of each epoch, then for each batch its rows' inputs and (when
-    the stream augments) the augmentation, all from the client's own generator. ``epoch``
-    is the epoch of the batch drawn last (the buffer's first-pass policy reads it).
-    """
-
-    def __init__(
-        self,
-        client: ClientState,
-        steps: StepSchedule,
-        augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None,
-        device: torch.device,
-    ) -> None:
-        self.client, self.batch_size, self.augment, self.device = (
-            client,
-            steps.batch_size,
-            augment,
-            device,
-        )
-        n = client.num_samples
-        has_data = n > 0 and client.train_x is not None and client.train_y is not None
-        self.n = n if has_data else 0
-        self.total = steps.epochs * math.ceil(self.n / self.batch_size)
-        self.order: torch.Tensor | None = None
-        self.start = self.n  # the first draw starts an epoch
-        self.epoch = -1
-
-    def next(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The client's next batch: inputs as the model sees them, labels, and the inputs
-        before augmentation (what a replay buffer stores)."""
-        client, gen = self.client, self.client.generator
-        if self.start >= self.n:
-            self.order = torch.randperm(self.n, device=self.device, generator=gen)
-            self.start = 0
-            self.epoch += 1
-        assert self.order is not None and client.train_y is not None
-        rows = self.order[self.start : self.start + self.batch_size]
-        self.start += self.batch_size
-        raw = client.inputs(rows)
-        x = raw if self.augment is None else self.augment(raw, gen)
-        return x, client.train_y[rows], raw
 
 
 class BatchedOptimizer:
@@ -403,13 +358,13 @@ class VectorizedExecutor:
         locals_, chunk = self._start(jobs)
         trainer.optimizer.lr = lr
         started = time.perf_counter()
-        batches = [ClientBatches(j.client, trainer.steps, trainer.augment, device) for j in jobs]
-        # The buffer's first-pass policy: offer during the first epoch of a task's first round.
-        every_step = trainer.steps.buffer_offer == "every_step"
-        first_visit = [j.client.task not in j.client.tasks_started for j in jobs]
+        steps = trainer.steps
+        batches = [
+            ClientBatches(j.client, steps.epochs, steps.batch_size, trainer.augment, device)
+            for j in jobs
+        ]
+        first_visit = [start_visit(job.client) for job in jobs]  # the buffer's first pass
         clients = [job.client for job in jobs]
-        for job in jobs:
-            job.client.tasks_started.add(job.client.task)
         params = stacked_starts(jobs)
         optimizer = BatchedOptimizer(trainer.optimizer, lr, params)
         loss_sums = torch.zeros(len(jobs), device=device, dtype=params.dtype)
@@ -419,9 +374,9 @@ class VectorizedExecutor:
             for s in range(max((b.total for b in batches), default=0)):
                 drawn = [b.next() if s < b.total else None for b in batches]
                 pairs = zip(first_visit, batches, strict=True)
-                offers = [every_step or (first and b.epoch == 0) for first, b in pairs]
+                offered = [offers(steps.buffer_offer, first, b.epoch) for first, b in pairs]
                 params, losses = self._lock_step(
-                    params, chunk, optimizer, clients, drawn, offers, s
+                    params, chunk, optimizer, clients, drawn, offered, s
                 )
                 loss_sums += losses
         if self.scaler is not None:
