@@ -184,10 +184,11 @@ def test_a_masked_step_is_a_true_no_op_and_an_active_one_is_flatsgds() -> None:
     active = torch.tensor([True, False])
     after = opt.step(params, grads, active, 1)
     assert torch.allclose(after[0], torch.tensor([0.45, -1.95]))
-    assert torch.equal(after[1], params[1]) and torch.equal(opt.first[1], torch.zeros(2))
+    assert opt.velocity is not None and torch.equal(opt.velocity[1], torch.zeros(2))
+    assert torch.equal(after[1], params[1])
     # Step 2: v₂ = 0.9·v₁ + (∇ + 0.1θ₁) = 0.9·[1.1, 1.9] + [1.045, 1.805] = [2.035, 3.515].
     again = opt.step(after, grads, active, 2)
-    assert torch.allclose(opt.first[0], torch.tensor([2.035, 3.515]))
+    assert torch.allclose(opt.velocity[0], torch.tensor([2.035, 3.515]))
     assert torch.allclose(again[0], after[0] - 0.5 * torch.tensor([2.035, 3.515]))
     assert torch.equal(again[1], params[1])
     # FlatSGD itself on row 0 gives the same numbers.
@@ -207,7 +208,8 @@ def test_a_masked_adam_step_keeps_the_row_and_its_moments() -> None:
     assert torch.allclose(after[0], torch.tensor([0.9, -1.1]))
     assert torch.equal(after[0], adam.params)
     assert torch.equal(after[1], params[1])
-    assert not opt.second[1].any() and not opt.first[1].any()
+    assert opt.moments is not None
+    assert not opt.moments[1][1].any() and not opt.moments[0][1].any()
 
 
 def test_client_batches_draw_in_the_documented_order() -> None:

@@ -19,10 +19,11 @@ executor's client update, not an approximation of it:
   mean over its real examples only. A client whose steps are done (or that holds no data)
   has ``active`` = 0: its row and optimizer state are kept by ``torch.where`` — a true no-op,
   even with momentum and weight decay, so each row equals training that client alone.
-- **Same optimizer.** SGD: g ← ∇ + λθ; v ← μv + g (v₀ = 0, so v₁ = g as in ``FlatSGD``);
-  θ ← θ − η·v. Adam (``FlatAdam``): g ← ∇ + λθ; m ← β₁m + (1−β₁)g; s ← β₂s + (1−β₂)g²;
-  θ ← θ − η/(1−β₁^t) · m / (√(s/(1−β₂^t)) + ε), with t the client's own step count. State
-  starts at zero every round, as ``LocalOptimizer.reset`` does.
+- **Same optimizer**, the same functions (``optim.sgd_update``, ``optim.adam_update``) on
+  the chunk's rows: SGD g ← ∇ + λθ; v ← μv + g (v₁ = g); θ ← θ − η·v. Adam: g ← ∇ + λθ;
+  m ← β₁m + (1−β₁)g; s ← β₂s + (1−β₂)g²; θ ← θ − η/(1−β₁^t) · m / (√(s/(1−β₂^t)) + ε),
+  with t the client's own step count. State starts afresh every round, as
+  ``LocalOptimizer.reset`` does.
 - **Client-side components** (``engine.vectorized_fl``): each client's
   ``LocalTrainer.start`` (its inputs) runs before the first lock-step, the round's inputs
   computed once for the chunk, and its ``LocalTrainer.finish`` (``after_local``, with the
@@ -92,7 +93,13 @@ from cfl_bench.engine.batches import ClientBatches, offers, start_visit
 from cfl_bench.engine.client_update import ClientJob, ClientResult, LocalTrainer
 from cfl_bench.engine.context import ClientState, LocalRound, Upload
 from cfl_bench.engine.executor import AnswerSink, ResultSink, SequentialExecutor
-from cfl_bench.engine.optim import FlatAdam, FlatSGD
+from cfl_bench.engine.optim import (
+    FlatAdam,
+    FlatSGD,
+    adam_update,
+    sgd_update,
+    with_weight_decay,
+)
 from cfl_bench.engine.payloads import ClientRequest
 from cfl_bench.engine.vectorized_dropout import ChunkDropout
 from cfl_bench.engine.vectorized_fl import LockStep, chunk_inputs
@@ -178,24 +185,23 @@ def check_vectorizable(
 
 
 class BatchedOptimizer:
-    """``FlatSGD`` / ``FlatAdam``'s update applied to every row of θ ∈ R^{C×P} at once;
+    """The clients' optimizer (``FlatSGD`` / ``FlatAdam``'s own functional update,
+    ``optim.sgd_update`` / ``optim.adam_update``) on every row of θ ∈ R^{C×P} at once;
     rows whose client is not ``active`` keep their parameters and state exactly.
 
     A client takes real steps on lock-steps 0 … S_k − 1 and none after, so at lock-step s
     every active client is at its own step t = s + 1: Adam's bias corrections are the same
-    Python floats ``FlatAdam`` computes, and its arithmetic is reproduced op for op.
+    Python floats ``FlatAdam`` computes.
     """
 
     def __init__(self, template: FlatSGD | FlatAdam, lr: float, params: torch.Tensor) -> None:
-        self.adam = isinstance(template, FlatAdam)
         self.lr, self.weight_decay = lr, template.weight_decay
-        self.momentum = 0.0 if self.adam else float(template.momentum)  # type: ignore[union-attr]
-        # Plain SGD keeps no state: no C×P zeros to allocate and carry.
-        stateful = self.adam or bool(self.momentum)
-        self.first = torch.zeros_like(params) if stateful else params.new_zeros(0)
+        self.momentum = template.momentum if isinstance(template, FlatSGD) else 0.0
+        self.velocity: torch.Tensor | None = None  # SGD momentum, made at the first step
+        self.moments: tuple[torch.Tensor, torch.Tensor] | None = None
         if isinstance(template, FlatAdam):
-            self.betas, self.eps = template.betas, template.eps
-            self.second = torch.zeros_like(params)
+            self.hyper = (lr, *template.betas, template.eps)
+            self.moments = (torch.zeros_like(params), torch.zeros_like(params))
 
     def step(
         self, params: torch.Tensor, grads: torch.Tensor, active: torch.Tensor | None, t: int
@@ -203,28 +209,14 @@ class BatchedOptimizer:
         """The parameters after step ``t`` (1-based) of the ``active`` ((C,) bool) rows;
         ``active`` None: every row steps (no masking pass over C×P)."""
         keep = None if active is None else active[:, None]
-        g = grads.add(params, alpha=self.weight_decay) if self.weight_decay else grads
-        if self.adam:
-            return masked(keep, self._adam(params, g, keep, t), params)
-        if self.momentum:
-            self.first = masked(keep, self.first.mul(self.momentum).add(g), self.first)
-            g = self.first
-        return masked(keep, params.add(g, alpha=-self.lr), params)
-
-    def _adam(
-        self, params: torch.Tensor, g: torch.Tensor, keep: torch.Tensor | None, t: int
-    ) -> torch.Tensor:
-        b1, b2 = self.betas
-        self.first = masked(keep, self.first.mul(b1).add(g, alpha=1 - b1), self.first)
-        self.second = masked(keep, self.second.mul(b2).addcmul(g, g, value=1 - b2), self.second)
-        step_size = self.lr / (1 - b1**t)
-        denominator = (self.second / (1 - b2**t)).sqrt_().add_(self.eps)
-        return params.addcdiv(self.first, denominator, value=-step_size)
-
-
-def masked(keep: torch.Tensor | None, updated: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    """``updated`` on the kept rows, ``old`` (bit for bit) on the others."""
-    return updated if keep is None else torch.where(keep, updated, old)
+        g = with_weight_decay(grads, params, self.weight_decay)
+        if self.moments is not None:
+            params, self.moments = adam_update(params, g, self.moments, t, self.hyper, keep)
+            return params
+        params, self.velocity = sgd_update(
+            params, g, self.velocity, self.lr, float(self.momentum), keep
+        )
+        return params
 
 
 def stacked_starts(jobs: Sequence[ClientJob]) -> torch.Tensor:
