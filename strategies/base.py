@@ -489,8 +489,16 @@ class Component:
     def client_request(self, server: ServerState) -> ClientRequest | None:
         """A computation to run on some clients at the final θ_g of this round (FedGP's
         reference gradient); the executor runs it and the request's ``on_reply`` gets the
-        summed answers."""
+        summed answers. The server half: who is asked, and what is done with the answers;
+        the client half is ``answer_request``."""
         return None
+
+    def answer_request(self, payload: str, client: ClientState, model: FlatModel) -> torch.Tensor:
+        """The client half of a request for ``payload`` (one of this component's payloads
+        produced by "request"): ``client``'s answer with ``model`` at θ_g, in the mode the
+        request asked for. A client in another process (the Flower ClientApp) runs exactly
+        this, from the payload's name, without the server's state."""
+        raise RuntimeError(f"'{self.name}' answers no request for {payload!r}")
 
 
 class Learner(Component):

@@ -153,11 +153,18 @@ class FedGP(Component):
         return ClientRequest(
             "fedgp.gref",
             contributors,
-            lambda client, model: buffer_gradient(client, model, samples, self.objective),
+            lambda client, model: self.answer_request("fedgp.gref", client, model),
             self.receive_reply,
             train_mode=self.values["gref_mode"] == "train",
             gradient_data=lambda client: buffer_examples(client, samples),
         )
+
+    def answer_request(self, payload: str, client: ClientState, model: FlatModel) -> torch.Tensor:
+        """g_ref_k: the gradient of the objective's mean loss on the client's buffer draw
+        (``gref_samples`` of it, or all) at the model's θ_g."""
+        if payload != "fedgp.gref":
+            return super().answer_request(payload, client, model)
+        return buffer_gradient(client, model, self.values["gref_samples"], self.objective)
 
     def receive_reply(self, reply: Reply) -> None:
         """g_ref = (1/K')·Σ g_ref_k over the clients that answered."""

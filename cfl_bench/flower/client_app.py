@@ -29,7 +29,7 @@ from flwr.clientapp import ClientApp
 
 from cfl_bench.engine.client_data import ClientData
 from cfl_bench.engine.client_update import ClientJob, LocalTrainer
-from cfl_bench.engine.context import ClientState, ServerState
+from cfl_bench.engine.context import ClientState
 from cfl_bench.engine.loop import build_trainer, new_clients
 from cfl_bench.flat import FlatModel
 from cfl_bench.flower import records
@@ -184,28 +184,26 @@ def at_global(rt: ClientRuntime, msg: Message, train_mode: bool) -> tuple[torch.
 
 @app.query("request")
 def request(msg: Message, context: Context) -> Message:
-    """A ``ClientRequest`` at θ_g. The computation is the client-side component's own
-    ``client_request`` for this client alone (the server sends only the payload name: code
-    does not travel)."""
+    """A ``ClientRequest`` at θ_g. The computation is the owning component's client half,
+    ``answer_request`` for the payload (the server sends only the payload name: code does
+    not travel, and the client builds no server state)."""
     rt = runtime_of(context)
     facts = msg.content.config_records["cfl.round"]
     client = rt.client(int(facts["client"]), context)
     rt.load_shard(client, int(facts["client_task"]))
-    params, buffers = at_global(rt, msg, bool(facts["train_mode"]))
+    at_global(rt, msg, bool(facts["train_mode"]))
     model = rt.trainer.model
-    local = ServerState(model, params, buffers, [client], rt.device)
-    local.round_index, local.participants = int(facts["round_index"]), [client]
     name = str(facts["payload"])
-    asked = None
-    for component in rt.trainer.strategy.all:
-        if any(p.name == name and p.producer == "request" for p in component.payloads):
-            asked = component.client_request(local)
-    if asked is None or asked.payload != name or client not in asked.clients:
+    owners = [
+        component
+        for component in rt.trainer.strategy.all
+        if any(p.name == name and p.producer == "request" for p in component.payloads)
+    ]
+    if not owners:
         raise RuntimeError(f"client {client.index} cannot compute request {name!r}")
-    model.module.train(asked.train_mode)
     seed = rt.trainer.steps.seed
-    seed_torch_default(seed, "dropout-request", local.round_index, client.index)
-    answer = asked.compute(client, model)
+    seed_torch_default(seed, "dropout-request", int(facts["round_index"]), client.index)
+    answer = owners[0].answer_request(name, client, model)
     model.module.train(True)
     content = RecordDict(
         {
