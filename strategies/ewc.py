@@ -27,7 +27,6 @@ Federated reading (a team decision):
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, ClassVar, cast
 
 from strategies.base import (
@@ -118,25 +117,13 @@ class OnlineEWC(Component):
     def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:
         """The client's Fisher at its local model on its current examples, pending until
         its task changes."""
-        import torch
-
-        from cfl_bench.seeding import generator
-        from strategies.fedcurv import diagonal_fisher
+        from strategies.fedcurv import client_generator, sampled_fisher
 
         if self.lam == 0 or client.train_y is None or client.num_samples == 0:
             return
         state = client.state_for(self.name)
-        if "rng" not in state:
-            state["rng"] = generator(
-                self.seed, self.name, client.index, device=local.broadcast.device
-            )
-        rng = cast("torch.Generator", state["rng"])
-        n = client.num_samples
-        batches = math.ceil(min(self.samples, n) / self.batch_size)
-        take = torch.randperm(n, generator=rng, device=rng.device)[: batches * self.batch_size]
-        model = local.model
-        training = model.module.training
-        model.module.eval()
-        x, y = client.inputs(take), client.train_y[take]
-        state["pending"] = diagonal_fisher(model, x, y, self.batch_size, self.objective)
-        model.module.train(training)
+        rng = client_generator(state, self.seed, self.name, client.index, local.broadcast.device)
+        fisher = sampled_fisher(
+            client, local.model, rng, self.samples, self.batch_size, self.objective
+        )
+        state["pending"] = fisher

@@ -74,6 +74,47 @@ def diagonal_fisher(
     return fisher.div_(max(batches, 1))
 
 
+def client_generator(
+    state: dict[str, object], seed: int, name: str, index: int, device: torch.device
+) -> torch.Generator:
+    """The client's own generator for ``name``'s draws, kept in its ``state`` (made from
+    (seed, name, client) on first use), so the draws depend on no other client."""
+    import torch
+
+    from cfl_bench.seeding import generator
+
+    if "rng" not in state:
+        state["rng"] = generator(seed, name, index, device=device)
+    rng = state["rng"]
+    assert isinstance(rng, torch.Generator)
+    return rng
+
+
+def sampled_fisher(
+    client: ClientState,
+    model: FlatModel,
+    rng: torch.Generator,
+    samples: int,
+    batch_size: int,
+    objective: Objective | None = None,
+) -> torch.Tensor:
+    """``diagonal_fisher`` of ``model`` in eval mode on up to ``samples`` of the client's
+    current examples, in whole batches of ``batch_size``, drawn with ``rng``; the model's
+    mode is restored after (FedCurv's u_k, online EWC's F_t)."""
+    import torch
+
+    assert client.train_y is not None
+    n = client.num_samples
+    batches = math.ceil(min(samples, n) / batch_size)
+    take = torch.randperm(n, generator=rng, device=rng.device)[: batches * batch_size]
+    training = model.module.training
+    model.module.eval()
+    x, y = client.inputs(take), client.train_y[take]
+    fisher = diagonal_fisher(model, x, y, batch_size, objective)
+    model.module.train(training)
+    return fisher
+
+
 def curvature_penalty(
     params: torch.Tensor,
     grads: torch.Tensor,
@@ -155,26 +196,12 @@ class FedCurv(Component):
 
     def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:
         """Client k's Fisher u_k at its local θ_k; it keeps and uploads u_k and v_k."""
-        import torch
-
-        from cfl_bench.seeding import generator
-
         if client.train_x is None or client.train_y is None or client.num_samples == 0:
             return
         state = client.state_for(self.name)
-        if "rng" not in state:
-            device = local.broadcast.device
-            state["rng"] = generator(self.seed, self.name, client.index, device=device)
-        rng = state["rng"]
-        assert isinstance(rng, torch.Generator)
-        n = client.num_samples
-        batches = math.ceil(min(self.samples, n) / self.batch_size)
-        take = torch.randperm(n, generator=rng, device=rng.device)[: batches * self.batch_size]
+        rng = client_generator(state, self.seed, self.name, client.index, local.broadcast.device)
         model = local.model
-        model.module.eval()
-        x, y = client.inputs(take), client.train_y[take]
-        u = diagonal_fisher(model, x, y, self.batch_size, self.objective)
-        model.module.train()
+        u = sampled_fisher(client, model, rng, self.samples, self.batch_size, self.objective)
         v = u * model.params
         state["u"], state["v"], state["round"] = u, v, local.broadcast.round_index
         upload.extras["fedcurv.u"] = u
