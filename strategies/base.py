@@ -134,7 +134,7 @@ class StepView(Protocol):
     """What a gradient transform may read at a local step besides the gradient: the
     parameters θ ((P,) or (C, P)), the step's buffer batch size, the stepping clients'
     own draws and the gradient of a loss at θ — each executor provides them its way
-    (``engine.client_update.OneClientStep``, the vectorized executor's ``LockStep``)."""
+    (``engine.one_client.OneClientStep``, the vectorized executor's ``LockStep``)."""
 
     @property
     def params(self) -> torch.Tensor: ...

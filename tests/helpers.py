@@ -114,7 +114,7 @@ def sequential_term(
 ) -> torch.Tensor | None:
     """``component``'s loss term on ``st`` (its outputs already computed) as the sequential
     executor computes it: its inputs for ``cl``'s round, its frozen forwards on a copy of
-    ``model`` (``LocalTrainer.loss_term``)."""
+    ``model`` (``ClientStepFunctions.loss_term``)."""
     from strategies.fedavg import FedAvg
 
     inputs = inputs_for(component, cl, local)
@@ -123,7 +123,7 @@ def sequential_term(
     steps = StepSchedule(1, 32, 32, "first_pass", False)
     strategy = Strategy(FedAvg(), [component])
     trainer = LocalTrainer(model, optimizer, strategy, steps, None, Classification())
-    return trainer.loss_term(component, st)
+    return trainer.functions.loss_term(component, st)
 
 
 def step(

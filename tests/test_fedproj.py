@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from cfl_bench.engine.client_update import OneClientStep
 from cfl_bench.engine.context import ClientState, ServerState, Upload
+from cfl_bench.engine.one_client import OneClientStep
 from cfl_bench.errors import UserError
 from cfl_bench.flat import FlatModel
 from strategies.compose import Strategy

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from cfl_bench.engine.client_update import OneClientStep
 from cfl_bench.engine.context import ServerState, Upload
+from cfl_bench.engine.one_client import OneClientStep
 from cfl_bench.errors import UserError
 from cfl_bench.flat import FlatModel
 from strategies.compose import Strategy

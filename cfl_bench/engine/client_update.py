@@ -18,7 +18,6 @@ and transforms, and a non-finite step skipped (``LocalTrainer.backward``).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from cfl_bench.engine.amp import LossScaler, Precision, install
 from cfl_bench.engine.batches import ClientBatches, offers, start_visit
 from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, StepContext, Upload
 from cfl_bench.engine.evaluation import EvalSet
+from cfl_bench.engine.one_client import ClientStepFunctions
 from cfl_bench.engine.optim import LocalOptimizer
 from cfl_bench.flat import FlatModel
 from cfl_bench.objective import Objective
@@ -88,40 +88,6 @@ class ClientResult:
 Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 
 
-@dataclass(frozen=True)
-class OneClientStep:
-    """The ``strategies.base.StepView`` of one client's local step: its θ (P,), its own
-    draws, and gradients taken with autograd on the working model (which is in the step's
-    mode, so dropout draws as in the step)."""
-
-    model: FlatModel
-    client: ClientState
-    buffer_batch_size: int
-
-    @property
-    def params(self) -> torch.Tensor:
-        return self.model.params
-
-    def per_client(
-        self, draw: Callable[[ClientState], torch.Tensor], idle: torch.Tensor
-    ) -> torch.Tensor:
-        return draw(self.client)
-
-    def shared(self, value: torch.Tensor) -> torch.Tensor:
-        return value
-
-    def gradient(
-        self, loss: Callable[..., torch.Tensor], x: torch.Tensor, *inputs: torch.Tensor
-    ) -> torch.Tensor:
-        """∇θ loss(f(x; θ), *inputs) as a new flat vector; the flat gradient the step is
-        building is left as it is (``torch.autograd.grad``, not ``backward``)."""
-        module = self.model.module
-        parameters = [p for p in module.parameters() if p.requires_grad]
-        value = loss(module(x), *inputs)
-        grads = torch.autograd.grad(value, parameters, materialize_grads=True)
-        return torch.cat([g.reshape(-1) for g in grads])
-
-
 @dataclass
 class LocalTrainer:
     """The pieces a client update runs with: the working model and its optimiser, the
@@ -144,8 +110,8 @@ class LocalTrainer:
     precision: Precision = field(init=False)
     # fp16: the scale of the client being trained (``engine.amp.LossScaler``, one row).
     scaler: LossScaler | None = field(init=False, default=None)
-    # A copy of the module for the loss terms' forwards without gradient (made on first use).
-    frozen: FlatModel | None = field(init=False, default=None)
+    # The components' step functions run for this client (``engine.one_client``).
+    functions: ClientStepFunctions = field(init=False)
 
     def __post_init__(self) -> None:
         self.base_lr = self.optimizer.lr
@@ -156,6 +122,7 @@ class LocalTrainer:
         # must not sort the transform chain again.
         self.loss_terms = self.strategy.loss_terms
         self.transforms = self.strategy.transforms
+        self.functions = ClientStepFunctions(self.model, self.loss_terms, self.transforms)
 
     def update(self, job: ClientJob) -> ClientResult:
         """The whole client update: start, local steps (timed), probes, upload."""
@@ -283,75 +250,17 @@ class LocalTrainer:
         with self.precision.autocast():  # forwards only: outputs come back fp32
             loss = learner.loss(step)
             for term in self.loss_terms:
-                extra = self.loss_term(term, step)
+                extra = self.functions.loss_term(term, step)
                 if extra is not None:
                     loss = loss + extra
         finite = self.backward(loss)
-        loss = self.penalize(step, loss)
+        loss = self.functions.penalize(step, loss)
         learner.refine_grad(step)
-        self.transform(step)
+        self.functions.transform(step)
         if finite:
             self.optimizer.step()
         learner.observe(step)
         return loss.detach()
-
-    def loss_term(self, term: Component, step: StepContext) -> torch.Tensor | None:
-        """``term``'s ``loss_term`` on the batch's outputs, with its frozen forwards run on
-        the batch (``frozen_forward``) and its term inputs; None when it has no inputs this
-        round or no term."""
-        inputs = step.inputs.get(term.name)
-        if inputs is None or step.outputs is None:
-            return None
-        values = {key: inputs[key] for key in term.term_inputs()}
-        for forward in term.frozen_forwards():
-            params, buffers = inputs[forward.params], inputs[forward.buffers]
-            values[forward.name] = self.frozen_forward(params, buffers, step.x, forward.output)
-        return term.loss_term(step.outputs, step.representation, step.y, None, values)
-
-    def frozen_forward(
-        self, params: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor, output: str
-    ) -> torch.Tensor:
-        """The model at ``params`` (and ``buffers``) on ``x``: eval mode, no gradient, on a
-        private copy of the module made once (the working model is never touched); fp32
-        under ``--amp``'s autocast."""
-        if self.frozen is None:
-            self.frozen = FlatModel(copy.deepcopy(self.model.module))
-            self.frozen.module.eval()
-            self.frozen.module.requires_grad_(False)
-        frozen = self.frozen
-        frozen.load(params, buffers)
-        with torch.no_grad():
-            if output == "representation":
-                return frozen.module.representation(x).float()
-            return frozen.module(x).float()
-
-    def penalize(self, step: StepContext, loss: torch.Tensor) -> torch.Tensor:
-        """The loss terms' closed-form penalties (``Component.penalty``) in order: their
-        gradients into the flat gradient, their values added to the reported ``loss``."""
-        grads = self.model.grads
-        g = grads
-        for term in self.loss_terms:
-            inputs = step.inputs.get(term.name)
-            penalized = None if inputs is None else term.penalty(self.model.params, g, inputs)
-            if penalized is not None:
-                g, value = penalized
-                loss = loss + value
-        if g is not grads:
-            grads.copy_(g)
-        return loss
-
-    def transform(self, step: StepContext) -> None:
-        """The gradient transforms (``Component.transform``) in ``TRANSFORM_CHAIN`` order,
-        the result written into the flat gradient."""
-        grads = self.model.grads
-        g = grads
-        view = OneClientStep(self.model, step.client, step.buffer_batch_size)
-        for transform in self.transforms:
-            inputs = step.inputs.get(transform.name)
-            if inputs is not None:
-                g = transform.transform(g, inputs, view)
-        if g is not grads:
-            grads.copy_(g)
 
     def backward(self, loss: torch.Tensor) -> bool:
         """The loss's gradient into the flat gradient; under fp16, of the scaled loss, then
