@@ -15,14 +15,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from strategies.base import Learner, Option, StrategyEnv, text
-from strategies.projection import conflict_coefficients
-from strategies.replay import ReplayPlan, ReplayTerm
+from strategies.base import Learner, Option, StepView, StrategyEnv, text
+from strategies.projection import projected
 
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import ClientState, StepContext
+    from cfl_bench.engine.context import ClientState
     from cfl_bench.flat import FlatModel
 
 
@@ -44,30 +43,14 @@ class AGEM(Learner):
     def setup(self, env: StrategyEnv) -> None:
         self.fill = str(self.values["agem_fill"])
         self.num_tasks = env.num_tasks
-        self._scratch: torch.Tensor | None = None
 
-    def refine_grad(self, step: StepContext) -> None:
-        import torch
-
-        buffer = step.client.buffer
-        if buffer is None or buffer.filled == 0:
-            return
-        grads = step.model.grads
-        if self._scratch is None or self._scratch.shape != grads.shape:
-            self._scratch = torch.empty_like(grads)
-        g = self._scratch.copy_(grads)
-        step.model.zero_grad()
-        draw = buffer.sample(step.buffer_batch_size)
-        assert draw is not None  # filled > 0
-        replay = step.model.module(step.replay_input(draw.x))
-        self.objective.loss(replay, draw.y).backward()
-        # grads now holds g_b; overwrite it with g − coef·g_b without a new vector.
-        coef = conflict_coefficients(g, grads)
-        grads.mul_(-coef).add_(g)
-
-    def reference_plan(self) -> ReplayPlan:
-        """One buffer draw per step; g_b is the gradient of the objective's loss on it."""
-        return ReplayPlan(1, (ReplayTerm(0, "ce", 1.0),))
+    def refine(self, g: torch.Tensor, view: StepView) -> torch.Tensor:
+        """g − coef·g_b with g_b the objective's gradient on one buffer draw (``view``),
+        coef = g·g_b / g_b·g_b where g·g_b < 0 and 0 elsewhere; g as it is while the buffer
+        is empty. One client (P,) or a chunk (C, P), where an empty buffer's zero row of g_b
+        gives coef = 0."""
+        g_b = view.buffer_gradient()
+        return g if g_b is None else projected(g, g_b)
 
     def offers_batches(self) -> bool:
         """reservoir: batches are offered as they are trained; task_end: not at all."""

@@ -16,7 +16,7 @@ fixes (docs/architecture.md draws it):
                                                  component's frozen forwards and inputs)
                      backward into the flat gradient g
                      g, value = component.penalty(θ, g, inputs)   (closed-form θ penalties)
-                     learner.refine_grad(step)               (A-GEM)
+                     g = learner.refine(g, view)             (A-GEM)
                      g = component.transform(g, inputs, view)   in ``compose.TRANSFORM_CHAIN``
                      optimizer step; learner.observe(step)   (buffer insertion)
     after training   component.after_local(client, upload, local) → declared upload payloads
@@ -159,6 +159,14 @@ class StepView(Protocol):
     ) -> torch.Tensor:
         """The flat gradient of ``loss(f(x; θ), *inputs)`` at θ ((P,) or (C, P): each
         client's of its own rows), the model in the step's mode (dropout as the step)."""
+        ...
+
+    def buffer_gradient(self) -> torch.Tensor | None:
+        """The flat gradient at θ of the objective's loss on one draw of
+        ``buffer_batch_size`` examples from each stepping client's buffer (its generator,
+        then the replay augmentation, as a replay draw), the model in the step's mode; a
+        chunk's client with an empty buffer has a zero row. None: no stepping client's
+        buffer holds anything."""
         ...
 
 
@@ -513,11 +521,6 @@ class Learner(Component):
         what ``loss`` computes beyond the batch, declared so any executor can run it."""
         return ReplayPlan()
 
-    def reference_plan(self) -> ReplayPlan | None:
-        """The buffer draw whose loss gradient ``refine_grad`` projects against (A-GEM's
-        reference gradient g_b); None: the learner refines nothing."""
-        return None
-
     def offers_batches(self) -> bool:
         """Whether ``observe`` offers training batches to the buffer (A-GEM's task-end fill
         does not: its memory is filled at task ends)."""
@@ -565,8 +568,12 @@ class Learner(Component):
         """
         return shards[-1]
 
-    def refine_grad(self, step: StepContext) -> None:
-        """The learner's own gradient refinement (A-GEM); runs before transforms."""
+    def refine(self, g: torch.Tensor, view: StepView) -> torch.Tensor:
+        """The learner's own refinement of the step's gradient g ((P,) or (C, P)), after the
+        penalties and before the components' transforms (A-GEM's projection); a pure
+        function of g and what ``view`` gives, as a component's ``transform``. The default
+        refines nothing."""
+        return g
 
     def observe(self, step: StepContext) -> None:
         """Offer the batch to the client's buffer according to the buffer policy."""

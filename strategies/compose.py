@@ -44,7 +44,7 @@ _COUNT_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
 def transform_chain() -> tuple[str, ...]:
     """The gradient-transform chain of a local step, by name, in order: every component
     that declares a ``transform_order`` (``Strategy.transforms`` sorts by it). A-GEM's
-    projection is the learner's ``refine_grad`` and runs before the chain; the components'
+    projection is the learner's ``refine`` and runs before the chain; the components'
     declarations say why each sits where it does (SCAFFOLD, FedProj, FedGP)."""
     ordered = sorted(
         (cls for cls in component_classes().values() if cls.transform_order is not None),

@@ -7,7 +7,7 @@ c_k (zeros before its first round, in ``ClientState.extras["scaffold"]``). c is 
 
     g ← g − c_k + c,
 
-first in ``compose.TRANSFORM_CHAIN`` (A-GEM's ``refine_grad`` runs before the chain; FedProj's
+first in ``compose.TRANSFORM_CHAIN`` (A-GEM's ``refine`` runs before the chain; FedProj's
 and FedGP's projections then act on the corrected direction). After its K local steps with
 local learning rate η the client updates its control variate,
 

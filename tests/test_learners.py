@@ -6,6 +6,7 @@ import torch
 from torch.nn import functional as F
 
 from cfl_bench.engine.aggregation import RunningAverage, client_weight
+from cfl_bench.engine.one_client import OneClientStep
 from strategies.agem import AGEM
 from strategies.der import DER
 from tests.helpers import buffer_with, client, env, linear_model, server, step
@@ -64,11 +65,26 @@ def test_agem_projects_against_buffer_gradient() -> None:
     gb = model.grads.clone()
     assert torch.dot(g, gb) < 0, "test batch must conflict"
     expected = g - torch.dot(g, gb) / torch.dot(gb, gb) * gb
-    model.zero_grad()
-    F.cross_entropy(model.module(x), y).backward()
-    agem.refine_grad(st)
-    assert torch.allclose(model.grads, expected, atol=1e-6)
-    assert torch.dot(model.grads, gb) >= -1e-6 * g.norm() * gb.norm()
+    view = OneClientStep(model, cl, st.buffer_batch_size, agem.objective)
+    refined = agem.refine(g, view)
+    assert torch.allclose(refined, expected, atol=1e-6)
+    assert torch.dot(refined, gb) >= -1e-6 * g.norm() * gb.norm()
+    # A chunk (C, P): row 0 as above, row 1 a client with an empty buffer (zero g_b row).
+    chunk = _ChunkView(torch.stack([gb, torch.zeros_like(gb)]))
+    both = agem.refine(torch.stack([g, g]), chunk)
+    assert torch.allclose(both[0], expected, atol=1e-6)
+    assert torch.equal(both[1], g)
+    assert agem.refine(g, _ChunkView(None)) is g  # no buffer holds anything: untouched
+
+
+class _ChunkView:
+    """A stand-in ``StepView`` that only answers ``buffer_gradient``."""
+
+    def __init__(self, g_b: torch.Tensor | None) -> None:
+        self.g_b = g_b
+
+    def buffer_gradient(self) -> torch.Tensor | None:
+        return self.g_b
 
 
 def test_fedavg_weightings_by_hand() -> None:

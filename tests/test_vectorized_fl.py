@@ -213,11 +213,15 @@ def count_conflicts(monkeypatch: pytest.MonkeyPatch, module: object) -> list[tup
 
 def test_agem_equals_and_projects(monkeypatch: pytest.MonkeyPatch) -> None:
     # A-GEM's reference draw per step (buffer generator, then the replay augmentation from
-    # the client's generator), its batched gradient and the per-client projection.
-    conflicts = count_conflicts(monkeypatch, vectorized)
+    # the client's generator), its batched gradient and the per-client projection: one
+    # ``refine`` for both, called on one client's (P,) gradient and on a chunk's (C, P).
+    conflicts = count_conflicts(monkeypatch, strategies.projection)
     seq, vec = run_both("agem", augment=True, momentum=0.5)
     assert_same_buffers(seq, vec)
-    assert sum(c for c, _ in conflicts) > 0 and len(conflicts) > 10
+    chunk_rows = [c for c, rows in conflicts if rows > 1]
+    one_client = [c for c, rows in conflicts if rows == 1]
+    assert sum(chunk_rows) > 0 and len(chunk_rows) > 10
+    assert sum(one_client) > 0
 
 
 def test_agem_task_end_fill_and_a_composition_chunked_equal() -> None:

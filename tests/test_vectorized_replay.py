@@ -113,7 +113,6 @@ def test_replay_plans() -> None:
     assert learner_of("er").replay_plan() == ReplayPlan(1, (ReplayTerm(0, "ce", 1.0),))
     assert learner_of("fedavg").replay_plan() == ReplayPlan()
     assert learner_of("agem").replay_plan() == ReplayPlan()
-    assert learner_of("agem").reference_plan() == ReplayPlan(1, (ReplayTerm(0, "ce", 1.0),))
     assert learner_of("agem").offers_batches()
     assert not learner_of("agem:agem_fill=task_end").offers_batches()
 
@@ -168,7 +167,7 @@ def test_learners_are_recognised_by_their_hooks() -> None:
     # data (the joint learner's history) is refused, with the hook named.
     from cfl_bench.engine.vectorized import learner_hooks
 
-    assert learner_hooks(learner_of("agem")) == []  # refine_grad declared by reference_plan
+    assert learner_hooks(learner_of("agem")) == []  # refine is pure: both executors run it
     assert learner_hooks(learner_of("der")) == []
     assert learner_hooks(learner_of("ideal")) == ["training_data"]
     check_strategy(build_strategy("er+fedprox+fedavgm+moon"))

@@ -122,7 +122,9 @@ class LocalTrainer:
         # must not sort the transform chain again.
         self.loss_terms = self.strategy.loss_terms
         self.transforms = self.strategy.transforms
-        self.functions = ClientStepFunctions(self.model, self.loss_terms, self.transforms)
+        self.functions = ClientStepFunctions(
+            self.model, self.loss_terms, self.transforms, self.strategy.learner
+        )
 
     def update(self, job: ClientJob) -> ClientResult:
         """The whole client update: start, local steps (timed), probes, upload."""
@@ -255,7 +257,7 @@ class LocalTrainer:
                     loss = loss + extra
         finite = self.backward(loss)
         loss = self.functions.penalize(step, loss)
-        learner.refine_grad(step)
+        self.functions.refine(step)
         self.functions.transform(step)
         if finite:
             self.optimizer.step()

@@ -17,7 +17,8 @@ import torch
 
 from cfl_bench.engine.context import ClientState, StepContext
 from cfl_bench.flat import FlatModel
-from strategies.base import Component
+from cfl_bench.objective import Objective
+from strategies.base import Component, Learner
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,9 @@ class OneClientStep:
     model: FlatModel
     client: ClientState
     buffer_batch_size: int
+    # What ``buffer_gradient`` differentiates, and the step's replay augmentation.
+    objective: Objective | None = None
+    replay_input: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @property
     def params(self) -> torch.Tensor:
@@ -53,6 +57,19 @@ class OneClientStep:
         grads = torch.autograd.grad(value, parameters, materialize_grads=True)
         return torch.cat([g.reshape(-1) for g in grads])
 
+    def buffer_gradient(self) -> torch.Tensor | None:
+        """∇θ of the objective's loss on ``buffer.sample(buffer_batch_size)`` (the buffer's
+        generator), replayed as the step's replay draws are; None while the buffer is
+        empty."""
+        buffer = self.client.buffer
+        if buffer is None or buffer.filled == 0:
+            return None
+        assert self.objective is not None, "a view without an objective takes no buffer draws"
+        draw = buffer.sample(self.buffer_batch_size)
+        assert draw is not None  # filled > 0
+        x = draw.x if self.replay_input is None else self.replay_input(draw.x)
+        return self.gradient(self.objective.loss, x, draw.y)
+
 
 @dataclass
 class ClientStepFunctions:
@@ -62,6 +79,7 @@ class ClientStepFunctions:
     model: FlatModel
     loss_terms: list[Component]
     transforms: list[Component]
+    learner: Learner
     # A copy of the module for the loss terms' forwards without gradient (made on first use).
     frozen: FlatModel | None = field(default=None)
 
@@ -110,12 +128,26 @@ class ClientStepFunctions:
             grads.copy_(g)
         return loss
 
+    def view(self, step: StepContext) -> OneClientStep:
+        """The ``StepView`` of ``step``."""
+        objective = self.learner.objective
+        return OneClientStep(
+            self.model, step.client, step.buffer_batch_size, objective, step.replay_input
+        )
+
+    def refine(self, step: StepContext) -> None:
+        """The learner's ``refine`` of the flat gradient (A-GEM), written back into it."""
+        grads = self.model.grads
+        g = self.learner.refine(grads, self.view(step))
+        if g is not grads:
+            grads.copy_(g)
+
     def transform(self, step: StepContext) -> None:
         """The gradient transforms (``Component.transform``) in ``TRANSFORM_CHAIN`` order,
         the result written into the flat gradient."""
         grads = self.model.grads
         g = grads
-        view = OneClientStep(self.model, step.client, step.buffer_batch_size)
+        view = self.view(step)
         for transform in self.transforms:
             inputs = step.inputs.get(transform.name)
             if inputs is not None:

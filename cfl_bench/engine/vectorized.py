@@ -41,9 +41,9 @@ executor's client update, not an approximation of it:
   the vmapped per-client loss (padded and masked: an empty buffer adds no term), and
   insertion stores the outputs of that same vmapped forward, taken before the step.
 
-- **A-GEM**: each client's reference draw per step (client by client, as the replay
-  draws), the reference gradients g_b in one more vmapped backward at the clients' rows,
-  and the projection g ← g − coef·g_b row by row (``projection.conflict_coefficients``).
+- **A-GEM**: its ``refine`` is the sequential one, run on the chunk's (C, P) gradient; the
+  ``LockStep`` view gives it g_b: each client's buffer draw per step (client by client, as
+  the replay draws) and the gradients in one more vmapped backward at the clients' rows.
 
 - **Dropout** (``engine.vectorized_dropout``): each client's masks drawn from its own
   default-generator state (reseeded per client update, ``seeding.seed_torch_default``) in
@@ -111,26 +111,25 @@ from cfl_bench.errors import UserError
 from cfl_bench.host_values import device_tensor
 from strategies.base import ClientInputs, Component, Learner
 from strategies.compose import Strategy
-from strategies.projection import conflict_coefficients
+from strategies.replay import ReplayPlan, ReplayTerm
 
 # Models built from the catalogue that hold nothing but parameters (no BatchNorm), dropout
 # allowed (``engine.vectorized_dropout``).
 VECTORIZABLE_MODELS = ("centernet", "fedavg-cnn", "linear", "mlp", "mnist-cnn")
-# A learner's step is its declared plans (``replay_plan``, ``reference_plan``,
-# ``offers_batches``): one that overrides these hooks computes something else, on the one
-# working model.
+# A learner's step is its declared plan (``replay_plan``, ``offers_batches``) and its pure
+# ``refine``: one that overrides these hooks computes something else, on the one working
+# model.
 LEARNER_HOOKS = ("loss", "batch_loss", "observe", "training_data")
+# The one buffer draw ``LockStep.buffer_gradient`` takes per stepping client (its term: the
+# objective's loss on the stored labels).
+BUFFER_DRAW = ReplayPlan(1, (ReplayTerm(0, "ce", 1.0),))
 FALLBACK = "use --executor sequential"
 
 
 def learner_hooks(learner: Learner) -> list[str]:
-    """The learner hooks beyond its declared plans that ``learner``'s class overrides
-    (``refine_grad`` counts unless a ``reference_plan`` declares it)."""
+    """The learner hooks beyond its declared plan that ``learner``'s class overrides."""
     cls = type(learner)
-    hooks = [h for h in LEARNER_HOOKS if getattr(cls, h) is not getattr(Learner, h)]
-    if cls.refine_grad is not Learner.refine_grad and learner.reference_plan() is None:
-        hooks.append("refine_grad")
-    return hooks
+    return [h for h in LEARNER_HOOKS if getattr(cls, h) is not getattr(Learner, h)]
 
 
 def check_strategy(strategy: Strategy) -> None:
@@ -321,7 +320,6 @@ class VectorizedExecutor:
         if compile_step:
             self.grads.compile()
         self.scaler: LossScaler | None = None  # fp16: the chunk's clients' loss scales
-        self.reference = learner.reference_plan()
         self.observes = learner.offers_batches()
         self.dropout: ChunkDropout | None = None  # the chunk being trained's dropout draws
         self.requests = BatchedRequests(trainer, self.grads, self.chunks, self.sequential)
@@ -455,10 +453,13 @@ class VectorizedExecutor:
             if penalized is not None:
                 grads, value = penalized
                 losses = losses + value
-        if self.reference is not None:
-            grads = self._refine(params, grads, stepping, replay_augment)
         gradients = self.dropout.with_masks(self.grads.loss_gradients, stepping)
-        lock_step = LockStep(params, stepping, size, gradients)
+
+        def buffer_gradients(clients: list[ClientState | None]) -> torch.Tensor | None:
+            return self._buffer_gradients(params, clients, replay_augment)
+
+        lock_step = LockStep(params, stepping, size, gradients, buffer_gradients)
+        grads = trainer.strategy.learner.refine(grads, lock_step)
         for transform in trainer.transforms:  # the components' own transform functions
             inputs = chunk.inputs.get(transform.name)
             if inputs is not None:
@@ -472,30 +473,27 @@ class VectorizedExecutor:
             observe_all(trainer.strategy.learner, clients, counts, raw, y, outputs)
         return params, losses if every else torch.where(active, losses, 0.0)
 
-    def _refine(
+    def _buffer_gradients(
         self,
         params: torch.Tensor,
-        grads: torch.Tensor,
         stepping: list[ClientState | None],
         augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None,
-    ) -> torch.Tensor:
-        """A-GEM's ``refine_grad`` for every client: draw its reference sample (buffer
-        generator, then the replay augmentation from its generator, as sequentially), take
-        g_b = ∇ mean CE on it at the client's row (one vmapped backward, padded rows
-        masked), and project: g ← g − coef·g_b where g·g_b < 0. A client with an empty
-        buffer (or no step) has g_b = 0 exactly, hence coef = 0: no projection."""
-        assert self.reference is not None
+    ) -> torch.Tensor | None:
+        """``LockStep.buffer_gradient``: each stepping client's buffer draw (its buffer's
+        generator, then the replay augmentation from its generator, as sequentially) and the
+        gradient of the objective's mean loss on it at the client's row (one vmapped
+        backward, padded rows masked). A client with an empty buffer (or no step) gets a
+        zero row; None when nobody draws anything."""
         size = self.trainer.steps.buffer_batch_size
-        draw = draw_replay(stepping, self.reference, size, augment)
+        draw = draw_replay(stepping, BUFFER_DRAW, size, augment)
         if draw is None:
-            return grads
+            return None
         assert self.dropout is not None
         masks = self.dropout.forward_masks(draw.x[:, 0], draw.rows)
         ref, _, _ = self.grads.gradients(
             params, draw.x[:, 0], draw.y[:, 0], draw.mask[:, 0], masks=masks
         )
-        coef = conflict_coefficients(grads, ref)
-        return grads.addcmul(ref, coef[:, None], value=-1.0)
+        return ref
 
     def answer(
         self,

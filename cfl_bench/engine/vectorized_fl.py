@@ -5,7 +5,7 @@ The sequential client update of a component runs (``LocalTrainer``; ``strategies
 
     start     round_inputs(broadcast) | client_inputs(client, local)
     per step  loss_term(outputs, z, y, mask, values) in the loss → penalty(θ, g, inputs)
-              → (refine_grad) → transform(g, inputs, view)
+              → learner.refine(g, view) → transform(g, inputs, view)
     finish    after_local(client, upload, local)       once per client, model at θ_k
 
 The vectorized executor keeps ``start`` and ``finish`` as they are: it calls
@@ -53,12 +53,14 @@ LossGradients = Callable[..., torch.Tensor]
 class LockStep:
     """The chunk's ``strategies.base.StepView`` at one lock-step: the parameters (C, P),
     the chunk's clients (None: no step this lock-step, so no draws from its generators),
-    the step's buffer batch size and the executor's batched gradient of a loss."""
+    the step's buffer batch size, the executor's batched gradient of a loss and its
+    gradients on the stepping clients' buffer draws."""
 
     params: torch.Tensor
     stepping: list[ClientState | None]
     buffer_batch_size: int
     gradients: LossGradients
+    buffer_gradients: Callable[[list[ClientState | None]], torch.Tensor | None]
 
     def per_client(
         self, draw: Callable[[ClientState], torch.Tensor], idle: torch.Tensor
@@ -72,6 +74,9 @@ class LockStep:
         self, loss: Callable[..., torch.Tensor], x: torch.Tensor, *inputs: torch.Tensor
     ) -> torch.Tensor:
         return self.gradients(loss, self.params, x, *inputs)
+
+    def buffer_gradient(self) -> torch.Tensor | None:
+        return self.buffer_gradients(self.stepping)
 
 
 def chunk_inputs(shared: ClientInputs, rows: Sequence[ClientInputs]) -> ClientInputs:
