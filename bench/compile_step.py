@@ -47,7 +47,7 @@ def one_run(args: argparse.Namespace, learner: str, clients: int, compiled: bool
     fed = plan.federation()
     executor = fed.executor
     assert isinstance(executor, VectorizedExecutor)
-    timed = Timed(executor, plan.schedule.epochs)
+    timed = Timed(executor, plan.schedule.steps.epochs)
     fed.executor = timed  # type: ignore[assignment]
     fed.run()
     (_, first_seconds), (samples, seconds) = timed.rounds[0], timed.rounds[-1]

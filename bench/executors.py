@@ -99,7 +99,7 @@ def measure(args: argparse.Namespace, row: Row, executor: str):  # type: ignore[
     )  # fmt: skip
     plan = plan_run(cfg)
     fed = plan.federation()
-    timed = Timed(fed.executor, plan.schedule.epochs)
+    timed = Timed(fed.executor, plan.schedule.steps.epochs)
     fed.executor = timed  # type: ignore[assignment]
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()

@@ -182,8 +182,8 @@ def run_size(
         clients_per_round=min(schedule.clients_per_round, schedule.num_clients),
         steps_min=min(flat),
         steps_max=max(flat),
-        epochs=schedule.epochs,
-        batch_size=schedule.batch_size,
+        epochs=schedule.steps.epochs,
+        batch_size=schedule.steps.batch_size,
         total_steps=round(total),
         params=params,
     )
@@ -206,7 +206,7 @@ def client_steps(
     schedule: Schedule, shards: list[list[int]], k: int, t: int, needs_history: bool
 ) -> int:
     n = client_samples(shards, k, t, needs_history)
-    return math.ceil(n / schedule.batch_size) * schedule.epochs
+    return math.ceil(n / schedule.steps.batch_size) * schedule.steps.epochs
 
 
 def workload(
@@ -234,22 +234,22 @@ def workload(
         tasks = [clock.client_task(k, g) for k in range(K)]
         for k, t in enumerate(tasks):
             n = client_samples(shards, k, t, needs_history)
-            steps += f * math.ceil(n / s.batch_size) * s.epochs
+            steps += f * math.ceil(n / s.steps.batch_size) * s.steps.epochs
             visits += f
             if t != last_task[k]:
                 seen[k] += shards[t][k]
                 last_task[k] = t
             for extra in work.extras:
                 if extra.shard_samples and n:
-                    batches = math.ceil(min(extra.shard_samples, n) / s.batch_size)
-                    parts["client extra passes"] += f * min(n, batches * s.batch_size)
+                    batches = math.ceil(min(extra.shard_samples, n) / s.steps.batch_size)
+                    parts["client extra passes"] += f * min(n, batches * s.steps.batch_size)
         filled = [min(s.buffer_size, x) for x in seen]
         for extra in work.extras:
             if extra.public_examples is not None:
                 public = work.public_after(extra, min(max(tasks), T - 1))
                 parts["public logits"] += cpr * public
                 parts["distillation"] += extra.distill_epochs * public
-                parts["distillation"] += extra.distill_steps * min(s.batch_size, public)
+                parts["distillation"] += extra.distill_steps * min(s.steps.batch_size, public)
         for extra in work.extras:
             if extra.request_samples and (g + 1) % extra.request_interval == 0:
                 mean_fill = sum(filled) / K
@@ -337,7 +337,11 @@ def measure(
         # k batches then times exactly k steps. Steps are timed through the sequential
         # trainer whatever the run's executor: the federation is given no other.
         scratch = dataclasses.replace(
-            schedule, num_clients=1, participation=1.0, async_shift=0, epochs=1
+            schedule,
+            num_clients=1,
+            participation=1.0,
+            async_shift=0,
+            steps=dataclasses.replace(schedule.steps, epochs=1),
         )
         fed = Federation(
             stream,
@@ -352,7 +356,7 @@ def measure(
         shard = max(split.parts, key=lambda p: int(p.numel()))
         if shard.numel() == 0:
             shard = torch.arange(int(task.train.train_y.shape[0]))
-        batch = schedule.batch_size
+        batch = schedule.steps.batch_size
 
         def rows(batches: int) -> torch.Tensor:
             return shard[torch.arange(batches * batch) % shard.numel()]

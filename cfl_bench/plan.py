@@ -22,6 +22,7 @@ import torch
 
 from cfl_bench import provenance
 from cfl_bench.config import RunConfig, canonical_hash
+from cfl_bench.engine.client_update import StepSchedule
 from cfl_bench.engine.loop import Federation, Schedule
 from cfl_bench.engine.splits import TaskSplit, plan_splits
 from cfl_bench.errors import UserError
@@ -164,17 +165,22 @@ def make_schedule(config: RunConfig, strategy: Strategy, num_tasks: int) -> Sche
     rounds, epochs = resolved_int(config.rounds_per_task), resolved_int(config.epochs)
     for component in strategy.all:
         rounds, epochs = component.adjust_schedule(rounds, epochs)
+    steps = StepSchedule(
+        epochs=epochs,
+        batch_size=config.batch_size,
+        buffer_batch_size=resolved_int(config.buffer_batch_size),
+        buffer_offer=config.buffer_offer,
+        replay_augment=bool(config.replay_augment),
+        lr_decay=config.lr_decay,
+        seed=config.seed,
+        amp=config.amp,
+    )
     return Schedule(
         num_tasks=num_tasks,
         rounds_per_task=rounds,
-        epochs=epochs,
         num_clients=config.clients,
         participation=config.participation,
-        batch_size=config.batch_size,
-        buffer_batch_size=resolved_int(config.buffer_batch_size),
         buffer_size=config.buffer_size,
-        buffer_offer=config.buffer_offer,
-        replay_augment=bool(config.replay_augment),
         weighting=config.weighting,
         lr=float(config.lr or 0.0),
         optimizer=str(config.optimizer),
@@ -182,12 +188,10 @@ def make_schedule(config: RunConfig, strategy: Strategy, num_tasks: int) -> Sche
         weight_decay=config.weight_decay,
         probe_size=config.probe_size,
         eval_every_round=config.eval_every_round,
-        seed=config.seed,
+        steps=steps,
         async_shift=config.async_shift,
         lead_rounds=config.lead_rounds,
-        lr_decay=config.lr_decay,
         diagnostics=config.diagnostics,
-        amp=config.amp,
         executor=config.executor,
         clients_per_chunk=config.clients_per_chunk,
         compile_step=config.compile,
@@ -320,7 +324,7 @@ def run_record(
     return {
         "strategy": strategy.describe(),
         "stream": stream.describe(),
-        "schedule": {"rounds_per_task": schedule.rounds_per_task, "epochs": schedule.epochs},
+        "schedule": {"rounds_per_task": schedule.rounds_per_task, "epochs": schedule.steps.epochs},
         "task_clock": schedule.clock().describe(),
         "client_class_counts": class_count_tables(stream, splits),
     }

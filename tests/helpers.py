@@ -180,7 +180,7 @@ def digits_federation(
         seed=0,
     )
     values.update(overrides)
-    schedule = Schedule(**values)  # type: ignore[arg-type]
+    schedule = Schedule.of(**values)
     stream = build_stream(
         "rot-digits",
         num_tasks=schedule.num_tasks,
@@ -200,7 +200,7 @@ def digits_federation(
             schedule.num_tasks,
             CPU,
             seed=0,
-            batch_size=schedule.batch_size,
+            batch_size=schedule.steps.batch_size,
             input_shape=tuple(stream.input_shape),
             data_root=None,
             public_images=functools.partial(public_images, None),

@@ -57,7 +57,7 @@ def schedule(**overrides: Any) -> Schedule:
         eval_every_round=False,
         seed=0,
     )
-    return Schedule(**{**values, **overrides})
+    return Schedule.of(**{**values, **overrides})
 
 
 def units(step: float) -> cost.UnitTimes:

@@ -18,6 +18,7 @@ round is the divergence check on the summed training loss.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -55,28 +56,22 @@ class Schedule:
 
     num_tasks: int
     rounds_per_task: int
-    epochs: int
     num_clients: int
     participation: float
-    batch_size: int
-    buffer_batch_size: int
     buffer_size: int
-    buffer_offer: str
-    replay_augment: bool
     weighting: str
     lr: float
     momentum: float
     weight_decay: float
     probe_size: int
     eval_every_round: bool
-    seed: int
+    # How a client walks its data in a round: epochs, batch sizes, buffer offers, replay
+    # augmentation, lr decay, the run's seed and ``--amp`` (``client_update.StepSchedule``).
+    steps: StepSchedule
     async_shift: int = 0
     lead_rounds: int = 0
     optimizer: str = "sgd"
-    lr_decay: float = 1.0
     diagnostics: bool = False
-    # ``--amp``: the local steps' mixed precision (``engine.amp``).
-    amp: str = "off"
     # Which executor runs the client side, and its options (results are the same up to
     # float rounding): its name in ``cfl_bench.executors``, which builds it and injects it
     # into the ``Federation`` (the engine itself never reads the name); the vectorized one
@@ -85,18 +80,18 @@ class Schedule:
     clients_per_chunk: int | None = None
     compile_step: bool = False  # torch.compile the vectorized executor's client step
 
+    @classmethod
+    def of(cls, **settings: Any) -> Schedule:
+        """A schedule from flat settings, ``StepSchedule``'s fields among them (how tests
+        and small tools write one down)."""
+        local = {f.name for f in dataclasses.fields(StepSchedule)}
+        steps = StepSchedule(**{k: v for k, v in settings.items() if k in local})
+        return cls(steps=steps, **{k: v for k, v in settings.items() if k not in local})
+
     @property
-    def steps(self) -> StepSchedule:
-        return StepSchedule(
-            self.epochs,
-            self.batch_size,
-            self.buffer_batch_size,
-            self.buffer_offer,
-            self.replay_augment,
-            self.lr_decay,
-            self.seed,
-            self.amp,
-        )
+    def seed(self) -> int:
+        """The run's seed (clients' generators, the task clock's offsets)."""
+        return self.steps.seed
 
     @property
     def clients_per_round(self) -> int:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from cfl_bench.engine.client_update import ClientJob, ClientResult
+from cfl_bench.engine.client_update import ClientJob, ClientResult, StepSchedule
 from cfl_bench.engine.context import ClientState
 from cfl_bench.engine.executor import Executor, ResultSink
 from cfl_bench.engine.loop import Federation, Schedule
@@ -153,24 +153,27 @@ def schedule_for(strategy: Strategy, config: PilotConfig) -> Schedule:
     rounds, epochs = config.rounds, config.epochs
     for component in strategy.all:
         rounds, epochs = component.adjust_schedule(rounds, epochs)
+    steps = StepSchedule(
+        epochs=epochs,
+        batch_size=config.batch_size,
+        buffer_batch_size=config.buffer_batch_size,
+        buffer_offer="first_pass",
+        replay_augment=False,
+        seed=config.seed,
+    )
     return Schedule(
         num_tasks=1,
         rounds_per_task=rounds,
-        epochs=epochs,
         num_clients=NUM_CLIENTS,
         participation=1.0,
-        batch_size=config.batch_size,
-        buffer_batch_size=config.buffer_batch_size,
         buffer_size=config.buffer_size,
-        buffer_offer="first_pass",
-        replay_augment=False,
         weighting="samples",
         lr=config.lr,
         momentum=0.0,
         weight_decay=0.0,
         probe_size=50,
         eval_every_round=False,
-        seed=config.seed,
+        steps=steps,
     )
 
 
