@@ -32,7 +32,7 @@ executor's client update, not an approximation of it:
   the chunk's rows with the chunk's inputs (``vectorized_fl.chunk_inputs``), in the
   sequential order (loss terms, penalties, then ``TRANSFORM_CHAIN``); ``loss_term``
   (FedNTD's, MOON's) called inside the vmapped loss on each client's slice, its frozen
-  forwards (``vectorized_grad.ClientGradients.frozen_forward``) run for the chunk first.
+  forwards (``vectorized_grad.FrozenForwards``) run for the chunk first.
 - **Replay learners** (ER, DER, DER++; ``engine.vectorized_replay``): the clients'
   buffers are rows of one stacked storage (``buffer_stack.ReservoirStack``); the random
   draws (sample permutations, reservoir u's, replay augmentations) are taken client by

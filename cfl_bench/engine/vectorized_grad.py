@@ -95,6 +95,42 @@ def eval_mode(module: torch.nn.Module) -> Iterator[None]:
         module.train(training)
 
 
+class FrozenForwards:
+    """The loss terms' forwards without gradient (``FrozenForward``: FedNTD's teacher,
+    MOON's global and previous models) on a chunk's batch, at shared or per-client
+    parameters of the working model."""
+
+    def __init__(self, model: FlatModel, split: Representation | None) -> None:
+        from torch.func import vmap
+
+        self.model = model
+        self.split = split  # the working model's ``Representation`` wrapper, if one is kept
+        self.rows = vmap(self.one, in_dims=(0, 0, None))
+
+    def one(self, params: dict[str, torch.Tensor], x: torch.Tensor, output: str) -> torch.Tensor:
+        """The model's ``output`` ("outputs" or "representation") of ``x`` at ``params``,
+        fp32 (the caller holds eval mode and no gradient)."""
+        from torch.func import functional_call
+
+        if output != "representation":
+            return functional_call(self.model.module, params, (x,)).float()
+        split = self.split or Representation(self.model.module)
+        named = {f"inner.{name}": value for name, value in params.items()}
+        return functional_call(split, named, (x,))[0].float()
+
+    def __call__(self, params: torch.Tensor, x: torch.Tensor, output: str) -> torch.Tensor:
+        """``output`` on every client's batch of ``x`` (C, batch, …): at one shared
+        parameter vector (P,) as one forward of all C×batch rows (θ_g), or at each client's
+        row of ``params`` (C, P), vmapped; eval mode, as the sequential executor's frozen
+        copy (no dropout draws)."""
+        with torch.no_grad(), eval_mode(self.model.module):
+            if params.dim() == 1:
+                rows = x.flatten(0, 1)
+                out = self.one(param_views(self.model, params), rows, output)
+                return out.unflatten(0, x.shape[:2])
+            return self.rows(row_views(self.model, params), x, output)
+
+
 class ClientGradients:
     """Vmapped losses and gradients at stacked parameter rows of one working model."""
 
@@ -120,7 +156,7 @@ class ClientGradients:
         self.intercept = False
         self.probed: dict[tuple[tuple[int, ...], bool], tuple[DropoutLayer, ...] | None] = {}
         self.split = Representation(model.module) if keep_representation else None
-        self.frozen_rows = vmap(self._frozen, in_dims=(0, 0, None))
+        self.frozen = FrozenForwards(model, self.split)
         self.loss_and_grad = vmap(grad_and_value(self._client_loss, has_aux=True))
         self.replay_loss_and_grad = vmap(grad_and_value(self._replay_client_loss, has_aux=True))
 
@@ -184,32 +220,6 @@ class ClientGradients:
             self.probed[key] = probe(forward, example)
         return self.probed[key]
 
-    def _frozen(
-        self, params: dict[str, torch.Tensor], x: torch.Tensor, output: str
-    ) -> torch.Tensor:
-        """The model's ``output`` ("outputs" or "representation") of ``x`` at ``params``,
-        fp32 (the caller holds eval mode and no gradient)."""
-        from torch.func import functional_call
-
-        if output != "representation":
-            return functional_call(self.model.module, params, (x,)).float()
-        split = self.split or Representation(self.model.module)
-        named = {f"inner.{name}": value for name, value in params.items()}
-        return functional_call(split, named, (x,))[0].float()
-
-    def frozen_forward(self, params: torch.Tensor, x: torch.Tensor, output: str) -> torch.Tensor:
-        """A loss term's forward without gradient (``FrozenForward``) on every client's
-        batch of ``x`` (C, batch, …): at one shared parameter vector (P,) as one forward of
-        all C×batch rows (θ_g), or at each client's row of ``params`` (C, P), vmapped; eval
-        mode, as the sequential executor's frozen copy (no dropout draws)."""
-        self.intercept = False
-        with torch.no_grad(), eval_mode(self.model.module):
-            if params.dim() == 1:
-                rows = x.flatten(0, 1)
-                out = self._frozen(param_views(self.model, params), rows, output)
-                return out.unflatten(0, x.shape[:2])
-            return self.frozen_rows(row_views(self.model, params), x, output)
-
     def term_values(self, term: ChunkTerm, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """What ``term``'s ``loss_term`` reads, each with a leading client axis: its frozen
         forwards on the chunk's batch ``x`` and its term inputs (shared ones expanded)."""
@@ -220,7 +230,7 @@ class ClientGradients:
             value = inputs[key]
             values[key] = value if key in term.stacked else value.expand(count, *value.shape)
         for forward in component.frozen_forwards():
-            values[forward.name] = self.frozen_forward(inputs[forward.params], x, forward.output)
+            values[forward.name] = self.frozen(inputs[forward.params], x, forward.output)
         return values
 
     def _output_terms(
