@@ -1,4 +1,4 @@
-"""Client-side FL components under the vectorized executor (``engine.vectorized_fl``): equal
+"""Client-side FL components under the vectorized executor (``engine.lock_step``): equal
 to the sequential executor, per-client component state included.
 
 Runs as tests/test_vectorized_replay.py: embedded rot-digits, MLP, 2 tasks × 2 rounds,
@@ -313,7 +313,7 @@ def test_feddyn_step_function_on_a_chunk_by_hand() -> None:
     # α = 0.5, θ_g = (1, 1). Client 0: θ = (3, 1), h = (1, 0): ∇ += 0.5·(2, 0) − (1, 0) =
     # (0, 0), loss += 0.25·4 − 3 = −2. Client 1: θ = (1, 1), h = (0, 2): ∇ += (0, −2),
     # loss += 0 − 2 = −2. The chunk's h is the clients' h_k stacked (``chunk_inputs``).
-    from cfl_bench.engine.vectorized_fl import chunk_inputs
+    from cfl_bench.engine.lock_step import chunk_inputs
 
     feddyn = build_strategy("fedavg+feddyn:alpha=0.5").components[0]
     feddyn.setup(env())

@@ -24,12 +24,12 @@ executor's client update, not an approximation of it:
   m ← β₁m + (1−β₁)g; s ← β₂s + (1−β₂)g²; θ ← θ − η/(1−β₁^t) · m / (√(s/(1−β₂^t)) + ε),
   with t the client's own step count. State starts afresh every round, as
   ``LocalOptimizer.reset`` does.
-- **Client-side components** (``engine.vectorized_fl``): each client's
+- **Client-side components** (``engine.lock_step``): each client's
   ``LocalTrainer.start`` (its inputs) runs before the first lock-step, the round's inputs
   computed once for the chunk, and its ``LocalTrainer.finish`` (``after_local``, with the
   client's row loaded) after the last, per client as sequentially. The step functions are
   the components' own: ``penalty`` and ``transform`` (parameter axis last) called once on
-  the chunk's rows with the chunk's inputs (``vectorized_fl.chunk_inputs``), in the
+  the chunk's rows with the chunk's inputs (``lock_step.chunk_inputs``), in the
   sequential order (loss terms, penalties, then ``TRANSFORM_CHAIN``); ``loss_term``
   (FedNTD's, MOON's) called inside the vmapped loss on each client's slice, its frozen
   forwards (``vectorized_grad.FrozenForwards``) run for the chunk first.
@@ -93,6 +93,7 @@ from cfl_bench.engine.batches import ClientBatches, offers, start_visit
 from cfl_bench.engine.client_update import ClientJob, ClientResult, LocalTrainer
 from cfl_bench.engine.context import ClientState, LocalRound, Upload
 from cfl_bench.engine.executor import AnswerSink, ResultSink, SequentialExecutor
+from cfl_bench.engine.lock_step import LockStep, chunk_inputs
 from cfl_bench.engine.optim import (
     FlatAdam,
     FlatSGD,
@@ -102,7 +103,6 @@ from cfl_bench.engine.optim import (
 )
 from cfl_bench.engine.payloads import ClientRequest
 from cfl_bench.engine.vectorized_dropout import ChunkDropout
-from cfl_bench.engine.vectorized_fl import LockStep, chunk_inputs
 from cfl_bench.engine.vectorized_grad import ChunkTerm, ClientGradients
 from cfl_bench.engine.vectorized_memory import planner_for
 from cfl_bench.engine.vectorized_replay import draw_replay, observe_all
@@ -285,7 +285,7 @@ def client_result(
 @dataclass(frozen=True)
 class ChunkRound:
     """A chunk's side of the round: each component's inputs for the whole chunk
-    (``vectorized_fl.chunk_inputs``; absent: nothing on its steps this round) and the loss
+    (``lock_step.chunk_inputs``; absent: nothing on its steps this round) and the loss
     terms on the batch's outputs this round (the components overriding ``loss_term``)."""
 
     inputs: dict[str, ClientInputs]

@@ -1,5 +1,6 @@
-"""Client-side components under the vectorized executor: their step functions run on the
-whole chunk.
+"""One lock-step of a chunk under the vectorized executor: the components' own step
+functions run on the whole chunk, through the chunk's ``StepView`` (``LockStep``) and
+inputs (``chunk_inputs``). No component is implemented here a second time.
 
 The sequential client update of a component runs (``LocalTrainer``; ``strategies.base``)
 
