@@ -26,7 +26,9 @@ child is reaped with ``os.wait4``, which gives that process's own user + system 
 and its peak resident set (``ru_maxrss``); wall time is taken around spawn and reap. Both run
 single-threaded: ``OMP_NUM_THREADS=1`` and ``MKL_NUM_THREADS=1`` in their environment (the
 official code has no thread option; torch reads these at start), and ``--threads 1`` for
-cfl-bench. The table gives medians over the repeats and the ratios official / cfl-bench
+cfl-bench. cfl-bench runs twice per repeat: as is, and with ``--channels-last`` (the
+convolutions' channels-last kernels, which round differently; ``cfl_bench.models``). The
+table gives medians over the repeats and the ratios official / cfl-bench for each variant
 (above 1: cfl-bench is cheaper). Each run's final average accuracy over the two tasks is
 printed too, so a fast run that learned nothing would show.
 
@@ -81,6 +83,8 @@ THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 SANE_ACCURACY = 20.0
 OFFICIAL_ACCURACY = re.compile(r"Domain-il accuracy: ([0-9.]+)")
 MIB = 1024 * 1024
+# The second cfl-bench side: the same run with ``--channels-last`` (cfl_bench.models).
+CHANNELS_LAST = "cfl-bench --channels-last"
 
 
 @dataclass(frozen=True)
@@ -112,8 +116,10 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def cfl_program(python: str, data_root: Path, out: Path) -> Program:
-    """cfl-bench's command for the protocol (run from this checkout)."""
+def cfl_program(
+    python: str, data_root: Path, out: Path, name: str = "cfl-bench", extra: Sequence[str] = ()
+) -> Program:
+    """cfl-bench's command for the protocol (run from this checkout), plus ``extra`` flags."""
     argv = [
         python, "-m", "cfl_bench", "run",
         "--stream", "rot-mnist",
@@ -132,9 +138,10 @@ def cfl_program(python: str, data_root: Path, out: Path) -> Program:
         "--data-root", str(data_root.resolve()),
         "--out", str(out),
         "--overwrite",
+        *extra,
     ]  # fmt: skip
     env = child_env({"PYTHONPATH": str(REPO)})
-    return Program("cfl-bench", argv, REPO, env, out)
+    return Program(name, argv, REPO, env, out)
 
 
 def official_program(python: str, copy: Path) -> Program:
@@ -240,25 +247,27 @@ def median(values: Sequence[float]) -> float:
 
 
 def table(results: dict[str, list[Measurement]]) -> str:
-    """Medians per program and the official / cfl-bench ratios, as Markdown."""
-    cfl, official = results["cfl-bench"], results["official"]
-    n = len(cfl)
-    rows = [
-        ("CPU s (user+sys)", [m.cpu_s for m in cfl], [m.cpu_s for m in official]),
-        ("wall s", [m.wall_s for m in cfl], [m.wall_s for m in official]),
-        ("peak RSS MiB", [m.peak_mib for m in cfl], [m.peak_mib for m in official]),
-    ]
+    """Medians per cfl-bench variant against the official code's, and the ratios
+    official / variant (per pair too), as Markdown."""
+    official = results["official"]
+    metrics = (("CPU s (user+sys)", "cpu_s"), ("wall s", "wall_s"), ("peak RSS MiB", "peak_mib"))
     lines = [
-        f"| median of {n} | cfl-bench | official | official / cfl-bench | per-pair ratios |",
-        "|---|---:|---:|---:|---|",
+        f"| median of {len(official)} | cfl-bench as | cfl-bench | official "
+        "| official / cfl-bench | per-pair ratios |",
+        "|---|---|---:|---:|---:|---|",
     ]
-    for label, a, b in rows:
-        ma, mb = median(a), median(b)
-        pairs = ", ".join(f"{y / x:.2f}" for x, y in zip(a, b, strict=True))
-        lines.append(f"| {label} | {ma:.1f} | {mb:.1f} | {mb / ma:.2f}x | {pairs} |")
-    acc_a = ", ".join(f"{m.accuracy:.2f}" for m in cfl)
-    acc_b = ", ".join(f"{m.accuracy:.2f}" for m in official)
-    lines.append(f"| final avg accuracy % | {acc_a} | {acc_b} | | |")
+    for name, ms in results.items():
+        if name == "official":
+            continue
+        for label, attr in metrics:
+            a = [getattr(m, attr) for m in ms]
+            b = [getattr(m, attr) for m in official]
+            ma, mb = median(a), median(b)
+            pairs = ", ".join(f"{y / x:.2f}" for x, y in zip(a, b, strict=True))
+            lines.append(f"| {label} | {name} | {ma:.1f} | {mb:.1f} | {mb / ma:.2f}x | {pairs} |")
+    for name, ms in results.items():
+        accuracies = ", ".join(f"{m.accuracy:.2f}" for m in ms)
+        lines.append(f"| final avg accuracy % | {name} | {accuracies} | | | |")
     return "\n".join(lines)
 
 
@@ -311,6 +320,16 @@ def build_programs(args: argparse.Namespace, scratch: Path) -> dict[str, list[Pr
     return {
         "cfl-bench": [
             cfl_program(args.python, args.data_root, scratch / f"cfl-run-{i}")
+            for i in range(args.repeats)
+        ],
+        CHANNELS_LAST: [
+            cfl_program(
+                args.python,
+                args.data_root,
+                scratch / f"cfl-cl-run-{i}",
+                CHANNELS_LAST,
+                ("--channels-last",),
+            )
             for i in range(args.repeats)
         ],
         "official": [official_program(args.official_python, copy)] * args.repeats,

@@ -306,6 +306,15 @@ class RunConfig:
         protocol=False,
         execution=True,
     )
+    channels_last: bool = option(
+        False,
+        "give the model's 2-d convolutions channels-last inputs (oneDNN/cuDNN's faster "
+        "kernels: the FedGP MNIST-CNN run took 1.48x less CPU); they round differently, so records "
+        "equal a default run's only to rounding (docs/executors.md); sequential and flower "
+        "executors",
+        protocol=False,
+        execution=True,
+    )
     data_root: str | None = option(
         None,
         "folder holding the datasets (MNIST/raw, FashionMNIST/raw, cifar-10-batches-py, "

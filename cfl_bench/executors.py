@@ -92,6 +92,11 @@ def check_vectorized(run: PlannedRun) -> None:
     from cfl_bench.engine.vectorized import check_vectorizable
 
     check_vectorizable(run.strategy, run.model, str(run.config.model))
+    if run.config.channels_last:
+        raise UserError(
+            "--channels-last is not supported with --executor vectorized (torch cannot choose "
+            "memory formats inside vmap); drop --channels-last or use --executor sequential."
+        )
 
 
 def check_flower(run: PlannedRun) -> None:

@@ -234,6 +234,41 @@ MODELS: dict[str, ModelInfo] = {
 }
 
 
+def use_channels_last(model: nn.Module, name: str) -> None:
+    """Make every ``nn.Conv2d`` of ``model`` take its input in channels-last memory format
+    (``--channels-last``).
+
+    Why the input and not the weights: the parameters are views into one flat vector
+    (``cfl_bench.flat``) and must stay contiguous; oneDNN and cuDNN pick their channels-last
+    kernels when the input is channels-last, the output stays channels-last through ReLU,
+    pooling and dropout, and ``flatten`` reads it back in logical order. On a single CPU
+    thread those kernels (the max-pool's above all) took the FedGP MNIST-CNN protocol
+    1.48x less CPU (``bench/official_speed.py``, docs/executors.md). The convolutions then
+    sum in another order, so the records match a default run's only to rounding. A model
+    without 2-d convolutions is refused: the flag would do nothing.
+    """
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    if not convs:
+        raise UserError(
+            f"--channels-last speeds up 2-d convolutions but model '{name}' has none; "
+            "drop --channels-last."
+        )
+    for conv in convs:
+        conv.register_forward_pre_hook(_channels_last_input)
+
+
+def _channels_last_input(module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple:
+    """Forward pre-hook: the conv's 4-d input, channels-last.
+
+    ``to`` and not ``contiguous``: a one-channel image counts as contiguous in both formats,
+    so ``contiguous`` would keep its NCHW strides and the kernels would stay NCHW.
+    """
+    x = args[0]
+    if x.dim() != 4:
+        return args
+    return (x.to(memory_format=torch.channels_last), *args[1:])
+
+
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Instantiate model ``name`` for the given input shape (C, H, W) and class count."""
     check_model_name(name)

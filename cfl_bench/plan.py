@@ -28,7 +28,7 @@ from cfl_bench.engine.splits import TaskSplit, plan_splits
 from cfl_bench.errors import UserError
 from cfl_bench.executors import PlannedRun, executor_kind
 from cfl_bench.model_catalogue import DETECTION_MODELS, model_capabilities, models_offering
-from cfl_bench.models import MODELS, build_model
+from cfl_bench.models import MODELS, build_model, use_channels_last
 from cfl_bench.run_checks import check_diagnostics, check_run_length
 from cfl_bench.run_dir import free_bytes
 from cfl_bench.seeding import derive_seed
@@ -252,6 +252,8 @@ def plan_run(config: RunConfig) -> RunPlan:
     schedule = make_schedule(config, strategy, num_tasks)
     torch.manual_seed(derive_seed(config.seed, "model-init"))
     model = build_model(model_name, stream.input_shape, stream.num_classes)
+    if config.channels_last:
+        use_channels_last(model, model_name)
     executor_kind(config.executor).check(PlannedRun(config, stream, strategy, model))
     check_amp(config, device, stream.objective)
     threads = configure_cpu(device, config.threads, model, tuple(stream.input_shape))
