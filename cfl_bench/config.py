@@ -64,7 +64,8 @@ class OptionSpec:
     (it then enters the protocol hash); ``flag_off`` names the negative flag of a boolean
     (default ``no-<name>``); ``default_text`` is how ``--help`` shows a default that is
     resolved later (e.g. "the stream's"); ``execution`` marks options that change how a run
-    executes but never its results (left out of a sweep point's identity while at default);
+    executes and its results at most in float rounding (the executor, ``--compile``,
+    ``--channels-last``; left out of a sweep point's identity while at default);
     ``grammar`` checks a text value beyond its type (raising ValueError("must …")) and
     ``grammar_text`` says in words what it accepts.
     """
