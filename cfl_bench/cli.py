@@ -360,6 +360,25 @@ def sweep(
             show_default=False,
         ),
     ] = True,
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="where the points run: local (this machine, --jobs at a time) or ray (one "
+            "Ray task per point; the sweep folder on a file system all nodes share; see "
+            "the README's Sweeps section)"
+        ),
+    ] = "local",
+    address: Annotated[
+        str | None,
+        typer.Option(help="--backend ray: the cluster (default: RAY_ADDRESS, else a local one)"),
+    ] = None,
+    cpus_per_run: Annotated[
+        int | None,
+        typer.Option(help="--backend ray: CPUs per point, also its torch threads (default 1)"),
+    ] = None,
+    gpus_per_run: Annotated[
+        float | None, typer.Option(help="--backend ray: GPUs per point, may be a fraction")
+    ] = None,
 ) -> None:
     """Run a grid of runs, then write their leaderboard.
 
@@ -368,9 +387,13 @@ def sweep(
     Finished runs are skipped, interrupted ones resume from their last checkpoint, failed
     ones run again; exit 1 if any failed.
     Ends with the leaderboard of the sweep's runs in <out>/leaderboard/."""
+    from cfl_bench.sweep.command import Placement
     from cfl_bench.sweep.command import sweep as run_sweep
 
-    code = run_sweep(config, list(ctx.args), out, jobs, leaderboard=leaderboard)
+    placement = Placement(backend, address, cpus_per_run, gpus_per_run)
+    code = run_sweep(
+        config, list(ctx.args), out, jobs, leaderboard=leaderboard, placement=placement
+    )
     if code:
         raise typer.Exit(code)
 

@@ -10,6 +10,7 @@ diverged, 1 when any failed (or was busy in another sweep), 2 for bad input.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -21,12 +22,53 @@ from cfl_bench.run_dir import refuse_run_directory
 from cfl_bench.sweep import ledger
 from cfl_bench.sweep.display import SweepProgress, announce_skipped, results_table
 from cfl_bench.sweep.grid import SweepSpec, build_spec, expand
-from cfl_bench.sweep.launcher import Launcher
+from cfl_bench.sweep.launcher import Backend, Launcher
 from cfl_bench.sweep.scheduler import PointState, run_points
 
+# Where a sweep's points can run (``--backend``).
+BACKENDS = ("local", "ray")
 # Where a sweep writes the leaderboard of its runs (a folder without run records, so it
 # is never mistaken for a run by the leaderboard's directory search).
 LEADERBOARD = "leaderboard"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the points run (``--backend``): this machine, or a Ray cluster at ``address``
+    (None: ``RAY_ADDRESS`` or a local instance) with these resources per point."""
+
+    backend: str = "local"
+    address: str | None = None
+    cpus_per_run: int | None = None
+    gpus_per_run: float | None = None
+
+    def check(self) -> None:
+        """Refuse Ray options without ``--backend ray`` and impossible resources."""
+        if self.backend not in BACKENDS:
+            raise UserError(
+                f"unknown --backend '{self.backend}'; choose one of: {', '.join(BACKENDS)}."
+            )
+        ray_only = {
+            "--address": self.address,
+            "--cpus-per-run": self.cpus_per_run,
+            "--gpus-per-run": self.gpus_per_run,
+        }
+        given = [flag for flag, value in ray_only.items() if value is not None]
+        if self.backend == "local" and given:
+            raise UserError(
+                f"{given[0]} applies to --backend ray only; drop it or add --backend ray."
+            )
+        if self.cpus_per_run is not None and self.cpus_per_run < 1:
+            raise UserError(f"--cpus-per-run must be at least 1, got {self.cpus_per_run}.")
+        if self.gpus_per_run is not None and not 0 <= self.gpus_per_run <= 64:
+            raise UserError(f"--gpus-per-run must be between 0 and 64, got {self.gpus_per_run}.")
+
+    def backend_for(self, launcher: Launcher) -> Backend:
+        if self.backend == "local":
+            return launcher
+        from cfl_bench.sweep.ray_backend import RayBackend
+
+        return RayBackend(self.address, self.cpus_per_run or 1, self.gpus_per_run or 0.0)
 
 
 def sweep(
@@ -36,10 +78,13 @@ def sweep(
     jobs: int | None = None,
     console: Console | None = None,
     leaderboard: bool = True,
+    placement: Placement | None = None,
 ) -> int:
     """Run (or resume) a sweep; returns the exit code. With ``leaderboard`` the sweep ends
     by writing ``<out>/leaderboard/`` (CSV + HTML) over every run folder in ``<out>``."""
     console = console or Console()
+    placement = placement or Placement()
+    placement.check()
     spec = build_spec(sweep_file, args, out, jobs)
     states = [PointState(p, spec.out) for p in expand(spec)]
     if spec.out.exists() and not spec.out.is_dir():
@@ -50,7 +95,7 @@ def sweep(
             state.absorb(ledger.read_summary(state.run_dir) or {})
             state.skipped = True
     try:
-        return run_sweep(spec, states, console, leaderboard)
+        return run_sweep(spec, states, console, leaderboard, placement)
     except RunInterruptedError:
         raise
     except KeyboardInterrupt:
@@ -59,7 +104,11 @@ def sweep(
 
 
 def run_sweep(
-    spec: SweepSpec, states: list[PointState], console: Console, leaderboard: bool
+    spec: SweepSpec,
+    states: list[PointState],
+    console: Console,
+    leaderboard: bool,
+    placement: Placement,
 ) -> int:
     """Check the names of the points still to run, prepare the folder, run, report."""
     todo = [s for s in states if not s.skipped]
@@ -75,13 +124,20 @@ def run_sweep(
     prepare_folder(spec, states)
     announce_skipped(console, states)
 
-    with SweepProgress(console, states, spec.jobs) as progress:
+    backend = placement.backend_for(launcher) if todo else launcher
+    # On a cluster an unset ``jobs`` puts every point in flight: Ray queues them by the
+    # resources they declare.
+    in_flight = spec.jobs if backend is launcher or spec.jobs_set else max(1, len(todo))
+    try:
+        with SweepProgress(console, states, in_flight) as progress:
 
-        def changed(state: PointState) -> None:
-            progress.changed(state)
-            write_manifest(spec, states)
+            def changed(state: PointState) -> None:
+                progress.changed(state)
+                write_manifest(spec, states)
 
-        run_points(states, spec.jobs, launcher, changed)
+            run_points(states, in_flight, backend, changed)
+    finally:
+        backend.close()
     write_manifest(spec, states)
     console.print(results_table(states))
     code = report(console, spec.out, states)

@@ -80,6 +80,9 @@ class SweepSpec:
     out: Path
     jobs: int
     axes: Axes
+    # Whether ``jobs`` was asked for (--jobs or the file's ``jobs:``), not the default 1:
+    # on a Ray cluster an unset ``jobs`` leaves every point in flight (Ray queues them).
+    jobs_set: bool = True
 
 
 @dataclass(frozen=True)
@@ -268,7 +271,8 @@ def build_spec(
             "--seed 1), --set KEY=V1,V2 or a `grid:` section in the sweep file."
         )
     chosen = jobs if jobs is not None else file_jobs
-    return SweepSpec(Path(folder), coerce_jobs(1 if chosen is None else chosen), axes)
+    jobs_set = chosen is not None
+    return SweepSpec(Path(folder), coerce_jobs(1 if chosen is None else chosen), axes, jobs_set)
 
 
 def expand(spec: SweepSpec) -> list[GridPoint]:

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from multiprocessing.connection import wait
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, Protocol
 
 from cfl_bench.sweep import worker
 
@@ -44,8 +45,44 @@ def threads_per_run(jobs: int, requested: int | None, cores: int | None = None) 
     return max(1, (usable_cores() if cores is None else cores) // jobs)
 
 
+class Backend(Protocol):
+    """Where a sweep's points run: this machine's fork server (``Launcher``) or a Ray
+    cluster (``sweep.ray_backend.RayBackend``). A handle stands for one started point."""
+
+    def threads(self, jobs: int, requested: int | None) -> int:
+        """The torch threads of one point."""
+        ...
+
+    def start(self, job: worker.RunJob) -> Any:
+        """Start ``job``; returns its handle."""
+        ...
+
+    def wait(self, handles: list[Any], timeout: float) -> list[Any]:
+        """The handles of ``handles`` whose points have ended (waiting at most
+        ``timeout`` seconds for one)."""
+        ...
+
+    def exit_code(self, handle: Any) -> int | None:
+        """An ended point's exit code (``worker``'s codes; negative: killed by that
+        signal; None: unknown)."""
+        ...
+
+    def kill(self, handle: Any) -> None:
+        """Stop a running point at once (it resumes from its checkpoint next time)."""
+        ...
+
+    def describe(self, handle: Any) -> dict[str, Any]:
+        """What sweep.log records of a started point (its pid, or where it runs)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the backend holds once the sweep's points have ended."""
+        ...
+
+
 class Launcher:
-    """Starts run children (and the one-off name check) from the preloaded fork server."""
+    """Starts run children (and the one-off name check) from the preloaded fork server:
+    the local ``Backend``."""
 
     def __init__(self) -> None:
         method = (
@@ -55,12 +92,33 @@ class Launcher:
         if method == "forkserver":
             self.context.set_forkserver_preload(PRELOAD)
 
+    def threads(self, jobs: int, requested: int | None) -> int:
+        return threads_per_run(jobs, requested)
+
     def start(self, job: worker.RunJob) -> BaseProcess:
         process = self.context.Process(  # type: ignore[attr-defined]
             target=worker.run_point, args=(job,), name=f"cfl-bench sweep {job.name}"
         )
         process.start()
         return process
+
+    def wait(self, handles: list[BaseProcess], timeout: float) -> list[BaseProcess]:
+        by_sentinel = {p.sentinel: p for p in handles}
+        return [by_sentinel[s] for s in wait(list(by_sentinel), timeout=timeout)]  # type: ignore[index]
+
+    def exit_code(self, handle: BaseProcess) -> int | None:
+        handle.join()
+        return handle.exitcode
+
+    def kill(self, handle: BaseProcess) -> None:
+        handle.kill()
+        handle.join()
+
+    def describe(self, handle: BaseProcess) -> dict[str, Any]:
+        return {"child": handle.pid}
+
+    def close(self) -> None:
+        """Nothing to release: the fork server exits with the sweep."""
 
     def check_names(self, requests: list[dict[str, Any]]) -> list[str | None]:
         """One error message (or None) per request, from ``worker.check_names``."""

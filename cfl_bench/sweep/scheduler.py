@@ -17,14 +17,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
 from cfl_bench.sweep import ledger, worker
 from cfl_bench.sweep.grid import GridPoint
-from cfl_bench.sweep.launcher import Launcher, threads_per_run
+from cfl_bench.sweep.launcher import Backend
 
 TERMINAL = ("finished", "diverged", "failed", "busy")
 
@@ -91,38 +89,36 @@ class PointState:
 def run_points(
     states: list[PointState],
     jobs: int,
-    launcher: Launcher,
+    backend: Backend,
     on_change: Callable[[PointState], None],
 ) -> None:
     """Run every pending point, at most ``jobs`` at a time, in grid order."""
     queue = deque(s for s in states if s.status == "pending")
-    running: dict[int, tuple[PointState, BaseProcess]] = {}
+    running: dict[Any, PointState] = {}  # by the backend's handle
     try:
         while queue or running:
             while queue and len(running) < jobs:
                 state = queue.popleft()
-                process = start(state, jobs, launcher)
-                running[process.sentinel] = (state, process)
+                running[start(state, jobs, backend)] = state
                 on_change(state)
-            for sentinel in wait(list(running), timeout=1.0):
-                state, process = running.pop(sentinel)  # type: ignore[index]
-                process.join()
-                settle(state, process.exitcode)
+            for handle in backend.wait(list(running), timeout=1.0):
+                state = running.pop(handle)
+                settle(state, backend.exit_code(handle))
                 on_change(state)
         wait_for_busy(states, on_change)
     except BaseException:
-        for state, process in running.values():
-            process.kill()
-            process.join()
+        for handle, state in running.items():
+            backend.kill(handle)
             state.status = "interrupted"
-            ledger.append_log(state.out, "interrupted", state.point.name, child=process.pid)
+            where = backend.describe(handle)
+            ledger.append_log(state.out, "interrupted", state.point.name, **where)
             on_change(state)
         raise
 
 
-def start(state: PointState, jobs: int, launcher: Launcher) -> BaseProcess:
+def start(state: PointState, jobs: int, backend: Backend) -> Any:
     point = state.point
-    state.threads = threads_per_run(jobs, point.request.get("threads"))
+    state.threads = backend.threads(jobs, point.request.get("threads"))
     job = worker.RunJob(
         name=point.name,
         run_dir=state.run_dir,
@@ -133,10 +129,12 @@ def start(state: PointState, jobs: int, launcher: Launcher) -> BaseProcess:
         threads=state.threads,
     )
     state.started = time.monotonic()
-    process = launcher.start(job)
+    handle = backend.start(job)
     state.status = "running"
-    ledger.append_log(state.out, "start", point.name, child=process.pid, threads=state.threads)
-    return process
+    ledger.append_log(
+        state.out, "start", point.name, **backend.describe(handle), threads=state.threads
+    )
+    return handle
 
 
 def settle(state: PointState, code: int | None) -> None:
