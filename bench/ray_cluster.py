@@ -5,16 +5,23 @@ Why: ``tests/test_sweep_ray.py`` and ``bench/ray_sweep.py`` need the multi-node 
 ``ray stop`` would stop every Ray process of the user; here each node is a ``ray start
 --block`` child in its own process group, started with the CPUs asked for, and stopped by
 signalling that group (``--block`` stops what it started when it ends).
+
+The nodes get a private ``RAY_TMPDIR``, removed afterwards. Why: a head writes its address
+to ``$RAY_TMPDIR/ray/ray_current_cluster`` (``/tmp/ray`` by default) and a cluster stopped
+by signal leaves that file behind, after which any later ``ray.init()`` without an address
+on the machine tries the dead address and hangs (measured: still waiting after 90 s).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 
@@ -32,12 +39,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def ray_node(*args: str) -> subprocess.Popen[bytes]:
-    """``ray start ... --block`` as a child of ours, in its own process group."""
+def ray_node(temp: str, *args: str) -> subprocess.Popen[bytes]:
+    """``ray start ... --block`` as a child of ours, in its own process group, its Ray
+    files under ``temp``."""
     command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", *args]
     return subprocess.Popen(
         command,
-        env=ray_env(),
+        env={**ray_env(), "RAY_TMPDIR": temp},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -89,16 +97,18 @@ def loopback_cluster(cpus: Sequence[int]) -> Iterator[str]:
     port = free_port()
     address = f"127.0.0.1:{port}"
     nodes: list[subprocess.Popen[bytes]] = []
+    temp = tempfile.mkdtemp(prefix="ray-loopback-")
     try:
         for i, count in enumerate(cpus):
             common = ("--num-cpus", str(count), "--num-gpus", "0", "--disable-usage-stats")
             where = ("--node-ip-address", "127.0.0.1")
             if i == 0:
                 head = ("--head", "--port", str(port), "--include-dashboard=false")
-                nodes.append(ray_node(*head, *where, *common))
+                nodes.append(ray_node(temp, *head, *where, *common))
             else:
-                nodes.append(ray_node("--address", address, *where, *common))
+                nodes.append(ray_node(temp, "--address", address, *where, *common))
             wait_for_nodes(address, i + 1)
         yield address
     finally:
         stop(nodes)
+        shutil.rmtree(temp, ignore_errors=True)

@@ -10,6 +10,7 @@ must be byte-identical, and a rerun of the cluster sweep skips every point.
 from __future__ import annotations
 
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,10 +33,20 @@ GRID = [
 ]  # fmt: skip
 
 
+def default_cluster_file() -> tuple[float, str] | None:
+    """Ray's machine-wide "current cluster" file (``/tmp/ray/ray_current_cluster``): its
+    mtime and address, or None when absent."""
+    path = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+    return (path.stat().st_mtime, path.read_text()) if path.exists() else None
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
+    before = default_cluster_file()
     with loopback_cluster([1, 1]) as address:
         yield address
+    # A stale file there would make every later ray.init() without an address hang.
+    assert default_cluster_file() == before
 
 
 def test_a_grid_on_two_nodes_equals_the_local_sweep_and_reruns_skip(
