@@ -374,10 +374,21 @@ def sweep(
     ] = None,
     cpus_per_run: Annotated[
         int | None,
-        typer.Option(help="--backend ray: CPUs per point, also its torch threads (default 1)"),
+        typer.Option(
+            help="--backend ray or --slurm-script: CPUs per point, also its torch threads "
+            "(default 1)"
+        ),
     ] = None,
     gpus_per_run: Annotated[
         float | None, typer.Option(help="--backend ray: GPUs per point, may be a fraction")
+    ] = None,
+    slurm_script: Annotated[
+        str | None,
+        typer.Option(
+            help="write the pending points as a Slurm job array script (submit it with "
+            "sbatch; --jobs caps the tasks at once) instead of running them; the sweep "
+            "folder on a file system all nodes share; see the README's Sweeps section"
+        ),
     ] = None,
 ) -> None:
     """Run a grid of runs, then write their leaderboard.
@@ -386,11 +397,14 @@ def sweep(
     (--strategy der --strategy fedavg --seed 0 --seed 1), --set KEY=V1,V2 adds several.
     Finished runs are skipped, interrupted ones resume from their last checkpoint, failed
     ones run again; exit 1 if any failed.
-    Ends with the leaderboard of the sweep's runs in <out>/leaderboard/."""
+    Ends with the leaderboard of the sweep's runs in <out>/leaderboard/.
+    With --slurm-script FILE, writes a Slurm job array of the points still to run instead;
+    after it ran, the same command without --slurm-script skips them and writes the
+    summary."""
     from cfl_bench.sweep.command import Placement
     from cfl_bench.sweep.command import sweep as run_sweep
 
-    placement = Placement(backend, address, cpus_per_run, gpus_per_run)
+    placement = Placement(backend, address, cpus_per_run, gpus_per_run, slurm_script)
     code = run_sweep(
         config, list(ctx.args), out, jobs, leaderboard=leaderboard, placement=placement
     )
@@ -836,6 +850,7 @@ SWEEP_OWN_FLAGS = {
     "--config": "config",
     "--leaderboard": "leaderboard",
     "--no-leaderboard": "leaderboard",
+    "--slurm-script": "slurm_script",
 }
 
 

@@ -98,7 +98,7 @@ def test_the_point_process_gets_its_threads_and_no_ray_address(
     ("placement", "message"),
     [
         (Placement(address="127.0.0.1:1"), "--address applies to --backend ray only"),
-        (Placement(cpus_per_run=2), "--cpus-per-run applies to --backend ray only"),
+        (Placement(cpus_per_run=2), "--cpus-per-run applies to --backend ray or --slurm-script"),
         (Placement("ray", cpus_per_run=0), "--cpus-per-run must be at least 1"),
         (Placement("ray", gpus_per_run=-1.0), "--gpus-per-run must be between 0 and 64"),
         (Placement("slurm"), "unknown --backend 'slurm'"),

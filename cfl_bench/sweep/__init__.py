@@ -7,6 +7,8 @@ The package is split by concept so each piece can be read (and tested) alone:
 - ``worker``    — what runs inside one child process (one grid point);
 - ``launcher``  — how children are started (preloaded fork server, threads per run);
 - ``scheduler`` — the loop that keeps ``jobs`` children busy and records their outcome;
+- ``ray_backend`` — the points as Ray tasks; ``slurm`` — the points as a Slurm job array
+  script, written for the user to submit; ``point`` — one point in a fresh interpreter;
 - ``display``   — the rich progress over the whole grid and the final table;
 - ``command``   — the glue behind ``cfl-bench sweep``.
 

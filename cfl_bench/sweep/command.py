@@ -5,6 +5,9 @@ values, ``validate`` on every point), then the names of every point that still h
 (strategy grammar, stream, model, partition — checked in a child of the preloaded fork
 server). Only then is the sweep folder touched. Exit codes: 0 when every run finished or
 diverged, 1 when any failed (or was busy in another sweep), 2 for bad input.
+
+With ``--slurm-script FILE`` the sweep stops after preparing the folder and writes the
+pending points as a Slurm job array instead of running them (``sweep.slurm``).
 """
 
 from __future__ import annotations
@@ -35,33 +38,49 @@ LEADERBOARD = "leaderboard"
 @dataclass(frozen=True)
 class Placement:
     """Where the points run (``--backend``): this machine, or a Ray cluster at ``address``
-    (None: ``RAY_ADDRESS`` or a local instance) with these resources per point."""
+    (None: ``RAY_ADDRESS`` or a local instance) with these resources per point; or, with
+    ``slurm_script``, nowhere yet: the pending points are written as a Slurm job array of
+    ``cpus_per_run`` CPUs per task, for the user to submit."""
 
     backend: str = "local"
     address: str | None = None
     cpus_per_run: int | None = None
     gpus_per_run: float | None = None
+    slurm_script: str | None = None
 
     def check(self) -> None:
-        """Refuse Ray options without ``--backend ray`` and impossible resources."""
+        """Refuse options of another placement and impossible resources, before anything
+        is written."""
         if self.backend not in BACKENDS:
+            hint = " (for Slurm, write a job array with --slurm-script FILE)"
             raise UserError(
-                f"unknown --backend '{self.backend}'; choose one of: {', '.join(BACKENDS)}."
+                f"unknown --backend '{self.backend}'; choose one of: {', '.join(BACKENDS)}"
+                f"{hint if self.backend == 'slurm' else ''}."
             )
-        ray_only = {
-            "--address": self.address,
-            "--cpus-per-run": self.cpus_per_run,
-            "--gpus-per-run": self.gpus_per_run,
-        }
+        if self.slurm_script is not None and self.backend != "local":
+            raise UserError(
+                f"--slurm-script writes a Slurm job array and cannot be combined with "
+                f"--backend {self.backend}; drop one of the two."
+            )
+        ray_only = {"--address": self.address, "--gpus-per-run": self.gpus_per_run}
         given = [flag for flag, value in ray_only.items() if value is not None]
-        if self.backend == "local" and given:
+        if self.backend != "ray" and given:
             raise UserError(
                 f"{given[0]} applies to --backend ray only; drop it or add --backend ray."
+            )
+        if self.cpus_per_run is not None and self.backend == "local" and not self.slurm_script:
+            raise UserError(
+                "--cpus-per-run applies to --backend ray or --slurm-script only; drop it or "
+                "add one of them."
             )
         if self.cpus_per_run is not None and self.cpus_per_run < 1:
             raise UserError(f"--cpus-per-run must be at least 1, got {self.cpus_per_run}.")
         if self.gpus_per_run is not None and not 0 <= self.gpus_per_run <= 64:
             raise UserError(f"--gpus-per-run must be between 0 and 64, got {self.gpus_per_run}.")
+        if self.slurm_script is not None:
+            from cfl_bench.sweep.slurm import check_script_path
+
+            check_script_path(self.slurm_script)
 
     def backend_for(self, launcher: Launcher) -> Backend:
         if self.backend == "local":
@@ -95,6 +114,8 @@ def sweep(
             state.absorb(ledger.read_summary(state.run_dir) or {})
             state.skipped = True
     try:
+        if placement.slurm_script is not None:
+            return write_slurm_array(spec, states, console, placement)
         return run_sweep(spec, states, console, leaderboard, placement)
     except RunInterruptedError:
         raise
@@ -113,16 +134,7 @@ def run_sweep(
     """Check the names of the points still to run, prepare the folder, run, report."""
     todo = [s for s in states if not s.skipped]
     launcher = Launcher()
-    if todo:
-        errors = launcher.check_names([s.point.request for s in todo])
-        for state, error in zip(todo, errors, strict=True):
-            if error:
-                raise UserError(
-                    f"grid point {state.point.index + 1} ({state.point.label()}): {error}"
-                )
-
-    prepare_folder(spec, states)
-    announce_skipped(console, states)
+    prepare(spec, states, console, launcher)
 
     backend = placement.backend_for(launcher) if todo else launcher
     # On a cluster an unset ``jobs`` puts every point in flight: Ray queues them by the
@@ -147,6 +159,51 @@ def run_sweep(
         board = leaderboard_command([str(spec.out)], str(spec.out / LEADERBOARD), None, console)
         code = max(code, board)
     return code
+
+
+def prepare(
+    spec: SweepSpec, states: list[PointState], console: Console, launcher: Launcher
+) -> None:
+    """Refuse a pending point whose names `cfl-bench run` would refuse, then prepare the
+    folder: what every route does before its points run (here, on Ray or on Slurm)."""
+    todo = [s for s in states if not s.skipped]
+    if todo:
+        errors = launcher.check_names([s.point.request for s in todo])
+        for state, error in zip(todo, errors, strict=True):
+            if error:
+                raise UserError(
+                    f"grid point {state.point.index + 1} ({state.point.label()}): {error}"
+                )
+    prepare_folder(spec, states)
+    announce_skipped(console, states)
+
+
+def write_slurm_array(
+    spec: SweepSpec, states: list[PointState], console: Console, placement: Placement
+) -> int:
+    """The Slurm route: check and prepare the folder as a run would, then write the pending
+    points as a job array (``sweep.slurm``) instead of running them; no script when every
+    point is already done. ``--jobs`` (or ``jobs:``) caps the array tasks running at once."""
+    from cfl_bench.sweep import slurm
+
+    assert placement.slurm_script is not None
+    slurm.check_sweep_folder(spec.out)
+    prepare(spec, states, console, Launcher())
+    todo = [s for s in states if not s.skipped]
+    if not todo:
+        console.print(
+            f"nothing to submit: all {len(states)} points are done, so "
+            f"{placement.slurm_script} was not written; rerun the sweep command without "
+            f"--slurm-script to write sweep.json and the leaderboard.",
+            highlight=False,
+        )
+        return 0
+    throttle = spec.jobs if spec.jobs_set else None
+    array = slurm.write_array(
+        spec.out, todo, Path(placement.slurm_script), placement.cpus_per_run or 1, throttle
+    )
+    console.print(slurm.submit_line(array), highlight=False)
+    return 0
 
 
 def interrupted_line(states: list[PointState]) -> str:

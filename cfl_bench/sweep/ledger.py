@@ -9,6 +9,8 @@ Layout of a sweep folder ``<out>``::
     <out>/.sweep/<name>.yaml     the point's request, to rerun it alone with `cfl-bench run`
     <out>/.sweep/<name>.log      the run child's stdout and stderr
     <out>/.sweep/<name>.lock     flock'ed by the child while it runs the point
+    <out>/slurm/                 with --slurm-script only: the array's jobs-<hash8>.jsonl and
+                                 its tasks' output (``sweep.slurm``)
 
 The bookkeeping files live outside the run directories because ``RunDirectory.prepare``
 refuses a non-empty directory without ``config.json``, and a restarted point wipes its

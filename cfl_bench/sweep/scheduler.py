@@ -116,18 +116,25 @@ def run_points(
         raise
 
 
-def start(state: PointState, jobs: int, backend: Backend) -> Any:
+def run_job(state: PointState, threads: int) -> worker.RunJob:
+    """What a child needs to run ``state``'s point with ``threads`` torch threads (also what
+    a Slurm array task reads from its jobs file, ``sweep.slurm``)."""
     point = state.point
-    state.threads = backend.threads(jobs, point.request.get("threads"))
-    job = worker.RunJob(
+    return worker.RunJob(
         name=point.name,
         run_dir=state.run_dir,
         lock_path=state.lock_path,
         log_path=state.log_path,
         request=point.request,
         request_hash=point.request_hash,
-        threads=state.threads,
+        threads=threads,
     )
+
+
+def start(state: PointState, jobs: int, backend: Backend) -> Any:
+    point = state.point
+    state.threads = backend.threads(jobs, point.request.get("threads"))
+    job = run_job(state, state.threads)
     state.started = time.monotonic()
     handle = backend.start(job)
     state.status = "running"
