@@ -3,6 +3,7 @@ on the same run.
 
     python -m bench.flower_overhead --data-root ../shared/data [--repeats 1]
         [--strategies fedavg,der+fedgp] [--clients 10] [--train-size 2000] [--no-deploy]
+        [--plain-deploy]
 
 Protocol: rot-mnist, the MLP, ``--clients`` clients all taking part, ``--tasks`` task(s) of
 ``--rounds-per-task`` rounds on the first ``--train-size`` training images, CPU, one
@@ -13,19 +14,23 @@ the executors reversed on every other pass:
 - ``flower``: ``--executor flower`` (``flwr run``: a local SuperLink in simulation mode,
   Ray, one SuperNode per client, 1 CPU per actor);
 - ``deploy`` (skipped with ``--no-deploy``): the app ``cfl-bench flower app`` writes, run
-  with ``flwr run APP deploy`` on a real ``flower-superlink`` and ``--clients``
-  ``flower-supernode`` processes (``partition-id=K``) on loopback, started and stopped
-  here (``flower.launch.deployment``, as tests/test_flower_deploy.py). Every process it
-  started is checked, by PID, to be gone afterwards.
+  with ``flwr run APP deploy`` on a real ``flower-superlink`` and ``--clients`` nodes on
+  loopback, each ``cfl-bench flower node --partition-id K`` (a ``flower-supernode`` and its
+  long-lived worker), started and stopped here (``flower.launch.deployment``, as
+  tests/test_flower_deploy.py). Every process it started is checked, by PID, to be gone
+  afterwards.
+- ``deploy-plain`` (only with ``--plain-deploy``): the same with plain ``flower-supernode``
+  processes and Flower's defaults, so that every message starts a ClientApp process that
+  imports torch and builds the client side itself (what ``deploy`` was before the workers).
 
 What is measured: ``round_time_s`` of every round, read from each run's costs.csv (the
 engine's own clock around a whole round: client updates, requests, aggregation,
 evaluation; for ``deploy`` the ServerApp's clock on the SuperLink side). Round 1 is
 reported apart because it includes start-up the sequential executor does not pay: under
 the simulation Ray, one actor per CPU, each actor's imports and data set-up, and the
-``query.identify`` phase; under deployment the identify phase and, as in every later
-message phase, a new ``flwr-clientapp`` process per message (importing torch, building
-the run's client side, loading the client's shard) plus the SuperNodes' polling; round 1
+``query.identify`` phase; under deployment the identify phase and the workers' first
+build of the run's client side (loading the client's shard); every message phase pays a
+new ``flwr-clientapp`` process per message (Flower's) and the SuperNodes' polling; round 1
 also holds any wait for SuperNodes still connecting when the ServerApp starts. "later"
 is the mean of rounds 2.. . Every number is the best of ``--repeats`` passes; ratios are
 executor / sequential. The process wall of the best pass is printed too: ``execute`` for
@@ -52,7 +57,7 @@ import torch
 from cfl_bench.config import RunConfig, make_config
 from cfl_bench.run import execute
 
-EXECUTORS = ("sequential", "flower", "deploy")
+EXECUTORS = ("sequential", "flower", "deploy", "deploy-plain")
 
 
 def round_times(run_dir: Path) -> list[float]:
@@ -70,20 +75,20 @@ def run_config(args: argparse.Namespace, strategy: str, executor: str, out: Path
             "data_root": args.data_root, "train_size": args.train_size, "test_size": 200,
             "tasks": args.tasks, "rounds_per_task": args.rounds_per_task, "epochs": 1,
             "clients": args.clients, "threads": 1, "device": "cpu", "seed": 0,
-            "executor": "flower" if executor == "deploy" else executor,
+            "executor": "flower" if executor.startswith("deploy") else executor,
             "out": str(out), "overwrite": True,
         }
     )  # fmt: skip
 
 
-def deployed_run(config: RunConfig, scratch: Path) -> Path:
+def deployed_run(config: RunConfig, scratch: Path, workers: bool = True) -> Path:
     """Run ``config`` on a loopback deployment (SuperLink + one SuperNode per client);
     returns the run directory. Refuses to go on if the run failed or a process is left."""
     from cfl_bench.flower.launch import deployment, run_deployed, running, write_deploy_app
 
     app = write_deploy_app(config, scratch / "app")
     seen: set[int] = set()
-    with deployment(scratch / "home", config.clients, seen) as env:
+    with deployment(scratch / "home", config.clients, seen, workers) as env:
         statuses = run_deployed(app, env, timeout_s=1200)
     left = sorted(pid for pid in seen if running(pid))
     if left:
@@ -101,8 +106,8 @@ def one_run(args: argparse.Namespace, strategy: str, executor: str, scratch: Pat
     base.mkdir(parents=True)
     cfg = run_config(args, strategy, executor, base / "run")
     started = time.perf_counter()
-    if executor == "deploy":
-        path = deployed_run(cfg, base)
+    if executor.startswith("deploy"):
+        path = deployed_run(cfg, base, workers=executor == "deploy")
     else:
         result = execute(cfg)
         if result.summary["status"] != "finished":
@@ -148,16 +153,21 @@ def main() -> None:
     parser.add_argument("--train-size", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=1, help="best of N for each number")
     parser.add_argument("--no-deploy", action="store_true", help="skip the deployment runs")
+    parser.add_argument(
+        "--plain-deploy", action="store_true", help="add the deployment without node workers"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    executors = EXECUTORS[:2] if args.no_deploy else EXECUTORS
+    executors = EXECUTORS[:2] if args.no_deploy else EXECUTORS[:3]
+    if args.plain_deploy:
+        executors = (*executors, "deploy-plain")
     scratch = Path(tempfile.mkdtemp(prefix="bench-flower-"))
     try:
         best = measure(args, executors, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(
-        f"{'strategy':>10} {'executor':>10} {'rd1 s':>8} {'later s':>8} {'rd1 ratio':>9} "
+        f"{'strategy':>10} {'executor':>12} {'rd1 s':>8} {'later s':>8} {'rd1 ratio':>9} "
         f"{'later ratio':>11} {'wall s':>7}"
     )
     for strategy in args.strategies.split(","):
@@ -165,7 +175,7 @@ def main() -> None:
         for executor in executors:
             f1, fl, fw = best[(strategy, executor)]
             print(
-                f"{strategy:>10} {executor:>10} {f1:>8.3f} {fl:>8.3f} {f1 / s1:>9.1f} "
+                f"{strategy:>10} {executor:>12} {f1:>8.3f} {fl:>8.3f} {f1 / s1:>9.1f} "
                 f"{fl / sl:>11.2f} {fw:>7.1f}"
             )
 

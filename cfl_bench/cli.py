@@ -228,7 +228,34 @@ def _install_flower_commands() -> None:
     flower_app_cmd.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     flower_app_cmd.__annotations__ = {p.name: p.annotation for p in params}
     flower_app.command("app")(user_errors(flower_app_cmd))
+    flower_app.command("node")(user_errors(flower_node_cmd))
     app.add_typer(flower_app, name="flower")
+
+
+def flower_node_cmd(
+    superlink: Annotated[str, typer.Option(help="the SuperLink's address, HOST:PORT")],
+    partition_id: Annotated[int, typer.Option(help="the client this node plays, 0..clients-1")],
+    socket: Annotated[
+        str | None, typer.Option(help="the worker's local socket (default: a private temp file)")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="the SuperNode's runtime API port (default: a free one)")
+    ] = None,
+    root_certificates: Annotated[
+        str | None, typer.Option(help="TLS root certificates of the SuperLink (default: insecure)")
+    ] = None,
+) -> None:
+    """Run one Flower SuperNode with its long-lived worker (torch, the node's data and its
+    client's state stay loaded across messages), for a deployment of `cfl-bench flower app`.
+
+    Start one per client (--partition-id K for K = 0..clients-1); a worker that dies is
+    restarted; Ctrl-C stops both (docs/executors.md, "Flower deployment")."""
+    from cfl_bench.flower import require_flwr
+    from cfl_bench.flower.node import run_node
+
+    require_flwr()
+    code = run_node(superlink, partition_id, socket, port, root_certificates)
+    raise typer.Exit(code)
 
 
 _install_flower_commands()

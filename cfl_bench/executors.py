@@ -56,15 +56,13 @@ class ExecutorKind:
     ``build``: the executor itself. ``stacked_buffers``: the clients' buffers are rows of
     one stack (``engine.loop.new_clients``). ``hosted``: the client side runs inside a host
     process that passes itself to ``run.execute`` (Flower's ServerApp passes its grid);
-    ``execute`` without one starts that host. ``resumable``: a run can go on from its
-    checkpoint (a Flower run's client states live in the simulation).
+    ``execute`` without one starts that host.
     """
 
     check: Callable[[PlannedRun], None]
     build: Builder
     stacked_buffers: bool = False
     hosted: bool = False
-    resumable: bool = True
 
     def for_federation(self, schedule: Schedule, host: object = None) -> ExecutorBuild:
         """What a ``Federation`` is given: how to build this executor for its trainer."""
@@ -144,7 +142,7 @@ def build_flower(schedule: Schedule, trainer: LocalTrainer, host: object) -> Exe
 EXECUTOR_KINDS: dict[str, ExecutorKind] = {
     "sequential": ExecutorKind(refuse_vectorized_options, build_sequential),
     "vectorized": ExecutorKind(check_vectorized, build_vectorized, stacked_buffers=True),
-    "flower": ExecutorKind(check_flower, build_flower, hosted=True, resumable=False),
+    "flower": ExecutorKind(check_flower, build_flower, hosted=True),
 }
 
 

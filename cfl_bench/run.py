@@ -145,12 +145,6 @@ def run_in(
     """
     config = plan.config
     check_resumable(plan, resume)
-    if resume and not executor_kind(config.executor).resumable:
-        raise UserError(
-            f"'{plan.out}' holds an unfinished run, and --executor flower cannot resume one "
-            "(the clients' states live in the simulation); pass --restart or resume it with "
-            "another --executor."
-        )
     total = plan.schedule.clock().total_rounds
     trackers: list[Tracker] = []
     try:

@@ -47,7 +47,7 @@ def test_the_federation_runs_the_executor_it_is_given() -> None:
 
 def test_a_hosted_executor_without_its_host_is_refused() -> None:
     kind = executor_kind("flower")
-    assert kind.hosted and not kind.resumable
+    assert kind.hosted
     fed = digits_federation("fedavg", num_tasks=1)
     build = kind.for_federation(fed.schedule, host=None)
     with pytest.raises(UserError, match="runs inside a Flower simulation"):

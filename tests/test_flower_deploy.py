@@ -1,20 +1,29 @@
-"""A Flower *deployment*: a real ``flower-superlink`` and one ``flower-supernode`` per client
-on loopback (insecure), the app written by ``cfl-bench flower app`` and started with ``flwr
-run APP deploy``. The records must equal the sequential executor's byte for byte, and every
-process the test started (with its children) must be gone afterwards.
+"""A Flower *deployment*: a real ``flower-superlink`` and, per client, ``cfl-bench flower
+node`` (a ``flower-supernode`` and its long-lived worker) on loopback, the app written by
+``cfl-bench flower app`` and started with ``flwr run APP deploy``. The records must equal the
+sequential executor's byte for byte, and every process the tests started (with its
+children) must be gone afterwards.
 
-~45-50 s on 2 busy cores for fedavg: each message phase pays Flower's deployment latency
-floor (a new ClientApp process per message, importing torch; a 3 s SuperNode poll), ~35-45 s
-for identify + 2 train phases. The der+fedgp run (2 more phases: FedGP's g_ref queries)
-takes ~61 s and is marked slow. The launcher (``flower.launch.deployment``,
-``run_deployed``) is shared with bench/flower_overhead.py.
+One deployment (two nodes) serves every run of this module one after another, as nodes of a
+real deployment serve run after run: FedAvg, DER + FedGP (a ``query.request`` phase after each
+round, DER's buffer kept by the worker), FedAvg + FedProj (public holdouts, an ensemble
+broadcast and a logits upload) and SCAFFOLD (control variates in the client's state and in
+both directions), then a run during which one node's worker is killed (its supervisor
+restarts it, the node answers "stale", the server sends the client's state again and the run
+goes on to the same records). The launcher (``flower.launch.deployment``, ``run_deployed``)
+is shared with bench/flower_overhead.py.
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 pytest.importorskip("flwr")
@@ -39,38 +48,138 @@ def options(**changed: str) -> list[str]:
     """RUN_OPTIONS with some values replaced (a repeated option would be refused)."""
     out = list(RUN_OPTIONS)
     for name, value in changed.items():
-        out[out.index(f"--{name}") + 1] = value
+        out[out.index(f"--{name.replace('_', '-')}") + 1] = value
     return out
 
 
-def deployed_equals_sequential(strategy: str, tmp_path: Path) -> None:
-    """Run ``strategy`` on a real loopback deployment; its records must equal the
-    sequential executor's and no process it started may be left."""
-    run_options = options(strategy=strategy)
+class Deployment:
+    """The module's deployment: its environment, its folder, the PIDs it started."""
+
+    def __init__(self, env: dict[str, str], home: Path) -> None:
+        self.env, self.home = env, home
+
+    def run_equals_sequential(self, run_options: list[str], work: Path) -> None:
+        """Write the app, run it here, compare its records with a sequential run's."""
+        app_dir, run_dir, seq_dir = work / "app", work / "run", work / "seq"
+        app_args = ["flower", "app", "--app-dir", str(app_dir), "--out", str(run_dir)]
+        assert cli([*app_args, *run_options]) == 0
+        assert (app_dir / "pyproject.toml").exists() and not run_dir.exists()
+        statuses = run_deployed(app_dir, self.env)
+        assert statuses == ["finished:completed"], (statuses, self.log("superlink"))
+        assert cli(["run", "--out", str(seq_dir), *run_options]) == 0
+        assert (run_dir / "records.csv").read_bytes() == (seq_dir / "records.csv").read_bytes()
+
+    def log(self, name: str) -> str:
+        return (self.home / "logs" / f"{name}.log").read_text(errors="replace")[-4000:]
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    home = tmp_path_factory.mktemp("deploy") / "home"
+    seen: set[int] = set()
+    with deployment(home, 2, seen) as env:
+        yield Deployment(env, home)
+    assert seen and not [pid for pid in seen if running(pid)]  # every process we started
+
+
+@pytest.mark.parametrize(
+    "strategy", ["fedavg", "der+fedgp", "fedavg+fedproj", "scaffold"], ids=lambda s: s
+)
+def test_deployment_records_equal_the_sequential_executor(
+    deployed: Deployment, strategy: str, tmp_path: Path
+) -> None:
+    deployed.run_equals_sequential(options(strategy=strategy), tmp_path)
+
+
+def node_worker(home: Path, partition: int) -> psutil.Process:
+    """The worker process of node ``partition`` (a child of its ``cfl-bench flower node``)."""
+    sock = str(home / "sockets" / f"{partition}.sock")
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "cfl_bench.flower.node_worker" in cmd and sock in cmd:
+            return proc
+    raise AssertionError(f"no worker for node {partition}")
+
+
+def kill_after_first_reply(home: Path, done: threading.Event) -> None:
+    """SIGKILL node 0's worker once its node has sent a reply of the current run."""
+    log = home / "logs" / "node0.log"
+    start = log.read_text(errors="replace").count("Sending: train message")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if log.read_text(errors="replace").count("Sending: train message") > start:
+            node_worker(home, 0).send_signal(signal.SIGKILL)
+            done.set()
+            return
+        time.sleep(0.05)
+
+
+def test_a_killed_worker_is_restarted_and_the_run_goes_on_unchanged(
+    deployed: Deployment, tmp_path: Path
+) -> None:
+    """DER + FedGP over 3 rounds; node 0's worker is killed after its first train reply.
+    The node's next message (FedGP's request) finds a new worker holding no state: it answers
+    stale, the server sends the state again, and the records equal the sequential run's."""
+    before = node_worker(deployed.home, 0).pid
+    killed = threading.Event()
+    killer = threading.Thread(target=kill_after_first_reply, args=(deployed.home, killed))
+    killer.start()
+    deployed.run_equals_sequential(options(strategy="der+fedgp", rounds_per_task="3"), tmp_path)
+    killer.join()
+    assert killed.is_set()
+    assert "worker exited with code -9; restarting it" in deployed.log("node0")
+    assert node_worker(deployed.home, 0).pid != before
+
+
+def serverapp_processes(home: Path) -> list[psutil.Process]:
+    """The deployment's ``flwr-serverapp`` processes (its SuperLink starts one per run)."""
+    mine = str(home / "flwr")
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if "flwr-serverapp" in cmd and proc.environ().get("FLWR_HOME") == mine:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def kill_serverapp_after_replies(home: Path, replies: int, done: threading.Event) -> None:
+    """SIGKILL the running ServerApp once node 0 has sent ``replies`` more train replies."""
+    log = home / "logs" / "node0.log"
+    start = log.read_text(errors="replace").count("Sending: train message")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if log.read_text(errors="replace").count("Sending: train message") >= start + replies:
+            for proc in serverapp_processes(home):
+                proc.send_signal(signal.SIGKILL)
+            done.set()
+            return
+        time.sleep(0.05)
+
+
+def test_an_interrupted_deployed_run_resumes_to_the_same_records(
+    deployed: Deployment, tmp_path: Path
+) -> None:
+    """The ServerApp of a DER + FedGP run (3 rounds) is killed during round 2; running the
+    same app again resumes from the last checkpoint. The nodes' workers still hold states of
+    the killed run, which the new run's server does not know: it sends its mirrors (from the
+    checkpoint) with the first messages, and the records equal the sequential run's."""
+    run_options = options(strategy="der+fedgp", rounds_per_task="3")
     app_dir, run_dir, seq_dir = tmp_path / "app", tmp_path / "run", tmp_path / "seq"
     app_args = ["flower", "app", "--app-dir", str(app_dir), "--out", str(run_dir)]
     assert cli([*app_args, *run_options]) == 0
-    assert (app_dir / "pyproject.toml").exists() and not run_dir.exists()
-    seen: set[int] = set()
-    with deployment(tmp_path / "home", 2, seen) as env:
-        statuses = run_deployed(app_dir, env)
-    assert statuses == ["finished:completed"], statuses
-    assert seen and not [pid for pid in seen if running(pid)]  # every process we started
+    killed = threading.Event()
+    killer = threading.Thread(target=kill_serverapp_after_replies, args=(deployed.home, 2, killed))
+    killer.start()
+    first = run_deployed(app_dir, deployed.env)
+    killer.join()
+    assert killed.is_set() and first != ["finished:completed"], first
+    assert (run_dir / "checkpoint.pt").exists() and not (run_dir / "summary.json").exists()
+    assert run_deployed(app_dir, deployed.env) == ["finished:completed"]
     assert cli(["run", "--out", str(seq_dir), *run_options]) == 0
     assert (run_dir / "records.csv").read_bytes() == (seq_dir / "records.csv").read_bytes()
-
-
-def test_deployment_records_equal_the_sequential_executor(tmp_path: Path) -> None:
-    deployed_equals_sequential("fedavg", tmp_path)
-
-
-@pytest.mark.slow
-def test_der_fedgp_deployment_records_equal_the_sequential_executor(tmp_path: Path) -> None:
-    """FedGP's query.request phase after each round (g_ref from the DER buffers, used by the
-    round-2 projection) and DER's buffer carried between messages in the SuperNode's
-    context (a new ClientApp process per message): identify + 2 × (train, request).
-    ~61 s on 2 busy cores, hence slow (run with -m slow)."""
-    deployed_equals_sequential("der+fedgp", tmp_path)
 
 
 def test_flower_app_refuses_what_flower_does_not_run(

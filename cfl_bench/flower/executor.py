@@ -1,11 +1,12 @@
 """``FlowerExecutor``: the engine's ``Executor`` protocol over a Flower ``Grid``.
 
 Client ``k`` of the run is the SuperNode whose node config says ``partition-id=K`` with K =
-k (fixed for the run: a node keeps its client's state in ``context.state``). A simulation
-numbers its SuperNodes 0..N-1 itself; in a deployment each SuperNode is started with
+k (fixed for the run: a node keeps its client's state, named by a token, ``node_work``).
+A simulation numbers its SuperNodes 0..N-1 itself; in a deployment each SuperNode is started with
 ``--node-config partition-id=K``. The server learns which node is which from one
 ``query.identify`` phase before the first message (inside round 1, like the start-up). Each
-phase is one ``send_and_receive``: ``train`` for a round's jobs, ``query.request`` for a
+phase pushes its messages and pulls the replies every 50 ms (``send_and_receive`` sleeps 3 s
+between pulls in a deployment): ``train`` for a round's jobs, ``query.request`` for a
 ``ClientRequest``, ``query.task_end`` for the learner's task-end work. Replies are handed to
 the engine in the jobs' order (client-id order), so aggregation sums in the sequential
 executor's order and the records are the same. After each reply the engine's own
@@ -27,6 +28,7 @@ from cfl_bench.engine.context import ClientState
 from cfl_bench.engine.executor import AnswerSink, ResultSink
 from cfl_bench.engine.payloads import ClientRequest
 from cfl_bench.flower import records
+from cfl_bench.flower.records import STALE, STATE, TOKEN_KEY
 from strategies.base import Component, Learner
 
 
@@ -34,7 +36,12 @@ class FlowerExecutor:
     """Client updates as Flower messages to one simulated SuperNode per client."""
 
     def __init__(
-        self, grid: Grid, num_clients: int, learner: Component, wait_s: float = 600.0
+        self,
+        grid: Grid,
+        num_clients: int,
+        learner: Component,
+        wait_s: float = 600.0,
+        poll_s: float = 0.05,
     ) -> None:
         self.grid = grid
         self.num_clients = num_clients
@@ -43,6 +50,8 @@ class FlowerExecutor:
         self.phase = 0
         self.round_index = 0
         self.wait_s = wait_s
+        self.poll_s = poll_s
+        self.tokens: dict[int, str] = {}  # client → the state token its node last replied
 
     def _connected(self) -> list[int]:
         """The node ids once at least ``num_clients`` SuperNodes are connected (a deployment's
@@ -68,7 +77,7 @@ class FlowerExecutor:
             for n in nodes
         ]
         owner: dict[int, int] = {}
-        for reply in self.grid.send_and_receive(messages):
+        for reply in self._push_pull(messages).values():
             if reply.has_error():
                 raise RuntimeError(f"a Flower ClientApp failed on identify: {reply.error.reason}")
             k = int(reply.content.config_records["cfl.node"]["partition-id"])
@@ -83,21 +92,66 @@ class FlowerExecutor:
             )
         self.nodes = [owner[k] for k in range(self.num_clients)]
 
-    def _exchange(self, contents: list[tuple[int, RecordDict]], kind: str) -> list[Message]:
-        """Send one message per (client, content); replies in the same order."""
+    def _exchange(self, contents: list[tuple[ClientState, RecordDict]], kind: str) -> list[Message]:
+        """Send one message per (client, content); replies in the same order. A node that
+        does not hold the state the server last saw for its client (``node_work``: a
+        restarted worker, a resumed run) answers stale; its message goes again with the
+        server's mirror of the client's state."""
         if not self.nodes:
             self._identify()
+        replies = self._phase([(c, self._stated(c, m)) for c, m in contents], kind)
+        stale = [i for i, reply in enumerate(replies) if STALE in reply.content]
+        if stale:
+            for i in stale:
+                self.tokens.pop(contents[i][0].index, None)
+            again = self._phase(
+                [(c, self._stated(c, m)) for c, m in (contents[i] for i in stale)], kind
+            )
+            for i, reply in zip(stale, again, strict=True):
+                if STALE in reply.content:
+                    raise RuntimeError(f"client {contents[i][0].index}'s node refused its state")
+                replies[i] = reply
+        for (client, _), reply in zip(contents, replies, strict=True):
+            self.tokens[client.index] = str(reply.content.config_records["cfl.held"][TOKEN_KEY])
+        return replies
+
+    def _push_pull(self, messages: list[Message]) -> dict[int, Message]:
+        """Push ``messages``; pull until every one has its reply; replies by node id."""
+        waiting = set(self.grid.push_messages(messages))
+        by_node: dict[int, Message] = {}
+        while waiting:
+            for reply in self.grid.pull_messages(waiting):
+                waiting.discard(reply.metadata.reply_to_message_id)
+                by_node[reply.metadata.src_node_id] = reply
+            if waiting:
+                time.sleep(self.poll_s)
+        return by_node
+
+    def _stated(self, client: ClientState, content: RecordDict) -> RecordDict:
+        """``content`` naming the client's state: its token, or (none known) the state."""
+        token = self.tokens.get(client.index, "")
+        facts = ConfigRecord({**content.config_records["cfl.round"], TOKEN_KEY: token})
+        stated = RecordDict({**content, "cfl.round": facts})  # a new record: Flower caches ids
+        if not token:
+            stated[STATE] = records.state_bytes(client.state_dict())
+        return stated
+
+    def _phase(self, contents: list[tuple[ClientState, RecordDict]], kind: str) -> list[Message]:
+        """One message phase: push every message, pull the replies every ``poll_s`` (not
+        ``send_and_receive``, which sleeps 3 s between pulls in a deployment); replies in
+        the order of ``contents``, errors raised."""
         self.phase += 1
         group = str(self.phase)
         messages = [
-            Message(content=content, dst_node_id=self.nodes[k], message_type=kind, group_id=group)
-            for k, content in contents
+            Message(
+                content=content, dst_node_id=self.nodes[c.index], message_type=kind, group_id=group
+            )
+            for c, content in contents
         ]
-        replies = list(self.grid.send_and_receive(messages))
-        by_node = {reply.metadata.src_node_id: reply for reply in replies}
+        by_node = self._push_pull(messages)
         ordered = []
-        for k, _ in contents:
-            reply = by_node.get(self.nodes[k])
+        for c, _ in contents:
+            reply = by_node.get(self.nodes[c.index])
             if reply is None:
                 raise RuntimeError(f"a Flower {kind} message got no reply")
             if reply.has_error():
@@ -108,7 +162,7 @@ class FlowerExecutor:
     def train(self, jobs: Sequence[ClientJob], sink: ResultSink) -> None:
         if jobs:  # a request after this round plans with the round's index
             self.round_index = jobs[0].broadcast.round_index
-        contents = [(job.client.index, self._job_content(job)) for job in jobs]
+        contents = [(job.client, self._job_content(job)) for job in jobs]
         for job, reply in zip(jobs, self._exchange(contents, "train"), strict=True):
             sink(self._result(job, reply.content))
 
@@ -171,7 +225,7 @@ class FlowerExecutor:
             "train_mode": request.train_mode,
             "round_index": request.round_index,
         }
-        contents = [(c.index, self._at_global(c, global_state, facts)) for c in request.clients]
+        contents = [(c, self._at_global(c, global_state, facts)) for c in request.clients]
         replies = self._exchange(contents, "query.request")
         for client, reply in zip(request.clients, replies, strict=True):
             records.load_state(reply.content.array_records["cfl.mirror"], client, True)
@@ -184,7 +238,7 @@ class FlowerExecutor:
         # A learner without task-end work (the base hook) needs no message phase.
         if not ending or type(self.learner).on_task_end is Learner.on_task_end:
             return
-        contents = [(c.index, self._at_global(c, global_state, {"task": t})) for c, t in ending]
+        contents = [(c, self._at_global(c, global_state, {"task": t})) for c, t in ending]
         for (client, _), reply in zip(
             ending, self._exchange(contents, "query.task_end"), strict=True
         ):

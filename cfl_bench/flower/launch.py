@@ -41,6 +41,7 @@ import cfl_bench
 from cfl_bench.config import RunConfig
 from cfl_bench.errors import UserError
 from cfl_bench.flower import require_flwr
+from cfl_bench.flower.node import free_port
 
 APP_PYPROJECT = """\
 [build-system]
@@ -59,20 +60,25 @@ packages = ["."]
 publisher = "cflbench"
 
 [tool.flwr.app.components]
-serverapp = "cfl_flower_app:serverapp"
-clientapp = "cfl_flower_app:clientapp"
+serverapp = "cfl_flower_app.server:serverapp"
+clientapp = "cfl_flower_app.client:clientapp"
 
 [tool.flwr.app.config]
 cfl-config = ""
 cfl-config-json = {config_json}
 """
 
-APP_MODULE = """\
-from cfl_bench.flower.client_app import app as clientapp
-from cfl_bench.flower.server_app import app as serverapp
-
-__all__ = ["clientapp", "serverapp"]
-"""
+#: The app's modules: one per component, so that a ClientApp process (one per message)
+#: imports only the torch-free ClientApp, never the server side. (``__all__`` because Flower
+#: checks the attribute in the module's source before running it.)
+APP_MODULES = {
+    "__init__.py": "",
+    **{
+        f"{side}.py": f"from cfl_bench.flower.{side}_app import app as {side}app\n\n"
+        f'__all__ = ["{side}app"]\n'
+        for side in ("client", "server")
+    },
+}
 
 FLWR_CONFIG = """\
 [superlink]
@@ -110,7 +116,8 @@ def write_app_folder(app: Path, config_json: str) -> None:
     (app / "cfl_flower_app").mkdir(parents=True, exist_ok=True)
     toml = APP_PYPROJECT.replace("{config_json}", json.dumps(config_json))
     (app / "pyproject.toml").write_text(toml)
-    (app / "cfl_flower_app" / "__init__.py").write_text(APP_MODULE)
+    for name, text in APP_MODULES.items():
+        (app / "cfl_flower_app" / name).write_text(text)
 
 
 def write_deploy_app(config: RunConfig, app: Path) -> Path:
@@ -292,13 +299,6 @@ def run_line(line: str) -> str | None:
     return None if found is None else found.group(1)
 
 
-def free_port() -> int:
-    """A TCP port free on loopback now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_for_port(port: int, seconds: float = 60.0) -> None:
     """Return once something listens on 127.0.0.1:``port``; raise after ``seconds``."""
     deadline = time.monotonic() + seconds
@@ -330,13 +330,18 @@ def running(pid: int) -> bool:
 
 
 @contextmanager
-def deployment(home: Path, clients: int, seen: set[int]) -> Iterator[dict[str, str]]:
-    """A SuperLink and ``clients`` SuperNodes (partition-id=K) on free loopback ports, with
-    a private ``FLWR_HOME`` under ``home`` whose ``deploy`` connection points at the
-    SuperLink; yields the environment for ``flwr``. Afterwards every process started here
-    (with its children, and anything else with that ``FLWR_HOME``) is stopped by PID;
-    ``seen`` receives all of them for the caller to check with :func:`running`. Logs are in
-    ``home/logs``."""
+def deployment(
+    home: Path, clients: int, seen: set[int], workers: bool = True
+) -> Iterator[dict[str, str]]:
+    """A SuperLink and ``clients`` nodes (partition-id=K) on free loopback ports, with a
+    private ``FLWR_HOME`` under ``home`` whose ``deploy`` connection points at the
+    SuperLink; yields the environment for ``flwr``. Each node is ``cfl-bench flower node``
+    (a SuperNode and its long-lived worker), or with ``workers=False`` a plain
+    ``flower-supernode`` with Flower's defaults (a ClientApp process computes each message
+    itself: the baseline bench/flower_overhead.py compares with). Afterwards every process
+    started here (with its children, and anything else with that ``FLWR_HOME``) is stopped
+    by PID; ``seen`` receives all of them for the caller to check with :func:`running`.
+    Logs are in ``home/logs``."""
     env = environment(home)
     (home / "flwr").mkdir(parents=True)
     link = free_port()
@@ -357,9 +362,7 @@ def deployment(home: Path, clients: int, seen: set[int]) -> Iterator[dict[str, s
               str(link), "--disable-runtime-dependency-installation")  # fmt: skip
         wait_for_port(link)
         for k in range(clients):
-            start(f"supernode{k}", "flower-supernode", "--insecure", "--superlink",
-                  f"127.0.0.1:{link}", "--port", str(free_port()),
-                  "--node-config", f"partition-id={k}")  # fmt: skip
+            start(f"node{k}", *node_command(home, link, k, workers))
         yield env
     finally:
         pids = process_tree([p.pid for p in started]) | set(flower_pids(home))
@@ -369,14 +372,33 @@ def deployment(home: Path, clients: int, seen: set[int]) -> Iterator[dict[str, s
             p.wait(timeout=10)
 
 
+def node_command(home: Path, link: int, k: int, workers: bool) -> list[str]:
+    """Node ``k``'s command: ``cfl-bench flower node`` (socket under ``home``), or a plain
+    ``flower-supernode``."""
+    superlink = f"127.0.0.1:{link}"
+    if not workers:
+        return ["flower-supernode", "--insecure", "--superlink", superlink,
+                "--port", str(free_port()), "--node-config", f"partition-id={k}"]  # fmt: skip
+    (home / "sockets").mkdir(exist_ok=True)
+    return [sys.executable, "-m", "cfl_bench", "flower", "node", "--superlink", superlink,
+            "--partition-id", str(k), "--socket", str(home / "sockets" / f"{k}.sock"),
+            "--port", str(free_port())]  # fmt: skip
+
+
 def run_deployed(app: Path, env: dict[str, str], timeout_s: float = 400.0) -> list[str]:
     """``flwr run APP deploy --stream`` on the :func:`deployment` whose environment is
-    ``env``; returns the statuses ``flwr ls`` reports for the SuperLink's runs (one
+    ``env``; returns the statuses ``flwr ls`` reports for the runs this call added (one
     ``finished:completed`` when it went well: ``flwr run --stream`` exits 0 even for a
     failed run, so the SuperLink is asked)."""
+    before = set(listed_runs(env))
     flwr = ["flwr", "run", str(app), "deploy", "--stream"]
     subprocess.run(flwr, env=env, capture_output=True, timeout=timeout_s, check=False)
+    return [status for run, status in listed_runs(env).items() if run not in before]
+
+
+def listed_runs(env: dict[str, str]) -> dict[str, str]:
+    """Run id → status of every run the deployment's SuperLink knows (``flwr ls``)."""
     listed = subprocess.run(
         ["flwr", "ls", "deploy", "--format", "json"], env=env, capture_output=True, text=True
     )
-    return [str(r["status"]) for r in json.loads(listed.stdout)["runs"]]
+    return {str(r["run-id"]): str(r["status"]) for r in json.loads(listed.stdout)["runs"]}

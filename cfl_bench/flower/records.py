@@ -10,6 +10,11 @@ What travels, by record name (``RecordDict`` keys):
                    payload (up; its bytes are ``Upload.nbytes``, checked on receipt).
 ``cfl.answer``     ArrayRecord: ``answer`` (a ``ClientRequest``'s result, up).
 
+The client-state protocol (``flower.node_work``), which is not federated traffic either:
+``cfl.state`` (the server's mirror of the client's state, sent only when the server does not
+know which state the node holds), ``cfl.held`` (the token of the node's state after the
+message, up), ``cfl.stale`` (the node does not hold the state the message names).
+
 Instrumentation, which is no federated traffic and is never counted: ``cfl.result``
 (step count, loss sum, seconds, the client-spread probe score), ``cfl.probes`` (the server's
 probe sets for the client spread at task ends) and ``cfl.mirror`` (the client's state after
@@ -33,6 +38,13 @@ from cfl_bench.engine.context import Broadcast, ClientState, Upload
 from cfl_bench.engine.evaluation import EvalSet
 
 PAYLOAD = "payload."
+
+#: Record names of the client-state protocol (``flower.node_work``): the server's copy of a
+#: client's state sent down, a node's "I do not hold the state you named" reply, and the
+#: key of the token naming a state (in ``cfl.round`` down, in ``cfl.held`` up).
+STATE = "cfl.state"
+STALE = "cfl.stale"
+TOKEN_KEY = "state_token"
 
 
 def array_of(tensor: torch.Tensor) -> Array:
