@@ -201,7 +201,11 @@ def test_the_joint_learner_trains_on_every_distinct_frame_received() -> None:
 
 
 @pytest.mark.shared_data
-@pytest.mark.parametrize("strategy", ["der", "ideal"])
+@pytest.mark.parametrize(
+    "strategy",
+    # ideal (the joint learner's received-frame history in the checkpoint) takes ~70 s
+    ["der", pytest.param("ideal", marks=pytest.mark.slow)],
+)
 def test_a_killed_carla_run_resumes_to_identical_records(tmp_path: Path, strategy: str) -> None:
     """Killed in the shift phase (round 3 of 4, checkpoint after round 3): the resumed run
     must ask the frame supply the same questions (shift times from the clock, histories

@@ -146,8 +146,11 @@ def test_flower_refuses_what_it_does_not_run(
         plan_run(dataclasses.replace(config, strategy="joint"))
 
 
+@pytest.mark.slow
 def test_fedavg_fedproj_records_equal_the_sequential_executor(tmp_path: Path) -> None:
-    """The public holdout, the ensemble broadcast and the logits upload travel in messages."""
+    """The public holdout, the ensemble broadcast and the logits upload travel in messages.
+    ~35-65 s, hence slow: the same messages are checked in a deployment in CI
+    (tests/test_flower_deploy.py)."""
     same_records_as_sequential("fedavg+fedproj", tmp_path)
 
 

@@ -69,7 +69,7 @@ def test_the_lean_clientapp_is_used_only_for_the_flower_it_mirrors(tmp_path: Pat
     assert folder is not None and (folder / "flwr-clientapp").stat().st_mode & 0o111
     env = node_environment({"PATH": "/usr/bin"}, folder)
     assert env["PATH"].split(":")[0] == str(folder)
-    assert env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.05"
+    assert env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.5"
     assert env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
     script = (folder / "flwr-clientapp").read_text()
     assert script.startswith(f"#!{sys.executable}\n") and "clientapp_process import main" in script

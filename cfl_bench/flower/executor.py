@@ -1,17 +1,17 @@
 """``FlowerExecutor``: the engine's ``Executor`` protocol over a Flower ``Grid``.
 
-Client ``k`` of the run is the SuperNode whose node config says ``partition-id=K`` with K =
-k (fixed for the run: a node keeps its client's state, named by a token, ``node_work``).
-A simulation numbers its SuperNodes 0..N-1 itself; in a deployment each SuperNode is started with
-``--node-config partition-id=K``. The server learns which node is which from one
+Client ``k`` of the run is the SuperNode whose node config says ``partition-id=K`` with
+K = k (fixed for the run: a node keeps its client's state, named by a token, ``node_work``).
+A simulation numbers its SuperNodes 0..N-1 itself; in a deployment each SuperNode is started
+with ``--node-config partition-id=K``. The server learns which node is which from one
 ``query.identify`` phase before the first message (inside round 1, like the start-up). Each
-phase pushes its messages and pulls the replies every 50 ms (``send_and_receive`` sleeps 3 s
-between pulls in a deployment): ``train`` for a round's jobs, ``query.request`` for a
-``ClientRequest``, ``query.task_end`` for the learner's task-end work. Replies are handed to
-the engine in the jobs' order (client-id order), so aggregation sums in the sequential
-executor's order and the records are the same. After each reply the engine's own
-``ClientState`` (the mirror that buffer drift, request planning and checkpoints read) is set
-to the node's state.
+phase pushes its messages and pulls the replies every 0.2 s in a deployment, 0.01 s in a
+simulation (``send_and_receive`` sleeps 3 s between pulls in a deployment): ``train`` for a
+round's jobs, ``query.request`` for a ``ClientRequest``, ``query.task_end`` for the learner's
+task-end work. Replies are handed to the engine in the jobs' order (client-id order), so
+aggregation sums in the sequential executor's order and the records are the same. After
+each reply the engine's own ``ClientState`` (the mirror that buffer drift, request planning
+and checkpoints read) is set to the node's state.
 """
 
 from __future__ import annotations
@@ -31,6 +31,18 @@ from cfl_bench.flower import records
 from cfl_bench.flower.records import STALE, STATE, TOKEN_KEY
 from strategies.base import Component, Learner
 
+#: Seconds between pulls of a phase's replies: a simulation's grid is in this process (a pull
+#: is a lookup); a deployment's is HTTP to the SuperLink (each pull costs it CPU).
+IN_MEMORY_POLL_S = 0.01
+HTTP_POLL_S = 0.2
+
+
+def poll_seconds(grid: Grid) -> float:
+    """How often to pull replies from ``grid``."""
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    return IN_MEMORY_POLL_S if isinstance(grid, InMemoryGrid) else HTTP_POLL_S
+
 
 class FlowerExecutor:
     """Client updates as Flower messages to one simulated SuperNode per client."""
@@ -41,7 +53,7 @@ class FlowerExecutor:
         num_clients: int,
         learner: Component,
         wait_s: float = 600.0,
-        poll_s: float = 0.05,
+        poll_s: float | None = None,
     ) -> None:
         self.grid = grid
         self.num_clients = num_clients
@@ -50,7 +62,7 @@ class FlowerExecutor:
         self.phase = 0
         self.round_index = 0
         self.wait_s = wait_s
-        self.poll_s = poll_s
+        self.poll_s = poll_seconds(grid) if poll_s is None else poll_s
         self.tokens: dict[int, str] = {}  # client → the state token its node last replied
 
     def _connected(self) -> list[int]:

@@ -4,16 +4,17 @@ What a deployment runs on each client machine (docs/executors.md, "Flower deploy
 starts the worker (``flower.node_worker``) on a private local socket, waits until it
 listens, then starts ``flower-supernode`` with ``--node-config "partition-id=K
 cfl-worker='SOCKET'"`` so that the ClientApp (``flower.client_app``) hands every message to
-the worker. The SuperNode's environment cuts Flower's polling and start-up where Flower
-lets it be set: SuperExec polls for ClientApp tasks every ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``
-s (0.05 here, Flower's default 1 s), the runtime installation of app dependencies is off,
-telemetry and the update check are off, and the ClientApp process SuperExec starts per
-message is Flower's own minus an import of 0.9 s of CPU (``flower.clientapp_process``).
+the worker. The SuperNode's environment cuts Flower's polling and start-up where Flower lets
+it be set: SuperExec polls for ClientApp tasks every ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` s
+(0.5 here, Flower's default 1 s; 0.05 s cost 0.3 of a core for 10 idle nodes), the runtime
+installation of app dependencies is off, telemetry and the update check are off, and the
+ClientApp process SuperExec starts per message is Flower's own, forked warm by the node's
+*starter* (``flower.clientapp_process``): 1-2 s of CPU less per message.
 
-A worker that dies is restarted (a line says so); the next message finds no state in it, so
-the server sends the client's state again and the run goes on (``node_work``). When the
-SuperNode exits, the worker is stopped and the command exits with the SuperNode's code;
-SIGTERM / SIGINT stop both (and every process they started).
+A worker (or starter) that dies is restarted (a line says so); the next message finds no
+state in a new worker, so the server sends the client's state again and the run goes on
+(``node_work``). When the SuperNode exits, the helpers are stopped and the command exits
+with the SuperNode's code; SIGTERM / SIGINT stop them all (and every process they started).
 """
 
 from __future__ import annotations
@@ -38,8 +39,40 @@ from cfl_bench.errors import UserError
 #: SuperExec's poll for ClientApp tasks (s) unless the environment sets it.
 TASK_POLL_S = "0.5"
 
-#: Seconds a new worker may take to listen (it imports torch first).
-WORKER_START_S = 120.0
+#: Seconds a new helper (worker, starter) may take to listen (the worker imports torch).
+HELPER_START_S = 120.0
+
+
+@dataclass(frozen=True)
+class Helper:
+    """A long-lived process of the node that listens on a local socket: the worker (the
+    client's computation) or the starter (warm ClientApp processes)."""
+
+    name: str
+    module: str
+    flag: str
+    socket: Path
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", self.module, self.flag, str(self.socket)]
+
+    def start(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Start it and return once it listens; refuse in one line if it cannot."""
+        proc = subprocess.Popen(self.command(), env=env)
+        deadline = time.monotonic() + HELPER_START_S
+        while not listening(self.socket):
+            if proc.poll() is not None:
+                raise UserError(
+                    f"the node's {self.name} exited with code {proc.returncode} before "
+                    f"listening on {self.socket}; see its error above."
+                )
+            if time.monotonic() > deadline:
+                stop_tree([proc.pid])
+                raise UserError(
+                    f"the node's {self.name} did not listen within {HELPER_START_S:.0f} s."
+                )
+            time.sleep(0.05)
+        return proc
 
 
 @dataclass(frozen=True)
@@ -64,8 +97,15 @@ class NodeSpec:
             "--port", str(self.port), "--node-config", node_config,
         ]  # fmt: skip
 
-    def worker_command(self) -> list[str]:
-        return [sys.executable, "-m", "cfl_bench.flower.node_worker", "--socket", str(self.socket)]
+    def helpers(self, warm_clientapps: bool) -> list[Helper]:
+        worker = Helper("worker", "cfl_bench.flower.node_worker", "--socket", self.socket)
+        if not warm_clientapps:
+            return [worker]
+        starter_socket = self.socket.with_name(self.socket.name + ".starter")
+        starter = Helper(
+            "starter", "cfl_bench.flower.clientapp_process", "--starter", starter_socket
+        )
+        return [worker, starter]
 
 
 def supernode_program() -> str:
@@ -75,7 +115,7 @@ def supernode_program() -> str:
 
 
 def node_environment(base: dict[str, str], bin_dir: Path | None = None) -> dict[str, str]:
-    """The SuperNode's and the worker's environment (see the module docstring); with
+    """The SuperNode's and the helpers' environment (see the module docstring); with
     ``bin_dir``, its ``flwr-clientapp`` is found first."""
     env = dict(base)
     front = [str(bin_dir)] if bin_dir is not None else []
@@ -86,21 +126,20 @@ def node_environment(base: dict[str, str], bin_dir: Path | None = None) -> dict[
     env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     env.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")  # the starter forks: no BLAS threads in it
     return env
 
 
 def lean_clientapp_folder(folder: Path) -> Path | None:
-    """A folder holding ``flwr-clientapp`` = ``flower.clientapp_process`` for this Python,
-    or None when the installed Flower is not the release that script mirrors."""
-    from cfl_bench.flower.clientapp_process import mirrors_installed_flower
+    """A folder holding the node's ``flwr-clientapp`` (``clientapp_process.LAUNCHER``), or
+    None when the installed Flower is not the release it mirrors."""
+    from cfl_bench.flower.clientapp_process import launcher_text, mirrors_installed_flower
 
     if not mirrors_installed_flower():
         return None
     folder.mkdir(parents=True, exist_ok=True)
     script = folder / "flwr-clientapp"
-    script.write_text(
-        f"#!{sys.executable}\nfrom cfl_bench.flower.clientapp_process import main\n\nmain()\n"
-    )
+    script.write_text(launcher_text())
     script.chmod(0o755)
     return folder
 
@@ -108,23 +147,6 @@ def lean_clientapp_folder(folder: Path) -> Path | None:
 def listening(path: Path) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         return s.connect_ex(str(path)) == 0
-
-
-def start_worker(spec: NodeSpec, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Start the worker and return once it listens; refuse in one line if it cannot."""
-    worker = subprocess.Popen(spec.worker_command(), env=env)
-    deadline = time.monotonic() + WORKER_START_S
-    while not listening(spec.socket):
-        if worker.poll() is not None:
-            raise UserError(
-                f"the node's worker exited with code {worker.returncode} before listening on "
-                f"{spec.socket}; see its error above."
-            )
-        if time.monotonic() > deadline:
-            stop_tree([worker.pid])
-            raise UserError(f"the node's worker did not listen within {WORKER_START_S:.0f} s.")
-        time.sleep(0.05)
-    return worker
 
 
 def stop_tree(pids: list[int]) -> None:
@@ -151,26 +173,33 @@ def stop_tree(pids: list[int]) -> None:
 
 def supervise(spec: NodeSpec, say: Callable[[str], None], bin_dir: Path | None) -> int:
     """Run the node until the SuperNode exits or a signal comes; its exit code."""
+    from cfl_bench.flower.clientapp_process import STARTER_ENV
+
+    helpers = spec.helpers(warm_clientapps=bin_dir is not None)
     env = node_environment(dict(os.environ), bin_dir)
+    if len(helpers) > 1:
+        env[STARTER_ENV] = str(helpers[1].socket)
     stopping: list[int] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         stopping.append(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    worker = start_worker(spec, env)
+    procs = [helper.start(env) for helper in helpers]
     supernode = subprocess.Popen(spec.supernode_command(), env=env)
-    say(f"node partition-id={spec.partition}: worker pid {worker.pid}, SuperNode pid "
+    say(f"node partition-id={spec.partition}: worker pid {procs[0].pid}, SuperNode pid "
         f"{supernode.pid}, SuperLink {spec.superlink}")  # fmt: skip
     try:
         while not stopping and supernode.poll() is None:
-            if worker.poll() is not None:
-                say(f"the node's worker exited with code {worker.returncode}; restarting it")
-                worker = start_worker(spec, env)
+            for i, (helper, proc) in enumerate(zip(helpers, procs, strict=True)):
+                if proc.poll() is not None:
+                    say(f"the node's {helper.name} exited with code {proc.returncode}; "
+                        f"restarting it")  # fmt: skip
+                    procs[i] = helper.start(env)
             time.sleep(0.2)
         return 0 if stopping else int(supernode.returncode)
     finally:
-        stop_tree([supernode.pid, worker.pid])
+        stop_tree([supernode.pid, *(proc.pid for proc in procs)])
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
