@@ -44,6 +44,39 @@ def poll_seconds(grid: Grid) -> float:
     return IN_MEMORY_POLL_S if isinstance(grid, InMemoryGrid) else HTTP_POLL_S
 
 
+def result_of(job: ClientJob, content: RecordDict) -> ClientResult:
+    """The ``ClientResult`` a train reply carries; the job's client (the mirror) is set to
+    the node's state."""
+    client, device = job.client, job.broadcast.device
+    facts = content.config_records["cfl.result"]
+    if int(facts["client"]) != client.index:
+        raise RuntimeError(f"client {client.index}'s reply came from another client")
+    records.load_state(content.array_records["cfl.mirror"], client, keep_version=True)
+    upload = records.upload_of(
+        content.array_records["cfl.upload"], client.index, int(facts["num_samples"]), device
+    )
+    metrics = content.array_records["cfl.metrics"]
+    result = ClientResult(
+        client,
+        upload,
+        records.tensor_of(metrics["loss_sum"], device),
+        int(facts["steps"]),
+        float(facts["train_seconds"]),
+    )
+    if "probe_accuracy" in metrics:
+        result.probe_accuracy = records.tensor_of(metrics["probe_accuracy"], device)
+    return result
+
+
+def stated(content: RecordDict, client: ClientState, token: str) -> RecordDict:
+    """``content`` naming the client's state: its ``token``, or (none known) the state."""
+    facts = ConfigRecord({**content.config_records["cfl.round"], TOKEN_KEY: token})
+    named = RecordDict({**content, "cfl.round": facts})  # a new record: Flower caches ids
+    if not token:
+        named[STATE] = records.state_bytes(client.state_dict())
+    return named
+
+
 class FlowerExecutor:
     """Client updates as Flower messages to one simulated SuperNode per client."""
 
@@ -111,13 +144,19 @@ class FlowerExecutor:
         server's mirror of the client's state."""
         if not self.nodes:
             self._identify()
-        replies = self._phase([(c, self._stated(c, m)) for c, m in contents], kind)
+        replies = self._phase(
+            [(c, stated(m, c, self.tokens.get(c.index, ""))) for c, m in contents], kind
+        )
         stale = [i for i, reply in enumerate(replies) if STALE in reply.content]
         if stale:
             for i in stale:
                 self.tokens.pop(contents[i][0].index, None)
             again = self._phase(
-                [(c, self._stated(c, m)) for c, m in (contents[i] for i in stale)], kind
+                [
+                    (c, stated(m, c, self.tokens.get(c.index, "")))
+                    for c, m in (contents[i] for i in stale)
+                ],
+                kind,
             )
             for i, reply in zip(stale, again, strict=True):
                 if STALE in reply.content:
@@ -138,15 +177,6 @@ class FlowerExecutor:
             if waiting:
                 time.sleep(self.poll_s)
         return by_node
-
-    def _stated(self, client: ClientState, content: RecordDict) -> RecordDict:
-        """``content`` naming the client's state: its token, or (none known) the state."""
-        token = self.tokens.get(client.index, "")
-        facts = ConfigRecord({**content.config_records["cfl.round"], TOKEN_KEY: token})
-        stated = RecordDict({**content, "cfl.round": facts})  # a new record: Flower caches ids
-        if not token:
-            stated[STATE] = records.state_bytes(client.state_dict())
-        return stated
 
     def _phase(self, contents: list[tuple[ClientState, RecordDict]], kind: str) -> list[Message]:
         """One message phase: push every message, pull the replies every ``poll_s`` (not
@@ -176,7 +206,7 @@ class FlowerExecutor:
             self.round_index = jobs[0].broadcast.round_index
         contents = [(job.client, self._job_content(job)) for job in jobs]
         for job, reply in zip(jobs, self._exchange(contents, "train"), strict=True):
-            sink(self._result(job, reply.content))
+            sink(result_of(job, reply.content))
 
     def _job_content(self, job: ClientJob) -> RecordDict:
         b = job.broadcast
@@ -191,27 +221,6 @@ class FlowerExecutor:
         if job.probes is not None:
             content["cfl.probes"] = records.probes_record(job.probes)
         return content
-
-    def _result(self, job: ClientJob, content: RecordDict) -> ClientResult:
-        client, device = job.client, job.broadcast.device
-        facts = content.config_records["cfl.result"]
-        if int(facts["client"]) != client.index:
-            raise RuntimeError(f"client {client.index}'s reply came from another client")
-        records.load_state(content.array_records["cfl.mirror"], client, keep_version=True)
-        upload = records.upload_of(
-            content.array_records["cfl.upload"], client.index, int(facts["num_samples"]), device
-        )
-        metrics = content.array_records["cfl.metrics"]
-        result = ClientResult(
-            client,
-            upload,
-            records.tensor_of(metrics["loss_sum"], device),
-            int(facts["steps"]),
-            float(facts["train_seconds"]),
-        )
-        if "probe_accuracy" in metrics:
-            result.probe_accuracy = records.tensor_of(metrics["probe_accuracy"], device)
-        return result
 
     def _at_global(
         self, client: ClientState, global_state: tuple[torch.Tensor, torch.Tensor], facts: dict

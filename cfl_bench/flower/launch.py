@@ -41,7 +41,7 @@ import cfl_bench
 from cfl_bench.config import RunConfig
 from cfl_bench.errors import UserError
 from cfl_bench.flower import require_flwr
-from cfl_bench.flower.node import free_port
+from cfl_bench.flower.node import free_port, stop
 
 APP_PYPROJECT = """\
 [build-system]
@@ -163,25 +163,6 @@ def flower_pids(home: Path) -> list[int]:
         except (psutil.Error, OSError):
             continue
     return pids
-
-
-def stop(pids: list[int]) -> None:
-    """Terminate ``pids`` (then kill what is left after 5 s)."""
-    procs = []
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            proc.terminate()
-            procs.append(proc)
-        except psutil.Error:
-            continue
-    _, alive = psutil.wait_procs(procs, timeout=5)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.Error:
-            continue
-    psutil.wait_procs(alive, timeout=5)
 
 
 def simulation_settings(clients: int, device: torch.device, cores: int | None = None) -> str:

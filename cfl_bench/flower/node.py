@@ -151,16 +151,24 @@ def listening(path: Path) -> bool:
 
 def stop_tree(pids: list[int]) -> None:
     """Terminate ``pids`` and all their descendants (kill what is left after 5 s)."""
-    procs: list[psutil.Process] = []
+    found: list[int] = []
     for pid in pids:
         try:
             root = psutil.Process(pid)
-            procs += [*root.children(recursive=True), root]
+            found += [c.pid for c in root.children(recursive=True)] + [pid]
         except psutil.Error:
             continue
-    for proc in procs:
+    stop(found)
+
+
+def stop(pids: list[int]) -> None:
+    """Terminate ``pids`` (then kill what is left after 5 s)."""
+    procs = []
+    for pid in pids:
         try:
+            proc = psutil.Process(pid)
             proc.terminate()
+            procs.append(proc)
         except psutil.Error:
             continue
     _, alive = psutil.wait_procs(procs, timeout=5)
@@ -169,6 +177,7 @@ def stop_tree(pids: list[int]) -> None:
             proc.kill()
         except psutil.Error:
             continue
+    psutil.wait_procs(alive, timeout=5)
 
 
 def supervise(spec: NodeSpec, say: Callable[[str], None], bin_dir: Path | None) -> int:
