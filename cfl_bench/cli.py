@@ -369,6 +369,39 @@ def results_table(summary: dict[str, Any], stream: str, strategy: str) -> Table:
     return table
 
 
+# Where a sweep's points run (`cfl-bench sweep`): declared apart so the command reads in
+# one screen.
+BackendOption = Annotated[
+    str,
+    typer.Option(
+        help="where the points run: local (this machine, --jobs at a time) or ray (one "
+        "Ray task per point; the sweep folder on a file system all nodes share; see "
+        "the README's Sweeps section)"
+    ),
+]
+AddressOption = Annotated[
+    str | None,
+    typer.Option(help="--backend ray: the cluster (default: RAY_ADDRESS, else a local one)"),
+]
+CpusPerRunOption = Annotated[
+    int | None,
+    typer.Option(
+        help="--backend ray or --slurm-script: CPUs per point, also its torch threads (default 1)"
+    ),
+]
+GpusPerRunOption = Annotated[
+    float | None, typer.Option(help="--backend ray: GPUs per point, may be a fraction")
+]
+SlurmScriptOption = Annotated[
+    str | None,
+    typer.Option(
+        help="write the pending points as a Slurm job array script (submit it with "
+        "sbatch; --jobs caps the tasks at once) instead of running them; the sweep "
+        "folder on a file system all nodes share; see the README's Sweeps section"
+    ),
+]
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 @user_errors
 def sweep(
@@ -387,36 +420,11 @@ def sweep(
             show_default=False,
         ),
     ] = True,
-    backend: Annotated[
-        str,
-        typer.Option(
-            help="where the points run: local (this machine, --jobs at a time) or ray (one "
-            "Ray task per point; the sweep folder on a file system all nodes share; see "
-            "the README's Sweeps section)"
-        ),
-    ] = "local",
-    address: Annotated[
-        str | None,
-        typer.Option(help="--backend ray: the cluster (default: RAY_ADDRESS, else a local one)"),
-    ] = None,
-    cpus_per_run: Annotated[
-        int | None,
-        typer.Option(
-            help="--backend ray or --slurm-script: CPUs per point, also its torch threads "
-            "(default 1)"
-        ),
-    ] = None,
-    gpus_per_run: Annotated[
-        float | None, typer.Option(help="--backend ray: GPUs per point, may be a fraction")
-    ] = None,
-    slurm_script: Annotated[
-        str | None,
-        typer.Option(
-            help="write the pending points as a Slurm job array script (submit it with "
-            "sbatch; --jobs caps the tasks at once) instead of running them; the sweep "
-            "folder on a file system all nodes share; see the README's Sweeps section"
-        ),
-    ] = None,
+    backend: BackendOption = "local",
+    address: AddressOption = None,
+    cpus_per_run: CpusPerRunOption = None,
+    gpus_per_run: GpusPerRunOption = None,
+    slurm_script: SlurmScriptOption = None,
 ) -> None:
     """Run a grid of runs, then write their leaderboard.
 
