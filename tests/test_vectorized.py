@@ -125,17 +125,19 @@ def test_adam_equals(monkeypatch: pytest.MonkeyPatch) -> None:
     # unit) become steps of ~lr, and training amplifies them: measured on torch 2.14.1,
     # AVX2, 7.7e-4 after round 2 and 8.5e-2 after 4 rounds (6.8e-4 on an AVX512 machine).
     # The arithmetic is the same (the masked-step test below: bit for bit on equal
-    # gradients), so the whole-run comparison uses ε = 1e-4, where the map is smooth at
-    # float32's rounding (measured: 6.3e-7 after 4 rounds; ε = 1e-6 gives 1.2e-5).
+    # gradients), so the whole-run comparison uses ε = 1e-3, where the map is smooth at
+    # float32's rounding. Measured after 4 rounds: AVX2, ε = 1e-4 6.3e-7 (1e-6: 1.2e-5);
+    # AVX512 (Xeon, torch 2.14.1), ε = 1e-4 5.2e-2 (3.3e-7 after 2 rounds: one step of the
+    # amplification), ε = 1e-3 2.4e-7, ε = 1e-2 2.2e-7.
     plain = FlatAdam.__init__
 
     def smooth(self: FlatAdam, *args: object, **kw: object) -> None:
-        plain(self, *args, **{**kw, "eps": 1e-4})  # type: ignore[arg-type]
+        plain(self, *args, **{**kw, "eps": 1e-3})  # type: ignore[arg-type]
 
     monkeypatch.setattr(FlatAdam, "__init__", smooth)
     seq, a, vec, b = both(optimizer="adam", lr=0.01, partitioner=DirichletPartitioner(0.1, 2))
     assert isinstance(seq.executor.trainer.optimizer, FlatAdam)  # type: ignore[attr-defined]
-    assert seq.executor.trainer.optimizer.eps == 1e-4  # type: ignore[attr-defined]
+    assert seq.executor.trainer.optimizer.eps == 1e-3  # type: ignore[attr-defined]
     assert_same(seq, a, vec, b)
 
 
