@@ -4,7 +4,8 @@ The cluster is a head of one CPU and a second node of one CPU (``bench.ray_clust
 ``ray start --block`` children stopped by PID, so no other Ray on the machine is touched).
 The same 6-point grid runs as a local sweep (``--jobs 2``) and on the cluster
 (``--cpus-per-run 1``: at most two points at once, one per node); every point's records
-must be byte-identical, and a rerun of the cluster sweep skips every point.
+must be byte-identical, and a rerun of the cluster sweep skips every point. A point whose
+Ray worker is SIGKILLed mid-run is retried by Ray and resumes from its checkpoint.
 """
 
 from __future__ import annotations
@@ -15,15 +16,18 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bench.ray_cluster import loopback_cluster, ray_env
 from cfl_bench.errors import UserError
+from cfl_bench.sweep import ledger
 from cfl_bench.sweep.command import Placement
+from cfl_bench.sweep.grid import build_spec, expand
 from cfl_bench.sweep.point import job_from_json, job_json
 from cfl_bench.sweep.ray_backend import point_env
 from cfl_bench.sweep.worker import RunJob
-from tests.sweep_helpers import TINY, events, in_process, sweep_command
+from tests.sweep_helpers import TINY, comparable, events, in_process, summaries, sweep_command
 
 ray = pytest.importorskip("ray")
 
@@ -73,6 +77,47 @@ def test_a_grid_on_two_nodes_equals_the_local_sweep_and_reruns_skip(
     assert again.returncode == 0, again.stdout[-3000:]
     assert sum(events(remote, "skip").values()) == 6
     assert sum(events(remote, "start").values()) == 6  # nothing ran a second time
+
+
+def test_a_point_whose_ray_worker_is_killed_mid_run_is_retried_and_resumes(
+    cluster: str, tmp_path: Path
+) -> None:
+    """A lost worker (here SIGKILLed, as when a node's OOM killer strikes): Ray re-runs the
+    task, the point's process died with its worker (``PR_SET_PDEATHSIG``) and released its
+    lock, and the retry resumes from the last checkpoint to the uninterrupted records."""
+    args = ["--seed", "3", "--threads", "1", "--checkpoint-every", "1", "--tasks", "2"]
+    args += ["--rounds-per-task", "30", "--train-size", "300", "--test-size", "100"]
+    out = tmp_path / "killed"
+    (point,) = expand(build_spec(None, args, str(out)))
+    log = out / ledger.BOOKKEEPING / f"{point.name}.log"
+    command = sweep_command(out, "--backend", "ray", "--address", cluster, *args)
+    sweep = subprocess.Popen(command, env=ray_env(), stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while "round 5/" not in (log.read_text() if log.exists() else ""):
+        assert sweep.poll() is None and time.monotonic() < deadline, "the run ended too soon"
+        time.sleep(0.01)
+    (runner,) = [p for p in psutil.process_iter(["cmdline"]) if _runs(p, point.name)]
+    ray_worker = runner.parent()
+    assert ray_worker is not None
+    ray_worker.kill()
+    runner.wait(timeout=15)  # gone with its worker, not left writing into the run folder
+    output, _ = sweep.communicate(timeout=300)
+    assert sweep.returncode == 0, output[-3000:]
+    assert "resuming from round" in log.read_text()
+    assert events(out, "start")[point.name] == 1 and events(out, "finish")[point.name] == 1
+    reference = tmp_path / "reference"
+    code, text = in_process("sweep", "--out", str(reference), *args)
+    assert code == 0, text
+    assert (out / point.name / "records.csv").read_bytes() == (
+        reference / point.name / "records.csv"
+    ).read_bytes()
+    assert comparable(summaries(out)[point.name]) == comparable(summaries(reference)[point.name])
+
+
+def _runs(process: psutil.Process, name: str) -> bool:
+    """Whether ``process`` is the ``cfl_bench.sweep.point`` process of point ``name``."""
+    command = " ".join(process.info["cmdline"] or [])
+    return "cfl_bench.sweep.point" in command and name in command
 
 
 def test_the_job_travels_as_json_with_absolute_paths(
