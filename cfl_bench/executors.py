@@ -103,8 +103,6 @@ def check_flower(run: PlannedRun) -> None:
 
     refuse_vectorized_options(run)
     require_flwr()
-    if run.config.diagnostics:
-        raise UserError("--diagnostics is not supported with --executor flower; drop one.")
     if run.stream.per_round or run.strategy.learner.needs_history:
         raise UserError(
             "--executor flower loads each client's shard of the current task only; per-round "

@@ -63,15 +63,14 @@ def execute_in_flower(
     plan: RunPlan, annotations: Mapping[str, object] | None, say: Callable[[str], None]
 ) -> RunResult:
     """Launch a Flower simulation that runs ``plan`` (``flower.launch``); the ServerApp
-    executes the same configuration, with ``out`` fixed to this plan's directory."""
+    executes the same configuration, with ``out`` fixed to this plan's directory, and adds
+    ``annotations`` (a sweep's request hash) to its summary."""
     from cfl_bench.flower.launch import run_in_flower
 
-    if annotations:
-        raise UserError("--executor flower cannot run inside a sweep yet; use another executor.")
     config = dataclasses.replace(plan.config, out=str(plan.out.resolve()))
     say("starting a Flower simulation (Flower and Ray take about a minute to start)")
     try:
-        path = run_in_flower(config, plan.device, say)
+        path = run_in_flower(config, plan.device, say, annotations)
     except KeyboardInterrupt:
         raise RunInterruptedError(
             f"interrupted during the Flower simulation; '{plan.out}' keeps the rounds written "

@@ -229,10 +229,6 @@ SILENT: dict[str, tuple[Setup, str]] = {
         "lists 0.1 twice for 'lr'",
     ),
     "empty app-dir": (argv("flower", "app", "--app-dir", "", *TINY), "--app-dir is empty"),
-    "sweep executor flower": (
-        argv("sweep", "--out", "{root}/sw", *TINY, "--executor", "flower"),
-        "--executor flower cannot run inside a sweep",
-    ),
     "finished run with adam momentum": (
         argv("run", *TINY, "--momentum", "0.5", "--optimizer", "adam", "--out", "{run}"),
         "--momentum applies to --optimizer sgd only",

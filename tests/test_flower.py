@@ -7,7 +7,12 @@ and compare records.csv byte for byte with the sequential executor's.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -19,6 +24,8 @@ from cfl_bench.config import RunConfig
 from cfl_bench.engine.context import Broadcast, ClientState, Upload
 from cfl_bench.errors import UserError
 from cfl_bench.run import execute, plan_run
+from cfl_bench.sweep import ledger
+from tests.sweep_helpers import in_process
 
 pytest.importorskip("flwr")
 
@@ -67,9 +74,63 @@ def same_records_as_sequential(strategy: str, tmp_path: Path) -> None:
     assert set(flower_processes()) - before == set()  # SuperLink, SuperExec, Ray: all gone
 
 
-def test_der_fedgp_records_equal_the_sequential_executor(tmp_path: Path) -> None:
-    """Two message phases per round (train, FedGP's g_ref query), buffers in node state."""
-    same_records_as_sequential("der+fedgp", tmp_path)
+SWEEP_GRID = [
+    "--stream", "rot-digits", "--model", "mlp", "--clients", "4", "--tasks", "2",
+    "--rounds-per-task", "2", "--epochs", "1", "--batch-size", "32", "--buffer-size", "50",
+    "--device", "cpu", "--strategy", "fedavg", "--strategy", "der+fedgp", "--jobs", "2",
+    "--no-leaderboard",
+]  # fmt: skip
+
+
+def test_a_sweep_runs_two_simulations_at_once_to_the_sequential_records(tmp_path: Path) -> None:
+    """``--executor flower`` inside a sweep: two points at once (``--jobs 2``), each a
+    simulation on SuperLink ports of its own with a Ray of one CPU (its share of 2 cores).
+    FedAvg, and DER + FedGP (two message phases per round: train, FedGP's g_ref query;
+    buffers in node state), give the sequential executor's records byte for byte."""
+    before = set(flower_processes())
+    flower, seq = tmp_path / "flower", tmp_path / "seq"
+    code, output = in_process("sweep", "--out", str(flower), "--executor", "flower", *SWEEP_GRID)
+    assert code == 0, output
+    assert set(flower_processes()) - before == set()  # SuperLinks, SuperExecs, Rays: all gone
+    log = ledger.read_log(flower)
+    starts = [r["time"] for r in log if r["event"] == "start"]
+    finishes = [r["time"] for r in log if r["event"] == "finish"]
+    assert len(starts) == len(finishes) == 2 and max(starts) < min(finishes)  # side by side
+    code, output = in_process("sweep", "--out", str(seq), *SWEEP_GRID)
+    assert code == 0, output
+    by_strategy = {strategy_of(run): run for run in seq.glob("*/records.csv")}
+    assert sorted(by_strategy) == ["der+fedgp", "fedavg"]
+    for run in flower.glob("*/records.csv"):
+        assert run.read_bytes() == by_strategy[strategy_of(run)].read_bytes(), run.parent.name
+
+
+def strategy_of(records_csv: Path) -> str:
+    """The strategy of the run whose records.csv this is (from its config.json)."""
+    return str(json.loads((records_csv.parent / "config.json").read_text())["config"]["strategy"])
+
+
+def test_the_reaper_ends_a_simulation_whose_launcher_died(tmp_path: Path) -> None:
+    """``flower.reaper``: when its pipe closes (the launcher is gone, even by SIGKILL) it
+    SIGKILLs every process of the simulation's ``FLWR_HOME`` and removes the folder. A
+    stand-in process (``sleep``) plays the detached SuperLink and ServerApp here; the real
+    ones carry the same environment variable (``flower.launch.environment``)."""
+    from cfl_bench.flower.launch import start_reaper
+
+    home = tmp_path / "cfl-flower-x"
+    (home / "flwr").mkdir(parents=True)
+    env = {**os.environ, "FLWR_HOME": str(home / "flwr")}
+    stand_in = subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
+    other = subprocess.Popen(["sleep", "60"])  # not the simulation's: left alone
+    reaper = start_reaper(home)
+    time.sleep(0.5)
+    assert stand_in.poll() is None and home.exists()  # the launcher lives: nothing happens
+    assert reaper.stdin is not None
+    reaper.stdin.close()  # what the kernel does when the launcher dies
+    assert reaper.wait(timeout=30) == 0
+    assert stand_in.wait(timeout=5) == -signal.SIGKILL and not home.exists()
+    assert other.poll() is None
+    other.kill()
+    other.wait()
 
 
 @pytest.mark.slow
@@ -159,6 +220,10 @@ def test_simulation_resources_give_each_actor_a_cpu_and_on_cuda_a_gpu_share() ->
 
     cpu = simulation_settings(10, torch.device("cpu"), cores=16)
     assert cpu == "num-supernodes=10 client-resources-num-cpus=1"
+    # --threads 2 (a sweep point's share): Ray gets 2 CPUs, so 2 actors run at once
+    two = simulation_settings(10, torch.device("cpu"), cores=16, threads=2)
+    assert two == "num-supernodes=10 client-resources-num-cpus=1 init-args-num-cpus=2"
+    assert simulation_settings(10, torch.device("cuda"), 16, threads=2).endswith("gpus=0.5")
     # 10 clients on 16 cores: 10 actors at once share the GPU, 0.1 each; 100 clients on
     # 16 cores: 16 at once, 1/16 = 0.0625; 3 clients on 2 cores: 2 at once, 0.5 each.
     assert simulation_settings(10, torch.device("cuda"), cores=16).endswith("num-gpus=0.1")

@@ -5,14 +5,14 @@ sequential executor's byte for byte, and every process the tests started (with i
 children) must be gone afterwards.
 
 One deployment (two nodes) serves every run of this module one after another, as nodes of a
-real deployment serve run after run: FedAvg, FedAvg + FedProj (public holdouts, an ensemble
-broadcast and a logits upload) and SCAFFOLD (control variates in the client's state and in
-both directions); DER + FedGP (a ``query.request`` phase after each round, DER's buffer kept
-by the worker) twice: once with one node's worker killed during the run (its supervisor
-restarts it, the node answers "stale", the server sends the client's state again and the run
-goes on to the same records), once with the ServerApp killed during round 2 and the run
-resumed by running the app again. The launcher (``flower.launch.deployment``, ``run_deployed``)
-is shared with bench/flower_overhead.py.
+real deployment serve run after run: FedAvg (with ``--diagnostics``), FedAvg + FedProj
+(public holdouts, an ensemble broadcast and a logits upload) and SCAFFOLD (control variates
+in the client's state and in both directions); DER + FedGP (a ``query.request`` phase after
+each round, DER's buffer kept by the worker) twice: once with one node's worker killed
+during the run (its supervisor restarts it, the node answers "stale", the server sends the
+client's state again and the run goes on to the same records), once with the ServerApp
+killed during round 2 and the run resumed by running the app again. The launcher
+(``flower.launch.deployment``, ``run_deployed``) is shared with bench/flower_overhead.py.
 """
 
 from __future__ import annotations
@@ -84,11 +84,19 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     assert seen and not [pid for pid in seen if running(pid)]  # every process we started
 
 
-@pytest.mark.parametrize("strategy", ["fedavg", "fedavg+fedproj", "scaffold"], ids=lambda s: s)
+@pytest.mark.parametrize(
+    ("strategy", "extra"),
+    [("fedavg", ["--diagnostics", "--eval-every-round"]), ("fedavg+fedproj", []), ("scaffold", [])],
+    ids=["fedavg --diagnostics", "fedavg+fedproj", "scaffold"],
+)
 def test_deployment_records_equal_the_sequential_executor(
-    deployed: Deployment, strategy: str, tmp_path: Path
+    deployed: Deployment, strategy: str, extra: list[str], tmp_path: Path
 ) -> None:
-    deployed.run_equals_sequential(options(strategy=strategy), tmp_path)
+    """FedAvg with ``--diagnostics``: the clients' class accuracy and weight divergence
+    come back in the reply's instrumentation and land in the same records."""
+    deployed.run_equals_sequential([*options(strategy=strategy), *extra], tmp_path)
+    recorded = (tmp_path / "run" / "records.csv").read_text()
+    assert ("weight_divergence" in recorded) == bool(extra)
 
 
 def node_worker(home: Path, partition: int) -> psutil.Process:

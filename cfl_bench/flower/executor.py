@@ -65,6 +65,9 @@ def result_of(job: ClientJob, content: RecordDict) -> ClientResult:
     )
     if "probe_accuracy" in metrics:
         result.probe_accuracy = records.tensor_of(metrics["probe_accuracy"], device)
+    if "class_accuracy" in metrics:  # --diagnostics
+        result.class_accuracy = records.tensor_of(metrics["class_accuracy"], device)
+        result.weight_divergence = records.tensor_of(metrics["weight_divergence"], device)
     return result
 
 
@@ -210,8 +213,6 @@ class FlowerExecutor:
 
     def _job_content(self, job: ClientJob) -> RecordDict:
         b = job.broadcast
-        if job.diagnose is not None:
-            raise RuntimeError("--diagnostics is not supported with --executor flower")
         content = RecordDict(
             {
                 "cfl.broadcast": records.model_record(b.params, b.buffers, b.payloads),
@@ -220,6 +221,8 @@ class FlowerExecutor:
         )
         if job.probes is not None:
             content["cfl.probes"] = records.probes_record(job.probes)
+        if job.diagnose is not None:
+            content["cfl.diagnose"] = records.probes_record([job.diagnose])
         return content
 
     def _at_global(

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,6 +42,7 @@ from cfl_bench.config import RunConfig
 from cfl_bench.errors import UserError
 from cfl_bench.flower import require_flwr
 from cfl_bench.flower.node import free_port, stop
+from cfl_bench.flower.reaper import flower_pids
 
 APP_PYPROJECT = """\
 [build-system]
@@ -90,11 +91,13 @@ address = ":local:"
 
 
 def environment(home: Path) -> dict[str, str]:
-    """The environment of every Flower process: offline, private, loopback, 1 thread."""
+    """The environment of every Flower process: offline, private, loopback, 1 thread, and
+    without ``RAY_ADDRESS`` (a simulation inside a sweep point on a Ray cluster, or under
+    ``ray job submit``, starts its own Ray instead of joining that cluster)."""
     root = str(Path(cfl_bench.__file__).resolve().parents[1])
     path = os.environ.get("PYTHONPATH")
     return {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
         "PYTHONPATH": root if not path else f"{root}{os.pathsep}{path}",
         "FLWR_TELEMETRY_ENABLED": "0",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
@@ -139,8 +142,11 @@ def write_deploy_app(config: RunConfig, app: Path) -> Path:
     return app
 
 
-def write_app(home: Path, config: RunConfig) -> Path:
-    """The Flower app folder, FLWR_HOME's config and the run configuration file."""
+def write_app(
+    home: Path, config: RunConfig, annotations: Mapping[str, object] | None = None
+) -> Path:
+    """The Flower app folder, FLWR_HOME's config, the run configuration file and the
+    summary's annotations (``annotations.json``, read by the ServerApp)."""
     app = home / "app"
     (app / "cfl_flower_app").mkdir(parents=True)
     write_app_folder(app, "")
@@ -149,30 +155,25 @@ def write_app(home: Path, config: RunConfig) -> Path:
     (home / "flwr" / "config.toml").write_text(FLWR_CONFIG)
     (home / "run").mkdir()
     (home / "run" / "config.json").write_text(json.dumps(config.to_dict()))
+    (home / "run" / "annotations.json").write_text(json.dumps(dict(annotations or {})))
     return app
 
 
-def flower_pids(home: Path) -> list[int]:
-    """PIDs of the processes started with our private FLWR_HOME (ours alone)."""
-    mine = str(home / "flwr")
-    pids = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if proc.environ().get("FLWR_HOME") == mine and proc.pid != os.getpid():
-                pids.append(proc.pid)
-        except (psutil.Error, OSError):
-            continue
-    return pids
-
-
-def simulation_settings(clients: int, device: torch.device, cores: int | None = None) -> str:
+def simulation_settings(
+    clients: int, device: torch.device, cores: int | None = None, threads: int | None = None
+) -> str:
     """The simulation's federation config: one SuperNode per client, 1 CPU per Ray actor
-    (more torch threads than free cores is catastrophic on small machines), and on CUDA a
-    GPU fraction per actor so that the actors Ray runs at once (one per core, at most one
-    per client) share the GPU: 1 / min(clients, cores), rounded down to Ray's 1e-4 grain.
-    Why a fraction and not one GPU each: a client update of a small model uses a sliver of
-    a GPU, and with whole GPUs Ray would run one client at a time per GPU."""
+    (more torch threads than free cores is catastrophic on small machines); with
+    ``threads`` (the run's ``--threads``, a sweep point's share of the machine) Ray gets that
+    many CPUs, so at most that many actors run at once, else all of them; and on CUDA a GPU
+    fraction per actor so that the actors Ray runs at once (one per CPU, at most one per
+    client) share the GPU: 1 / min(clients, CPUs), rounded down to Ray's 1e-4 grain. Why a
+    fraction and not one GPU each: a client update of a small model uses a sliver of a GPU,
+    and with whole GPUs Ray would run one client at a time per GPU."""
     settings = f"num-supernodes={clients} client-resources-num-cpus=1"
+    if threads is not None:
+        settings += f" init-args-num-cpus={threads}"
+        cores = threads
     if device.type != "cuda":
         return settings
     concurrent = max(1, min(clients, cores or os.cpu_count() or 1))
@@ -181,17 +182,29 @@ def simulation_settings(clients: int, device: torch.device, cores: int | None = 
 
 
 def run_in_flower(
-    config: RunConfig, device: torch.device, say: Callable[[str], None] | None = None
+    config: RunConfig,
+    device: torch.device,
+    say: Callable[[str], None] | None = None,
+    annotations: Mapping[str, object] | None = None,
 ) -> Path:
     """Run ``config`` (already validated, ``out`` resolved) in a Flower simulation with one
     SuperNode per client and 1 CPU (and on CUDA a GPU fraction) per Ray actor; returns the
-    run directory."""
+    run directory. ``annotations`` go into its summary (``run.execute``'s).
+
+    The simulation's SuperLink listens on free ports of its own (Flower's fixed local ports
+    would let only one simulation run on a machine: sweeps run several), and a reaper
+    (``flower.reaper``) ends the simulation if this process dies without cleaning up."""
     require_flwr()
     home = Path(tempfile.mkdtemp(prefix="cfl-flower-"))
+    reaper = start_reaper(home)
     try:
-        app = write_app(home, config)
-        env = environment(home)
-        settings = simulation_settings(config.clients, device)
+        app = write_app(home, config, annotations)
+        env = {
+            **environment(home),
+            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+            "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+        }
+        settings = simulation_settings(config.clients, device, threads=config.threads)
         command = [
             shutil.which("flwr") or str(Path(sys.executable).with_name("flwr")),
             "run",
@@ -216,6 +229,21 @@ def run_in_flower(
     finally:
         stop(flower_pids(home))
         shutil.rmtree(home, ignore_errors=True)
+        assert reaper.stdin is not None
+        reaper.stdin.close()  # the reaper finds nothing left and exits
+        reaper.wait(timeout=30)
+
+
+def start_reaper(home: Path) -> subprocess.Popen[bytes]:
+    """``flower.reaper`` for ``home``, in a session of its own (a Ctrl-C or a signal to
+    this process group must not stop it first); this process alone holds its pipe."""
+    env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "cfl_bench.flower.reaper", str(home)],
+        stdin=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
 
 
 #: Seconds between the "still starting" lines while Flower and Ray start (~70 s on 2 cores).

@@ -222,10 +222,14 @@ def train(rt: ClientRuntime, content: RecordDict, client: ClientState) -> dict[s
     broadcast = records.broadcast_of(content.array_records["cfl.broadcast"], facts, rt.device)
     probes_rec = content.array_records.get("cfl.probes")
     probes = None if probes_rec is None else records.probes_of(probes_rec, rt.device)
-    result = rt.trainer.update(ClientJob(client, broadcast, probes))
+    diagnose_rec = content.array_records.get("cfl.diagnose")  # --diagnostics
+    diagnose = None if diagnose_rec is None else records.probes_of(diagnose_rec, rt.device)[0]
+    result = rt.trainer.update(ClientJob(client, broadcast, probes, diagnose))
     metrics = {"loss_sum": records.array_of(result.loss_sum)}
-    if result.probe_accuracy is not None:
-        metrics["probe_accuracy"] = records.array_of(result.probe_accuracy)
+    for name in ("probe_accuracy", "class_accuracy", "weight_divergence"):
+        value = getattr(result, name)
+        if value is not None:
+            metrics[name] = records.array_of(value)
     return {
         "cfl.upload": records.upload_record(result.upload),
         "cfl.metrics": ArrayRecord(array_dict=metrics),

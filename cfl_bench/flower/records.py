@@ -16,8 +16,10 @@ know which state the node holds), ``cfl.held`` (the token of the node's state af
 message, up), ``cfl.stale`` (the node does not hold the state the message names).
 
 Instrumentation, which is no federated traffic and is never counted: ``cfl.result``
-(step count, loss sum, seconds, the client-spread probe score), ``cfl.probes`` (the server's
-probe sets for the client spread at task ends) and ``cfl.mirror`` (the client's state after
+(step count, loss sum, seconds, the client-spread probe score, ``--diagnostics``' class
+accuracy and weight divergence), ``cfl.probes`` (the server's probe sets for the client
+spread at task ends), ``cfl.diagnose`` (``--diagnostics``: the current task's probe, on
+which the client scores its local model class by class) and ``cfl.mirror`` (the client's state after
 the message, which the engine's measurement — buffer drift —, checkpoints and request
 planning read; see docs/executors.md).
 

@@ -4,7 +4,8 @@ host, so the executor registry builds a ``FlowerExecutor`` on it (``cfl_bench.ex
 Why the engine's loop inside ``main`` rather than Flower's strategies: the round order,
 the server hooks, the declared payloads, measurement and checkpoints are the engine's; only
 the client side moves, exactly as with the other executors. The outcome (ok, or the error)
-is written next to the configuration file for the launcher (``flower.launch``), because
+is written next to the configuration file for the launcher (``flower.launch``; the
+summary's annotations, a sweep's request hash, come from beside it too), because
 ``flwr run`` reports success even for a failed run. A deployment's app (``cfl-bench
 flower app``) carries the configuration itself (``cfl-config-json``) and has no launcher
 waiting: there a failed run raises, so that ``flwr ls`` lists it as failed, and the run
@@ -43,9 +44,10 @@ def main(grid: Grid, context: Context) -> None:
     outcome: dict[str, object] = {"ok": False}
     try:
         config = RunConfig(**json.loads(path.read_text()))
+        annotations = json.loads(path.with_name("annotations.json").read_text())
         # One line per round (and inside long rounds) in Flower's log, which the launcher
         # relays to the user (``flower.launch.relay``).
-        result = execute(config, RoundLog(), notify=lambda text: print(text, flush=True), host=grid)
+        result = execute(config, RoundLog(), annotations, say_now, host=grid)
         outcome = {"ok": True, "path": str(result.path)}
     except UserError as exc:
         outcome = {"ok": False, "error": str(exc)}
@@ -53,3 +55,8 @@ def main(grid: Grid, context: Context) -> None:
         outcome = {"ok": False, "error": traceback.format_exc()}
     finally:
         path.with_name("outcome.json").write_text(json.dumps(outcome))
+
+
+def say_now(text: str) -> None:
+    """A line for the user, flushed at once: the launcher relays Flower's log as it comes."""
+    print(text, flush=True)

@@ -280,8 +280,7 @@ def expand(spec: SweepSpec) -> list[GridPoint]:
 
     Refused before any point runs: a grid of more than ``MAX_SWEEP_POINTS`` points (counted
     without building them), a point any `cfl-bench run` would refuse from its options alone,
-    ``--executor flower`` (a Flower simulation cannot run inside a sweep's worker), and two
-    points that are the same run once the stream's defaults and the strategy's canonical
+    and two points that are the same run once the stream's defaults and the strategy's canonical
     name are filled in (``tasks: [null, 5]`` on a 5-task stream).
     """
     keys = list(spec.axes)
@@ -330,16 +329,10 @@ def check_grid_size(axes: Axes) -> None:
 
 def check_sweep_point(config: RunConfig) -> None:
     """What `cfl-bench run` refuses from options alone, and what a sweep cannot run."""
-    from cfl_bench.executors import executor_kind
     from cfl_bench.run_checks import check_diagnostics, check_run_length
 
     check_diagnostics(config)
     check_run_length(config)
-    if executor_kind(config.executor).hosted:
-        raise UserError(
-            "--executor flower cannot run inside a sweep yet (each point would start its own "
-            "Flower simulation); use --executor sequential or vectorized."
-        )
 
 
 def resolved_request(config: RunConfig) -> dict[str, Any]:

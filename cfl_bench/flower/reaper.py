@@ -1,0 +1,64 @@
+"""``python -m cfl_bench.flower.reaper HOME``: end a Flower simulation whose launcher died.
+
+Why: ``flwr run ... local`` starts its SuperLink detached (a session of its own), and the
+SuperLink starts SuperExec, the ServerApp and Ray, so none of them dies with the process
+that launched the run. The launcher stops them by PID when it ends (``flower.launch``),
+but a launcher killed with SIGKILL (a sweep killed with ``kill -9``, the OOM killer) runs
+no cleanup: the ServerApp would go on writing into the run directory while a resumed run or
+another sweep starts on it, and the SuperLink and Ray would hold their ports and cores.
+
+The reaper is started beside the simulation, in a session of its own, with the read end of a
+pipe whose write end only the launcher holds; end of file on the pipe means the launcher is
+gone, whichever way it ended. Then every process started with the simulation's private
+``FLWR_HOME`` is SIGKILLed at once (the ServerApp must stop writing now, not after a grace
+period) and the simulation's folder is removed. After a normal end the launcher has already
+stopped them, so the reaper finds nothing to do. Standard library and psutil only: it must
+start in a fraction of a second, beside a run that holds the cores.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import psutil
+
+
+def flower_pids(home: Path) -> list[int]:
+    """PIDs of the processes started with ``home``'s private ``FLWR_HOME`` (ours alone)."""
+    mine = str(home / "flwr")
+    pids = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("FLWR_HOME") == mine and proc.pid != os.getpid():
+                pids.append(proc.pid)
+        except (psutil.Error, OSError):
+            continue
+    return pids
+
+
+def kill_now(pids: list[int]) -> None:
+    """SIGKILL ``pids`` and wait (briefly) until they are gone."""
+    procs = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            proc.kill()
+            procs.append(proc)
+        except psutil.Error:
+            continue
+    psutil.wait_procs(procs, timeout=10)
+
+
+def reap_after_launcher(home: Path) -> None:
+    """Block until standard input ends (the launcher is gone), then end the simulation."""
+    while sys.stdin.buffer.read(4096):
+        pass
+    kill_now(flower_pids(home))
+    shutil.rmtree(home, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    reap_after_launcher(Path(sys.argv[1]))
