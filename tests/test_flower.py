@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -74,11 +75,13 @@ def same_records_as_sequential(strategy: str, tmp_path: Path) -> None:
     assert set(flower_processes()) - before == set()  # SuperLink, SuperExec, Ray: all gone
 
 
-SWEEP_GRID = [
+SMALL = [
     "--stream", "rot-digits", "--model", "mlp", "--clients", "4", "--tasks", "2",
-    "--rounds-per-task", "2", "--epochs", "1", "--batch-size", "32", "--buffer-size", "50",
-    "--device", "cpu", "--strategy", "fedavg", "--strategy", "der+fedgp", "--jobs", "2",
-    "--no-leaderboard",
+    "--epochs", "1", "--batch-size", "32", "--buffer-size", "50", "--device", "cpu",
+]  # fmt: skip
+SWEEP_GRID = [
+    *SMALL, "--rounds-per-task", "2", "--strategy", "fedavg", "--strategy", "der+fedgp",
+    "--jobs", "2", "--no-leaderboard",
 ]  # fmt: skip
 
 
@@ -107,6 +110,42 @@ def test_a_sweep_runs_two_simulations_at_once_to_the_sequential_records(tmp_path
 def strategy_of(records_csv: Path) -> str:
     """The strategy of the run whose records.csv this is (from its config.json)."""
     return str(json.loads((records_csv.parent / "config.json").read_text())["config"]["strategy"])
+
+
+def test_a_launcher_killed_mid_run_leaves_no_simulation_behind(tmp_path: Path) -> None:
+    """``kill -9`` of ``cfl-bench run --executor flower`` during round 2: the reaper stops
+    the detached SuperLink, SuperExec, ServerApp and Ray, so nothing goes on writing into
+    the run directory, and removes the simulation's folder."""
+    before = set(flower_processes())
+    homes = set(Path(tempfile.gettempdir()).glob("cfl-flower-*"))
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "cfl_bench", "run", *SMALL, "--strategy", "fedavg"]
+    command += ["--rounds-per-task", "30", "--executor", "flower", "--out", str(out)]
+    launcher = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert launcher.stdout is not None
+    said = []
+    for line in launcher.stdout:  # the run's own lines, relayed from the ServerApp
+        said.append(line)
+        if line.startswith("round 2/"):
+            break
+    assert launcher.poll() is None, "".join(said)
+    assert set(flower_processes()) - before
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 30
+
+    def left() -> tuple[set[int], set[Path]]:
+        folders = set(Path(tempfile.gettempdir()).glob("cfl-flower-*")) - homes
+        return set(flower_processes()) - before, folders
+
+    while left() != (set(), set()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left() == (set(), set())
+    written = {f: f.stat().st_mtime_ns for f in out.rglob("*") if f.is_file()}
+    time.sleep(1.0)
+    assert {f: f.stat().st_mtime_ns for f in out.rglob("*") if f.is_file()} == written
 
 
 def test_the_reaper_ends_a_simulation_whose_launcher_died(tmp_path: Path) -> None:

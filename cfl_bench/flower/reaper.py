@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -39,8 +40,9 @@ def flower_pids(home: Path) -> list[int]:
     return pids
 
 
-def kill_now(pids: list[int]) -> None:
-    """SIGKILL ``pids`` and wait (briefly) until they are gone."""
+def kill_now(pids: list[int], seconds: float = 10.0) -> None:
+    """SIGKILL ``pids`` and wait (at most ``seconds``) until each is gone or a zombie (dead,
+    waiting for its parent, which is not the reaper, to collect it)."""
     procs = []
     for pid in pids:
         try:
@@ -49,7 +51,17 @@ def kill_now(pids: list[int]) -> None:
             procs.append(proc)
         except psutil.Error:
             continue
-    psutil.wait_procs(procs, timeout=10)
+    deadline = time.monotonic() + seconds
+    while any(alive(p) for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def alive(proc: psutil.Process) -> bool:
+    """Whether ``proc`` still runs (a zombie does not)."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def reap_after_launcher(home: Path) -> None:
