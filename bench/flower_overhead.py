@@ -6,8 +6,10 @@ on the same run.
         [--plain-deploy]
 
 Protocol: rot-mnist, the MLP, ``--clients`` clients all taking part, ``--tasks`` task(s) of
-``--rounds-per-task`` rounds on the first ``--train-size`` training images, CPU, one
-thread, seed 0. Each strategy runs with three executors, ``--repeats`` times, the order of
+``--rounds-per-task`` rounds on the first ``--train-size`` training images, CPU, seed 0;
+one torch thread everywhere (the simulation's run leaves ``--threads`` unset, as
+``cfl-bench run --executor flower`` does by default, so its Ray runs one single-threaded
+actor per core). Each strategy runs with three executors, ``--repeats`` times, the order of
 the executors reversed on every other pass:
 
 - ``sequential``: ``--executor sequential`` in this process;
@@ -74,7 +76,8 @@ def run_config(args: argparse.Namespace, strategy: str, executor: str, out: Path
             "stream": "rot-mnist", "strategy": strategy, "model": "mlp",
             "data_root": args.data_root, "train_size": args.train_size, "test_size": 200,
             "tasks": args.tasks, "rounds_per_task": args.rounds_per_task, "epochs": 1,
-            "clients": args.clients, "threads": 1, "device": "cpu", "seed": 0,
+            "clients": args.clients, "device": "cpu", "seed": 0,
+            "threads": None if executor == "flower" else 1,  # flower: Ray on every core
             "executor": "flower" if executor.startswith("deploy") else executor,
             "out": str(out), "overwrite": True,
         }
