@@ -5,11 +5,13 @@ The cluster is a head of one CPU and a second node of one CPU (``bench.ray_clust
 The same 6-point grid runs as a local sweep (``--jobs 2``) and on the cluster
 (``--cpus-per-run 1``: at most two points at once, one per node); every point's records
 must be byte-identical, and a rerun of the cluster sweep skips every point. A point whose
-Ray worker is SIGKILLed mid-run is retried by Ray and resumes from its checkpoint.
+Ray worker is SIGKILLed mid-run is retried by Ray and resumes from its checkpoint; Ctrl-C of
+the driver stops the point and the rerun resumes it.
 """
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import tempfile
 import time
@@ -79,39 +81,98 @@ def test_a_grid_on_two_nodes_equals_the_local_sweep_and_reruns_skip(
     assert sum(events(remote, "start").values()) == 6  # nothing ran a second time
 
 
+class LongPoint:
+    """One point of 60 rounds with a checkpoint after each, started as a Ray sweep."""
+
+    def __init__(self, out: Path, seed: int) -> None:
+        self.out = out
+        self.args = ["--seed", str(seed), "--threads", "1", "--checkpoint-every", "1"]
+        self.args += ["--tasks", "2", "--rounds-per-task", "30", "--train-size", "300"]
+        self.args += ["--test-size", "100"]
+        (self.point,) = expand(build_spec(None, self.args, str(out)))
+        self.log = out / ledger.BOOKKEEPING / f"{self.point.name}.log"
+
+    def command(self, *backend: str) -> list[str]:
+        return sweep_command(self.out, "--backend", "ray", *backend, *self.args)
+
+    def start(self, env: dict[str, str], *backend: str) -> subprocess.Popen[str]:
+        """The sweep, once its point has passed round 5 (its checkpoint is on disk)."""
+        sweep = subprocess.Popen(
+            self.command(*backend),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        deadline = time.monotonic() + 120
+        while "round 5/" not in (self.log.read_text() if self.log.exists() else ""):
+            assert sweep.poll() is None and time.monotonic() < deadline, "ended too soon"
+            time.sleep(0.01)
+        return sweep
+
+    def process(self) -> psutil.Process:
+        """The point's ``cfl_bench.sweep.point`` process."""
+        (found,) = [p for p in psutil.process_iter(["cmdline"]) if _runs(p, self.point.name)]
+        return found
+
+    def assert_resumed_to_the_uninterrupted_run(self, reference: Path) -> None:
+        assert "resuming from round" in self.log.read_text()
+        code, text = in_process("sweep", "--out", str(reference), *self.args)
+        assert code == 0, text
+        name = self.point.name
+        assert (self.out / name / "records.csv").read_bytes() == (
+            reference / name / "records.csv"
+        ).read_bytes()
+        assert comparable(summaries(self.out)[name]) == comparable(summaries(reference)[name])
+
+
 def test_a_point_whose_ray_worker_is_killed_mid_run_is_retried_and_resumes(
     cluster: str, tmp_path: Path
 ) -> None:
     """A lost worker (here SIGKILLed, as when a node's OOM killer strikes): Ray re-runs the
     task, the point's process died with its worker (``PR_SET_PDEATHSIG``) and released its
-    lock, and the retry resumes from the last checkpoint to the uninterrupted records."""
-    args = ["--seed", "3", "--threads", "1", "--checkpoint-every", "1", "--tasks", "2"]
-    args += ["--rounds-per-task", "30", "--train-size", "300", "--test-size", "100"]
-    out = tmp_path / "killed"
-    (point,) = expand(build_spec(None, args, str(out)))
-    log = out / ledger.BOOKKEEPING / f"{point.name}.log"
-    command = sweep_command(out, "--backend", "ray", "--address", cluster, *args)
-    sweep = subprocess.Popen(command, env=ray_env(), stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while "round 5/" not in (log.read_text() if log.exists() else ""):
-        assert sweep.poll() is None and time.monotonic() < deadline, "the run ended too soon"
-        time.sleep(0.01)
-    (runner,) = [p for p in psutil.process_iter(["cmdline"]) if _runs(p, point.name)]
+    lock, and the retry resumes from the last checkpoint to the uninterrupted records. The
+    driver finds the cluster as under ``ray job submit``: ``RAY_ADDRESS``, no ``--address``
+    (the job server itself needs Ray's dashboard, which the test environment lacks)."""
+    long = LongPoint(tmp_path / "killed", seed=3)
+    sweep = long.start({**ray_env(), "RAY_ADDRESS": cluster})
+    runner = long.process()
     ray_worker = runner.parent()
     assert ray_worker is not None
     ray_worker.kill()
     runner.wait(timeout=15)  # gone with its worker, not left writing into the run folder
     output, _ = sweep.communicate(timeout=300)
     assert sweep.returncode == 0, output[-3000:]
-    assert "resuming from round" in log.read_text()
-    assert events(out, "start")[point.name] == 1 and events(out, "finish")[point.name] == 1
-    reference = tmp_path / "reference"
-    code, text = in_process("sweep", "--out", str(reference), *args)
-    assert code == 0, text
-    assert (out / point.name / "records.csv").read_bytes() == (
-        reference / point.name / "records.csv"
-    ).read_bytes()
-    assert comparable(summaries(out)[point.name]) == comparable(summaries(reference)[point.name])
+    name = long.point.name
+    assert events(long.out, "start")[name] == 1 and events(long.out, "finish")[name] == 1
+    long.assert_resumed_to_the_uninterrupted_run(tmp_path / "reference")
+
+
+def test_ctrl_c_of_a_ray_sweep_stops_its_point_and_the_rerun_resumes(
+    cluster: str, tmp_path: Path
+) -> None:
+    """SIGINT to the driver: the running task is cancelled (its worker and the point's
+    process die), the sweep ends in its one line with exit code 130, and the rerun resumes
+    the point from its checkpoint to the uninterrupted records."""
+    long = LongPoint(tmp_path / "stopped", seed=4)
+    sweep = long.start(ray_env(), "--address", cluster)
+    runner = long.process()
+    sweep.send_signal(signal.SIGINT)
+    output, _ = sweep.communicate(timeout=120)
+    assert sweep.returncode == 130, output[-3000:]
+    assert "sweep interrupted" in output and "rerun the same sweep command" in output
+    runner.wait(timeout=15)
+    assert (long.out / long.point.name / "checkpoint.pt").exists()
+    again = subprocess.run(
+        long.command("--address", cluster),
+        env=ray_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    long.assert_resumed_to_the_uninterrupted_run(tmp_path / "reference")
 
 
 def _runs(process: psutil.Process, name: str) -> bool:
