@@ -73,9 +73,8 @@ def execute_in_flower(
         path = run_in_flower(config, plan.device, say, annotations)
     except KeyboardInterrupt:
         raise RunInterruptedError(
-            f"interrupted during the Flower simulation; '{plan.out}' keeps the rounds written "
-            "so far, but --executor flower cannot resume a run: rerun the same command with "
-            "--restart, or resume it with another --executor"
+            f"interrupted during the Flower simulation; '{plan.out}' keeps its last "
+            "checkpoint (if one was written yet); rerun the same command to resume"
         ) from None
     summary = json.loads((path / "summary.json").read_text())
     return RunResult(path, summary)

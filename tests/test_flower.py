@@ -112,15 +112,19 @@ def strategy_of(records_csv: Path) -> str:
     return str(json.loads((records_csv.parent / "config.json").read_text())["config"]["strategy"])
 
 
-def test_a_launcher_killed_mid_run_leaves_no_simulation_behind(tmp_path: Path) -> None:
+def test_a_launcher_killed_mid_run_leaves_no_simulation_behind_and_resumes(
+    tmp_path: Path,
+) -> None:
     """``kill -9`` of ``cfl-bench run --executor flower`` during round 2: the reaper stops
     the detached SuperLink, SuperExec, ServerApp and Ray, so nothing goes on writing into
-    the run directory, and removes the simulation's folder."""
+    the run directory, and removes the simulation's folder. The same command then resumes
+    the run from its checkpoint to the sequential executor's records."""
     before = set(flower_processes())
     homes = set(Path(tempfile.gettempdir()).glob("cfl-flower-*"))
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "cfl_bench", "run", *SMALL, "--strategy", "fedavg"]
-    command += ["--rounds-per-task", "30", "--executor", "flower", "--out", str(out)]
+    run = [*SMALL, "--strategy", "fedavg", "--rounds-per-task", "4", "--checkpoint-every", "1"]
+    command = [sys.executable, "-m", "cfl_bench", "run", *run, "--executor", "flower"]
+    command += ["--out", str(out)]
     launcher = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -146,6 +150,12 @@ def test_a_launcher_killed_mid_run_leaves_no_simulation_behind(tmp_path: Path) -
     written = {f: f.stat().st_mtime_ns for f in out.rglob("*") if f.is_file()}
     time.sleep(1.0)
     assert {f: f.stat().st_mtime_ns for f in out.rglob("*") if f.is_file()} == written
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resuming from round" in again.stdout
+    code, output = in_process("run", *run, "--out", str(tmp_path / "seq"))
+    assert code == 0, output
+    assert (out / "records.csv").read_bytes() == (tmp_path / "seq" / "records.csv").read_bytes()
 
 
 def test_the_reaper_ends_a_simulation_whose_launcher_died(tmp_path: Path) -> None:

@@ -293,7 +293,7 @@ def test_carla_demo_sigterm_keeps_its_rounds_and_resumes(tmp_path: Path) -> None
     assert (out / "carla_demo.html").exists()
 
 
-def test_run_interrupted_inside_flower_says_it_cannot_resume(
+def test_run_interrupted_inside_flower_says_how_to_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("flwr")
@@ -308,4 +308,4 @@ def test_run_interrupted_inside_flower_says_it_cannot_resume(
     *said, line = result.output.strip().splitlines()
     assert said == ["starting a Flower simulation (Flower and Ray take about a minute to start)"]
     assert line.startswith("interrupted during the Flower simulation")
-    assert "rerun the same command with --restart" in line
+    assert line.endswith("rerun the same command to resume")
