@@ -87,7 +87,8 @@ def run_config(args: argparse.Namespace, strategy: str, executor: str, out: Path
 def deployed_run(config: RunConfig, scratch: Path, workers: bool = True) -> Path:
     """Run ``config`` on a loopback deployment (SuperLink + one SuperNode per client);
     returns the run directory. Refuses to go on if the run failed or a process is left."""
-    from cfl_bench.flower.launch import deployment, run_deployed, running, write_deploy_app
+    from cfl_bench.flower.launch import deployment, run_deployed, write_deploy_app
+    from cfl_bench.flower.reaper import running
 
     app = write_deploy_app(config, scratch / "app")
     seen: set[int] = set()

@@ -31,7 +31,8 @@ import pytest
 pytest.importorskip("flwr")
 
 from cfl_bench.cli import main as cli_main
-from cfl_bench.flower.launch import deployment, listed_runs, run_deployed, running
+from cfl_bench.flower.launch import deployment, listed_runs, run_deployed
+from cfl_bench.flower.reaper import running
 
 RUN_OPTIONS = [
     "--stream", "rot-digits", "--strategy", "fedavg", "--model", "mlp", "--clients", "2",

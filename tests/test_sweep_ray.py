@@ -82,12 +82,13 @@ def test_a_grid_on_two_nodes_equals_the_local_sweep_and_reruns_skip(
 
 
 class LongPoint:
-    """One point of 60 rounds with a checkpoint after each, started as a Ray sweep."""
+    """One point of 160 rounds with a checkpoint after each, started as a Ray sweep: once
+    it has passed round 5 it runs for seconds more, time enough to interrupt it."""
 
     def __init__(self, out: Path, seed: int) -> None:
         self.out = out
         self.args = ["--seed", str(seed), "--threads", "1", "--checkpoint-every", "1"]
-        self.args += ["--tasks", "2", "--rounds-per-task", "30", "--train-size", "300"]
+        self.args += ["--tasks", "2", "--rounds-per-task", "80", "--train-size", "300"]
         self.args += ["--test-size", "100"]
         (self.point,) = expand(build_spec(None, self.args, str(out)))
         self.log = out / ledger.BOOKKEEPING / f"{self.point.name}.log"
@@ -157,6 +158,7 @@ def test_ctrl_c_of_a_ray_sweep_stops_its_point_and_the_rerun_resumes(
     long = LongPoint(tmp_path / "stopped", seed=4)
     sweep = long.start(ray_env(), "--address", cluster)
     runner = long.process()
+    assert sweep.poll() is None, "the point ended before it could be interrupted"
     sweep.send_signal(signal.SIGINT)
     output, _ = sweep.communicate(timeout=120)
     assert sweep.returncode == 130, output[-3000:]

@@ -330,14 +330,6 @@ def process_tree(pids: list[int]) -> set[int]:
     return found
 
 
-def running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie is not)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 @contextmanager
 def deployment(
     home: Path, clients: int, seen: set[int], workers: bool = True
@@ -349,8 +341,8 @@ def deployment(
     ``flower-supernode`` with Flower's defaults (a ClientApp process computes each message
     itself: the baseline bench/flower_overhead.py compares with). Afterwards every process
     started here (with its children, and anything else with that ``FLWR_HOME``) is stopped
-    by PID; ``seen`` receives all of them for the caller to check with :func:`running`.
-    Logs are in ``home/logs``."""
+    by PID; ``seen`` receives all of them for the caller to check with
+    ``flower.reaper.running``. Logs are in ``home/logs``."""
     env = environment(home)
     (home / "flwr").mkdir(parents=True)
     link = free_port()

@@ -161,16 +161,23 @@ def stop_tree(pids: list[int]) -> None:
     stop(found)
 
 
-def stop(pids: list[int]) -> None:
-    """Terminate ``pids`` (then kill what is left after 5 s)."""
-    procs = []
+def signal_each(pids: list[int], send: Callable[[psutil.Process], None]) -> list[psutil.Process]:
+    """``send`` (``psutil.Process.terminate`` or ``.kill``) to each of ``pids`` still there;
+    the processes it reached."""
+    reached = []
     for pid in pids:
         try:
             proc = psutil.Process(pid)
-            proc.terminate()
-            procs.append(proc)
+            send(proc)
+            reached.append(proc)
         except psutil.Error:
             continue
+    return reached
+
+
+def stop(pids: list[int]) -> None:
+    """Terminate ``pids`` (then kill what is left after 5 s)."""
+    procs = signal_each(pids, psutil.Process.terminate)
     _, alive = psutil.wait_procs(procs, timeout=5)
     for proc in alive:
         try:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import psutil
 
+from cfl_bench.flower.node import signal_each
+
 
 def flower_pids(home: Path) -> list[int]:
     """PIDs of the processes started with ``home``'s private ``FLWR_HOME`` (ours alone)."""
@@ -43,23 +45,16 @@ def flower_pids(home: Path) -> list[int]:
 def kill_now(pids: list[int], seconds: float = 10.0) -> None:
     """SIGKILL ``pids`` and wait (at most ``seconds``) until each is gone or a zombie (dead,
     waiting for its parent, which is not the reaper, to collect it)."""
-    procs = []
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            proc.kill()
-            procs.append(proc)
-        except psutil.Error:
-            continue
+    procs = signal_each(pids, psutil.Process.kill)
     deadline = time.monotonic() + seconds
-    while any(alive(p) for p in procs) and time.monotonic() < deadline:
+    while any(running(p.pid) for p in procs) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
-def alive(proc: psutil.Process) -> bool:
-    """Whether ``proc`` still runs (a zombie does not)."""
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
     try:
-        return proc.status() != psutil.STATUS_ZOMBIE
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 
