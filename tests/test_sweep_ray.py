@@ -104,6 +104,8 @@ class LongPoint:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            # A background job (CI under nohup … &) inherits SIGINT ignored: restore it.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         deadline = time.monotonic() + 120
         while "round 5/" not in (self.log.read_text() if self.log.exists() else ""):
