@@ -12,8 +12,9 @@ pipe whose write end only the launcher holds; end of file on the pipe means the 
 gone, whichever way it ended. Then every process started with the simulation's private
 ``FLWR_HOME`` is SIGKILLed at once (the ServerApp must stop writing now, not after a grace
 period) and the simulation's folder is removed. After a normal end the launcher has already
-stopped them, so the reaper finds nothing to do. Standard library and psutil only: it must
-start in a fraction of a second, beside a run that holds the cores.
+stopped them, so the reaper finds nothing to do. No torch and no flwr (the standard
+library, psutil and the torch-free ``flower.node``): it must start in a fraction of a
+second, beside a run that holds the cores.
 """
 
 from __future__ import annotations
