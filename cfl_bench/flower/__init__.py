@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from cfl_bench.errors import UserError
 
+#: The file beside the run's configuration where the ServerApp writes the run's lines for
+#: the user (round progress, notes), which the launcher passes on (``launch.relay``).
+SAID_FILE = "said.txt"
+
 
 def require_flwr() -> None:
     """Refuse ``--executor flower`` in one line when ``flwr`` cannot be imported."""

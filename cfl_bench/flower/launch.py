@@ -22,7 +22,6 @@ import json
 import math
 import os
 import queue
-import re
 import shutil
 import socket
 import subprocess
@@ -40,7 +39,7 @@ import torch
 import cfl_bench
 from cfl_bench.config import RunConfig
 from cfl_bench.errors import UserError
-from cfl_bench.flower import require_flwr
+from cfl_bench.flower import SAID_FILE, require_flwr
 from cfl_bench.flower.node import free_port, stop
 from cfl_bench.flower.reaper import flower_pids
 
@@ -216,7 +215,8 @@ def run_in_flower(
             "--federation-config",
             settings,
         ]
-        output = relay(command, env, say or (lambda _text: None))
+        said = home / "run" / SAID_FILE
+        output = relay(command, env, said, say or (lambda _text: None))
         outcome_file = home / "run" / "outcome.json"
         if not outcome_file.exists():
             raise UserError(
@@ -250,14 +250,18 @@ def start_reaper(home: Path) -> subprocess.Popen[bytes]:
 STARTING_NOTE_SECONDS = 15.0
 
 
-def relay(command: list[str], env: dict[str, str], say: Callable[[str], None]) -> str:
+def relay(
+    command: list[str], env: dict[str, str], said: Path, say: Callable[[str], None]
+) -> str:
     """Run ``flwr run`` and tell the user what it is doing; returns its whole output.
 
     Why: Flower's simulation spends its first minute starting the SuperLink, Ray and one
-    actor per client, and the run itself prints from inside the ServerApp; with the output
+    actor per client, and the run itself speaks from inside the ServerApp; with the output
     captured until the end, `cfl-bench run --executor flower` was silent for 70 s and more.
     Until the run's first line, a line every ``STARTING_NOTE_SECONDS`` says what is
-    starting; then the run's own lines (round progress, notes) are passed on as they come.
+    starting; then the run's own lines (round progress, notes), which the ServerApp writes
+    to ``said`` (``SAID_FILE``), are passed on as they come, and all of them: Flower's log
+    stream may end before the run's last lines arrive.
     """
     process = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -266,22 +270,21 @@ def relay(command: list[str], env: dict[str, str], say: Callable[[str], None]) -
     reader = threading.Thread(target=_read_lines, args=(process, lines), daemon=True)
     reader.start()
     kept: list[str] = []
+    run_lines = FileTail(said)
     started = time.monotonic()
-    last_note, running = started, False
-    while True:
+    last_note, ended = started, False
+    while not ended:
         try:
-            line = lines.get(timeout=min(1.0, STARTING_NOTE_SECONDS / 2))
+            line = lines.get(timeout=RELAY_POLL_SECONDS)
         except queue.Empty:
             line = ""
         if line is None:
-            break
-        if line:
+            ended = True  # Flower's output is closed: the ServerApp has written its last
+        elif line:
             kept.append(line)
-            text = run_line(line)
-            if text is not None:
-                running = True
-                say(text)
-        if not running and time.monotonic() - last_note >= STARTING_NOTE_SECONDS:
+        for text in run_lines.new_lines(final=ended):
+            say(text)
+        if not run_lines.seen_any and time.monotonic() - last_note >= STARTING_NOTE_SECONDS:
             last_note = time.monotonic()
             say(
                 f"Flower: starting the SuperLink, Ray and one actor per client "
@@ -291,21 +294,42 @@ def relay(command: list[str], env: dict[str, str], say: Callable[[str], None]) -
     return "".join(kept)
 
 
+#: Seconds between looks at the ServerApp's lines while Flower's output is quiet.
+RELAY_POLL_SECONDS = 0.25
+
+
+class FileTail:
+    """The complete lines appended to a file since the last look (the file may not exist
+    yet; a line still being written waits for its newline, or for ``final``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = ""
+        self.seen_any = False
+
+    def new_lines(self, final: bool = False) -> list[str]:
+        try:
+            with self.path.open("r", encoding="utf-8") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+                self.offset = fh.tell()
+        except FileNotFoundError:
+            return []
+        text = self.partial + chunk
+        complete, _, self.partial = text.rpartition("\n")
+        if final and self.partial:
+            complete, self.partial = f"{complete}\n{self.partial}", ""
+        found = [line for line in complete.split("\n") if line] if complete else []
+        self.seen_any = self.seen_any or bool(found)
+        return found
+
+
 def _read_lines(process: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:
     assert process.stdout is not None
     for line in process.stdout:
         lines.put(line)
     lines.put(None)
-
-
-#: Lines of the run inside the ServerApp that the user sees (RoundLog, notes).
-RUN_LINE = re.compile(r"((?:round \d+/\d+ · |run size: |note: |resuming ).*)")
-
-
-def run_line(line: str) -> str | None:
-    """The run's own text in a line of Flower's log (which may prefix it), or None."""
-    found = RUN_LINE.search(line.rstrip())
-    return None if found is None else found.group(1)
 
 
 def wait_for_port(port: int, seconds: float = 60.0) -> None:

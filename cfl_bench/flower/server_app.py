@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import json
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from cfl_bench.errors import UserError
+from cfl_bench.flower import SAID_FILE
 
 app = ServerApp()
 
@@ -45,9 +48,13 @@ def main(grid: Grid, context: Context) -> None:
     try:
         config = RunConfig(**json.loads(path.read_text()))
         annotations = json.loads(path.with_name("annotations.json").read_text())
-        # One line per round (and inside long rounds) in Flower's log, which the launcher
-        # relays to the user (``flower.launch.relay``).
-        result = execute(config, RoundLog(), annotations, say_now, host=grid)
+        # One line per round (and inside long rounds), and the notes, go to a file the
+        # launcher passes on (``flower.launch.relay``), not through Flower's log stream,
+        # which may drop the last lines: it stops once the run is marked finished, and a
+        # busy machine can mark it so before the final log upload arrives (CI lost a
+        # resumed run's lines that way).
+        with path.with_name(SAID_FILE).open("a", encoding="utf-8", buffering=1) as said:
+            result = execute(config, RoundLog(said), annotations, line_to(said), host=grid)
         outcome = {"ok": True, "path": str(result.path)}
     except UserError as exc:
         outcome = {"ok": False, "error": str(exc)}
@@ -57,6 +64,10 @@ def main(grid: Grid, context: Context) -> None:
         path.with_name("outcome.json").write_text(json.dumps(outcome))
 
 
-def say_now(text: str) -> None:
-    """A line for the user, flushed at once: the launcher relays Flower's log as it comes."""
-    print(text, flush=True)
+def line_to(said: TextIO) -> Callable[[str], None]:
+    """``say`` for the run: each message one flushed line of ``said``."""
+
+    def say(text: str) -> None:
+        print(text, file=said, flush=True)
+
+    return say
