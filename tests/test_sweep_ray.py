@@ -11,7 +11,9 @@ the driver stops the point and the rerun resumes it.
 
 from __future__ import annotations
 
+import re
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -27,7 +29,7 @@ from cfl_bench.sweep import ledger
 from cfl_bench.sweep.command import Placement
 from cfl_bench.sweep.grid import build_spec, expand
 from cfl_bench.sweep.point import job_from_json, job_json
-from cfl_bench.sweep.ray_backend import point_env
+from cfl_bench.sweep.ray_backend import check_reachable, point_env
 from cfl_bench.sweep.worker import RunJob
 from tests.sweep_helpers import TINY, comparable, events, in_process, summaries, sweep_command
 
@@ -217,3 +219,45 @@ def test_the_point_process_gets_its_threads_and_no_ray_address(
 def test_refusals(placement: Placement, message: str) -> None:
     with pytest.raises(UserError, match=message):
         placement.check()
+
+
+def closed_port() -> int:
+    """A loopback port where nothing listens (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_address_where_no_cluster_answers_is_refused_at_once(tmp_path: Path) -> None:
+    """Ray itself retries such an address for minutes; the sweep refuses it in one line
+    (exit 2) before it writes anything."""
+    out = tmp_path / "sweep"
+    started = time.monotonic()
+    address = f"127.0.0.1:{closed_port()}"
+    code, output = in_process(
+        "sweep", "--out", str(out), "--backend", "ray", "--address", address, *TINY
+    )
+    assert code == 2
+    assert f"no Ray cluster answers at {address} (--address: Connection refused)" in output
+    assert "Traceback" not in output and len(output.strip().splitlines()) <= 2
+    assert time.monotonic() - started < 20 and not out.exists()
+
+
+def test_ray_address_from_the_environment_is_checked_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{closed_port()}")
+    with pytest.raises(UserError, match=r"no Ray cluster answers at .* \(RAY_ADDRESS: "):
+        check_reachable(None)
+    with pytest.raises(UserError, match=re.escape("--address 10.0.0.1:70000 has no valid port")):
+        check_reachable("10.0.0.1:70000")
+
+
+def test_a_listening_address_and_other_forms_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        check_reachable(f"127.0.0.1:{port}")
+        check_reachable(f"ray://127.0.0.1:{port}")
+    for address in (None, "auto", "local"):
+        check_reachable(address)  # left to Ray: no connection is tried

@@ -81,6 +81,10 @@ class Placement:
             from cfl_bench.sweep.slurm import check_script_path
 
             check_script_path(self.slurm_script)
+        if self.backend == "ray":  # before the sweep folder is touched
+            from cfl_bench.sweep.ray_backend import check_reachable
+
+            check_reachable(self.address)
 
     def backend_for(self, launcher: Launcher) -> Backend:
         if self.backend == "local":

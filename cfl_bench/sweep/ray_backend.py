@@ -28,6 +28,7 @@ or, when unset, a Ray instance started on this machine for the sweep.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from typing import Any
@@ -50,6 +51,34 @@ def require_ray() -> Any:
             "'cfl-bench[flower]', which brings it); or drop --backend ray."
         ) from None
     return ray
+
+
+#: Seconds to wait for the cluster's address to accept a connection before refusing it.
+#: Why: ``ray.init`` keeps retrying an address where nothing listens, with a warning every
+#: few seconds (measured: still retrying after 2.5 min for 127.0.0.1:1).
+REACH_SECONDS = 5.0
+
+
+def check_reachable(address: str | None) -> None:
+    """Refuse, in one line, a cluster address (``--address`` or ``RAY_ADDRESS``) of the
+    form ``[scheme://]HOST:PORT`` where nothing accepts a TCP connection. Other forms
+    (``auto``, ``local``, none: a Ray instance on this machine) are left to Ray."""
+    target = address or os.environ.get("RAY_ADDRESS") or ""
+    host, sep, port = target.split("://", 1)[-1].rstrip("/").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    where = "--address" if address else "RAY_ADDRESS"
+    if not 0 < int(port) < 65536:
+        raise UserError(f"{where} {target} has no valid port (1-65535); fix {where}.")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_SECONDS):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UserError(
+            f"no Ray cluster answers at {target} ({where}: {reason}); start it "
+            f"(ray start --head) or fix {where}."
+        ) from None
 
 
 def point_env(threads: int) -> dict[str, str]:
