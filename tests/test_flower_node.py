@@ -114,3 +114,18 @@ def test_flower_node_refuses_bad_options(
     missing = str(tmp_path / "no" / "w.sock")
     assert cli([*base, "--partition-id", "0", "--socket", missing]) == 2
     assert "its folder does not exist" in capsys.readouterr().err
+    # Flower would start these and then fail (or retry a malformed address for ever).
+    refused = {
+        ("--superlink", "nonsense"): "--superlink 'nonsense' is not HOST:PORT",
+        ("--superlink", ":9092"): "--superlink ':9092' is not HOST:PORT",
+        ("--superlink", "127.0.0.1:70000"): "is not HOST:PORT",
+        ("--port", "70000"): "--port must be between 1 and 65535 (got 70000)",
+        ("--root-certificates", str(tmp_path / "ca.pem")): "is not a file",
+    }
+    for (flag, value), message in refused.items():
+        args = ["flower", "node", "--partition-id", "0", flag, value]
+        if flag != "--superlink":
+            args += ["--superlink", "127.0.0.1:1"]
+        assert cli(args) == 2, (flag, value)
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err

@@ -220,6 +220,34 @@ def supervise(spec: NodeSpec, say: Callable[[str], None], bin_dir: Path | None) 
             signal.signal(signum, handler)
 
 
+def check_node_options(
+    superlink: str,
+    partition: int,
+    socket_path: str | None,
+    port: int | None,
+    root_certificates: str | None,
+) -> None:
+    """Refuse bad options in one line before anything starts (Flower would start the
+    SuperNode and then fail, or retry a malformed address for ever)."""
+    host, sep, link_port = superlink.rpartition(":")
+    if not sep or not host or not link_port.isdigit() or not 0 < int(link_port) < 65536:
+        raise UserError(
+            f"--superlink '{superlink}' is not HOST:PORT (the SuperLink's Fleet API, port "
+            "9092 by default); fix it."
+        )
+    if partition < 0:
+        raise UserError(f"--partition-id must be 0 or more (got {partition}).")
+    if port is not None and not 0 < port < 65536:
+        raise UserError(f"--port must be between 1 and 65535 (got {port}).")
+    if socket_path is not None and not Path(socket_path).resolve().parent.is_dir():
+        raise UserError(f"--socket '{socket_path}': its folder does not exist; create it.")
+    if root_certificates is not None and not Path(root_certificates).is_file():
+        raise UserError(
+            f"--root-certificates '{root_certificates}' is not a file; give the SuperLink's "
+            "CA certificate (PEM), or leave the option out for an insecure connection."
+        )
+
+
 def run_node(
     superlink: str,
     partition: int,
@@ -228,10 +256,7 @@ def run_node(
     root_certificates: str | None,
 ) -> int:
     """``cfl-bench flower node``'s work: check the options, supervise, clean up."""
-    if partition < 0:
-        raise UserError(f"--partition-id must be 0 or more (got {partition}).")
-    if socket_path is not None and not Path(socket_path).resolve().parent.is_dir():
-        raise UserError(f"--socket '{socket_path}': its folder does not exist; create it.")
+    check_node_options(superlink, partition, socket_path, port, root_certificates)
     scratch = Path(tempfile.mkdtemp(prefix="cfl-node-"))
     path = scratch / "worker.sock" if socket_path is None else Path(socket_path).resolve()
     spec = NodeSpec(superlink, partition, path, port or free_port(), root_certificates)
