@@ -210,6 +210,10 @@ def test_flower_app_refuses_what_flower_does_not_run(
     (tmp_path / "b" / "x").write_text("")
     assert cli(["flower", "app", "--app-dir", str(tmp_path / "b"), *RUN_OPTIONS]) == 2
     assert "not empty" in capsys.readouterr().err
+    vectorized = [*RUN_OPTIONS, "--executor", "vectorized"]
+    assert cli(["flower", "app", "--app-dir", str(tmp_path / "c"), *vectorized]) == 2
+    assert "not with --executor vectorized; drop --executor" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
 
 
 def test_flower_app_carries_the_whole_configuration(

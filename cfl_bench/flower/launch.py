@@ -132,6 +132,11 @@ def write_deploy_app(config: RunConfig, app: Path) -> Path:
 
     if app.exists() and any(app.iterdir()):
         raise UserError(f"'{app}' is not empty; choose a new folder for the Flower app.")
+    if config.executor not in ("sequential", "flower"):  # sequential: the option's default
+        raise UserError(
+            f"a Flower app trains its clients as Flower ClientApps (--executor flower), not "
+            f"with --executor {config.executor}; drop --executor."
+        )
     config = dataclasses.replace(config, executor="flower")
     plan = plan_run(config)  # every refusal of --executor flower, before anything is written
     root = config.data_root and str(Path(config.data_root).resolve())
