@@ -29,7 +29,7 @@ from cfl_bench.sweep import ledger
 from cfl_bench.sweep.command import Placement
 from cfl_bench.sweep.grid import build_spec, expand
 from cfl_bench.sweep.point import job_from_json, job_json
-from cfl_bench.sweep.ray_backend import check_reachable, point_env
+from cfl_bench.sweep.ray_backend import check_placeable, check_reachable, point_env
 from cfl_bench.sweep.worker import RunJob
 from tests.sweep_helpers import TINY, comparable, events, in_process, summaries, sweep_command
 
@@ -261,3 +261,34 @@ def test_a_listening_address_and_other_forms_pass(monkeypatch: pytest.MonkeyPatc
         check_reachable(f"ray://127.0.0.1:{port}")
     for address in (None, "auto", "local"):
         check_reachable(address)  # left to Ray: no connection is tried
+
+
+class StandInRay:
+    """A stand-in for the ``ray`` module's two calls ``check_placeable`` makes (the real
+    path, a Ray instance or cluster, is what the other tests of this file start)."""
+
+    def __init__(self, *sizes: dict[str, float]) -> None:
+        self.sizes = sizes
+        self.shut_down = False
+
+    def nodes(self) -> list[dict[str, object]]:
+        dead = {"Alive": False, "Resources": {"CPU": 512.0, "GPU": 8.0}}
+        return [dead, *({"Alive": True, "Resources": r} for r in self.sizes)]
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+
+def test_a_point_no_node_can_hold_is_refused_on_this_machine_and_noted_on_a_cluster(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fits = StandInRay({"CPU": 2.0}, {"CPU": 8.0, "GPU": 1.0})
+    check_placeable(fits, 8, 1.0, local=True)
+    check_placeable(fits, 2, 0.0, local=True)
+    assert not fits.shut_down and capsys.readouterr().err == ""
+    small = StandInRay({"CPU": 2.0}, {"CPU": 4.0, "GPU": 1.0})  # a dead node does not count
+    with pytest.raises(UserError, match="this machine's Ray has 4 CPUs and 1 GPUs, too few"):
+        check_placeable(small, 8, 0.0, local=True)
+    assert small.shut_down
+    check_placeable(StandInRay({"CPU": 2.0}), 1, 0.5, local=False)
+    assert "the points wait until such a node joins" in capsys.readouterr().err

@@ -31,6 +31,7 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
 from typing import Any
 
 from cfl_bench.errors import UserError
@@ -97,6 +98,31 @@ def run_point_process(job_text: str, cwd: str) -> int:
     return subprocess.run(command, cwd=cwd, env=point_env(job.threads), check=False).returncode
 
 
+def check_placeable(ray: Any, cpus: int, gpus: float, local: bool) -> None:
+    """A point's task needs one node with ``cpus`` CPUs and ``gpus`` GPUs; Ray keeps a task
+    that no node can hold pending for ever (measured: a sweep with --cpus-per-run 64 on a
+    2-core machine waited silently). The Ray instance a sweep starts on this machine cannot
+    grow: refuse there; a cluster may add nodes (an autoscaler): say so and go on."""
+    sizes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    if any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in sizes):
+        return
+    largest = max(sizes, key=lambda r: (r.get("CPU", 0), r.get("GPU", 0)), default={})
+    have = f"{largest.get('CPU', 0):g} CPUs and {largest.get('GPU', 0):g} GPUs"
+    want = f"--cpus-per-run {cpus} and --gpus-per-run {gpus:g}"
+    if local:
+        ray.shutdown()
+        raise UserError(
+            f"this machine's Ray has {have}, too few for a point's {want}; lower them, or "
+            "give --address of a cluster with a node that large."
+        )
+    print(
+        f"note: no node of the Ray cluster has room for a point's {want} now (the largest "
+        f"has {have}); the points wait until such a node joins (Ctrl-C stops the sweep).",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 class RayBackend:
     """The sweep's ``Backend`` on a Ray cluster (``sweep.launcher.Backend``)."""
 
@@ -104,12 +130,16 @@ class RayBackend:
         self.ray = require_ray()
         self.cpus = cpus_per_run
         try:
-            self.ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            with warnings.catch_warnings():  # Ray 2.5x's tip about a future default
+                warnings.simplefilter("ignore", FutureWarning)
+                self.ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         except ConnectionError as exc:
             raise UserError(
                 f"could not reach the Ray cluster at {address or 'RAY_ADDRESS'}: {exc}; "
                 "start it (ray start --head) or fix --address."
             ) from None
+        local = address is None and not os.environ.get("RAY_ADDRESS")
+        check_placeable(self.ray, cpus_per_run, gpus_per_run, local)
         task = self.ray.remote(run_point_process)
         self.task = task.options(
             num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_retries=RETRIES
