@@ -91,19 +91,31 @@ def stop(nodes: Sequence[subprocess.Popen[bytes]]) -> None:
 
 
 @contextlib.contextmanager
-def loopback_cluster(cpus: Sequence[int]) -> Iterator[str]:
+def loopback_cluster(
+    cpus: Sequence[int],
+    dashboard_port: int | None = None,
+    nodes: list[subprocess.Popen[bytes]] | None = None,
+) -> Iterator[str]:
     """A head and ``len(cpus) - 1`` more nodes on 127.0.0.1, ``cpus[i]`` CPUs each and no
-    GPU; yields the address ``127.0.0.1:PORT``; every node is stopped on exit."""
+    GPU; yields the address ``127.0.0.1:PORT``; every node is stopped on exit. With
+    ``dashboard_port`` the head serves Ray's dashboard and job server there (needs
+    ``ray[default]``); ``nodes``, if given, receives each node's ``ray start`` process (the
+    head first), for a caller that wants to take one away."""
     port = free_port()
     address = f"127.0.0.1:{port}"
-    nodes: list[subprocess.Popen[bytes]] = []
+    nodes = [] if nodes is None else nodes
     temp = tempfile.mkdtemp(prefix="ray-loopback-")
+    if dashboard_port is None:
+        dashboard: tuple[str, ...] = ("--include-dashboard=false",)
+    else:
+        dashboard = ("--include-dashboard=true", "--dashboard-host", "127.0.0.1")
+        dashboard += ("--dashboard-port", str(dashboard_port))
     try:
         for i, count in enumerate(cpus):
             common = ("--num-cpus", str(count), "--num-gpus", "0", "--disable-usage-stats")
             where = ("--node-ip-address", "127.0.0.1")
             if i == 0:
-                head = ("--head", "--port", str(port), "--include-dashboard=false")
+                head = ("--head", "--port", str(port), *dashboard)
                 nodes.append(ray_node(temp, *head, *where, *common))
             else:
                 nodes.append(ray_node(temp, "--address", address, *where, *common))
