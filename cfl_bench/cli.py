@@ -480,12 +480,17 @@ def read_class_tables(run_dir: str) -> tuple[dict[str, list[list[int]]], list[in
     """The per-task client × class tables and the clients' task offsets of a run's
     config.json, checked: a damaged directory gets one sentence, not a traceback."""
     import json
+    import os
     from pathlib import Path
 
     folder = Path(run_dir)
     path = folder / "config.json"
     if folder.exists() and not folder.is_dir():
         raise UserError(f"'{folder}' is a file; pass a run directory written by `cfl-bench run`.")
+    if folder.is_dir() and any(
+        os.path.lexists(folder / n) for n in ("config.json", "summary.json")
+    ):
+        refuse_damaged(run_dir)  # first, so a damaged run gets the reason every command gives
     if path.exists() and not path.is_file():
         raise UserError(f"{path} is not a file; the run directory is damaged, so rerun that run.")
     if not path.is_file():

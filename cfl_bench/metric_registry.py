@@ -65,9 +65,9 @@ Origin = Literal["summary", "run", "leaderboard"]
 #: The tables that show chosen metrics (a metric lists the ones it appears in):
 #: ``cli`` the table after ``cfl-bench run``; ``board`` the leaderboard.html tables;
 #: ``terminal`` the leaderboard's terminal tables; ``report`` the results table of
-#: ``cfl-bench report``; ``cross_check`` the summary values the report recomputes from
-#: records.csv and compares with summary.json.
-VIEWS: tuple[str, ...] = ("cli", "board", "terminal", "report", "cross_check")
+#: ``cfl-bench report``. (Every summary value is compared with the records by the reader of
+#: run directories: :mod:`cfl_bench.run_agreement`.)
+VIEWS: tuple[str, ...] = ("cli", "board", "terminal", "report")
 
 #: Plausible ranges, checked when the leaderboard reads a summary (a value outside means a
 #: damaged file). Accuracies are %; differences of two accuracies lie within ±100.
@@ -215,7 +215,7 @@ def _accuracy_block(
                    **common),
         MetricSpec(f"{m}_T", f"Acc_T {what}".strip(), f"{what}final average accuracy",
                    direction="higher", family="accuracy", range=PERCENT,
-                   compute="final_accuracy", views=_v("cross_check"), **common),
+                   compute="final_accuracy", **common),
         MetricSpec(f"fgt_{m}_T", "Fgt_T", f"{what}Chaudhry forgetting", direction="lower",
                    family="forgetting", range=DIFFERENCE, compute="final_forgetting", **common),
         MetricSpec(f"fgt_clipped_{m}_T", "Fgt_T clipped", f"{what}Mammoth / FedGP forgetting",
@@ -286,7 +286,7 @@ METRICS: tuple[MetricSpec, ...] = (
     _task_il("acc_task_il_T", "Acc_T_task_il", "Acc_T task-IL", "final_accuracy", "Acc_T",
              description="same, logits masked to each task", tooltip="same runs, logits "
              "masked", short="task-IL", direction="higher", family="accuracy", range=PERCENT,
-             views=_v("board", "terminal", "report", "cross_check")),
+             views=_v("board", "terminal", "report")),
     _task_il("fgt_acc_task_il_T", "Fgt_T_task_il", "Fgt_T task-IL", "final_forgetting",
              "Fgt_T", description="task-IL forgetting", direction="lower",
              family="forgetting", views=_v("board", "report")),
@@ -315,7 +315,7 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("MD_T", "MD_T", "memory drift: mean KL on old tasks' probes (nats)",
                tooltip="memory drift (mean KL, nats)", unit="nats", direction="lower",
                family="drift", fmt=".4f", compute="final_drift", source="kl_drift",
-               column="MD_T", views=_v("cli", "board", "report", "cross_check")),
+               column="MD_T", views=_v("cli", "board", "report")),
     MetricSpec("md_t", "MD_t", "memory drift after each task (nats)", unit="nats",
                direction="lower", family="drift", shape="curve", fmt=".4f",
                compute="drift_curve", source="kl_drift", column="md_t"),
@@ -328,11 +328,11 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("bytes_up_total", "bytes up", _COMM, unit="bytes", direction="lower",
                family="communication", range=AMOUNT, compute="bytes_total_of",
                source="bytes_up", column="bytes_up",
-               views=_v("cli", "report", "cross_check")),
+               views=_v("cli", "report")),
     MetricSpec("bytes_down_total", "bytes down", _COMM, unit="bytes", direction="lower",
                family="communication", range=AMOUNT, compute="bytes_total_of",
                source="bytes_down", column="bytes_down",
-               views=_v("cli", "report", "cross_check")),
+               views=_v("cli", "report")),
     MetricSpec("bytes_up_per_round_mean", "bytes up per round", "mean bytes up per round",
                unit="bytes", direction="lower", family="communication", range=AMOUNT,
                compute="bytes_per_round_mean", source="bytes_up"),

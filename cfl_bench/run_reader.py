@@ -30,8 +30,14 @@ What counts as damage:
   ``finished`` or ``diverged`` run (the engine wrote the summary after its last record) and
   is dropped with a note otherwise (a run killed while appending).
 
-A missing ``records.csv`` is not damage by itself (hand-made or summary-only directories
-still rank); the report, which draws from the records, refuses it on its own.
+* the files of a run the engine ended (``finished`` / ``diverged``) that are missing or
+  disagree: no ``config.json`` or no ``records.csv`` beside the summary, or a summary whose
+  numbers are not what the records give (:mod:`cfl_bench.run_agreement`: an edited Acc_T).
+  A run is finished only when its files exist and agree.
+* an ``--overwrite`` stopped inside its swap (a ``.replaced/`` folder is left): old and new
+  files are mixed until the next run into the folder rolls the swap forward.
+
+A run that is not done (unfinished, failed) may lack ``records.csv``.
 
 Why here and not in ``leaderboard``: the core packages (the sweep, ``clients``) need the
 same reader and must not import the leaderboard; the leaderboard imports this module. It
@@ -60,7 +66,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from cfl_bench import metric_registry as registry
-from cfl_bench.run_dir import os_problem
+from cfl_bench.run_agreement import disagreement
+from cfl_bench.run_dir import ASIDE, os_problem
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -105,6 +112,11 @@ _REDERIVED: dict[str, bool] = {
     "final_forgetting_clipped": True,
     "forgetting_curve": False,
 }
+#: Summary keys whose stored values no reader uses (re-derived from the matrices), so
+#: the agreement check leaves them out (:mod:`cfl_bench.run_agreement`).
+REDERIVED_KEYS: frozenset[str] = frozenset(
+    s.key for s in registry.METRICS if s.compute in _REDERIVED
+)
 #: Forgetting values re-derived from a stored matrix: name → (matrix, include_current).
 #: Names ending in ``_t`` are whole curves, the others their final-task value.
 FORGETTING_FROM_MATRIX: dict[str, tuple[str, bool]] = {
@@ -137,6 +149,15 @@ RUN_COLUMNS: tuple[str, ...] = (
     "environment",
 )
 
+#: Names whose presence makes a folder a run directory for every command that searches for
+#: runs (leaderboard, reproduce --compare): a damaged run must be listed as damaged, never
+#: vanish — one without config.json, or one whose --overwrite stopped in the swap.
+RUN_MARKERS: frozenset[str] = frozenset({CONFIG, SUMMARY, ASIDE})
+#: The reason of a run whose ``--overwrite`` stopped inside the swap (see :func:`swap_pending`).
+SWAP_PENDING = (
+    "an --overwrite of this run was stopped while it swapped the new run in (.replaced/ is "
+    "left), so old and new files are mixed"
+)
 INCOMPLETE_MESSAGE = "no summary.json: the run is still running or was stopped before its end"
 
 #: Larger run records are refused unread: cfl-bench's are kilobytes (a summary holds T×T
@@ -681,7 +702,8 @@ def read_run(folder: Path, shown: str | None = None, *, records: bool = True) ->
     Never raises for what is in the directory: whatever cfl-bench cannot have written makes
     the reading ``damaged``, every problem of config.json and summary.json in ``problems``
     (records.csv is only checked when they are intact). ``shown``: the path as the user
-    gave it (the row's ``path``). ``records=False`` skips records.csv.
+    gave it (the row's ``path``). ``records=False`` skips records.csv of a run that is not
+    done; a done run's records are always read, since its summary is checked against them.
     """
     parsed: dict[str, dict[str, Any]] = {}
     problems: list[str] = []
@@ -694,6 +716,8 @@ def read_run(folder: Path, shown: str | None = None, *, records: bool = True) ->
         except DamagedRunError as exc:
             problems.append(str(exc))
     reading = RunReading(folder, DAMAGED, "", parsed.get(CONFIG, {}), parsed.get(SUMMARY))
+    if swap_pending(folder):
+        return _damaged(reading, [SWAP_PENDING])
     if problems:
         return _damaged(reading, problems)
     try:
@@ -703,12 +727,36 @@ def read_run(folder: Path, shown: str | None = None, *, records: bool = True) ->
     reading.row = row
     reading.status = UNFINISHED if row["status"] == "incomplete" else str(row["status"])
     reading.reason = str(row["message"] or "")
-    if records and os.path.lexists(folder / RECORDS):
-        try:
+    try:
+        if reading.done:
+            _check_done(folder, reading)
+        elif records and os.path.lexists(folder / RECORDS):
             reading.records, reading.notes = _run_records(folder, reading)
-        except DamagedRunError as exc:
-            return _damaged(reading, [str(exc)])
+    except DamagedRunError as exc:
+        return _damaged(reading, [str(exc)])
     return reading
+
+
+def swap_pending(folder: Path) -> bool:
+    """Whether an ``--overwrite`` was stopped inside its swap (``cfl_bench.run_dir``): the
+    folder then mixes old and new entries until the next run into it rolls the swap forward."""
+    aside = folder / ASIDE
+    return aside.is_dir() and not aside.is_symlink()
+
+
+def _check_done(folder: Path, reading: RunReading) -> None:
+    """A run the engine ended is finished only when its files exist and agree: config.json
+    and records.csv present, records.csv intact, and summary.json holding exactly what the
+    records give (:mod:`cfl_bench.run_agreement`). Records are always read here, because
+    a summary is only as good as the records behind it."""
+    for name in (CONFIG, RECORDS):
+        if not os.path.lexists(folder / name):
+            raise DamagedRunError(f"{name} is missing, so the summary cannot be checked")
+    reading.records, reading.notes = _run_records(folder, reading)
+    num_tasks = (reading.row or {}).get("num_tasks") or stream_task_count(reading.config)
+    problem = disagreement(reading.summary or {}, reading.records, num_tasks, REDERIVED_KEYS)
+    if problem is not None:
+        raise DamagedRunError(problem)
 
 
 def _damaged(reading: RunReading, problems: list[str]) -> RunReading:

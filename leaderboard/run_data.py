@@ -26,7 +26,6 @@ with a note for an unfinished or failed run and refused in a finished or diverge
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,8 +52,6 @@ if TYPE_CHECKING:
 DAMAGED_FIX = "re-run that run or pass another run directory"
 #: Metrics that the accuracy matrices and memory drift are built from (task ends only).
 TASK_END_METRICS: tuple[str, ...] = tuple(r.name for r in registry.RECORDED if r.task_end)
-#: Summary keys compared with the values recomputed from records.csv.
-CROSS_CHECKED: tuple[str, ...] = tuple(s.key for s in registry.view("cross_check"))
 
 
 @dataclass
@@ -111,8 +108,8 @@ def check_run_dir(run_dir: str) -> Path:
                 f"'{folder.parent.as_posix()}'."
             )
         raise UserError(f"RUN_DIR '{run_dir}' is a file; pass a run directory.")
-    if has_config:
-        return folder
+    if has_config or os.path.lexists(folder / SUMMARY):
+        return folder  # read_run says what is wrong with a summary without a config.json
     try:
         below = [shown for _, shown in find_run_dirs([folder])]
     except UserError:
@@ -201,19 +198,6 @@ def task_end_records(records: pd.DataFrame, ends: list[int], rounds_done: int) -
     return records[~drop]
 
 
-def _disagreements(summary: dict[str, Any], metrics: dict[str, Any]) -> list[str]:
-    """Summary keys whose value differs from the one recomputed from records.csv."""
-    out = []
-    for key in CROSS_CHECKED:
-        stored, computed = summary.get(key), metrics.get(key)
-        if isinstance(stored, (int, float)) and isinstance(computed, (int, float)):
-            if not math.isclose(stored, computed, rel_tol=1e-9, abs_tol=1e-9):
-                out.append(f"{key} ({stored!r} in summary.json, {computed!r} from records.csv)")
-        elif (stored is None) != (computed is None):
-            out.append(f"{key} ({stored!r} in summary.json, {computed!r} from records.csv)")
-    return out
-
-
 def load_run_data(run_dir: str) -> RunData:
     """Read and check everything a report shows about the run in ``run_dir``: the run
     directory as :func:`cfl_bench.run_reader.read_run` reads it (a damaged one is refused
@@ -241,14 +225,6 @@ def load_run_data(run_dir: str) -> RunData:
         metrics = summarize(task_end_records(records, ends, rounds_done), num_tasks)
     except ValueError as exc:
         raise _refuse(run_dir, f"records.csv does not fit the run ({exc})") from None
-    if reading.status == "finished" and summary is not None:
-        differ = _disagreements(summary, metrics)
-        if differ:
-            notes.append(
-                "summary.json disagrees with records.csv on "
-                + "; ".join(differ)
-                + ". The page shows the values recomputed from records.csv."
-            )
     return RunData(
         path=run_dir,
         status=reading.status,

@@ -55,6 +55,7 @@ from cfl_bench.run_reader import (  # noqa: F401
     METRICS,
     RANGES,
     RUN_COLUMNS,
+    RUN_MARKERS,
     SUMMARY,
     SUMMARY_STATUSES,
     DamagedRunError,
@@ -84,8 +85,10 @@ def find_run_dirs(arguments: Sequence[str | Path]) -> list[tuple[Path, str]]:
     The shown path is the argument as typed joined with the path below it, so the report
     does not depend on where the checkout lives. A directory reached twice (an argument and
     its parent both given) is kept once. Hidden folders (``.git``, ``.cache``) are skipped.
-    A ``config.json`` or ``summary.json`` that is a folder (or anything but a file) still
-    marks a run directory: that run is then listed as damaged instead of vanishing. A
+    A ``config.json`` or ``summary.json`` that is a folder (or anything but a file), or a
+    ``.replaced/`` folder of an --overwrite stopped in its swap, still marks a run
+    directory (``run_reader.RUN_MARKERS``): that run is then listed as damaged instead of
+    vanishing. A
     folder that cannot be listed stops everything, because the runs in it would silently be
     missing from the board.
     """
@@ -95,7 +98,7 @@ def find_run_dirs(arguments: Sequence[str | Path]) -> list[tuple[Path, str]]:
     for argument in arguments:
         root = _run_dirs_argument(argument)
         for here, dirs, files in os.walk(root, onerror=_unlistable):
-            if {CONFIG, SUMMARY} & ({*files} | {*dirs}):
+            if RUN_MARKERS & ({*files} | {*dirs}):
                 real = Path(here).resolve()
                 shown = utf8_text(Path(here).as_posix())  # a folder name need not be UTF-8
                 found.setdefault(real, shown)

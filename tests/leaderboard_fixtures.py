@@ -145,12 +145,18 @@ def write_run(
     git_commit: str | None = GIT_COMMIT,
     packages: dict[str, str | None] | None = None,
     environment: dict[str, object] | None = None,
+    initial: bool = True,
+    records: list[tuple[Any, ...]] | None = None,
 ) -> Path:
     """Write one run directory ``root/name`` and return it.
 
     ``status=None`` leaves out summary.json (an incomplete run); ``"failed"`` writes the
     sweep's crash record (no metrics); ``metrics`` overrides summary keys (e.g.
-    ``{"wall_time_s": 5.0}``). Class-IL streams (``scenario="class-il"``) get the task-IL keys.
+    ``{"wall_time_s": 5.0}``; a summary key that records.csv gives otherwise makes the run
+    damaged). Class-IL streams (``scenario="class-il"``) get the task-IL keys. A run that is
+    not failed gets the records.csv its summary is computed from: ``records`` (rows), or by
+    default the rows of the hand-made numbers (``initial=False`` leaves the initial model's
+    accuracy out of them: FWT unknown).
     """
     proto = proto or protocol()
     protocol_hash = canonical_hash(proto)
@@ -184,10 +190,65 @@ def write_run(
     }
     summary = dict(identity)
     if status != "failed":
-        summary.update(summary_metrics(acc, proto["tasks"], task_il=scenario == "class-il"))
+        hand = summary_metrics(acc, proto["tasks"], task_il=scenario == "class-il")
+        summary.update(recorded_summary(path, hand, proto, initial=initial, rows=records))
     summary.update(metrics or {})
     (path / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
     return path
+
+
+def rows_for(hand: dict[str, Any], rounds_per_task: int, initial: bool) -> list[tuple[Any, ...]]:
+    """records.csv rows that give the hand-made numbers of :func:`summary_metrics`: each
+    matrix entry at its task's last round, the memory drift of every older task, the
+    initial model's accuracy (10 − FWT on the tasks after the first; ``initial=False``
+    leaves it out, so FWT is unknown) and the bytes in round 1."""
+    rows: list[tuple[Any, ...]] = []
+    for metric, fwt in (("acc", "FWT"), ("acc_task_il", "fwt_acc_task_il")):
+        matrix = hand.get(f"{metric}_matrix")
+        if matrix is None:
+            continue
+        if initial:
+            rows += [(0, -1, i, "global", metric, 10.0 - hand[fwt]) for i in range(len(matrix))]
+        for t, row in enumerate(matrix):
+            end = (t + 1) * rounds_per_task
+            rows += [(end, t, i, "global", metric, v) for i, v in enumerate(row) if v is not None]
+    for t, drift in enumerate(hand["md_t"]):
+        end = (t + 1) * rounds_per_task
+        rows += [(end, t, i, "global", "kl_drift", drift) for i in range(t)]
+    rows += [(1, 0, -1, "global", "bytes_up", float(hand["bytes_up_total"]))]
+    rows += [(1, 0, -1, "global", "bytes_down", float(hand["bytes_down_total"]))]
+    return sorted(rows, key=lambda r: (r[0], r[1]))
+
+
+def recorded_summary(
+    path: Path,
+    hand: dict[str, Any],
+    proto: dict[str, Any],
+    *,
+    initial: bool,
+    rows: list[tuple[Any, ...]] | None = None,
+) -> dict[str, Any]:
+    """Write the records.csv behind the hand-made numbers ``hand`` into ``path`` and return
+    the summary keys that ``cfl_bench.metrics.summarize`` computes from it (as ``cfl-bench
+    run`` does: every command checks that a summary is what its records give), after
+    checking that they are the hand-made numbers (so the tests' expectations stay ones a
+    reader can verify by hand), plus the run's own keys (wall time, bytes by payload)."""
+    import pandas as pd
+
+    from cfl_bench.metrics import RECORD_COLUMNS, summarize
+    from cfl_bench.run_agreement import same
+
+    given = rows is not None
+    rows = rows if rows is not None else rows_for(hand, proto["rounds_per_task"], initial)
+    lines = [",".join(RECORD_COLUMNS)]
+    lines += [f"{r},{tt},{e},{sc},{m},{float(v)!r}" for r, tt, e, sc, m, v in rows]
+    (path / "records.csv").write_text("\n".join(lines) + "\n")
+    computed = summarize(pd.DataFrame(rows, columns=list(RECORD_COLUMNS)), proto["tasks"])
+    for key, value in () if given else hand.items():
+        if key in computed and (initial or "fwt" not in key.lower()):
+            assert same(value, computed[key]), (key, value, computed[key])
+    run_keys = {k: hand[k] for k in ("wall_time_s", "bytes_by_payload")}
+    return {**computed, **run_keys}
 
 
 def standard_runs(root: Path, injection: str = "<script>alert(1)</script>") -> Path:
@@ -285,6 +346,17 @@ def recorded_rows(
         rows += [(g, t, i, "global", "kl_drift", 0.02 * (t - i)) for i in range(t)]
         rows += [(g, t, -1, f"client_{k}", "client_acc", 20.0 + 3 * k + t) for k in range(clients)]
     return rows
+
+
+def resummarize(path: Path) -> None:
+    """Recompute the summary keys of ``path/summary.json`` from its records.csv, as the engine
+    does at a run's end (for a test that writes records of its own)."""
+    from cfl_bench.metrics import summarize
+    from cfl_bench.run_reader import read_rows
+
+    summary = json.loads((path / "summary.json").read_text())
+    computed = summarize(read_rows(path / "records.csv"), int(summary["num_tasks"]))
+    (path / "summary.json").write_text(json.dumps({**summary, **computed}, indent=2))
 
 
 def write_recorded_run(

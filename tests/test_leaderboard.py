@@ -24,7 +24,9 @@ from tests.leaderboard_fixtures import (
     IMG_INJECTION,
     PACKAGES,
     protocol,
+    rows_for,
     standard_runs,
+    summary_metrics,
     write_run,
 )
 from tests.sweep_helpers import TINY
@@ -186,8 +188,12 @@ STALE_KEYS: dict[str, object] = {
 def test_forgetting_of_a_stale_summary_is_rederived(tmp_path: Path) -> None:
     """A finished run written before the fix: the leaderboard shows the right forgetting."""
     c = protocol("seq-cifar10", model="cifar-cnn")
+    hand = {**summary_metrics(60.0, 3, task_il=True), **STALE_KEYS}
+    rows = rows_for(hand, c["rounds_per_task"], initial=True)  # the records behind the matrices
+    stale = {k: v for k, v in STALE_KEYS.items() if not k.endswith("matrix")}
     for seed in (0, 1):
-        write_run(tmp_path, f"s{seed}", seed=seed, proto=c, scenario="class-il", metrics=STALE_KEYS)
+        write_run(tmp_path, f"s{seed}", seed=seed, proto=c, scenario="class-il", records=rows,
+                  metrics=stale)  # fmt: skip
     runs, board = board_of(tmp_path)
     run = runs.iloc[0]
     assert run.Fgt_T == 20.0 and run.Fgt_T_clipped == 20.0  # ((90-60) + (85-75)) / 2
@@ -198,7 +204,7 @@ def test_forgetting_of_a_stale_summary_is_rederived(tmp_path: Path) -> None:
     got = board.iloc[0]
     assert (got.Fgt_T_mean, got.Fgt_T_clipped_mean) == (20.0, 20.0)
     assert (got.Fgt_T_task_il_mean, got.Fgt_T_clipped_task_il_mean) == (0.0, 5.0)
-    assert got.BWT_mean == -10.0  # copied from the summary: it never read the upper triangle
+    assert got.BWT_mean == -20.0  # ((60-90) + (75-85)) / 2: BWT never read the upper triangle
 
 
 def test_rederived_forgetting_is_bit_identical_for_current_summaries(tmp_path: Path) -> None:
@@ -215,7 +221,7 @@ def test_rederived_forgetting_is_bit_identical_for_current_summaries(tmp_path: P
         records, columns=["round", "trained_task", "eval_task", "scope", "metric", "value"]
     )
     summary = summarize(frame, num_tasks=4)
-    write_run(tmp_path, "r", proto=protocol(tasks=4), scenario="class-il", metrics=summary)
+    write_run(tmp_path, "r", proto=protocol(tasks=4), scenario="class-il", records=records)
     run = load_runs([tmp_path]).iloc[0]
     for name, key in [
         ("Fgt_T", "Fgt_T"),
@@ -338,7 +344,7 @@ def test_rows_without_finished_runs_and_boards_without_rows(tmp_path: Path) -> N
 
 
 def test_missing_metric_makes_the_mean_missing(tmp_path: Path) -> None:
-    write_run(tmp_path, "s0", seed=0, metrics={"FWT": None})
+    write_run(tmp_path, "s0", seed=0, initial=False)  # no initial accuracy: FWT unknown
     write_run(tmp_path, "s1", seed=1)
     _, board = board_of(tmp_path)
     assert math.isnan(board.iloc[0].FWT_mean) and board.iloc[0].Acc_T_mean == 60.0

@@ -46,7 +46,7 @@ def test_entries_are_consistent() -> None:
         assert all(registry.metric(p).column for p in spec.parts), spec.key
         if spec.task_il_of is not None:
             assert registry.metric(spec.task_il_of).scenarios is None
-        for view in spec.views - {"cross_check"}:
+        for view in spec.views:
             assert spec.direction is not None, f"{spec.key} is shown in {view}"
 
 
@@ -157,11 +157,10 @@ def test_display_order_puts_each_metric_beside_its_task_il_twin() -> None:
 
 def test_recorded_metrics_feed_the_report_checks() -> None:
     from cfl_bench.trackers import scalars
-    from leaderboard.run_data import CROSS_CHECKED, TASK_END_METRICS, VALUE_RANGES
+    from leaderboard.run_data import TASK_END_METRICS, VALUE_RANGES
 
     assert {r.name: r.range for r in registry.RECORDED} == VALUE_RANGES
     assert set(TASK_END_METRICS) == {"acc", "acc_task_il", "map50", "map", "kl_drift"}
-    assert set(CROSS_CHECKED) == {s.key for s in registry.view("cross_check")}
     accuracy_like = ("acc", "acc_task_il", "map50", "map")
     assert metrics.ACCURACY_METRICS == registry.ACCURACY_METRICS == accuracy_like
     tags = {tag for tag, _, _ in scalars([(1, 0, 0, "global", "acc_task_il", 50.0)])}

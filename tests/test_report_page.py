@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from cfl_bench.errors import UserError
 from leaderboard.plots import padded_limits
 from leaderboard.report import build_report, render_report
 from leaderboard.run_data import load_run_data
-from tests.leaderboard_fixtures import write_recorded_run, write_run
+from tests.leaderboard_fixtures import resummarize, write_recorded_run, write_run
 from tests.sweep_helpers import TINY
 from tests.test_cli import in_process
 from tests.test_leaderboard_html import Page
@@ -176,12 +177,12 @@ def test_real_run_on_digits(tmp_path: Path) -> None:
     assert data.eval_rounds == [1, 2] and data.total_rounds == 2
 
 
-def test_summary_that_disagrees_with_the_records_is_flagged(tmp_path: Path) -> None:
+def test_summary_that_disagrees_with_the_records_is_refused(tmp_path: Path) -> None:
     run = write_recorded_run(tmp_path, "run")
     summary = json.loads((run / "summary.json").read_text())
     (run / "summary.json").write_text(json.dumps({**summary, "acc_T": 99.0}))
-    (note,) = load_run_data(str(run)).notes
-    assert note.startswith("summary.json disagrees with records.csv on acc_T (99.0 in summary")
+    with pytest.raises(UserError, match=r"is damaged: summary\.json says acc_T is 99 but"):
+        load_run_data(str(run))
 
 
 def test_page_is_self_contained_and_escaped(finished: tuple[Path, str, ReportPage]) -> None:
@@ -211,10 +212,11 @@ def test_diverged_run(tmp_path: Path) -> None:
     lines = (run / "records.csv").read_text().splitlines(keepends=True)
     kept = [line for line in lines[1:] if int(line.split(",")[0]) == 0]
     kept += ["1,0,-1,global,bytes_up,4000.0\n", "1,0,-1,global,train_loss,nan\n"]
-    (run / "records.csv").write_text(lines[0] + "".join(kept))
     write_run(tmp_path, "run", status="diverged", message="training loss became nan in round 1",
               proto=json.loads((run / "config.json").read_text())["protocol"], strategy="der",
               metrics={"wall_time_s": 0.1})  # fmt: skip
+    (run / "records.csv").write_text(lines[0] + "".join(kept))
+    resummarize(run)
     config = json.loads((run / "config.json").read_text())
     assert "task_clock" not in config  # write_run rewrote it: old runs have no clock either
     html, page = report(run)
@@ -285,7 +287,7 @@ REFUSALS = [
         "is not a run directory but holds 1 below it",
         args=lambda tmp, run: [str(tmp)],
     ),
-    Refusal("no_records", "has no records.csv", lambda run: (run / "records.csv").unlink()),
+    Refusal("no_records", "records.csv is missing", lambda run: (run / "records.csv").unlink()),
     Refusal("records_folder", "records.csv is not a file", lambda run: _folder(run)),
     Refusal("bad_header", "not the header", _records(lambda t: "a,b,c\n" + t.split("\n", 1)[1])),
     Refusal("value_text", "cannot be parsed", _records(_append("9,0,-1,global,acc,high"))),

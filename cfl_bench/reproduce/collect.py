@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cfl_bench.reproduce.tables import Column, ReproTable, Row
-from cfl_bench.run_reader import RunReading, read_run
+from cfl_bench.run_reader import RUN_MARKERS, RunReading, read_run
 
 SKIPPED_FOLDERS = frozenset({".sweep", ".replacement", "leaderboard", "reproduction"})
 
@@ -55,14 +55,14 @@ class Collected:
 
 
 def run_folders(folder: Path) -> Iterator[Path]:
-    """Every run directory under ``folder`` (one with a config.json), sorted."""
+    """Every run directory under ``folder`` (one with a config.json, or another of
+    ``run_reader.RUN_MARKERS``, so that a damaged run is noted, not missed), sorted."""
     for current, subfolders, files in os.walk(folder):
+        marked = RUN_MARKERS & {*files, *subfolders}
         subfolders[:] = sorted(s for s in subfolders if s not in SKIPPED_FOLDERS)
-        if "config.json" in files:
+        if marked:
             yield Path(current)
             subfolders[:] = []
-
-
 
 
 def scale_of(table: ReproTable, options: dict[str, Any], column: Column) -> str | None:
@@ -157,9 +157,7 @@ def accuracy_at_round(reading: RunReading, fraction: float) -> tuple[float | Non
     if records is None or (reading.summary or {}).get("num_tasks") != 1:
         return None, f"{missing} (a static run evaluated every round)"
     chosen = records[
-        (records["round"] == target)
-        & (records["scope"] == "global")
-        & (records["metric"] == "acc")
+        (records["round"] == target) & (records["scope"] == "global") & (records["metric"] == "acc")
     ]
     if len(chosen) != 1:
         return None, missing

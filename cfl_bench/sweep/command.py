@@ -117,6 +117,8 @@ def sweep(
         if ledger.is_done(state.run_dir, state.point.request_hash):
             state.absorb(ledger.read_summary(state.run_dir) or {})
             state.skipped = True
+        else:
+            state.damage = ledger.damage(state.run_dir)
     try:
         if placement.slurm_script is not None:
             return write_slurm_array(spec, states, console, placement)
@@ -248,6 +250,8 @@ def prepare_folder(spec: SweepSpec, states: list[PointState]) -> None:
         if state.skipped:
             ledger.append_log(spec.out, "skip", state.point.name, status=state.status)
             continue
+        if state.damage:
+            ledger.append_log(spec.out, "damaged", state.point.name)  # the reason: on screen
         header = (
             f"# grid point {state.point.index + 1} of the sweep in {spec.out}; to rerun it alone:\n"
             f"# cfl-bench run --config {state.yaml_path} "

@@ -138,12 +138,20 @@ class SweepEta(ProgressColumn):
 
 
 def announce_skipped(console: Console, states: list[PointState]) -> None:
+    """How many points are done, and each point whose run is damaged (it runs again)."""
     skipped = [s for s in states if s.skipped]
     if skipped:
         console.print(
             f"{len(skipped)} of {len(states)} runs already done (same request hash): skipped.",
             highlight=False,
         )
+    for state in states:
+        if state.damage:
+            console.print(
+                f"{state.point.name}: damaged ({state.damage}); running it again",
+                highlight=False,
+                markup=False,
+            )
 
 
 def results_table(states: list[PointState]) -> Table:

@@ -5,7 +5,8 @@ Layout of a sweep folder ``<out>``::
     <out>/<slug>-<hash8>/        one run directory per grid point (written by `cfl-bench run`'s
                                  engine; summary.json carries ``request_hash``)
     <out>/sweep.json             manifest: every point, its directory, request and status
-    <out>/sweep.log              append-only: one line per start / finish / skip / failure
+    <out>/sweep.log              append-only: one line per start / finish / skip / failure /
+                                 damaged run found (it runs again)
     <out>/.sweep/<name>.yaml     the point's request, to rerun it alone with `cfl-bench run`
     <out>/.sweep/<name>.log      the run child's stdout and stderr
     <out>/.sweep/<name>.lock     flock'ed by the child while it runs the point
@@ -73,6 +74,19 @@ def is_done(run_dir: Path, request_hash: str) -> bool:
 
     reading = read_run(run_dir)
     return reading.done and (reading.summary or {}).get("request_hash") == request_hash
+
+
+def damage(run_dir: Path) -> str:
+    """Why the run in ``run_dir`` is damaged, in the words ``leaderboard``, ``report``,
+    ``clients`` and ``reproduce --compare`` use for it; empty when it is not damaged (or
+    there is no run yet). A damaged point is never skipped: it runs again, and the sweep says
+    why (replacing the damaged run only once the new one has finished)."""
+    from cfl_bench.run_reader import DAMAGED, read_run
+
+    if not (run_dir / "config.json").exists() and not (run_dir / "summary.json").exists():
+        return ""
+    reading = read_run(run_dir)
+    return reading.reason if reading.status == DAMAGED else ""
 
 
 def check_run_dir(run_dir: Path) -> None:

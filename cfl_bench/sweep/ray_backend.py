@@ -141,9 +141,7 @@ class RayBackend:
         local = address is None and not os.environ.get("RAY_ADDRESS")
         check_placeable(self.ray, cpus_per_run, gpus_per_run, local)
         task = self.ray.remote(run_point_process)
-        self.task = task.options(
-            num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_retries=RETRIES
-        )
+        self.task = task.options(num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_retries=RETRIES)
         self.cwd = os.getcwd()
 
     def threads(self, jobs: int, requested: int | None) -> int:

@@ -40,6 +40,7 @@ class PointState:
     wall_time_s: float | None = None
     final_acc: float | None = None
     message: str = ""
+    damage: str = ""  # why the run found in its folder is damaged (it runs again)
     started: float | None = field(default=None, repr=False)
 
     @property
