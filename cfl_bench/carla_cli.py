@@ -58,9 +58,32 @@ def check_carla_options(port: int, timeout: float, clients: int) -> None:
         raise UserError(f"--clients must be an integer in [1, {MAX_VEHICLES}], got {clients}.")
 
 
+#: Options that only one frame source reads: passing one with the other source would be
+#: silently ignored (a --host given with --source replay connects to nothing).
+SOURCE_ONLY: dict[str, tuple[str, ...]] = {
+    "carla": ("data_root",),
+    "replay": ("host", "port", "timeout"),
+}
+
+
+def refuse_unused_options(ctx: typer.Context, source: str) -> None:
+    """Refuse an option the chosen --source never reads, rather than ignore it in silence."""
+    from click.core import ParameterSource
+
+    for name in SOURCE_ONLY.get(source, ()):
+        if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
+            flag = "--" + name.replace("_", "-")
+            other = "replay" if source == "carla" else "carla"
+            raise UserError(
+                f"{flag} has no effect with --source {source} (only --source {other} reads "
+                f"it); drop {flag} or pass --source {other}."
+            )
+
+
 @carla_app.command("demo")
 @says_what_it_kept
 def demo_cmd(
+    ctx: typer.Context,
     source: Source = "replay",
     data_root: DataRoot = None,
     host: Host = "127.0.0.1",
@@ -90,6 +113,7 @@ def demo_cmd(
     """Stream frames to vehicle clients while rounds run: urban driving, then vehicle 0
     drives onto the highway at --shift-round; live view, run directory, demo page."""
     check_carla_options(port, timeout, clients)
+    refuse_unused_options(ctx, source)
     options = demo.DemoOptions(
         source=source,
         data_root=data_root,
@@ -114,6 +138,7 @@ def demo_cmd(
 
 @carla_app.command("record")
 def record_cmd(
+    ctx: typer.Context,
     out: Annotated[str, typer.Option(help="folder to write (the shared dataset's layout)")],
     source: Source = "replay",
     data_root: DataRoot = None,
@@ -147,6 +172,7 @@ def record_cmd(
             f"{seconds:g}."
         )
     check_carla_options(port, timeout, clients)
+    refuse_unused_options(ctx, source)
     check_recording_folder(Path(out), replay_root(source, data_root), append)
     frame_source = open_source(source, data_root, host, port, timeout, town, clients, seed)
     windows, start = [], 0.0

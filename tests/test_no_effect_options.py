@@ -1,0 +1,65 @@
+"""Issue 39, section 3: options that have no effect are refused, never silently ignored.
+
+An option the command would not read with the other options given (a CARLA server's --host
+while frames are replayed from disk) used to be accepted and dropped, so a user believed a
+setting was in force that was not. Each case runs the real command line in a fresh process:
+exit code 2, one line naming the option and the fix, nothing written.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+CASES: dict[str, tuple[list[str], str]] = {
+    "demo_host_with_replay": (
+        ["carla", "demo", "--source", "replay", "--host", "10.0.0.9", "--data-root", "d"],
+        "--host has no effect with --source replay",
+    ),
+    "demo_port_with_replay": (
+        ["carla", "demo", "--port", "2001", "--data-root", "d"],
+        "--port has no effect with --source replay",
+    ),
+    "demo_timeout_with_replay": (
+        ["carla", "demo", "--timeout", "3", "--data-root", "d"],
+        "--timeout has no effect with --source replay",
+    ),
+    "demo_data_root_with_carla": (
+        ["carla", "demo", "--source", "carla", "--data-root", "d"],
+        "--data-root has no effect with --source carla",
+    ),
+    "record_port_with_replay": (
+        ["carla", "record", "--out", "rec", "--source", "replay", "--port", "2000"],
+        "--port has no effect with --source replay",
+    ),
+    "record_data_root_with_carla": (
+        ["carla", "record", "--out", "rec", "--source", "carla", "--data-root", "d"],
+        "--data-root has no effect with --source carla",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_an_option_without_effect_is_refused(tmp_path: Path, case: str) -> None:
+    args, words = CASES[case]
+    (tmp_path / "d").mkdir()
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, "-m", "cfl_bench.cli", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in lines[0], lines
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
