@@ -272,6 +272,8 @@ def _run_and_report(repro: ReproTable, request: Request, console: Console, root:
         raise UserError(
             f"name a scale: --scale {'|'.join(SCALES)} (see `cfl-bench reproduce list`)."
         )
+    if request.ship and repro.runs_name != repro.name:  # before any run, not after
+        raise UserError(f"{repro.name} reads the runs of {repro.runs_name}; ship that table.")
     folder = Path(request.out or Path("runs") / "reproduce" / repro.runs_name / scale)
     safety.check_folder(
         folder, "the reproduction's runs and report", "--out" if request.out else None

@@ -30,6 +30,7 @@ import errno
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -113,8 +114,8 @@ def check_compare_report(folder: Path, out: str | None, report_dir: Path) -> Non
     """``--compare RUNS`` writes its report into ``RUNS/reproduction/NAME`` unless ``--out``
     names another folder: a run directory given as RUNS (or a folder inside one) is read,
     never written."""
-    if out is None and enclosing_run(folder) is not None:
-        run = enclosing_run(folder)
+    run = enclosing_run(folder) if out is None else None
+    if run is not None:
         where = "is" if run == folder.absolute() else f"is inside '{run}', which is"
         raise UserError(
             f"--compare '{folder}' {where} a cfl-bench run directory, and the comparison "
@@ -191,20 +192,54 @@ def _differences(run: Path, request: dict[str, Any]) -> str:
 
 
 def preflight(name: str, todo: list[GridPoint]) -> None:
-    """Plan one point of every distinct configuration still to run, as ``cfl-bench run``
-    plans its run before writing anything; the first refusal is raised with the point's
-    name. Loads the torch engine and the data (cached between points)."""
+    """Plan one point of every distinct configuration still to run (the seed changes only
+    the split), as ``cfl-bench run`` plans its run before writing anything; the first
+    refusal is raised with the point's name.
+
+    In a child of the sweep's fork server, as the sweep checks names: the engine and the
+    data load there (torch already imported, and the same server then starts the runs),
+    and a GPU's context and tensors die with the child instead of staying in this process
+    for the whole reproduction."""
     if not todo:
         return
-    from cfl_bench.plan import plan_run
+    from cfl_bench.sweep.launcher import Launcher
 
-    planned: set[str] = set()
+    distinct: dict[str, GridPoint] = {}
     for point in todo:
         key = json.dumps({k: v for k, v in point.request.items() if k != "seed"}, default=str)
-        if key in planned:
-            continue
-        planned.add(key)
-        try:
-            plan_run(RunConfig(**point.request))
-        except UserError as exc:
-            raise UserError(f"{name} cannot run {point.name}: {exc}") from None
+        distinct.setdefault(key, point)
+    context = Launcher().context
+    receiver, sender = context.Pipe(duplex=False)
+    requests = [(p.name, p.request) for p in distinct.values()]
+    process = context.Process(target=plan_points, args=(requests, sender))  # type: ignore[attr-defined]
+    process.start()
+    sender.close()
+    try:
+        answer: tuple[str, str] | None = receiver.recv()
+    except EOFError:
+        raise UserError(
+            f"checking the runs of {name} before starting them failed (the checking process "
+            f"ended with exit code {process.exitcode}); see the lines above."
+        ) from None
+    finally:
+        receiver.close()
+        process.join()
+    if answer is not None:
+        raise UserError(f"{name} cannot run {answer[0]}: {answer[1]}")
+
+
+def plan_points(requests: list[tuple[str, dict[str, Any]]], conn: Connection) -> None:
+    """Child entry point: ``plan_run`` each request; sends (name, refusal) of the first
+    refused one, or None."""
+    from cfl_bench.plan import plan_run
+    from cfl_bench.sweep.worker import die_with_sweep
+
+    die_with_sweep()
+    with contextlib.closing(conn):
+        for point_name, request in requests:
+            try:
+                plan_run(RunConfig(**request))
+            except UserError as exc:
+                conn.send((point_name, str(exc)))
+                return
+        conn.send(None)
