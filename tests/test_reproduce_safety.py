@@ -37,6 +37,7 @@ from rich.console import Console
 from cfl_bench.errors import UserError
 from cfl_bench.reproduce.collect import collect
 from cfl_bench.reproduce.command import Request, reproduce, reproductions_root
+from cfl_bench.reproduce.figures import find_figure
 from cfl_bench.reproduce.shipping import ship, shipped_folder
 from cfl_bench.reproduce.tables import find_table
 
@@ -169,6 +170,32 @@ def test_shipping_part_of_a_table_keeps_every_other_shipped_run(
     facts = json.loads((target / "provenance.json").read_text(encoding="utf-8"))
     assert facts["runs"] == 66 and facts["expected_runs"] == 66
     assert collect(find_table(TABLE, repo_copy), target, "cpu").notes == []
+
+
+def test_shipping_part_of_a_figure_keeps_every_other_shipped_run(tmp_path: Path) -> None:
+    """The figure route merges too (its own shipping call)."""
+    name = "fedgp-fig4-carla"
+    root = tmp_path / "reproductions"
+    for part in ("tables", "targets", "figures"):
+        shutil.copytree(ROOT / part, root / part)
+    target = shipped_folder(root, name, "cpu")
+    shutil.copytree(shipped_folder(ROOT, name, "cpu"), target)
+    chosen = sorted(p for p in target.iterdir() if p.is_dir())[0]
+    made = json.loads((chosen / "config.json").read_text(encoding="utf-8"))["config"]
+    figure = find_figure(name, root)
+    assert figure is not None
+    row = next(r.label for r in figure.rows if figure.strategy_at(r, "cpu") == made["strategy"])
+    mine = tmp_path / "mine"
+    shutil.copytree(chosen, mine / chosen.name)
+    before = digest(target)
+    request = Request(
+        name, scale="cpu", out=str(mine), data_root=made["data_root"], ship=True,
+        rows=(row,), seeds=(made["seed"],),
+    )  # fmt: skip
+    assert reproduce(request, console=quiet(), root=root) == 0
+    after = digest(target)
+    assert set(after) == set(before)
+    assert [k for k in before if before[k] != after[k]] == ["provenance.json"]
 
 
 def test_shipping_a_whole_folder_merges_and_a_stray_entry_is_refused(

@@ -122,7 +122,7 @@ def check_compare_report(folder: Path, out: str | None, report_dir: Path) -> Non
             f"report (written into the --compare folder without --out) would mix into that "
             f"run's files; pass --out FOLDER for the report."
         )
-    check_folder(report_dir, "the comparison report", "--out" if out else "--compare")
+    check_folder(report_dir, "the comparison report", "--out" if out else None)
 
 
 def sweep_points(documents: Iterable[dict[str, Any]], out: Path) -> list[GridPoint]:
