@@ -6,6 +6,15 @@ scales (every option the protocol or any scale sets is compared, so a run at 5 r
 task is never counted as a 20-round run). Runs of the folder that match no cell are
 listed with the reason, never silently averaged in. Seeds of one cell must share one
 protocol hash (same data); anything else is reported.
+
+**One run per cell and seed.** Two finished runs of the same cell and seed (a rerun with
+another ``--executor``, ``--device`` or ``--data-root`` lands in a second folder, since a
+sweep names a point by every option it was given) are refused, naming both folders, rather
+than counted: averaged, they gave n = 2 with a standard deviation of 0, a mean and a spread
+the table never measured. Refusing is the only choice that is never silently wrong: keeping
+"the newer" or "the sequential one" would pick a result by a rule the reader cannot see.
+``cfl-bench reproduce`` refuses before running a point that would make such a second copy
+(:mod:`cfl_bench.reproduce.safety`).
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cfl_bench.errors import UserError
 from cfl_bench.reproduce.tables import Column, ReproTable, Row
 from cfl_bench.run_reader import RUN_MARKERS, RunReading, read_run
 
@@ -100,10 +110,11 @@ def collect(table: ReproTable, folder: Path, scale: str | None = None) -> Collec
     """Sort the finished runs under ``folder`` into the table's cells (with ``scale``, only
     the runs at that scale; the others are listed as not counted)."""
     collected = Collected()
-    by_round = any(c.round_fraction is not None for c in table.columns)
     for run in run_folders(folder):
-        shown = run.relative_to(folder).as_posix() if run != folder else run.name
-        reading = read_run(run, shown, records=by_round)
+        shown = _shown(run, folder)
+        # Always with its records: a run whose records.csv is damaged is not finished, even
+        # when the column reads only its summary (the summary must be what the records give).
+        reading = read_run(run, shown, records=True)
         if not reading.done or reading.row is None:
             collected.notes.append(f"{shown}: not counted ({reading.status}: {reading.reason})")
             continue
@@ -133,8 +144,31 @@ def collect(table: ReproTable, folder: Path, scale: str | None = None) -> Collec
                     scale=found_scale,
                 )
             )
+    refuse_duplicates(collected, folder)
     collected.notes += _consistency_notes(collected)
     return collected
+
+
+def refuse_duplicates(collected: Collected, folder: Path) -> None:
+    """Refuse two finished runs of one cell and seed, naming both (see the module
+    docstring): a seed counted twice would fake the cell's n and spread."""
+    for (row, column), values in sorted(collected.cells.items()):
+        first: dict[int, Path] = {}
+        for value in values:
+            other = first.setdefault(value.seed, value.path)
+            if other == value.path:
+                continue
+            a, b = (_shown(p, folder) for p in sorted((other, value.path)))
+            raise UserError(
+                f"'{a}' and '{b}' are both finished runs of {row} × {column}, seed "
+                f"{value.seed}, and one run per cell and seed is counted (a rerun with another "
+                f"--executor, --device or --data-root writes a second folder); move one of "
+                f"them out of '{folder}'."
+            )
+
+
+def _shown(run: Path, folder: Path) -> str:
+    return run.relative_to(folder).as_posix() if run != folder else run.name
 
 
 def column_value(column: Column, reading: RunReading) -> tuple[float | None, str]:
@@ -165,16 +199,14 @@ def accuracy_at_round(reading: RunReading, fraction: float) -> tuple[float | Non
 
 
 def _consistency_notes(collected: Collected) -> list[str]:
-    """Cells whose seeds are at two scales, repeat a seed, or read different data."""
+    """Cells whose seeds are at two scales or read different data (a repeated seed is
+    refused by :func:`refuse_duplicates`)."""
     notes = []
     for (row, column), values in sorted(collected.cells.items()):
         scales = {v.scale for v in values}
         hashes = {v.protocol_hash for v in values}
-        seeds = [v.seed for v in values]
         if len(scales) > 1:
             notes.append(f"{row} × {column}: runs at scales {', '.join(sorted(scales))}")
         if len(hashes) > 1:
             notes.append(f"{row} × {column}: seeds of {len(hashes)} protocols (different data)")
-        if len(set(seeds)) < len(seeds):
-            notes.append(f"{row} × {column}: a seed counted twice ({sorted(seeds)})")
     return notes

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from cfl_bench.atomic import atomic_write_json, atomic_write_text
 from cfl_bench.errors import UserError
-from cfl_bench.reproduce import provenance, shipping
+from cfl_bench.reproduce import provenance, safety, shipping
 from cfl_bench.reproduce.collect import Collected, collect
 from cfl_bench.reproduce.figure_command import figure_cost_text, reproduce_figure
 from cfl_bench.reproduce.figures import figure_names, find_figure, load_all_figures
@@ -98,19 +98,12 @@ def sweep_documents(
     return documents
 
 
-def run_table(
-    repro: ReproTable,
-    scale: str,
-    out: Path,
-    options: dict[str, Any],
-    jobs: int,
-    console: Console,
-) -> int:
-    """Run (or resume) every sweep of the table at ``scale``; the worst exit code."""
+def run_table(documents: list[dict[str, Any]], out: Path, console: Console) -> int:
+    """Run (or resume) every sweep of the table (``sweep_documents``); the worst exit code."""
     from cfl_bench.sweep.command import sweep
 
     code = 0
-    for index, document in enumerate(sweep_documents(repro, scale, out, options, jobs)):
+    for index, document in enumerate(documents):
         path = out / ".reproduce" / f"sweep-{_group_tag(document['grid'])}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, yaml.safe_dump(document, sort_keys=False))
@@ -218,6 +211,13 @@ def reproduce(request: Request, console: Console | None = None, root: Path | Non
             "--row, --column and --seed choose which runs to start; leave them out with "
             "--compare or --shipped (the report always shows every cell)."
         )
+    with safety.file_errors():
+        return _dispatch(request, console, root)
+
+
+def _dispatch(request: Request, console: Console, root: Path) -> int:
+    """A table's or a figure's run, report, comparison or shipping, as ``request`` asks."""
+    scale = request.scale
     figure = find_figure(request.name, root)
     if figure is not None:
         return reproduce_figure(figure, request, console, root)
@@ -227,6 +227,7 @@ def reproduce(request: Request, console: Console | None = None, root: Path | Non
     if request.compare:
         folder = _existing_folder(request.compare, "--compare")
         report_dir = Path(request.out) if request.out else folder / REPORT_FOLDER / repro.name
+        safety.check_compare_report(folder, request.out, report_dir)
         report_runs(repro, folder, scale, report_dir, f"your runs in {folder}", console, root, True)
         return 0
     return _run_and_report(repro, request, console, root)
@@ -251,6 +252,7 @@ def _report_shipped(
             f"{scale} --data-root DATA)."
         )
     report_dir = Path(out) if out else Path("runs") / "reproduce" / repro.name / f"shipped-{scale}"
+    safety.check_folder(report_dir, "the report", "--out" if out else None)
     report_runs(
         repro,
         folder,
@@ -270,10 +272,16 @@ def _run_and_report(repro: ReproTable, request: Request, console: Console, root:
         raise UserError(
             f"name a scale: --scale {'|'.join(SCALES)} (see `cfl-bench reproduce list`)."
         )
+    if request.ship and repro.runs_name != repro.name:  # before any run, not after
+        raise UserError(f"{repro.name} reads the runs of {repro.runs_name}; ship that table.")
     folder = Path(request.out or Path("runs") / "reproduce" / repro.runs_name / scale)
-    options = request.run_options()
-    jobs = request.jobs
-    code = run_table(select(repro, scale, request), scale, folder, options, jobs, console)
+    safety.check_folder(
+        folder, "the reproduction's runs and report", "--out" if request.out else None
+    )
+    selection = select(repro, scale, request)
+    documents = sweep_documents(selection, scale, folder, request.run_options(), request.jobs)
+    check_before_running(repro, selection, scale, folder, documents)
+    code = run_table(documents, folder, console)
     report_dir = folder / REPORT_FOLDER / repro.name
     report_runs(repro, folder, scale, report_dir, f"the runs in {folder}", console, root, True)
     atomic_write_json(
@@ -282,9 +290,26 @@ def _run_and_report(repro: ReproTable, request: Request, console: Console, root:
     if request.ship:
         if code:
             raise UserError("some runs did not finish; rerun the same command before --ship.")
-        target = shipping.ship(repro, folder, scale, root)
+        target = shipping.ship(repro, folder, scale, root, selection)
         console.print(f"shipped {target}", highlight=False)
     return code
+
+
+def check_before_running(
+    repro: ReproTable,
+    selection: ReproTable,
+    scale: str,
+    folder: Path,
+    documents: list[dict[str, Any]],
+) -> None:
+    """Everything refused before a byte is written or a point runs
+    (:mod:`cfl_bench.reproduce.safety`): two runs of one cell and seed in the folder, a
+    point that would become a second one, and what ``cfl-bench run`` would refuse."""
+    todo = safety.pending(safety.sweep_points(documents, folder), folder)
+    if folder.is_dir():
+        existing = collect(repro, folder, scale)  # refuses two runs of one cell and seed
+        safety.refuse_second_copies(safety.table_cells(selection, scale), folder, todo, existing)
+    safety.preflight(repro.name, todo)
 
 
 def select(repro: ReproTable, scale: str, request: Request) -> ReproTable:

@@ -16,10 +16,10 @@ from rich.console import Console
 
 from cfl_bench.atomic import atomic_write_json, atomic_write_text
 from cfl_bench.errors import UserError
-from cfl_bench.reproduce import provenance, shipping
+from cfl_bench.reproduce import provenance, safety, shipping
 from cfl_bench.reproduce.figure_report import build_figure, print_terminal, write
 from cfl_bench.reproduce.figure_runs import FigureRuns, collect_figure
-from cfl_bench.reproduce.figures import ReproFigure
+from cfl_bench.reproduce.figures import HEADLINES, ReproFigure
 from cfl_bench.reproduce.selection import chosen, with_seeds
 from cfl_bench.reproduce.tables import SCALES
 
@@ -75,9 +75,7 @@ def report_figure(
     return paths["html"]
 
 
-def reproduce_figure(
-    figure: ReproFigure, request: Request, console: Console, root: Path
-) -> int:
+def reproduce_figure(figure: ReproFigure, request: Request, console: Console, root: Path) -> int:
     """Run, report on, compare or ship ``figure`` as ``request`` asks; the exit code."""
     scale = request.scale or ("cpu" if request.shipped or request.compare else None)
     if scale is None:
@@ -90,6 +88,7 @@ def reproduce_figure(
                 f"{', '.join(shipping.shipped_scales(root, figure.name)) or 'none'}."
             )
         out = Path(request.out or Path("runs") / "reproduce" / figure.name / f"shipped-{scale}")
+        safety.check_folder(out, "the report", "--out" if request.out else None)
         source = f"the shipped results ({scale} in reproductions/results/{figure.name})"
         report_figure(figure, shipped_folder, scale, out, source, console)
         return 0
@@ -99,6 +98,7 @@ def reproduce_figure(
         if not folder.is_dir():
             raise UserError(f"--compare '{request.compare}' is not a folder; give your runs'.")
         out = Path(request.out) if request.out else folder / REPORT_FOLDER / figure.name
+        safety.check_compare_report(folder, request.out, out)
         report_figure(figure, folder, scale, out, f"your runs in {folder}", console, reference)
         return 0
     return _run(figure, scale, request, console, root, reference)
@@ -115,9 +115,14 @@ def _run(
     from cfl_bench.sweep.command import sweep
 
     folder = Path(request.out or Path("runs") / "reproduce" / figure.name / scale)
-    document = sweep_document(
-        select_figure(figure, scale, request), scale, folder, request.run_options(), request.jobs
-    )
+    safety.check_folder(folder, "the reproduction's runs and report", _named(request))
+    selection = select_figure(figure, scale, request)
+    document = sweep_document(selection, scale, folder, request.run_options(), request.jobs)
+    todo = safety.pending(safety.sweep_points([document], folder), folder)
+    if folder.is_dir():  # refuses two runs of one row and seed already there, or to come
+        existing = collect_figure(figure, folder, scale).collected
+        safety.refuse_second_copies(figure_cells(selection, scale), folder, todo, existing)
+    safety.preflight(figure.name, todo)
     path = folder / ".reproduce" / "sweep.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, yaml.safe_dump(document, sort_keys=False))
@@ -132,11 +137,43 @@ def _run(
     if request.ship:
         if code:
             raise UserError("some runs did not finish; rerun the same command before --ship.")
-        target = shipping.ship_collected(
-            figure.name, runs.collected, folder, scale, root, figure.runs(scale)
-        )
+        target = ship_figure(figure, selection, runs, folder, scale, root)
         console.print(f"shipped {target}", highlight=False)
     return code
+
+
+def ship_figure(
+    figure: ReproFigure,
+    selection: ReproFigure,
+    runs: FigureRuns,
+    folder: Path,
+    scale: str,
+    root: Path,
+) -> Path:
+    """Merge the runs of the selected rows and seeds into the shipped results, keeping every
+    other shipped run (:mod:`cfl_bench.reproduce.shipping`)."""
+    rows = {row.label for row in selection.rows}
+    seeds = set(selection.scales[scale].seeds)
+    mine = shipping.only(runs.collected, lambda cell, seed: cell[0] in rows and seed in seeds)
+    target = shipping.shipped_folder(root, figure.name, scale)
+    shipped = collect_figure(figure, target, scale).collected if target.is_dir() else None
+    return shipping.ship_collected(
+        figure.name, mine, folder, scale, root, figure.runs(scale), shipped
+    )
+
+
+def figure_cells(figure: ReproFigure, scale: str) -> safety.CellsOf:
+    """The cells (row, headline) a sweep point of ``scale`` fills."""
+
+    def cells(request: dict[str, Any]) -> list[tuple[str, str]]:
+        rows = [r for r in figure.rows if figure.strategy_at(r, scale) == request["strategy"]]
+        return [(r.label, headline) for r in rows for headline in HEADLINES]
+
+    return cells
+
+
+def _named(request: Request) -> str | None:
+    return "--out" if request.out else None
 
 
 def _work(figure: ReproFigure, scale: str) -> float:

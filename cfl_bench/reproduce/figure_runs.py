@@ -17,7 +17,13 @@ from typing import Any
 
 import pandas as pd
 
-from cfl_bench.reproduce.collect import Collected, RunValue, _consistency_notes, run_folders
+from cfl_bench.reproduce.collect import (
+    Collected,
+    RunValue,
+    _consistency_notes,
+    refuse_duplicates,
+    run_folders,
+)
 from cfl_bench.reproduce.figures import HEADLINES, ReproFigure
 from cfl_bench.reproduce.tables import Row
 from cfl_bench.run_reader import RunReading, read_run
@@ -96,6 +102,7 @@ def collect_figure(figure: ReproFigure, folder: Path, scale: str | None = None) 
         why = _count(figure, reading, run, scale, found)
         if why:
             found.collected.notes.append(f"{shown}: not counted ({why})")
+    refuse_duplicates(found.collected, folder)  # one run per row and seed, as for tables
     found.collected.notes += _consistency_notes(found.collected)
     return found
 
