@@ -176,8 +176,8 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], str]] = {
         ),
         "--tasks 3 is too many",
     ),
-    "clients: empty config": (damaged_run(""), "cannot be read as JSON"),
-    "clients: list config": (damaged_run("[1, 2]"), "no valid client × class table"),
+    "clients: empty config": (damaged_run(""), "is damaged: config.json is empty"),
+    "clients: list config": (damaged_run("[1, 2]"), "config.json holds a list, not a JSON"),
     "clients: ragged table": (
         damaged_run('{"client_class_counts": {"1": [[1, 2], [3]]}}'),
         "no valid client × class table",

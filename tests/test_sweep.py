@@ -25,6 +25,7 @@ from cfl_bench.sweep import ledger, worker
 from cfl_bench.sweep.grid import build_spec, expand, parse_cli
 from cfl_bench.sweep.launcher import threads_per_run, usable_cores
 from cfl_bench.sweep.scheduler import PointState, settle
+from tests.leaderboard_fixtures import write_recorded_run
 from tests.sweep_helpers import (
     TINY,
     comparable,
@@ -215,22 +216,39 @@ def test_threads_per_run_shares_the_cores_unless_the_grid_sets_them() -> None:
     assert threads_per_run(jobs=1, requested=None) == usable_cores() == len(os.sched_getaffinity(0))
 
 
+def finished_point(folder: Path, request_hash: str) -> dict[str, object]:
+    """A finished run in ``folder`` (records.csv, config.json and the summary they give) as a
+    sweep point of ``request_hash``; returns its summary."""
+    write_recorded_run(folder.parent, folder.name)
+    summary = {**json.loads((folder / "summary.json").read_text()), "request_hash": request_hash}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return summary
+
+
 def test_skip_rule_needs_a_finished_summary_with_the_same_request_hash(tmp_path: Path) -> None:
     run = tmp_path / "run"
     assert not ledger.is_done(run, "abc")
-    run.mkdir()
-    (run / "config.json").write_text("{}")
-    assert not ledger.is_done(run, "abc")  # interrupted: no summary
+    summary = finished_point(run, "abc")
+    assert ledger.is_done(run, "abc")
     for status, stored, done in [
         ("finished", "abc", True),
         ("diverged", "abc", True),
         ("failed", "abc", False),
         ("finished", "xyz", False),
     ]:
-        (run / "summary.json").write_text(json.dumps({"status": status, "request_hash": stored}))
+        (run / "summary.json").write_text(
+            json.dumps({**summary, "status": status, "request_hash": stored})
+        )
         assert ledger.is_done(run, "abc") is done, (status, stored)
     (run / "summary.json").write_text('{"status": "fini')  # torn by hand: not done
     assert not ledger.is_done(run, "abc")
+    (run / "summary.json").write_text(json.dumps({**summary, "Acc_T": 99.0}))  # edited
+    assert not ledger.is_done(run, "abc")
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "records.csv").unlink()  # a summary without its records: not done
+    assert not ledger.is_done(run, "abc")
+    (run / "summary.json").unlink()
+    assert not ledger.is_done(run, "abc")  # interrupted: no summary
 
 
 def test_finished_points_are_skipped_and_others_are_not(tmp_path: Path) -> None:
@@ -238,9 +256,7 @@ def test_finished_points_are_skipped_and_others_are_not(tmp_path: Path) -> None:
     args = ["--seed", "0", "--seed", "1", *TINY]
     points = expand(build_spec(None, args, str(out)))
     for p in points:
-        (out / p.name).mkdir(parents=True)
-        summary = {"status": "finished", "request_hash": p.request_hash, "Acc_T": 50.0}
-        (out / p.name / "summary.json").write_text(json.dumps(summary))
+        finished_point(out / p.name, p.request_hash)
     before = {p.name: (out / p.name / "summary.json").read_bytes() for p in points}
     code, output = in_process("sweep", "--out", str(out), *args)
     assert code == 0, output
