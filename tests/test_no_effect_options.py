@@ -1,9 +1,10 @@
 """Issue 39, section 3: options that have no effect are refused, never silently ignored.
 
 An option the command would not read with the other options given (a CARLA server's --host
-while frames are replayed from disk) used to be accepted and dropped, so a user believed a
-setting was in force that was not. Each case runs the real command line in a fresh process:
-exit code 2, one line naming the option and the fix, nothing written.
+while frames are replayed from disk; --jobs, --device, --executor, --data-root or --ship of
+`reproduce --compare` / `--shipped`, which start no run) used to be accepted and dropped, so
+a user believed a setting was in force that was not. Each case runs the real command line in
+a fresh process: exit code 2, one line naming the option and the fix, nothing written.
 """
 
 from __future__ import annotations
@@ -41,6 +42,31 @@ CASES: dict[str, tuple[list[str], str]] = {
     "record_data_root_with_carla": (
         ["carla", "record", "--out", "rec", "--source", "carla", "--data-root", "d"],
         "--data-root has no effect with --source carla",
+    ),
+    "compare_jobs": (
+        ["reproduce", "fedgp-table1-mnist", "--compare", "d", "--scale", "smoke", "--jobs", "2"],
+        "--jobs only acts on the runs reproduce starts, and --compare starts none",
+    ),
+    "compare_device_executor": (
+        [
+            "reproduce",
+            "fedgp-table1-mnist",
+            "--compare",
+            "d",
+            "--device",
+            "cpu",
+            "--executor",
+            "vectorized",
+        ],
+        "--device, --executor only act on the runs reproduce starts",
+    ),
+    "compare_ship": (
+        ["reproduce", "fedgp-table1-mnist", "--compare", "d", "--ship"],
+        "--ship only acts on the runs reproduce starts",
+    ),
+    "shipped_data_root": (
+        ["reproduce", "fedgp-fig4-carla", "--shipped", "--data-root", "d", "--out", "o"],
+        "--data-root only acts on the runs reproduce starts, and --shipped starts none",
     ),
 }
 

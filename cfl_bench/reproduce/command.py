@@ -179,6 +179,18 @@ class Request:
     def selects(self) -> bool:
         return bool(self.rows or self.columns or self.seeds)
 
+    def run_only_flags(self) -> list[str]:
+        """The options given that only act on runs this command starts (or ships): they have
+        no effect with --compare or --shipped, which start none."""
+        given = (
+            ("--data-root", self.data_root),
+            ("--device", self.device),
+            ("--executor", self.executor),
+            ("--jobs", self.jobs != 1),
+            ("--ship", self.ship),
+        )
+        return [flag for flag, value in given if value]
+
     def run_options(self) -> dict[str, Any]:
         """The options every run gets from the command line: where data is, what runs it."""
         given = (
@@ -210,6 +222,14 @@ def reproduce(request: Request, console: Console | None = None, root: Path | Non
         raise UserError(
             "--row, --column and --seed choose which runs to start; leave them out with "
             "--compare or --shipped (the report always shows every cell)."
+        )
+    unused = request.run_only_flags() if (request.compare or request.shipped) else []
+    if unused:
+        raise UserError(
+            f"{', '.join(unused)} only act{'s' if len(unused) == 1 else ''} on the runs "
+            f"reproduce starts, and "
+            f"{'--compare' if request.compare else '--shipped'} starts none; leave "
+            f"{'it' if len(unused) == 1 else 'them'} out."
         )
     with safety.file_errors():
         return _dispatch(request, console, root)
