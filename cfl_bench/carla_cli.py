@@ -19,6 +19,7 @@ from cfl_bench import carla_demo as demo
 from cfl_bench.errors import UserError
 from cfl_bench.interrupts import says_what_it_kept
 from cfl_bench.plain_help import PlainTyper
+from cfl_bench.run_dir import refuse_run_directory
 
 carla_app = PlainTyper(
     no_args_is_help=True,
@@ -173,6 +174,7 @@ def record_cmd(
         )
     check_carla_options(port, timeout, clients)
     refuse_unused_options(ctx, source)
+    refuse_run_directory(Path(out), "--out", "a recording's frames")
     check_recording_folder(Path(out), replay_root(source, data_root), append)
     frame_source = open_source(source, data_root, host, port, timeout, town, clients, seed)
     windows, start = [], 0.0

@@ -150,8 +150,9 @@ def default_out(run_dirs: Sequence[str]) -> str:
     for name in (CONFIG, SUMMARY):
         if os.path.lexists(first / name):
             raise UserError(
-                f"'{first}' is a run directory (it holds {name}), so the leaderboard cannot "
-                f"go inside it; pass --out with a folder outside the run directories."
+                f"'{first}' is a cfl-bench run directory (it holds {name}), and the "
+                f"leaderboard would mix into that run's files; pass --out with a folder "
+                f"outside the run directories."
             )
     return str(first / "leaderboard")
 

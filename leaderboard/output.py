@@ -29,6 +29,7 @@ from pathlib import Path
 from cfl_bench.atomic import atomic_write_text
 from cfl_bench.errors import UserError
 from cfl_bench.run_dir import check_out_path, os_problem
+from cfl_bench.run_dir import refuse_run_directory as refuse_any_run_directory
 from leaderboard.runs import CONFIG, SUMMARY
 
 
@@ -56,20 +57,23 @@ def check_board_out(out_dir: str | Path, names: Sequence[str]) -> Path:
 
 
 def refuse_run_directory(out: Path, run_dirs: Sequence[tuple[Path, str]]) -> None:
-    """Refuse an ``--out`` that is a run directory, or lies inside one of ``run_dirs`` (the
-    (real path, shown path) pairs of :func:`leaderboard.runs.find_run_dirs`)."""
+    """Refuse an ``--out`` that is a run directory, or lies inside one: any run's (in the
+    words every command uses, :func:`cfl_bench.run_dir.refuse_run_directory`), or one of
+    ``run_dirs`` reached through a link (the (real path, shown path) pairs of
+    :func:`leaderboard.runs.find_run_dirs`)."""
     for name in (CONFIG, SUMMARY):
         if os.path.lexists(out / name):
             raise UserError(
-                f"--out '{out}' is a run directory (it holds {name}); choose a folder outside "
-                f"the run directories for the leaderboard."
+                f"--out '{out}' is a cfl-bench run directory (it holds {name}), and the "
+                f"leaderboard would mix into that run's files; choose a folder of its own."
             )
+    refuse_any_run_directory(out, "--out", "the leaderboard")
     target = Path(os.path.realpath(out))
     for real, shown in run_dirs:
         if target == real or real in target.parents:
             raise UserError(
-                f"--out '{out}' is inside the run directory '{shown}'; choose a folder outside "
-                f"the run directories for the leaderboard."
+                f"--out '{out}' is inside the cfl-bench run directory '{shown}', and the "
+                f"leaderboard would mix into that run's files; choose a folder outside it."
             )
 
 

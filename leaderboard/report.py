@@ -33,7 +33,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cfl_bench.errors import UserError
-from cfl_bench.run_dir import RUN_FILES, check_out_path, nearest_existing, os_problem
+from cfl_bench.run_dir import (
+    RUN_FILES,
+    check_out_path,
+    is_run_directory,
+    nearest_existing,
+    os_problem,
+)
 
 if TYPE_CHECKING:
     from cfl_bench.metric_registry import MetricSpec
@@ -84,7 +90,25 @@ def check_report_out(out: str, run_dir: Path) -> Path:
             f"--out '{out}' is one of the run's own record files; choose another name, "
             f"e.g. '{path.parent / REPORT_NAME}'."
         )
+    refuse_other_run(path, run_dir)
     return path
+
+
+def refuse_other_run(path: Path, run_dir: Path) -> None:
+    """Refuse a report file inside another run's directory: only that run's own commands
+    write there (a report.html of this run would pass for that run's report, and replace
+    it). The run's own directory, and folders of the user's below it, are fine."""
+    own = Path(os.path.realpath(run_dir))
+    for folder in (path.absolute().parent, *path.absolute().parent.parents):
+        real = Path(os.path.realpath(folder))
+        if real == own or own in real.parents:
+            return
+        if is_run_directory(folder):
+            raise UserError(
+                f"--out '{path}' is inside the cfl-bench run directory '{folder}' of another "
+                f"run, and this report would pass for that run's own; choose a folder outside "
+                f"it, e.g. '{Path(run_dir) / REPORT_NAME}'."
+            )
 
 
 # --------------------------------------------------------------------------------------------

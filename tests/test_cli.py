@@ -347,7 +347,7 @@ def test_leaderboard_without_out_writes_inside_the_first_argument(tmp_path: Path
     run_dir = root / "a" / "fedavg_s0"
     code, output = in_process("leaderboard", str(run_dir))
     assert code == 2
-    assert "is a run directory (it holds config.json)" in output and "--out" in output
+    assert "is a cfl-bench run directory (it holds config.json)" in output and "--out" in output
     assert not (run_dir / "leaderboard").exists()
 
 

@@ -1,0 +1,100 @@
+"""Issue 39, section 1: no command but the run's own writes into a run directory.
+
+Only ``cfl-bench run`` (and its ``report``, for that same run) writes into a run directory:
+its files are the run's record, and anything else in there would mix with them (and be read
+as that run's). Every command that writes a folder or a file refuses a target that is a run
+directory or lies inside one, in one line, exit 2, nothing written — the same way for every
+command. Each case runs the real command line in a fresh process against a tiny finished run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--stream", "rot-digits", "--tasks", "1", "--rounds-per-task", "1", "--clients", "2"]
+
+
+def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "COLUMNS": "2000"}
+    return subprocess.run(
+        [sys.executable, "-m", "cfl_bench.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two tiny finished runs, ``a`` and ``b``, in one folder."""
+    root = tmp_path_factory.mktemp("runs")
+    for name, seed in (("a", "0"), ("b", "1")):
+        result = cli(["run", *TINY, "--seed", seed, "--threads", "1", "--out", name], root)
+        assert result.returncode == 0, result.stderr
+    return root
+
+
+def digest(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else ""
+        for p in sorted(root.rglob("*"))
+    }
+
+
+CASES: dict[str, tuple[list[str], str]] = {
+    "report_into_another_run": (
+        ["report", "a", "--out", "b/report.html"],
+        "is inside the cfl-bench run directory",
+    ),
+    "carla_record_inside_a_run": (
+        ["carla", "record", "--out", "a/frames", "--data-root", "."],
+        "is inside the cfl-bench run directory",
+    ),
+    "leaderboard_inside_a_run": (
+        ["leaderboard", "a", "--out", "a/board"],
+        "is inside the cfl-bench run directory",
+    ),
+    "sweep_inside_a_run": (
+        ["sweep", "--out", "a/sweep", *TINY],
+        "is inside the cfl-bench run directory",
+    ),
+    "sweep_into_a_run": (["sweep", "--out", "a", *TINY], "is a cfl-bench run directory"),
+    "pilot_inside_a_run": (
+        ["pilot", "boundary", "--out", "a/pilot"],
+        "is inside the cfl-bench run directory",
+    ),
+    "compare_report_inside_a_run": (
+        ["reproduce", "fedgp-table1-mnist", "--compare", ".", "--out", "a/cmp"],
+        "run directory",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_run_directory_is_written_only_by_its_run(runs: Path, case: str) -> None:
+    args, words = CASES[case]
+    before = digest(runs)
+    result = cli(args, runs)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], lines
+    assert digest(runs) == before
+
+
+def test_a_report_may_go_below_its_own_run(runs: Path, tmp_path: Path) -> None:
+    """The run's own report, in a folder of the user's inside that run, is no foreign write."""
+    (runs / "a" / "mine").mkdir(exist_ok=True)
+    result = cli(["report", "a", "--out", "a/mine/report.html"], runs)
+    assert result.returncode == 0, result.stderr
+    assert (runs / "a" / "mine" / "report.html").is_file()
+    (runs / "a" / "mine" / "report.html").unlink()
+    (runs / "a" / "mine").rmdir()
