@@ -15,7 +15,8 @@ no one serving the lock and writes nothing. The reaper (``flower.reaper``) ends 
 that outlives its launcher; until it does, that ServerApp still holds the lock, so no other
 process can claim the directory in between.
 
-Standard library only: the reaper's and the ServerApp's imports stay light.
+Standard library only (and two light modules of this package): the ServerApp's imports
+stay light.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from cfl_bench.errors import UserError
+from cfl_bench.flower.sockets import MAX_SOCKET_PATH
 
 #: The socket's file name, beside the run configuration in the simulation's folder.
 LOCK_SOCKET = "lock.sock"
@@ -52,6 +56,11 @@ def serving(folder: Path, out: Path, path: Path, resume: bool, fd: int) -> Itera
     """Serve the claim (and a duplicate of the locked ``fd`` per connection) on
     ``folder/lock.sock`` until the block ends; yields the socket's path."""
     where = folder / LOCK_SOCKET
+    if len(os.fsencode(str(where))) > MAX_SOCKET_PATH:
+        raise UserError(
+            f"the Flower simulation's folder '{folder}' is too long a path for a local socket; "
+            "set TMPDIR to a shorter folder."
+        )
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)  # only this user may connect
     try:
