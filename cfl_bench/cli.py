@@ -205,19 +205,23 @@ def flower_app_cmd(app_dir: str, **values: Any) -> None:
 
 def check_app_dir(app_dir: str) -> None:
     """Refuse an --app-dir that cannot become the app folder: empty (it would mean the
-    current folder), not a folder, or not UTF-8 text without control characters."""
+    current folder), not a folder, not UTF-8 text without control characters, or a
+    cfl-bench run directory or a folder inside one (only `cfl-bench run` writes there)."""
     from pathlib import Path
 
     from cfl_bench.atomic import path_kind
     from cfl_bench.config import check_folder_text
 
     check_folder_text("--app-dir", app_dir, "the Flower app (a new one)")
+    from cfl_bench.run_dir import refuse_run_directory
+
     path = Path(app_dir)
     if path.exists() and not path.is_dir():
         raise UserError(
             f"--app-dir '{app_dir}' is {path_kind(path)}, not a folder; give a new folder for "
             f"the Flower app."
         )
+    refuse_run_directory(path, "--app-dir", "the Flower app's files")
 
 
 def _install_flower_commands() -> None:

@@ -64,42 +64,35 @@ def execute_in_flower(
 ) -> RunResult:
     """Launch a Flower simulation that runs ``plan`` (``flower.launch``); the ServerApp
     executes the same configuration, with ``out`` fixed to this plan's directory, and adds
-    ``annotations`` (a sweep's request hash) to its summary."""
+    ``annotations`` (a sweep's request hash) to its summary.
+
+    The directory is claimed here, before Flower starts, exactly as for every executor (a
+    finished run is refused at once, not after a minute of Flower), and its lock is handed
+    to the ServerApp (``flower.handover``): nothing writes the directory without it."""
     from cfl_bench.flower.launch import run_in_flower
 
     config = dataclasses.replace(plan.config, out=str(plan.out.resolve()))
-    say("starting a Flower simulation (Flower and Ray take about a minute to start)")
+    run_dir, resume = claim_run_directory(plan, say)
     try:
-        path = run_in_flower(config, plan.device, say, annotations)
-    except KeyboardInterrupt:
-        raise RunInterruptedError(
-            f"interrupted during the Flower simulation; '{plan.out}' keeps its last "
-            "checkpoint (if one was written yet); rerun the same command to resume"
-        ) from None
+        say("starting a Flower simulation (Flower and Ray take about a minute to start)")
+        path = run_in_flower(config, plan.device, say, annotations, claim=(run_dir, resume))
+    except BaseException as exc:
+        run_dir.abandon()
+        run_dir.release(remove_created=True)  # only folders this claim made and left empty
+        if isinstance(exc, KeyboardInterrupt):
+            raise RunInterruptedError(
+                f"interrupted during the Flower simulation; '{plan.out}' keeps its last "
+                "checkpoint (if one was written yet); rerun the same command to resume"
+            ) from None
+        raise
+    run_dir.release()
     summary = json.loads((path / "summary.json").read_text())
     return RunResult(path, summary)
 
 
-def execute(
-    config: RunConfig,
-    on_round: Callable[[RoundReport], None] | None = None,
-    annotations: Mapping[str, object] | None = None,
-    notify: Callable[[str], None] | None = None,
-    host: object = None,
-) -> RunResult:
-    """Run ``config`` into its run directory, resuming it from its checkpoint when the
-    directory holds an unfinished run of the same configuration.
-
-    ``annotations``: caller keys added to summary.json (the run's own keys win), so a
-    caller such as ``cfl-bench sweep`` can recognise its finished runs in one read.
-    ``notify`` receives one-line messages for the user (resuming, notes).
-    ``host``: what a hosted executor's client side runs in, passed by that host (Flower's
-    ServerApp passes its grid); without one, such a run starts its host (``flower.launch``).
-    """
-    say = notify or (lambda _text: None)
-    plan = plan_run(config)
-    if executor_kind(plan.config.executor).hosted and host is None:
-        return execute_in_flower(plan, annotations, say)
+def claim_run_directory(plan: RunPlan, say: Callable[[str], None]) -> tuple[RunDirectory, bool]:
+    """Refuse what can be refused, then create, lock and claim the run directory; the
+    directory and whether the run resumes from its checkpoint."""
     check_memory(plan)
     if plan.config.log:
         check_available(parse_trackers(plan.config.log))
@@ -111,6 +104,39 @@ def execute(
         restart=plan.config.restart,
         preflight=lambda path: check_disk(plan, path),
     )
+    return run_dir, resume
+
+
+def execute(
+    config: RunConfig,
+    on_round: Callable[[RoundReport], None] | None = None,
+    annotations: Mapping[str, object] | None = None,
+    notify: Callable[[str], None] | None = None,
+    host: object = None,
+    claimed: tuple[RunDirectory, bool] | None = None,
+) -> RunResult:
+    """Run ``config`` into its run directory, resuming it from its checkpoint when the
+    directory holds an unfinished run of the same configuration.
+
+    ``annotations``: caller keys added to summary.json (the run's own keys win), so a
+    caller such as ``cfl-bench sweep`` can recognise its finished runs in one read.
+    ``notify`` receives one-line messages for the user (resuming, notes).
+    ``host``: what a hosted executor's client side runs in, passed by that host (Flower's
+    ServerApp passes its grid); without one, such a run starts its host (``flower.launch``).
+    ``claimed``: the directory already claimed for this run, and whether it resumes (a
+    Flower ServerApp's, handed over by its launcher: ``flower.handover``).
+    """
+    say = notify or (lambda _text: None)
+    plan = plan_run(config)
+    if executor_kind(plan.config.executor).hosted and host is None:
+        return execute_in_flower(plan, annotations, say)
+    if claimed is None:
+        run_dir, resume = claim_run_directory(plan, say)
+    else:
+        run_dir, resume = claimed
+        if run_dir.out.resolve() != plan.out.resolve():
+            run_dir.release()
+            raise UserError(f"the directory claimed is '{run_dir.out}', not '{plan.out}'.")
     with run_dir:
         try:
             ran = run_in(run_dir, plan, resume, on_round, say, host)

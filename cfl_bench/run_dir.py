@@ -293,6 +293,28 @@ class RunDirectory:
                 f"to end or choose another --out."
             ) from None
 
+    @property
+    def lock_fd(self) -> int | None:
+        """The locked descriptor of ``out`` while claimed (handed to a Flower ServerApp by
+        its launcher: ``flower.handover``)."""
+        return self._fd
+
+    @classmethod
+    def adopt(cls, out: Path, path: Path, fd: int) -> RunDirectory:
+        """The directory another process of the same run claimed, with the locked
+        descriptor it handed over (``flower.handover``: the launcher to its ServerApp).
+        Sharing the open file description shares the lock; refused when ``fd`` is not
+        ``out``'s."""
+        same = os.fstat(fd)
+        here = os.stat(out)
+        if (same.st_dev, same.st_ino) != (here.st_dev, here.st_ino):
+            os.close(fd)
+            raise UserError(f"the lock handed over is not that of '{out}'; rerun the command.")
+        run_dir = cls(out)
+        run_dir.path = Path(path)
+        run_dir._fd = fd
+        return run_dir
+
     def _decide(self, config_hash: str, *, overwrite: bool, restart: bool) -> bool:
         self._check_replaceable(config_hash, overwrite=overwrite)
         old_hash = folder_config_hash(self.out)

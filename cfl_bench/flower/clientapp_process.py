@@ -28,6 +28,9 @@ import signal
 import socket
 import struct
 import sys
+from pathlib import Path
+
+from cfl_bench.flower import sockets
 
 #: The Flower release whose ``flwr_clientapp`` this mirrors (major.minor).
 MIRRORED = "1.42"
@@ -163,15 +166,7 @@ def serve_starter(path: str) -> None:
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     signal.signal(signal.SIGTERM, lambda _s, _f: sys.exit(0))
-    if os.path.exists(path):
-        os.unlink(path)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        listener.bind(path)
-    finally:
-        os.umask(old)
-    listener.listen(64)
+    listener, identity = sockets.bind_own(Path(path), backlog=64)
     try:
         while True:
             conn, _ = listener.accept()
@@ -186,8 +181,7 @@ def serve_starter(path: str) -> None:
             conn.close()
     finally:
         listener.close()
-        if os.path.exists(path):
-            os.unlink(path)
+        sockets.remove_own(Path(path), identity)  # only the socket it made
 
 
 if __name__ == "__main__":

@@ -39,9 +39,10 @@ import torch
 import cfl_bench
 from cfl_bench.config import RunConfig
 from cfl_bench.errors import UserError
-from cfl_bench.flower import SAID_FILE, require_flwr
+from cfl_bench.flower import SAID_FILE, handover, require_flwr
 from cfl_bench.flower.node import free_port, stop
 from cfl_bench.flower.reaper import flower_pids
+from cfl_bench.run_dir import RunDirectory
 
 APP_PYPROJECT = """\
 [build-system]
@@ -139,11 +140,30 @@ def write_deploy_app(config: RunConfig, app: Path) -> Path:
         )
     config = dataclasses.replace(config, executor="flower")
     plan = plan_run(config)  # every refusal of --executor flower, before anything is written
+    refuse_overlap(app, plan.out)
     root = config.data_root and str(Path(config.data_root).resolve())
     config = dataclasses.replace(config, out=str(plan.out.resolve()), data_root=root)
     app.mkdir(parents=True, exist_ok=True)
     write_app_folder(app, json.dumps(config.to_dict(), sort_keys=True))
     return app
+
+
+def refuse_overlap(app: Path, out: Path) -> None:
+    """Refuse an app folder that is the run's ``--out``, lies inside it, or holds it: the
+    run would find the app's files in its directory and refuse it (or a rerun with
+    --overwrite would delete them), and ``flwr run`` would ship the run's files inside the
+    app."""
+    app_at, out_at = app.resolve(), out.resolve()
+    if app_at == out_at or out_at in app_at.parents:
+        raise UserError(
+            f"--app-dir '{app}' is the run's --out '{out}' or inside it, where only the run's "
+            f"own files belong; choose an app folder outside it."
+        )
+    if app_at in out_at.parents:
+        raise UserError(
+            f"--out '{out}' is inside --app-dir '{app}', and Flower would ship the run's "
+            f"files with the app; choose an --out outside the app folder."
+        )
 
 
 def write_app(
@@ -190,53 +210,72 @@ def run_in_flower(
     device: torch.device,
     say: Callable[[str], None] | None = None,
     annotations: Mapping[str, object] | None = None,
+    *,
+    claim: tuple[RunDirectory, bool],
 ) -> Path:
     """Run ``config`` (already validated, ``out`` resolved) in a Flower simulation with one
     SuperNode per client and 1 CPU (and on CUDA a GPU fraction) per Ray actor; returns the
-    run directory. ``annotations`` go into its summary (``run.execute``'s).
+    run directory. ``annotations`` go into its summary (``run.execute``'s). ``claim``: the
+    run directory, claimed and locked by this process, and whether the run resumes; its
+    lock is handed to the ServerApp (``flower.handover``) while the simulation runs.
 
     The simulation's SuperLink listens on free ports of its own (Flower's fixed local ports
     would let only one simulation run on a machine: sweeps run several), and a reaper
     (``flower.reaper``) ends the simulation if this process dies without cleaning up."""
     require_flwr()
+    run_dir, resume = claim
+    assert run_dir.lock_fd is not None, "the run directory must be claimed first"
     home = Path(tempfile.mkdtemp(prefix="cfl-flower-"))
     reaper = start_reaper(home)
     try:
         app = write_app(home, config, annotations)
-        env = {
-            **environment(home),
-            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
-            "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
-        }
-        settings = simulation_settings(config.clients, device, threads=config.threads)
-        command = [
-            shutil.which("flwr") or str(Path(sys.executable).with_name("flwr")),
-            "run",
-            str(app),
-            "local",
-            "--stream",
-            "--run-config",
-            f"cfl-config='{home / 'run' / 'config.json'}'",
-            "--federation-config",
-            settings,
-        ]
-        said = home / "run" / SAID_FILE
-        output = relay(command, env, said, say or (lambda _text: None))
-        outcome_file = home / "run" / "outcome.json"
-        if not outcome_file.exists():
-            raise UserError(
-                "the Flower simulation ended without running the run: " + output.strip()[-2000:]
-            )
-        outcome = json.loads(outcome_file.read_text())
-        if not outcome["ok"]:
-            raise UserError(f"the run failed inside Flower: {outcome['error']}")
-        return Path(str(outcome["path"]))
+        with handover.serving(home / "run", run_dir.out, run_dir.path, resume, run_dir.lock_fd):
+            return simulate(home, app, config, device, say)
     finally:
         stop(flower_pids(home))
         shutil.rmtree(home, ignore_errors=True)
         assert reaper.stdin is not None
         reaper.stdin.close()  # the reaper finds nothing left and exits
         reaper.wait(timeout=30)
+
+
+def simulate(
+    home: Path,
+    app: Path,
+    config: RunConfig,
+    device: torch.device,
+    say: Callable[[str], None] | None,
+) -> Path:
+    """``flwr run APP local`` with the simulation's settings; the run directory, once the
+    ServerApp reports the run done (its outcome file), else a one-line error."""
+    env = {
+        **environment(home),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+    }
+    settings = simulation_settings(config.clients, device, threads=config.threads)
+    command = [
+        shutil.which("flwr") or str(Path(sys.executable).with_name("flwr")),
+        "run",
+        str(app),
+        "local",
+        "--stream",
+        "--run-config",
+        f"cfl-config='{home / 'run' / 'config.json'}'",
+        "--federation-config",
+        settings,
+    ]
+    said = home / "run" / SAID_FILE
+    output = relay(command, env, said, say or (lambda _text: None))
+    outcome_file = home / "run" / "outcome.json"
+    if not outcome_file.exists():
+        raise UserError(
+            "the Flower simulation ended without running the run: " + output.strip()[-2000:]
+        )
+    outcome = json.loads(outcome_file.read_text())
+    if not outcome["ok"]:
+        raise UserError(f"the run failed inside Flower: {outcome['error']}")
+    return Path(str(outcome["path"]))
 
 
 def start_reaper(home: Path) -> subprocess.Popen[bytes]:
@@ -255,9 +294,7 @@ def start_reaper(home: Path) -> subprocess.Popen[bytes]:
 STARTING_NOTE_SECONDS = 15.0
 
 
-def relay(
-    command: list[str], env: dict[str, str], said: Path, say: Callable[[str], None]
-) -> str:
+def relay(command: list[str], env: dict[str, str], said: Path, say: Callable[[str], None]) -> str:
     """Run ``flwr run`` and tell the user what it is doing; returns its whole output.
 
     Why: Flower's simulation spends its first minute starting the SuperLink, Ray and one

@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,7 @@ from types import FrameType
 import psutil
 
 from cfl_bench.errors import UserError
+from cfl_bench.flower import sockets
 
 #: SuperExec's poll for ClientApp tasks (s) unless the environment sets it.
 TASK_POLL_S = "0.5"
@@ -60,7 +62,7 @@ class Helper:
         """Start it and return once it listens; refuse in one line if it cannot."""
         proc = subprocess.Popen(self.command(), env=env)
         deadline = time.monotonic() + HELPER_START_S
-        while not listening(self.socket):
+        while not sockets.listening(self.socket):
             if proc.poll() is not None:
                 raise UserError(
                     f"the node's {self.name} exited with code {proc.returncode} before "
@@ -101,9 +103,11 @@ class NodeSpec:
         worker = Helper("worker", "cfl_bench.flower.node_worker", "--socket", self.socket)
         if not warm_clientapps:
             return [worker]
-        starter_socket = self.socket.with_name(self.socket.name + ".starter")
         starter = Helper(
-            "starter", "cfl_bench.flower.clientapp_process", "--starter", starter_socket
+            "starter",
+            "cfl_bench.flower.clientapp_process",
+            "--starter",
+            starter_socket(self.socket),
         )
         return [worker, starter]
 
@@ -142,11 +146,6 @@ def lean_clientapp_folder(folder: Path) -> Path | None:
     script.write_text(launcher_text())
     script.chmod(0o755)
     return folder
-
-
-def listening(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        return s.connect_ex(str(path)) == 0
 
 
 def stop_tree(pids: list[int]) -> None:
@@ -239,13 +238,60 @@ def check_node_options(
         raise UserError(f"--partition-id must be 0 or more (got {partition}).")
     if port is not None and not 0 < port < 65536:
         raise UserError(f"--port must be between 1 and 65535 (got {port}).")
-    if socket_path is not None and not Path(socket_path).resolve().parent.is_dir():
+    if socket_path is not None:
+        check_socket_option(socket_path)
+    if root_certificates is not None:
+        check_root_certificates(root_certificates)
+
+
+def check_socket_option(socket_path: str) -> None:
+    """Refuse a ``--socket`` the node's sockets cannot take without harm: its folder
+    missing, or the path or the starter's ``PATH.starter`` already something other than a
+    socket nothing listens on (``flower.sockets``: a user's file there was replaced by a
+    socket and then deleted)."""
+    if not Path(socket_path).absolute().parent.is_dir():
         raise UserError(f"--socket '{socket_path}': its folder does not exist; create it.")
-    if root_certificates is not None and not Path(root_certificates).is_file():
+    worker = socket_file(socket_path)
+    starter = ("the node's starter socket (--socket + .starter)", starter_socket(worker))
+    for role, path in (("--socket", worker), starter):
+        problem = sockets.socket_problem(path)
+        if problem is not None:
+            raise UserError(
+                f"{role} '{path}' {problem}; give --socket another path (a short new name in "
+                "a folder of yours)."
+            )
+
+
+def socket_file(socket_path: str) -> Path:
+    """Where the worker's socket is bound for ``--socket``: its folder resolved, its own
+    name not (a symbolic link there is refused, never followed)."""
+    path = Path(socket_path).absolute()
+    return path.parent.resolve() / path.name
+
+
+def check_root_certificates(root_certificates: str) -> None:
+    """Refuse a ``--root-certificates`` that is not a file of PEM certificates (Flower
+    printed a traceback and the node then hung); the standard library's parser decides."""
+    if not Path(root_certificates).is_file():
         raise UserError(
             f"--root-certificates '{root_certificates}' is not a file; give the SuperLink's "
             "CA certificate (PEM), or leave the option out for an insecure connection."
         )
+    try:
+        ssl.create_default_context(cafile=root_certificates)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc.strerror or type(exc).__name__
+        raise UserError(
+            f"--root-certificates '{root_certificates}' holds no PEM certificate that can be "
+            f"read ({str(reason).lower().replace('_', ' ')}); give the SuperLink's CA "
+            "certificate (PEM, '-----BEGIN CERTIFICATE-----'), or leave the option out for an "
+            "insecure connection."
+        ) from None
+
+
+def starter_socket(socket_path: Path) -> Path:
+    """The starter's socket beside the worker's (``PATH.starter``)."""
+    return socket_path.with_name(socket_path.name + ".starter")
 
 
 def run_node(
@@ -258,7 +304,7 @@ def run_node(
     """``cfl-bench flower node``'s work: check the options, supervise, clean up."""
     check_node_options(superlink, partition, socket_path, port, root_certificates)
     scratch = Path(tempfile.mkdtemp(prefix="cfl-node-"))
-    path = scratch / "worker.sock" if socket_path is None else Path(socket_path).resolve()
+    path = scratch / "worker.sock" if socket_path is None else socket_file(socket_path)
     spec = NodeSpec(superlink, partition, path, port or free_port(), root_certificates)
     try:
         bin_dir = lean_clientapp_folder(scratch / "bin")

@@ -5,13 +5,13 @@ local socket: torch is imported once, the run's client side (model, strategy, th
 data shard) is built once per run, and the client's state stays in memory between messages
 (for the two latest runs); only its token is checked (``node_work``: a worker that
 restarted holds no state and answers "stale", so the server sends it). Started and
-restarted by ``cfl-bench flower node``; it exits on SIGTERM or SIGINT and removes its socket file.
+restarted by ``cfl-bench flower node``; it exits on SIGTERM or SIGINT and removes its socket
+file (only the socket it made: ``flower.sockets``).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import pickle
 import signal
 import socket
@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from cfl_bench.flower import node_work, wire
+from cfl_bench.flower import node_work, sockets, wire
 
 
 class Worker:
@@ -49,27 +49,13 @@ class Worker:
                     continue  # the ClientApp went away; it asks again if it still cares
 
 
-def listen(path: Path) -> socket.socket:
-    """A socket at ``path`` (a stale file from a dead worker is replaced), private to the
-    user."""
-    path.unlink(missing_ok=True)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        listener.bind(str(path))
-    finally:
-        os.umask(old)
-    listener.listen(16)
-    return listener
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--socket", required=True, type=Path)
     args = parser.parse_args(argv)
     import torch  # noqa: F401  (before the socket exists: the first message finds it loaded)
 
-    listener = listen(args.socket)
+    listener, identity = sockets.bind_own(args.socket, backlog=16)
 
     def stop(_signum: int, _frame: FrameType | None) -> None:
         raise SystemExit(0)
@@ -80,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         Worker().serve(listener)
     finally:
         listener.close()
-        args.socket.unlink(missing_ok=True)
+        sockets.remove_own(args.socket, identity)  # only the socket it made
 
 
 if __name__ == "__main__":

@@ -64,8 +64,18 @@ def reap_after_launcher(home: Path) -> None:
     """Block until standard input ends (the launcher is gone), then end the simulation."""
     while sys.stdin.buffer.read(4096):
         pass
-    kill_now(flower_pids(home))
+    # Again until a look finds none: a process started while the last look ran (SuperExec
+    # launching the ServerApp) was not in it.
+    for _ in range(MAX_ROUNDS):
+        pids = flower_pids(home)
+        if not pids:
+            break
+        kill_now(pids)
     shutil.rmtree(home, ignore_errors=True)
+
+
+#: Looks for the simulation's processes at most (each kills what it found).
+MAX_ROUNDS = 20
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ the server hooks, the declared payloads, measurement and checkpoints are the eng
 the client side moves, exactly as with the other executors. The outcome (ok, or the error)
 is written next to the configuration file for the launcher (``flower.launch``; the
 summary's annotations, a sweep's request hash, come from beside it too), because
-``flwr run`` reports success even for a failed run. A deployment's app (``cfl-bench
+``flwr run`` reports success even for a failed run. The run directory is the launcher's:
+it claimed it before Flower started and hands its lock over (``flower.handover``); a
+ServerApp whose launcher is gone gets no lock and writes nothing. A deployment's app (``cfl-bench
 flower app``) carries the configuration itself (``cfl-config-json``) and has no launcher
 waiting: there a failed run raises, so that ``flwr ls`` lists it as failed, and the run
 directory (``out``, on the SuperLink's machine) holds the records as with any executor.
@@ -17,6 +19,7 @@ The grid travels as an argument, never through module state: a process running t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import traceback
 from collections.abc import Callable
@@ -27,7 +30,8 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from cfl_bench.errors import UserError
-from cfl_bench.flower import SAID_FILE
+from cfl_bench.flower import SAID_FILE, handover
+from cfl_bench.run_dir import RunDirectory
 
 app = ServerApp()
 
@@ -45,23 +49,43 @@ def main(grid: Grid, context: Context) -> None:
         return
     path = Path(str(context.run_config["cfl-config"]))
     outcome: dict[str, object] = {"ok": False}
+    claimed: tuple[RunDirectory, bool] | None = None
     try:
         config = RunConfig(**json.loads(path.read_text()))
         annotations = json.loads(path.with_name("annotations.json").read_text())
+        claimed = launchers_claim(path.parent)
         # One line per round (and inside long rounds), and the notes, go to a file the
         # launcher passes on (``flower.launch.relay``), not through Flower's log stream,
         # which may drop the last lines: it stops once the run is marked finished, and a
         # busy machine can mark it so before the final log upload arrives (CI lost a
         # resumed run's lines that way).
         with path.with_name(SAID_FILE).open("a", encoding="utf-8", buffering=1) as said:
-            result = execute(config, RoundLog(said), annotations, line_to(said), host=grid)
+            result = execute(
+                config, RoundLog(said), annotations, line_to(said), host=grid, claimed=claimed
+            )
         outcome = {"ok": True, "path": str(result.path)}
     except UserError as exc:
         outcome = {"ok": False, "error": str(exc)}
     except Exception:
         outcome = {"ok": False, "error": traceback.format_exc()}
     finally:
-        path.with_name("outcome.json").write_text(json.dumps(outcome))
+        if claimed is not None:
+            claimed[0].release()  # if execute did not (it failed before taking the directory)
+        with contextlib.suppress(OSError):  # a launcher that is gone took its folder along
+            path.with_name("outcome.json").write_text(json.dumps(outcome))
+
+
+def launchers_claim(folder: Path) -> tuple[RunDirectory, bool]:
+    """The run directory as the launcher claimed it, with its lock (``flower.handover``);
+    refused when the launcher is gone: then nothing may touch the directory."""
+    claim = handover.receive(folder)
+    if claim is None:
+        raise UserError(
+            "the launcher of this Flower simulation is gone (its run directory's lock with "
+            "it); nothing was written."
+        )
+    run_dir = RunDirectory.adopt(Path(claim.out), Path(claim.path), claim.fd)
+    return run_dir, claim.resume
 
 
 def line_to(said: TextIO) -> Callable[[str], None]:
