@@ -10,6 +10,7 @@ command. Each case runs the real command line in a fresh process against a tiny 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -98,3 +99,23 @@ def test_a_report_may_go_below_its_own_run(runs: Path, tmp_path: Path) -> None:
     assert (runs / "a" / "mine" / "report.html").is_file()
     (runs / "a" / "mine" / "report.html").unlink()
     (runs / "a" / "mine").rmdir()
+
+
+def test_a_failed_sweep_point_writes_nothing_among_the_users_files(tmp_path: Path) -> None:
+    """A point refused because its folder holds the user's files is recorded as failed in
+    sweep.json, but its summary.json is not written among those files (it was)."""
+    from cfl_bench.sweep.grid import build_spec, expand
+
+    out = tmp_path / "sweep"
+    args = ["--threads", "1", *TINY]
+    (point,) = expand(build_spec(None, args, str(out)))
+    (out / point.name).mkdir(parents=True)
+    (out / point.name / "NOTES.md").write_text("mine\n")
+    before = digest(out)
+    result = cli(["sweep", "--out", str(out), *args], tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    log = (out / ".sweep" / f"{point.name}.log").read_text()
+    assert "holds files a run does not write (NOTES.md)" in log
+    assert {k: v for k, v in digest(out).items() if k.startswith(point.name)} == before
+    manifest = json.loads((out / "sweep.json").read_text())
+    assert [e["status"] for e in manifest["points"]] == ["failed"]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import fcntl
 import json
 import os
 from collections.abc import Iterable
@@ -106,6 +107,34 @@ def check_run_dir(run_dir: Path) -> None:
             f"'{run_dir}' holds files a run does not write ({', '.join(foreign[:3])}); move "
             f"them away so the sweep can run this point."
         )
+
+
+def write_failed_summary(run_dir: Path, summary: dict[str, Any]) -> bool:
+    """Write the sweep's record of a failed point into its run directory, only where that
+    is safe; returns whether it was written.
+
+    Never into a folder that holds something other than a cfl-bench run (a point refused for
+    files of the user's would otherwise get a summary.json among them), never over a run
+    that is complete (its summary is that run's record), and only while holding the run
+    directory's own lock (``flock`` on the folder, as ``cfl-bench run`` takes it): a run
+    still writing there, e.g. a straggler of a killed child, keeps the folder to itself.
+    """
+    occupied = run_dir.is_dir() and any(run_dir.iterdir())
+    if occupied and (
+        not run_directory.is_run_directory(run_dir) or run_directory.folder_complete(run_dir)
+    ):
+        return False
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        atomic_write_json(run_dir / "summary.json", summary)
+        return True
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock
 
 
 def failed_summary(

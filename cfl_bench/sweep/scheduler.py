@@ -162,7 +162,8 @@ def settle(state: PointState, code: int | None) -> None:
 
 
 def record_failure(state: PointState, code: int | None) -> None:
-    """summary.json with status "failed", written under the point's lock."""
+    """summary.json with status "failed", written under the point's lock and the run
+    directory's (:func:`ledger.write_failed_summary`: never among a user's files)."""
     reason = ledger.tail(state.log_path) or "the run exited without a summary"
     if code is not None and code < 0:
         with contextlib.suppress(ValueError):
@@ -178,8 +179,7 @@ def record_failure(state: PointState, code: int | None) -> None:
             state.point.request, state.point.request_hash, state.point.name, code, reason
         )
         summary["wall_time_s"] = state.wall_time_s
-        state.run_dir.mkdir(parents=True, exist_ok=True)
-        ledger.atomic_write_json(state.run_dir / "summary.json", summary)
+        ledger.write_failed_summary(state.run_dir, summary)
     ledger.append_log(state.out, "fail", state.point.name, rc=code)
 
 
