@@ -79,7 +79,7 @@ def check_run_dir(run_dir: Path) -> None:
 
     The run itself replaces or resumes what it wrote; anything else is refused rather than
     run into, because the sweep folder may be one the user shares with other work. The
-    first check is ``cfl-bench run``'s own (:func:`cfl_bench.run_dir.refuse_foreign_folder`):
+    second check is ``cfl-bench run``'s own (:func:`cfl_bench.run_dir.refuse_foreign_folder`):
     a folder whose run-named files (a user's ``records.csv``) come with no run's config.json
     is not a run, whatever the names.
     """
@@ -87,7 +87,6 @@ def check_run_dir(run_dir: Path) -> None:
         return
     if not run_dir.is_dir():
         raise UserError(f"'{run_dir}' is a file; move it away so the sweep can use that name.")
-    run_directory.refuse_foreign_folder(run_dir, f"'{run_dir}'")
     foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in RUN_FILES)
     foreign = [n for n in foreign if not (n.startswith(".") and n.endswith(".tmp"))]
     if foreign:
@@ -95,6 +94,7 @@ def check_run_dir(run_dir: Path) -> None:
             f"'{run_dir}' holds files a run does not write ({', '.join(foreign[:3])}); move "
             f"them away so the sweep can run this point."
         )
+    run_directory.refuse_foreign_folder(run_dir, f"'{run_dir}'")
 
 
 def failed_summary(
