@@ -309,3 +309,19 @@ def test_a_foreign_folder_is_refused_by_the_api_with_nothing_created(tmp_path: P
     with pytest.raises(UserError, match=r"holds records\.csv"):
         RunDirectory(out).precheck("h", overwrite=True, restart=True)
     assert state(tmp_path) == before
+
+
+def test_a_flower_run_is_refused_before_flower_starts(tmp_path: Path, finished: Path) -> None:
+    """A hosted run claims its folder only inside Flower, a minute later: the same refusals
+    come first, in seconds (RunDirectory.precheck)."""
+    pytest.importorskip("flwr")
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "records.csv").write_text("mine\n")
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    before = state(tmp_path)
+    flower = ["run", *TINY, "--executor", "flower"]
+    refused([*flower, "--out", str(out)], tmp_path, "is not a cfl-bench run", "records.csv")
+    refused([*flower, "--out", str(run / "sub")], tmp_path, "is inside the cfl-bench run")
+    assert state(tmp_path) == before
