@@ -10,7 +10,8 @@ Files of a run directory, in the order they are written::
                      status "finished" or "diverged"
 
 and, when asked for, ``tensorboard/``, ``mlflow.db`` and ``mlruns/`` (``--log``), ``model.pt``
-(``--save-model``) and ``report.html`` (``cfl-bench report``'s page of this run). These names
+(``--save-model``), ``report.html`` (``cfl-bench report``'s page of this run) and
+``carla_demo.html`` (``carla demo``'s). These names
 are the run's own entries (:data:`RUN_OUTPUTS`, the one list of them): **a folder is a
 cfl-bench run only when its config.json says so** (a JSON object with a string
 ``config_hash``), and only a run's own entries are ever replaced or removed. Anything else in
@@ -80,9 +81,10 @@ RUN_FILES = ("config.json", "records.csv", "costs.csv", "checkpoint.pt", "summar
 # What --log trackers write into a run directory (cfl_bench.trackers): kept when a run
 # resumes, removed with the run files when it starts over.
 TRACKER_OUTPUTS = ("tensorboard", "mlflow.db", "mlruns")
-# Written into the run directory beside them: the final model (--save-model, cfl_bench.run)
-# and `cfl-bench report`'s default page, which describes this run (stale once replaced).
-RUN_EXTRAS = ("model.pt", "report.html")
+# Written into the run directory beside them: the final model (--save-model, cfl_bench.run),
+# `cfl-bench report`'s default page and `carla demo`'s page (carla_bridge.demo_page), which
+# describe this run (stale once it is replaced).
+RUN_EXTRAS = ("model.pt", "report.html", "carla_demo.html")
 # The manifest of a run's own entries: the only names --overwrite/--restart replace.
 RUN_OUTPUTS = RUN_FILES + TRACKER_OUTPUTS + RUN_EXTRAS
 DONE = ("finished", "diverged")
