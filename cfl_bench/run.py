@@ -176,8 +176,11 @@ def run_in(
             if not resume:  # before the federation touches the model
                 plan.resolved["cost_estimate"] = cost.announce(plan, say)
             federation = plan.federation(host)
+            # config.json first: a folder holding a tracker's output without it would not
+            # be a run (cfl_bench.run_dir), and a rerun would refuse it.
+            keeper = start_keeper(run_dir, plan, federation, resume, say)
             trackers = open_run_trackers(plan, run_dir)
-            keeper = start_keeper(run_dir, plan, federation, trackers, resume, say)
+            keeper.observers.extend(tracker.log for tracker in trackers)
         # A display may also follow the clients inside a round (``RoundLog.clients_done``).
         federation.on_client = getattr(on_round, "clients_done", None)
         outcome = federation.run(on_round, keeper.round_end)
@@ -199,7 +202,6 @@ def start_keeper(
     run_dir: RunDirectory,
     plan: RunPlan,
     federation: Federation,
-    trackers: list[Tracker],
     resume: bool,
     say: Callable[[str], None],
 ) -> RoundKeeper:
@@ -212,7 +214,6 @@ def start_keeper(
         every=config.checkpoint_every,
         fingerprint=fingerprint(plan),
         keep_last=config.keep_checkpoint,
-        observers=[tracker.log for tracker in trackers],
     )
     if resume:
         try:

@@ -9,6 +9,19 @@ Files of a run directory, in the order they are written::
     summary.json     last, atomically: a run is complete exactly when it exists with
                      status "finished" or "diverged"
 
+and, when asked for, ``tensorboard/``, ``mlflow.db`` and ``mlruns/`` (``--log``), ``model.pt``
+(``--save-model``), ``report.html`` (``cfl-bench report``'s page of this run) and
+``carla_demo.html`` (``carla demo``'s). These names
+are the run's own entries (:data:`RUN_OUTPUTS`, the one list of them): **a folder is a
+cfl-bench run only when its config.json says so** (a JSON object with a string
+``config_hash``), and only a run's own entries are ever replaced or removed. Anything else in
+``--out`` (the user's ``NOTES.md``, ``plots/``, another command's report folder, a run
+nested in a subfolder) is kept where it is; a non-empty folder that is not a run is refused
+with nothing changed, whatever the names in it (a user's ``records.csv`` or ``mlruns/``
+are theirs). The one exception is the record a sweep writes for a point that failed before
+its config.json (``cfl_bench.sweep.ledger.failed_summary``): a folder holding only that
+summary.json is the sweep's, and the point's rerun replaces it.
+
 Why a lock on the directory itself (``flock`` on its file descriptor): two identical
 commands started into the same ``--out`` would interleave their rows in one file. The kernel
 drops the lock when the process dies, even on SIGKILL, so a killed run never leaves a stale
@@ -21,10 +34,11 @@ process created is removed again if it cannot be used.
 **Replacing a run** (``--overwrite``, ``--restart``, or a leftover of a run killed before
 its first checkpoint): nothing of the old run is touched until the new one is complete.
 The new run is written into a hidden staging folder inside ``--out`` (``.replacement/``)
-and, once its ``summary.json`` is written, swapped in: every old entry (``model.pt`` and
-``report.html`` of the old run included) moves into ``.replaced/``, a marker
-(``.replaced/.moved``) records that all of them did, the staged entries move up into
-``--out``, and ``.replaced/`` is deleted. Why this design rather than moving the old run
+and, once its ``summary.json`` is written, swapped in: every one of the old run's own
+entries (:data:`RUN_OUTPUTS`: ``model.pt`` and ``report.html`` of the old run included) moves
+into ``.replaced/``, a marker (``.replaced/.moved``) records that all of them did, the staged
+entries move up into ``--out``, and ``.replaced/`` is deleted. Every other entry of
+``--out`` stays where it is throughout. Why this design rather than moving the old run
 aside at the start and back on failure:
 
 * A failure at any point before the swap (the cost probe's allocation, a data error, an
@@ -40,7 +54,8 @@ aside at the start and back on failure:
   ``--overwrite``) resumes it there; otherwise the staging folder is removed again.
 * The swap is a few renames inside one directory; a crash in the middle of it is rolled
   forward by the next claim (the staged run was complete when the swap began; the marker
-  tells which entries in ``--out`` are old and which are new).
+  tells whether the run's entries in ``--out`` are old or new; entries that are not the
+  run's are never moved, so they are neither).
 """
 
 from __future__ import annotations
@@ -51,6 +66,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -65,6 +81,12 @@ RUN_FILES = ("config.json", "records.csv", "costs.csv", "checkpoint.pt", "summar
 # What --log trackers write into a run directory (cfl_bench.trackers): kept when a run
 # resumes, removed with the run files when it starts over.
 TRACKER_OUTPUTS = ("tensorboard", "mlflow.db", "mlruns")
+# Written into the run directory beside them: the final model (--save-model, cfl_bench.run),
+# `cfl-bench report`'s default page and `carla demo`'s page (carla_bridge.demo_page), which
+# describe this run (stale once it is replaced).
+RUN_EXTRAS = ("model.pt", "report.html", "carla_demo.html")
+# The manifest of a run's own entries: the only names --overwrite/--restart replace.
+RUN_OUTPUTS = RUN_FILES + TRACKER_OUTPUTS + RUN_EXTRAS
 DONE = ("finished", "diverged")
 # The hidden folders of a replacement (see the module docstring): the run being written,
 # the old run's entries during the swap, and the marker that all of them were moved.
@@ -135,6 +157,14 @@ def is_temporary(name: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
+def is_regular_file(path: Path) -> bool:
+    """A regular file itself, not a link to one (nor a folder, a pipe or a device)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def free_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free
 
@@ -156,6 +186,46 @@ def folder_config_hash(folder: Path) -> str | None:
     return None
 
 
+def is_sweep_record(folder: Path) -> bool:
+    """Whether ``folder``'s summary.json is the record a sweep writes for a point whose run
+    failed (``cfl_bench.sweep.ledger.failed_summary``: status "failed", its point's name)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        summary = json.loads((folder / SUMMARY).read_text())
+        return summary.get("status") == "failed" and isinstance(summary.get("sweep_point"), str)
+    return False
+
+
+def listed_entries(folder: Path) -> list[str]:
+    """The names in ``folder`` that someone put there: all but the temporary files of a
+    killed atomic write and a replacement's hidden folders (cfl-bench's own leftovers)."""
+    return sorted(
+        p.name
+        for p in folder.iterdir()
+        if p.name not in REPLACEMENT_FOLDERS and not is_temporary(p.name)
+    )
+
+
+def refuse_foreign_folder(folder: Path, label: str) -> None:
+    """Refuse a non-empty ``folder`` that is not a cfl-bench run, whatever its names.
+
+    Why names do not count: a user's ``records.csv``, a PyTorch ``checkpoint.pt`` or an
+    MLflow ``mlruns/`` carry a run file's name and were replaced or deleted when they did.
+    Only a run's config.json makes a folder a run; a folder holding nothing but a sweep's
+    record of a failed point is the sweep's (its rerun replaces it). ``label``: how the
+    message names the folder (``--out 'X'``).
+    """
+    if folder_config_hash(folder) is not None:
+        return
+    names = listed_entries(folder)
+    if not names or (names == [SUMMARY] and is_sweep_record(folder)):
+        return
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    raise UserError(
+        f"{label} is not a cfl-bench run directory (it has no config.json of a run) but holds "
+        f"{shown}; nothing was changed; choose an empty or new folder, or move those away."
+    )
+
+
 def is_run_directory(folder: Path) -> bool:
     """Whether ``folder`` holds a cfl-bench run: a config.json with a config hash, or a
     summary.json with a status (a sweep's record of a run that failed early)."""
@@ -171,19 +241,24 @@ def refuse_run_directory(path: Path, option: str, why: str) -> None:
     one: only ``cfl-bench run`` writes into a run directory (its files are the run's
     record, and a rerun with --overwrite would delete anything else). ``why``: what the
     command writes there, for the message."""
-    target = path.absolute()
-    for folder in (target, *target.parents):
-        if not is_run_directory(folder):
-            continue
-        if folder == target:
-            raise UserError(
-                f"{option} '{path}' is a cfl-bench run directory, and {why} would mix into "
-                f"that run's files; choose a folder of its own."
-            )
+    if is_run_directory(path.absolute()):
         raise UserError(
-            f"{option} '{path}' is inside the cfl-bench run directory '{folder}', and {why} "
-            f"would mix into that run's files; choose a folder outside it."
+            f"{option} '{path}' is a cfl-bench run directory, and {why} would mix into "
+            f"that run's files; choose a folder of its own."
         )
+    refuse_inside_run_directory(path, option, why)
+
+
+def refuse_inside_run_directory(path: Path, option: str, why: str) -> None:
+    """Refuse a ``path`` below a run directory (any of its ancestors is one). ``cfl-bench
+    run`` checks only this: its --out being a run directory is the resume/overwrite case,
+    but a run nested inside another run would be replaced with it or mixed into it."""
+    for folder in path.absolute().parents:
+        if is_run_directory(folder):
+            raise UserError(
+                f"{option} '{path}' is inside the cfl-bench run directory '{folder}', and "
+                f"{why} would mix into that run's files; choose a folder outside it."
+            )
 
 
 def sync_folder(folder: Path) -> None:
@@ -252,7 +327,7 @@ class RunDirectory:
         before anything in it changes (e.g. a free-space check: a path the OS refuses to
         create is reported as such, not as a full disk).
         """
-        check_out_path(self.out)
+        self.check_path()
         self._create()
         try:
             self._lock()
@@ -263,6 +338,19 @@ class RunDirectory:
         except BaseException:
             self.release(remove_created=True)
             raise
+
+    def precheck(self, config_hash: str, *, overwrite: bool, restart: bool) -> None:
+        """What :meth:`claim` would refuse, read-only and without the lock: for a run whose
+        host (Flower) takes a minute to start before it claims the directory. A folder in
+        the middle of a swap is left to the claim, which completes the swap first."""
+        self.check_path()
+        if self.out.is_dir() and not os.path.lexists(self.out / ASIDE):
+            self._check_replaceable(config_hash, overwrite=overwrite, restart=restart)
+
+    def check_path(self) -> None:
+        """Refuse an --out that cannot work or lies inside another run, creating nothing."""
+        check_out_path(self.out)
+        refuse_inside_run_directory(self.out, "--out", "this run")
 
     def _create(self) -> None:
         missing = []
@@ -316,30 +404,26 @@ class RunDirectory:
         return run_dir
 
     def _decide(self, config_hash: str, *, overwrite: bool, restart: bool) -> bool:
-        self._check_replaceable(config_hash, overwrite=overwrite)
+        self._check_replaceable(config_hash, overwrite=overwrite, restart=restart)
         old_hash = folder_config_hash(self.out)
         complete = folder_complete(self.out)
         if old_hash == config_hash and not complete and not restart and self._resumable(self.out):
             self._drop_staging()
             self._remove((SUMMARY,))
             return True
-        if not self._old_entries():
+        if not self._own_entries():
             self._drop_staging()
-            self._remove(RUN_FILES + TRACKER_OUTPUTS)
+            self._remove(RUN_OUTPUTS)
             return False
         return self._stage(config_hash, restart=restart)
 
-    def _check_replaceable(self, config_hash: str, *, overwrite: bool) -> None:
-        """Refuse a foreign directory, and a finished run or another configuration's
-        unfinished run without ``overwrite``."""
+    def _check_replaceable(self, config_hash: str, *, overwrite: bool, restart: bool) -> None:
+        """Refuse a folder that is not a run, a finished run or another configuration's
+        unfinished run without ``overwrite``, and a checkpoint that is not a file."""
+        refuse_foreign_folder(self.out, f"--out '{self.out}'")
         old_hash = folder_config_hash(self.out)
-        if old_hash is None:
-            foreign = [p for p in self._old_entries() if p not in RUN_FILES + TRACKER_OUTPUTS]
-            if foreign or (self.out / CONFIG).exists():
-                raise UserError(
-                    f"--out '{self.out}' exists and is not a cfl-bench run directory; "
-                    f"choose an empty or new directory."
-                )
+        if old_hash == config_hash and not restart and not folder_complete(self.out):
+            self._check_checkpoint()
         if folder_complete(self.out) and not overwrite:
             raise UserError(
                 f"--out '{self.out}' already holds a finished run; pass --overwrite to "
@@ -370,18 +454,27 @@ class RunDirectory:
         self.staging.mkdir()
         return False
 
+    def _check_checkpoint(self) -> None:
+        """Refuse a checkpoint.pt that is not a regular file (a folder, a link, a named
+        pipe) in a run that would resume from it: it used to start over from round 1
+        without a word. --restart is the way to start over knowingly."""
+        path = self.out / CHECKPOINT
+        if not os.path.lexists(path) or is_regular_file(path):
+            return
+        kind = "a symbolic link" if path.is_symlink() else path_kind(path)
+        raise UserError(
+            f"'{path}' is {kind}, not a checkpoint file, so the run cannot resume from it; "
+            f"remove it, or pass --restart to start the run over."
+        )
+
     @staticmethod
     def _resumable(folder: Path) -> bool:
-        return (folder / CHECKPOINT).is_file()
+        return is_regular_file(folder / CHECKPOINT)
 
-    def _old_entries(self) -> list[str]:
-        """Names in ``out`` that belong to the run there (not the replacement's folders,
-        not temporary files of a killed atomic write)."""
-        return [
-            p.name
-            for p in self.out.iterdir()
-            if p.name not in REPLACEMENT_FOLDERS and not is_temporary(p.name)
-        ]
+    def _own_entries(self) -> list[str]:
+        """The run's own entries in ``out`` (:data:`RUN_OUTPUTS`): the only ones a
+        replacement moves; everything else in ``out`` stays where it is."""
+        return [name for name in listed_entries(self.out) if name in RUN_OUTPUTS]
 
     def _drop_staging(self) -> None:
         staging = self.staging
@@ -414,8 +507,10 @@ class RunDirectory:
     def _finish_swap(self) -> None:
         """Complete a swap that :meth:`commit` began (now, or in a process that died in it).
 
-        Idempotent: until the marker exists every entry of ``out`` is old and moves aside;
-        after it, every entry of ``out`` is new and the staged ones still missing move up.
+        Idempotent: until the marker exists every run entry (:data:`RUN_OUTPUTS`) of ``out``
+        is old and moves aside; after it, every run entry of ``out`` is new and the staged
+        ones still missing move up. Other entries of ``out`` are never moved: the run's
+        names are all free when the staged entries move up, so none is replaced.
         """
         aside = self.out / ASIDE
         if not aside.is_dir() or aside.is_symlink():
@@ -429,7 +524,7 @@ class RunDirectory:
             shutil.rmtree(aside)
             return
         if not marker.exists():
-            for name in self._old_entries() + [
+            for name in self._own_entries() + [
                 p.name for p in self.out.iterdir() if is_temporary(p.name)
             ]:
                 os.replace(self.out / name, aside / name)
@@ -437,8 +532,9 @@ class RunDirectory:
             sync_folder(self.out)
         if self.staging.is_dir():
             for entry in self.staging.iterdir():
-                os.replace(entry, self.out / entry.name)
-            self.staging.rmdir()
+                if not os.path.lexists(self.out / entry.name):  # a kept entry is never replaced
+                    os.replace(entry, self.out / entry.name)
+            shutil.rmtree(self.staging)
             sync_folder(self.out)
         shutil.rmtree(aside)
 

@@ -13,15 +13,15 @@ Layout of a sweep folder ``<out>``::
     <out>/slurm/                 with --slurm-script only: the array's jobs-<hash8>.jsonl and
                                  its tasks' output (``sweep.slurm``)
 
-The bookkeeping files live outside the run directories because ``RunDirectory.prepare``
-refuses a non-empty directory without ``config.json``, and a restarted point wipes its
-directory. **Skip rule**: a point is done exactly when its directory holds a ``summary.json``
-with status "finished" or "diverged" whose ``request_hash`` equals the point's, and the
-reader of run directories (:mod:`cfl_bench.run_reader`) finds none of its files damaged;
-anything else (no summary, a failed one, another hash, a damaged ``records.csv``) is run
-again — resumed from its checkpoint when an interrupted attempt of the same configuration
-left one, from scratch otherwise (a damaged finished run is replaced only once its
-replacement has finished, as ``--overwrite`` does).
+The bookkeeping files live outside the run directories because ``RunDirectory.claim``
+refuses a non-empty directory without a run's ``config.json``, and a restarted point
+replaces the run's own files. **Skip rule**: a point is done exactly when its directory
+holds a ``summary.json`` with status "finished" or "diverged" whose ``request_hash``
+equals the point's, and the reader of run directories (:mod:`cfl_bench.run_reader`) finds
+none of its files damaged; anything else (no summary, a failed one, another hash, a damaged
+``records.csv``) is run again — resumed from its checkpoint when an interrupted attempt of
+the same configuration left one, from scratch otherwise (a damaged finished run is replaced
+only once its replacement has finished, as ``--overwrite`` does).
 
 Files are written with ``cfl_bench.atomic`` (temp + fsync + rename), which imports no torch:
 the sweep process stays light, the engine lives in the children.
@@ -45,11 +45,9 @@ from cfl_bench.errors import UserError
 BOOKKEEPING = ".sweep"
 MANIFEST = "sweep.json"
 LOG = "sweep.log"
-# What a cfl-bench run directory may contain (a replacement's hidden folders included);
-# anything else means it is not ours to wipe.
-RUN_FILES = frozenset(
-    run_directory.RUN_FILES + run_directory.TRACKER_OUTPUTS + run_directory.REPLACEMENT_FOLDERS
-)
+# What a cfl-bench run directory may contain (a run's own entries, a replacement's hidden
+# folders); anything else is refused, though a run's replacement would keep it.
+RUN_FILES = frozenset(run_directory.RUN_OUTPUTS + run_directory.REPLACEMENT_FOLDERS)
 
 
 def atomic_write_json(path: Path, obj: object) -> None:
@@ -91,10 +89,14 @@ def damage(run_dir: Path) -> str:
 
 
 def check_run_dir(run_dir: Path) -> None:
-    """Refuse to run a point whose directory holds files a run does not write.
+    """Refuse to run a point whose directory is not a run, or holds files a run does not
+    write.
 
     The run itself replaces or resumes what it wrote; anything else is refused rather than
-    deleted, because the sweep folder may be one the user shares with other work.
+    run into, because the sweep folder may be one the user shares with other work. The
+    second check is ``cfl-bench run``'s own (:func:`cfl_bench.run_dir.refuse_foreign_folder`):
+    a folder whose run-named files (a user's ``records.csv``) come with no run's config.json
+    is not a run, whatever the names.
     """
     if not run_dir.exists():
         return
@@ -107,6 +109,7 @@ def check_run_dir(run_dir: Path) -> None:
             f"'{run_dir}' holds files a run does not write ({', '.join(foreign[:3])}); move "
             f"them away so the sweep can run this point."
         )
+    run_directory.refuse_foreign_folder(run_dir, f"'{run_dir}'")
 
 
 def write_failed_summary(run_dir: Path, summary: dict[str, Any]) -> bool:
