@@ -29,7 +29,8 @@ def check_diagnostics(config: RunConfig, capabilities: frozenset[str] | None = N
 def check_option_pairs(config: RunConfig) -> None:
     """Refuse options the rest of the configuration makes meaningless, instead of silently
     ignoring them: ``--data-root``/``--download`` on an embedded stream, ``--momentum``
-    under Adam; and a run longer than the bounds in ``cfl_bench.config``.
+    under Adam, ``--keep-checkpoint`` when no checkpoint is written; and a run longer than
+    the bounds in ``cfl_bench.config``.
 
     For `cfl-bench run` (and `flower app`) only: a sweep's base options are shared by all
     its points, so a --data-root for the MNIST points must not refuse the digits points."""
@@ -49,6 +50,11 @@ def check_option_pairs(config: RunConfig) -> None:
         raise UserError(
             f"--momentum applies to --optimizer sgd only and this run uses adam{default}, "
             f"which keeps its own moments; drop --momentum or pass --optimizer sgd."
+        )
+    if config.keep_checkpoint and config.checkpoint_every == 0:
+        raise UserError(
+            "--keep-checkpoint keeps the last checkpoint, and --checkpoint-every 0 writes "
+            "none, so it has no effect; drop one of them."
         )
     check_run_length(config)
 

@@ -43,6 +43,10 @@ CASES: dict[str, tuple[list[str], str]] = {
         ["carla", "record", "--out", "rec", "--source", "carla", "--data-root", "d"],
         "--data-root has no effect with --source carla",
     ),
+    "keep_checkpoint_without_checkpoints": (
+        ["run", "--stream", "rot-digits", "--keep-checkpoint", *("--checkpoint-every", "0")],
+        "--keep-checkpoint keeps the last checkpoint, and --checkpoint-every 0 writes none",
+    ),
     "compare_jobs": (
         ["reproduce", "fedgp-table1-mnist", "--compare", "d", "--scale", "smoke", "--jobs", "2"],
         "--jobs only acts on the runs reproduce starts, and --compare starts none",
