@@ -9,14 +9,11 @@ a fresh process: exit code 2, one line naming the option and the fix, nothing wr
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.cli_helpers import cli
 
 CASES: dict[str, tuple[list[str], str]] = {
     "demo_host_with_replay": (
@@ -80,15 +77,7 @@ def test_an_option_without_effect_is_refused(tmp_path: Path, case: str) -> None:
     args, words = CASES[case]
     (tmp_path / "d").mkdir()
     before = sorted(p.name for p in tmp_path.rglob("*"))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [sys.executable, "-m", "cfl_bench.cli", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = cli(args, tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = (result.stdout + result.stderr).strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in lines[0], lines

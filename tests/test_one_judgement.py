@@ -12,10 +12,7 @@ the point again, saying why, and ends with a finished run). The expected reason 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,32 +20,19 @@ import pandas as pd
 import pytest
 
 from cfl_bench.run_reader import DAMAGED, read_run
+from tests.cli_helpers import cli
 
-REPO = Path(__file__).resolve().parents[1]
 GRID = [
     "--stream", "rot-digits", "--strategy", "fedavg", "--seed", "0", "--tasks", "2",
     "--rounds-per-task", "1", "--clients", "2", "--train-size", "300", "--test-size", "100",
 ]  # fmt: skip
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """The real command line in a fresh process, wide enough that rich wraps no line."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "COLUMNS": "2000"}
-    return subprocess.run(
-        [sys.executable, "-m", "cfl_bench.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 @pytest.fixture(scope="module")
 def finished_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A one-point sweep, finished once for the module."""
     out = tmp_path_factory.mktemp("judgement") / "sweep"
-    result = cli("sweep", "--out", str(out), "--threads", "1", *GRID, cwd=out.parent)
+    result = cli(["sweep", "--out", str(out), "--threads", "1", *GRID], out.parent, wide=True)
     assert result.returncode == 0, result.stdout + result.stderr
     return out
 
@@ -96,7 +80,7 @@ def test_five_commands_give_one_status_and_reason(
     assert reading.status == DAMAGED and words in reading.reason, reading.reason
     reason = reading.reason
 
-    board = cli("leaderboard", str(sweep), "--out", str(tmp_path / "board"), cwd=tmp_path)
+    board = cli(["leaderboard", str(sweep), "--out", str(tmp_path / "board")], tmp_path, wide=True)
     assert board.returncode == 0, board.stderr
     assert "damaged" in board.stdout and reason in board.stdout, board.stdout
     ranked = pd.read_csv(tmp_path / "board" / "leaderboard.csv")
@@ -104,22 +88,20 @@ def test_five_commands_give_one_status_and_reason(
     assert ranked["n_damaged"].sum() == (0 if ranked.empty else 1)
 
     for command in ("report", "clients"):
-        refused = cli(command, str(run), cwd=tmp_path)
+        refused = cli([command, str(run)], tmp_path)
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert refused.stderr.strip().splitlines() == [
             f"error: run directory '{run}' is damaged: {reason}; re-run that run or pass "
             f"another run directory."
         ]
 
-    compared = cli(
-        "reproduce", "fedgp-table1-mnist", "--compare", str(sweep), "--scale", "smoke",
-        "--out", str(tmp_path / "compared"), cwd=tmp_path,
-    )  # fmt: skip
+    compare = ["--compare", str(sweep), "--scale", "smoke", "--out", str(tmp_path / "compared")]
+    compared = cli(["reproduce", "fedgp-table1-mnist", *compare], tmp_path)
     assert compared.returncode in (0, 1), compared.stderr
     notes = (tmp_path / "compared" / "report.md").read_text()
     assert f"{run.name}: not counted (damaged: {reason})" in notes
 
-    rerun = cli("sweep", "--out", str(sweep), "--threads", "1", *GRID, cwd=tmp_path)
+    rerun = cli(["sweep", "--out", str(sweep), "--threads", "1", *GRID], tmp_path, wide=True)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert f"{run.name}: damaged ({reason}); running it again" in rerun.stdout
     assert "runs already done" not in rerun.stdout  # never skipped

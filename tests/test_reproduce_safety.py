@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -40,8 +39,8 @@ from cfl_bench.reproduce.command import Request, reproduce, reproductions_root
 from cfl_bench.reproduce.figures import find_figure
 from cfl_bench.reproduce.shipping import ship, shipped_folder
 from cfl_bench.reproduce.tables import find_table
+from tests.cli_helpers import cli as run_cli
 
-REPO = Path(__file__).resolve().parents[1]
 ROOT = reproductions_root()
 TABLE = "fedgp-table1-mnist"
 SHIPPED = shipped_folder(ROOT, TABLE, "cpu")
@@ -55,15 +54,7 @@ SECONDS = 120
 
 
 def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "cfl_bench.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=SECONDS,
-    )
+    return run_cli(args, cwd, SECONDS)
 
 
 def digest(folder: Path) -> dict[str, str]:

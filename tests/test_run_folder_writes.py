@@ -9,29 +9,14 @@ command. Each case runs the real command line in a fresh process against a tiny 
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.cli_helpers import cli, tree_digest
+
 TINY = ["--stream", "rot-digits", "--tasks", "1", "--rounds-per-task", "1", "--clients", "2"]
-
-
-def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "COLUMNS": "2000"}
-    return subprocess.run(
-        [sys.executable, "-m", "cfl_bench.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +27,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         result = cli(["run", *TINY, "--seed", seed, "--threads", "1", "--out", name], root)
         assert result.returncode == 0, result.stderr
     return root
-
-
-def digest(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else ""
-        for p in sorted(root.rglob("*"))
-    }
 
 
 CASES: dict[str, tuple[list[str], str]] = {
@@ -83,12 +61,12 @@ CASES: dict[str, tuple[list[str], str]] = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_run_directory_is_written_only_by_its_run(runs: Path, case: str) -> None:
     args, words = CASES[case]
-    before = digest(runs)
-    result = cli(args, runs)
+    before = tree_digest(runs)
+    result = cli(args, runs, wide=True)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = (result.stdout + result.stderr).strip().splitlines()
     assert len(lines) == 1 and words in lines[0], lines
-    assert digest(runs) == before
+    assert tree_digest(runs) == before
 
 
 def test_a_report_may_go_below_its_own_run(runs: Path, tmp_path: Path) -> None:
@@ -111,11 +89,11 @@ def test_a_failed_sweep_point_writes_nothing_among_the_users_files(tmp_path: Pat
     (point,) = expand(build_spec(None, args, str(out)))
     (out / point.name).mkdir(parents=True)
     (out / point.name / "NOTES.md").write_text("mine\n")
-    before = digest(out)
+    before = tree_digest(out)
     result = cli(["sweep", "--out", str(out), *args], tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     log = (out / ".sweep" / f"{point.name}.log").read_text()
     assert "holds files a run does not write (NOTES.md)" in log
-    assert {k: v for k, v in digest(out).items() if k.startswith(point.name)} == before
+    assert {k: v for k, v in tree_digest(out).items() if k.startswith(point.name)} == before
     manifest = json.loads((out / "sweep.json").read_text())
     assert [e["status"] for e in manifest["points"]] == ["failed"]

@@ -1,0 +1,46 @@
+"""The real command line in a fresh process, and a fingerprint of a folder: what the tests of
+refusals need to show "one line, exit 2, nothing written, every file byte-identical"."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(
+    args: list[str], cwd: Path, timeout: float = 120.0, *, wide: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``cfl-bench ARGS`` run from ``cwd`` on one thread, output as text; ``wide``: a
+    2,000-column terminal, so that rich wraps no table row (a reason is then found whole)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    if wide:
+        env["COLUMNS"] = "2000"
+    return subprocess.run(
+        [sys.executable, "-m", "cfl_bench.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every entry under ``root``: a file's hash, a link's target, a socket or folder."""
+    found = {}
+    for p in sorted(root.rglob("*")):
+        name = os.fsdecode(p.relative_to(root))
+        if p.is_symlink():
+            found[name] = "link:" + os.readlink(p)
+        elif p.is_socket():
+            found[name] = "socket"
+        elif p.is_file():
+            found[name] = hashlib.sha256(p.read_bytes()).hexdigest()
+        else:
+            found[name] = "folder" if p.is_dir() else "other"
+    return found
