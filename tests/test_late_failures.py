@@ -341,3 +341,19 @@ def test_a_refusal_while_joining_ray_comes_before_the_sweep_folder(tmp_path: Pat
     args = ray_sweep(tmp_path, "--cpus-per-run", "4096")
     env = {"RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0"}
     refused(args, tmp_path, "this machine's Ray has", "too few for a point's", env=env)
+
+
+def test_without_grpcio_the_transport_handshake_tells_ray_from_other_servers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``pip install ray`` alone brings no grpcio: then a server must at least answer gRPC's
+    HTTP/2 handshake (a silent or an HTTP/1 server does not; any gRPC server does)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with grpc_server(None) as port:
+        monkeypatch.setitem(sys.modules, "grpc", None)  # import grpc now fails
+        ray_backend.check_reachable(f"127.0.0.1:{port}")
+        ray_backend.check_reachable(f"ray://127.0.0.1:{port}")
+    with silent_server() as port, pytest.raises(UserError, match="does not answer in 5 s"):
+        ray_backend.check_reachable(f"127.0.0.1:{port}")
+    with http_server() as port, pytest.raises(UserError, match=r"protocol \(gRPC: UNAVAILABLE"):
+        ray_backend.check_reachable(f"ray://127.0.0.1:{port}")

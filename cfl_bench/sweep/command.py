@@ -82,8 +82,9 @@ class Placement:
 
             check_script_path(self.slurm_script)
         if self.backend == "ray":  # before the sweep folder is touched
-            from cfl_bench.sweep.ray_backend import check_reachable
+            from cfl_bench.sweep.ray_backend import check_reachable, require_ray
 
+            require_ray()
             check_reachable(self.address)
 
     def backend_for(self, launcher: Launcher) -> Backend:

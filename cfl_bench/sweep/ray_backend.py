@@ -189,9 +189,14 @@ def check_answers_as_ray(target: str, where: str, host_port: str, client: bool) 
 
 def grpc_health(host_port: str, seconds: float) -> tuple[str, bytes | None]:
     """The gRPC health check's status name at ``host_port``, and its reply when OK; within
-    ``seconds`` (``DEADLINE_EXCEEDED`` when the server says nothing in time)."""
-    import grpc  # Ray's own dependency
-
+    ``seconds`` (``DEADLINE_EXCEEDED`` when the server says nothing in time). Without
+    grpcio (``pip install ray`` alone does not bring it), gRPC's transport handshake only
+    (``http2_handshake``): a server that completes it passes as OK and SERVING."""
+    try:
+        import grpc
+    except ImportError:
+        status = http2_handshake(host_port, seconds)
+        return status, (SERVING if status == "OK" else None)
     with grpc.insecure_channel(host_port) as channel:
         check = channel.unary_unary(HEALTH_CHECK)  # bytes in, bytes out
         try:
@@ -199,6 +204,26 @@ def grpc_health(host_port: str, seconds: float) -> tuple[str, bytes | None]:
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             return (code.name if code is not None else "UNKNOWN"), None
+
+
+#: An HTTP/2 client's connection preface and an empty SETTINGS frame (RFC 9113, 3.4).
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def http2_handshake(host_port: str, seconds: float) -> str:
+    """``OK`` when the server at ``host_port`` answers an HTTP/2 preface with its SETTINGS
+    frame (every gRPC server does, a Ray GCS and Ray Client server included), within
+    ``seconds``; ``DEADLINE_EXCEEDED`` when it says nothing; ``UNAVAILABLE`` otherwise."""
+    host, _, port = host_port.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=seconds) as conn:
+            conn.sendall(HTTP2_PREFACE)
+            header = conn.recv(9)
+    except TimeoutError:
+        return "DEADLINE_EXCEEDED"
+    except OSError:
+        return "UNAVAILABLE"
+    return "OK" if len(header) >= 4 and header[3] == 4 else "UNAVAILABLE"
 
 
 def point_env(threads: int) -> dict[str, str]:
