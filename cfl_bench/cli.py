@@ -876,7 +876,7 @@ def click_exceptions() -> tuple[type[Exception], type[Exception] | None, type[Ex
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: Click's usage errors become one line and exit code 2,
-    like every other bad input; Ctrl-C exits 130."""
+    like every other bad input; Ctrl-C exits 130; a closed stdout, one line and 141."""
     usage_error, no_args, abort = click_exceptions()
     args = sys.argv[1:] if argv is None else argv
     command = typer.main.get_command(app)
@@ -900,6 +900,11 @@ def main(argv: list[str] | None = None) -> None:
     except (KeyboardInterrupt, abort):
         print_interrupt("interrupted")
         code = 130
+    except SystemExit as exc:  # Click's or rich's exit on a closed stdout, in any command
+        if not is_closed_output(exc):
+            raise
+        output_closed(CLOSED_LINES[""])
+        code = OUTPUT_CLOSED
     except OSError as exc:
         if exc.errno not in (errno.EPIPE, errno.ENOSPC):
             raise

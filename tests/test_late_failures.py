@@ -357,3 +357,15 @@ def test_without_grpcio_the_transport_handshake_tells_ray_from_other_servers(
         ray_backend.check_reachable(f"127.0.0.1:{port}")
     with http_server() as port, pytest.raises(UserError, match=r"protocol \(gRPC: UNAVAILABLE"):
         ray_backend.check_reachable(f"ray://127.0.0.1:{port}")
+
+
+@pytest.mark.parametrize("args", [["list", "strategies"], ["run", "--help"]])
+def test_any_command_whose_reader_exits_says_so(args: list[str], tmp_path: Path) -> None:
+    """Outside a command's own handling (help, a command of another group) the same line:
+    Click and rich each exited 1 in silence."""
+    proc = started(args, tmp_path)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    lines = stderr_lines(proc)
+    assert proc.returncode == OUTPUT_CLOSED and len(lines) == 1, lines
+    assert "stdout closed (the pipe's reader exited" in lines[0]
