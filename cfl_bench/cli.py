@@ -78,11 +78,32 @@ def user_errors(fn: F) -> F:
 
 
 def is_closed_output(exc: BaseException) -> bool:
-    """``exc`` says stdout closed: a BrokenPipeError, or the SystemExit(1) that rich raises
-    for one (its ``Console.on_broken_pipe``, raised while handling the BrokenPipeError)."""
+    """``exc`` is stdout closing: a BrokenPipeError, or the SystemExit(1) that Click or rich
+    raise while handling one (rich's ``Console.on_broken_pipe`` has already pointed stdout
+    at /dev/null) — and stdout is indeed gone. Why check: a BrokenPipeError can also come
+    from a pipe to a child process, and that is not the user's ``| head``."""
     if isinstance(exc, SystemExit):
-        return exc.code == 1 and isinstance(exc.__context__, BrokenPipeError)
-    return isinstance(exc, BrokenPipeError)
+        if exc.code != 1 or not isinstance(exc.__context__, BrokenPipeError):
+            return False
+    elif not isinstance(exc, BrokenPipeError):
+        return False
+    return stdout_is_gone()
+
+
+def stdout_is_gone() -> bool:
+    """Whether stdout is a pipe whose reader exited (poll reports an error on its write
+    end), or /dev/null put there by rich after one."""
+    import select
+
+    try:
+        fd = sys.__stdout__.fileno() if sys.__stdout__ is not None else 1
+        if os.path.samestat(os.fstat(fd), os.stat(os.devnull)):
+            return True
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 #: What a command whose stdout closed says it did, by the command's function name.
