@@ -39,10 +39,21 @@ app = PlainTyper(
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: The exit code when stdout closed under a command (``cfl-bench run … | head``): 128 +
+#: SIGPIPE, what a shell reports for ``yes | head``, so scripts with ``set -o pipefail`` read
+#: it as the usual "the reader stopped early" and not as a failed run (1) or bad input (2).
+OUTPUT_CLOSED = 141
+
+
+class OutputClosedError(Exception):
+    """stdout closed under a command (its pipe's reader exited); ``str()`` says what the
+    command kept and how to go on."""
+
 
 def user_errors(fn: F) -> F:
     """Turn UserError into one clear line and exit code 2, an interrupt that says what it
-    kept into that line and exit code 130."""
+    kept into that line and exit code 130, a closed stdout into a line on stderr and exit
+    code 141 (``OUTPUT_CLOSED``; Click would exit 1 in silence)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -54,8 +65,66 @@ def user_errors(fn: F) -> F:
         except RunInterruptedError as exc:
             print_interrupt(str(exc))
             raise typer.Exit(130) from None
+        except OutputClosedError as exc:
+            output_closed(str(exc))
+            raise typer.Exit(OUTPUT_CLOSED) from None
+        except (BrokenPipeError, SystemExit) as exc:
+            if not is_closed_output(exc):
+                raise
+            output_closed(CLOSED_LINES.get(fn.__name__, CLOSED_LINES[""]))
+            raise typer.Exit(OUTPUT_CLOSED) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def is_closed_output(exc: BaseException) -> bool:
+    """``exc`` is stdout closing: a BrokenPipeError, or the SystemExit(1) that Click or rich
+    raise while handling one (rich's ``Console.on_broken_pipe`` has already pointed stdout
+    at /dev/null) — and stdout is indeed gone. Why check: a BrokenPipeError can also come
+    from a pipe to a child process, and that is not the user's ``| head``."""
+    if isinstance(exc, SystemExit):
+        if exc.code != 1 or not isinstance(exc.__context__, BrokenPipeError):
+            return False
+    elif not isinstance(exc, BrokenPipeError):
+        return False
+    return stdout_is_gone()
+
+
+def stdout_is_gone() -> bool:
+    """Whether stdout is a pipe whose reader exited (poll reports an error on its write
+    end), or /dev/null put there by rich after one."""
+    import select
+
+    try:
+        fd = sys.__stdout__.fileno() if sys.__stdout__ is not None else 1
+        if os.path.samestat(os.fstat(fd), os.stat(os.devnull)):
+            return True
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+#: What a command whose stdout closed says it did, by the command's function name.
+CLOSED_LINES = {
+    "sweep": "the sweep stopped (a running point keeps its last checkpoint); rerun the same "
+    "command to resume it (finished points are skipped), with its output to a file "
+    "(> sweep.txt) to see all of it",
+    "": "the command stopped; rerun it with its output to a file (> out.txt) to see all of it",
+}
+
+
+def output_closed(what: str) -> None:
+    """Say on stderr that stdout closed and ``what`` follows, in one line, and send what is
+    left of stdout to /dev/null: Python's own flush at exit would otherwise print a
+    BrokenPipeError of its own. When stderr is closed too, nothing can be said."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    with contextlib.suppress(OSError, ValueError):
+        print_error(f"stdout closed (the pipe's reader exited, e.g. `| head`): {what}.")
 
 
 def run_parameters() -> list[inspect.Parameter]:
@@ -127,13 +196,42 @@ def run(**values: Any) -> None:
     except KeyboardInterrupt:
         # Before the run directory was claimed: loading torch, the data or the model.
         raise RunInterruptedError(BEFORE_ROUND_ONE) from None
-    console.print(
-        results_table(result.summary, cfg.stream, str(result.summary.get("strategy", cfg.strategy)))
-    )
+    except (BrokenPipeError, SystemExit) as exc:
+        if not is_closed_output(exc):
+            raise
+        raise OutputClosedError(stopped_run_line(cfg.out)) from None
+    try:
+        print_run_result(console, result, cfg)
+    except (BrokenPipeError, SystemExit) as exc:
+        if not is_closed_output(exc):
+            raise
+        raise OutputClosedError(f"the run finished; its results are in '{cfg.out}'") from None
+
+
+def print_run_result(console: Console, result: Any, cfg: RunConfig) -> None:
+    """The finished run's results table and where its files are."""
+    strategy = str(result.summary.get("strategy", cfg.strategy))
+    console.print(results_table(result.summary, cfg.stream, strategy))
     status = result.summary.get("status")
     if status != "finished":
         console.print(f"[yellow]run {status}:[/] {result.summary.get('message', '')}")
     console.print(f"results in [bold]{result.path}[/] (config.json, records.csv, summary.json)")
+
+
+def stopped_run_line(out: str) -> str:
+    """What a run whose stdout closed kept, and how to go on: the run stops at the first
+    line it cannot print (it cannot tell that nobody reads), keeping its last checkpoint as
+    after Ctrl-C, so the same command resumes it."""
+    from pathlib import Path
+
+    from cfl_bench.run_dir import CHECKPOINT
+
+    if (Path(out) / CHECKPOINT).is_file():
+        kept = f"the run stopped and keeps its last checkpoint in '{out}'"
+        again = "rerun the same command to resume it"
+    else:
+        kept, again = "the run stopped before its first checkpoint", "rerun the same command"
+    return f"{kept}; {again}, with its output to a file (> run.txt) or a terminal"
 
 
 BEFORE_ROUND_ONE = (
@@ -808,7 +906,7 @@ def click_exceptions() -> tuple[type[Exception], type[Exception] | None, type[Ex
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: Click's usage errors become one line and exit code 2,
-    like every other bad input; Ctrl-C exits 130."""
+    like every other bad input; Ctrl-C exits 130; a closed stdout, one line and 141."""
     usage_error, no_args, abort = click_exceptions()
     args = sys.argv[1:] if argv is None else argv
     command = typer.main.get_command(app)
@@ -832,6 +930,11 @@ def main(argv: list[str] | None = None) -> None:
     except (KeyboardInterrupt, abort):
         print_interrupt("interrupted")
         code = 130
+    except SystemExit as exc:  # Click's or rich's exit on a closed stdout, in any command
+        if not is_closed_output(exc):
+            raise
+        output_closed(CLOSED_LINES[""])
+        code = OUTPUT_CLOSED
     except OSError as exc:
         if exc.errno not in (errno.EPIPE, errno.ENOSPC):
             raise
@@ -866,7 +969,10 @@ COMMANDS = ("run", "sweep", "clients", "leaderboard", "report", "list")
 
 def print_error(message: str) -> None:
     Console(stderr=True).print(
-        f"[bold red]error:[/] {escape_markup(message)}", highlight=False, soft_wrap=True
+        f"[bold red]error:[/] {escape_markup(message)}",
+        highlight=False,
+        soft_wrap=True,
+        emoji=False,  # an address a:b:c is not the emoji :b:
     )
 
 

@@ -753,12 +753,21 @@ class _DuplicateKeyError(Exception):
         self.key = key
 
 
+#: How deep lists and mappings may nest in a YAML file. Why: PyYAML composes (and this
+#: module checks) nested nodes by recursion, so '[' * 5000 ended in a RecursionError
+#: traceback; the deepest shipped file (a reproduction table) nests 4 levels.
+MAX_YAML_DEPTH = 32
+
+
 @cache
 def _strict_loader() -> type:
-    """A SafeLoader that refuses duplicate mapping keys and aliases."""
+    """A SafeLoader that refuses duplicate mapping keys, aliases and nesting deeper than
+    ``MAX_YAML_DEPTH``, each before the node is composed."""
     import yaml
 
     class StrictLoader(yaml.SafeLoader):
+        depth = 0  # how many lists and mappings enclose the node being composed
+
         def compose_node(self, parent: Any, index: Any) -> Any:
             if self.check_event(yaml.AliasEvent):
                 event = self.peek_event()
@@ -767,7 +776,18 @@ def _strict_loader() -> type:
                     f"(and merge keys <<) are not read, since nested aliases can expand a small "
                     f"file into billions of values: write each value out."
                 )
-            return super().compose_node(parent, index)
+            depth = self.depth
+            if depth >= MAX_YAML_DEPTH:
+                line = self.peek_event().start_mark.line + 1
+                raise YamlFormError(
+                    f"line {line} nests lists or mappings more than {MAX_YAML_DEPTH} levels "
+                    f"deep; a config needs a few levels at most: write it flatter."
+                )
+            self.depth = depth + 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth = depth
 
         def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
             seen: set[object] = set()

@@ -29,9 +29,10 @@ from cfl_bench.sweep import ledger
 from cfl_bench.sweep.command import Placement
 from cfl_bench.sweep.grid import build_spec, expand
 from cfl_bench.sweep.point import job_from_json, job_json
-from cfl_bench.sweep.ray_backend import check_placeable, check_reachable, point_env
+from cfl_bench.sweep.ray_backend import SERVING, check_placeable, check_reachable, point_env
 from cfl_bench.sweep.worker import RunJob
 from tests.sweep_helpers import TINY, comparable, events, in_process, summaries, sweep_command
+from tests.test_late_failures import grpc_server
 
 ray = pytest.importorskip("ray")
 
@@ -252,11 +253,10 @@ def test_ray_address_from_the_environment_is_checked_too(monkeypatch: pytest.Mon
 
 
 def test_a_listening_address_and_other_forms_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that answers as a Ray GCS (a listening socket alone is no longer enough:
+    tests/test_late_failures.py), a gRPC server for ray://, and the forms Ray resolves."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        port = server.getsockname()[1]
+    with grpc_server(SERVING) as port:
         check_reachable(f"127.0.0.1:{port}")
         check_reachable(f"ray://127.0.0.1:{port}")
     for address in (None, "auto", "local"):

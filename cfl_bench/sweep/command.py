@@ -82,8 +82,9 @@ class Placement:
 
             check_script_path(self.slurm_script)
         if self.backend == "ray":  # before the sweep folder is touched
-            from cfl_bench.sweep.ray_backend import check_reachable
+            from cfl_bench.sweep.ray_backend import check_reachable, require_ray
 
+            require_ray()
             check_reachable(self.address)
 
     def backend_for(self, launcher: Launcher) -> Backend:
@@ -137,16 +138,19 @@ def run_sweep(
     leaderboard: bool,
     placement: Placement,
 ) -> int:
-    """Check the names of the points still to run, prepare the folder, run, report."""
+    """Check the names of the points still to run, join the backend, prepare the folder,
+    run, report. The backend comes before the folder: joining a Ray cluster can still be
+    refused (``auto`` finds none, no node can hold a point), and a refusal writes nothing."""
     todo = [s for s in states if not s.skipped]
     launcher = Launcher()
-    prepare(spec, states, console, launcher)
-
+    check_pending(states, launcher)
     backend = placement.backend_for(launcher) if todo else launcher
     # On a cluster an unset ``jobs`` puts every point in flight: Ray queues them by the
     # resources they declare.
     in_flight = spec.jobs if backend is launcher or spec.jobs_set else max(1, len(todo))
     try:
+        prepare_folder(spec, states)
+        announce_skipped(console, states)
         with SweepProgress(console, states, in_flight) as progress:
 
             def changed(state: PointState) -> None:
@@ -171,7 +175,15 @@ def prepare(
     spec: SweepSpec, states: list[PointState], console: Console, launcher: Launcher
 ) -> None:
     """Refuse a pending point whose names `cfl-bench run` would refuse, then prepare the
-    folder: what every route does before its points run (here, on Ray or on Slurm)."""
+    folder: what every route does before its points run (on Slurm here; ``run_sweep``
+    joins its backend between the two)."""
+    check_pending(states, launcher)
+    prepare_folder(spec, states)
+    announce_skipped(console, states)
+
+
+def check_pending(states: list[PointState], launcher: Launcher) -> None:
+    """Refuse a pending point whose names `cfl-bench run` would refuse (writes nothing)."""
     todo = [s for s in states if not s.skipped]
     if todo:
         errors = launcher.check_names([s.point.request for s in todo])
@@ -180,8 +192,6 @@ def prepare(
                 raise UserError(
                     f"grid point {state.point.index + 1} ({state.point.label()}): {error}"
                 )
-    prepare_folder(spec, states)
-    announce_skipped(console, states)
 
 
 def write_slurm_array(

@@ -27,7 +27,9 @@ or, when unset, a Ray instance started on this machine for the sweep.
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -54,25 +56,41 @@ def require_ray() -> Any:
     return ray
 
 
-#: Seconds to wait for the cluster's address to accept a connection before refusing it.
-#: Why: ``ray.init`` keeps retrying an address where nothing listens, with a warning every
-#: few seconds (measured: still retrying after 2.5 min for 127.0.0.1:1).
+#: Seconds to wait for the cluster's address to accept a connection, and then to answer a
+#: health check, before refusing it. Why: ``ray.init`` keeps retrying an address where
+#: nothing listens, with a warning every few seconds (measured: still retrying after 2.5 min
+#: for 127.0.0.1:1), and one where a server listens that is not Ray (measured: a silent
+#: socket server or an HTTP server, still waiting after 40 s and 74 s).
 REACH_SECONDS = 5.0
+
+#: The address forms ``ray.init`` resolves itself (its documentation): ``local`` starts a
+#: Ray instance on this machine; ``auto`` (like no address) takes ``RAY_ADDRESS`` or the
+#: latest cluster started on this machine.
+SELF_RESOLVED = ("auto", "local")
+
+#: The standard gRPC health check (grpc.health.v1, the gRPC project's documented protocol):
+#: a Ray cluster's GCS serves it, answering SERVING; the request message is empty.
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+SERVING = b"\x08\x01"  # HealthCheckResponse{status: SERVING}, protobuf wire form
+
+_HOST = re.compile(r"[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?\]")
+_SCHEME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def check_reachable(address: str | None) -> None:
-    """Refuse, in one line, a cluster address (``--address`` or ``RAY_ADDRESS``) of the
-    form ``[scheme://]HOST:PORT`` where nothing accepts a TCP connection. Other forms
-    (``auto``, ``local``, none: a Ray instance on this machine) are left to Ray."""
-    target = address or os.environ.get("RAY_ADDRESS") or ""
-    host, sep, port = target.split("://", 1)[-1].rstrip("/").rpartition(":")
-    if not sep or not host or not port.isdigit():
+    """Refuse, in one line and within seconds, a cluster address (``--address`` or else
+    ``RAY_ADDRESS``) that ``ray.init`` would fail on after the sweep folder is written, or
+    wait on for minutes: one not of a form Ray documents, one where nothing listens, and
+    one where a server listens that does not answer as a Ray cluster. ``auto``, ``local``
+    and none (a Ray instance on this machine) are Ray's own to resolve."""
+    target, where = effective_address(address)
+    if target is None:
         return
-    where = "--address" if address else "RAY_ADDRESS"
-    if not 0 < int(port) < 65536:
-        raise UserError(f"{where} {target} has no valid port (1-65535); fix {where}.")
+    scheme, host, port = split_address(target, where)
+    if scheme not in (None, "ray"):
+        return  # a client module of its own (Ray's module://inner form), found by split
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_SECONDS):
+        with socket.create_connection((host.strip("[]"), port), timeout=REACH_SECONDS):
             pass
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
@@ -80,6 +98,132 @@ def check_reachable(address: str | None) -> None:
             f"no Ray cluster answers at {target} ({where}: {reason}); start it "
             f"(ray start --head) or fix {where}."
         ) from None
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return  # a TLS cluster: the plain check below cannot speak to it; Ray's own call will
+    check_answers_as_ray(target, where, f"{host}:{port}", client=scheme == "ray")
+
+
+def effective_address(address: str | None) -> tuple[str | None, str]:
+    """The address ``ray.init(address=...)`` will use, and the option it came from; None
+    when Ray resolves it itself. Ray's rule: ``RAY_ADDRESS`` replaces none and ``auto``."""
+    env = os.environ.get("RAY_ADDRESS")
+    if address is None or (address == "auto" and env):
+        target, where = env, "RAY_ADDRESS"
+    else:
+        target, where = address, "--address"
+    if target is None or target in SELF_RESOLVED or (not target and where == "RAY_ADDRESS"):
+        return None, where
+    return target, where
+
+
+def split_address(target: str, where: str) -> tuple[str | None, str, int]:
+    """``[scheme://]HOST:PORT`` as (scheme or None, HOST, PORT), or one line saying which
+    forms a cluster address takes. A scheme other than ``ray`` names a Python module with
+    Ray's ``ClientBuilder`` (Ray's ``module://inner`` form): it must be installed, and its
+    inner address is its own (returned as ``""``, 0)."""
+    forms = (
+        "give HOST:PORT of the Ray head (its GCS, e.g. 127.0.0.1:6379, as `ray start "
+        "--head` prints it), ray://HOST:PORT of its Ray Client server, auto or local"
+    )
+    scheme, sep, rest = target.partition("://")
+    if not sep:
+        scheme, rest = "", target
+    elif not _SCHEME.fullmatch(scheme):
+        raise UserError(f"{where} '{target}' is not a Ray cluster address; {forms}.")
+    elif scheme in ("http", "https"):
+        raise UserError(
+            f"{where} '{target}' is a web address (Ray's dashboard, for `ray job submit`); a "
+            f"sweep joins the cluster itself: {forms}."
+        )
+    elif scheme != "ray":
+        check_client_module(scheme, target, where, forms)
+        return scheme, "", 0
+    host, colon, port = rest.rstrip("/").rpartition(":")
+    if not colon or not _HOST.fullmatch(host) or not port.isdigit() or len(port) > 5:
+        raise UserError(f"{where} '{target}' is not HOST:PORT; {forms}.")
+    if not 0 < int(port) < 65536:
+        raise UserError(f"{where} {target} has no valid port (1-65535); fix {where}.")
+    return scheme or None, host, int(port)
+
+
+def check_client_module(scheme: str, target: str, where: str, forms: str) -> None:
+    """Ray reads ``module://inner`` as "import module, use its ``ClientBuilder``" (as Ray
+    does, the module is imported): refuse a module that is missing or has none."""
+    try:
+        module = importlib.import_module(scheme)
+    except Exception:  # any failure to import means the same to the user
+        module = None
+    if not hasattr(module, "ClientBuilder"):
+        raise UserError(
+            f"{where} '{target}' names '{scheme}', which is no installed Ray client module; "
+            f"{forms}."
+        )
+
+
+def check_answers_as_ray(target: str, where: str, host_port: str, client: bool) -> None:
+    """Refuse an address whose server does not answer the gRPC health check as Ray does:
+    a cluster's GCS answers SERVING; its Ray Client server (``ray://``) answers
+    UNIMPLEMENTED (it has no health service, but it speaks gRPC). A server that says
+    nothing, or speaks another protocol (HTTP), is not Ray."""
+    status, reply = grpc_health(host_port, REACH_SECONDS)
+    if status == "OK" and (client or reply == SERVING):
+        return
+    if status == "UNIMPLEMENTED" and client:
+        return
+    if status in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+        return  # a cluster with authentication: Ray's own call carries the token
+    fix = f"give the address of a Ray cluster (ray start --head prints it) or fix {where}"
+    if status == "UNIMPLEMENTED":
+        fix = f"if it is a Ray Client server, write ray://{host_port}; else {fix}"
+    if status == "OK":
+        problem = "a Ray cluster that is not serving yet"
+        fix = f"wait until `ray status --address {host_port}` answers, or {fix}"
+    elif status == "DEADLINE_EXCEEDED":
+        problem = f"a server that accepts connections but does not answer in {REACH_SECONDS:g} s"
+    elif status == "UNIMPLEMENTED":
+        problem = "a gRPC server that is not a Ray cluster's GCS"
+    else:
+        problem = f"a server that does not speak Ray's protocol (gRPC: {status})"
+    raise UserError(f"{where} {target} is {problem}, not a Ray cluster; {fix}.")
+
+
+def grpc_health(host_port: str, seconds: float) -> tuple[str, bytes | None]:
+    """The gRPC health check's status name at ``host_port``, and its reply when OK; within
+    ``seconds`` (``DEADLINE_EXCEEDED`` when the server says nothing in time). Without
+    grpcio (``pip install ray`` alone does not bring it), gRPC's transport handshake only
+    (``http2_handshake``): a server that completes it passes as OK and SERVING."""
+    try:
+        import grpc
+    except ImportError:
+        status = http2_handshake(host_port, seconds)
+        return status, (SERVING if status == "OK" else None)
+    with grpc.insecure_channel(host_port) as channel:
+        check = channel.unary_unary(HEALTH_CHECK)  # bytes in, bytes out
+        try:
+            return "OK", check(b"", timeout=seconds)
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            return (code.name if code is not None else "UNKNOWN"), None
+
+
+#: An HTTP/2 client's connection preface and an empty SETTINGS frame (RFC 9113, 3.4).
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def http2_handshake(host_port: str, seconds: float) -> str:
+    """``OK`` when the server at ``host_port`` answers an HTTP/2 preface with its SETTINGS
+    frame (every gRPC server does, a Ray GCS and Ray Client server included), within
+    ``seconds``; ``DEADLINE_EXCEEDED`` when it says nothing; ``UNAVAILABLE`` otherwise."""
+    host, _, port = host_port.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=seconds) as conn:
+            conn.sendall(HTTP2_PREFACE)
+            header = conn.recv(9)
+    except TimeoutError:
+        return "DEADLINE_EXCEEDED"
+    except OSError:
+        return "UNAVAILABLE"
+    return "OK" if len(header) >= 4 and header[3] == 4 else "UNAVAILABLE"
 
 
 def point_env(threads: int) -> dict[str, str]:
@@ -135,7 +279,8 @@ class RayBackend:
                 self.ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         except ConnectionError as exc:
             raise UserError(
-                f"could not reach the Ray cluster at {address or 'RAY_ADDRESS'}: {exc}; "
+                f"could not reach the Ray cluster at {address or 'RAY_ADDRESS'}: "
+                f"{str(exc).rstrip('. ')}; "
                 "start it (ray start --head) or fix --address."
             ) from None
         local = address is None and not os.environ.get("RAY_ADDRESS")
