@@ -49,6 +49,7 @@ CORE = frozenset(
         "cfl_bench.records",
         "cfl_bench.run_dir",
         "cfl_bench.run_reader",
+        "cfl_bench.run_agreement",
         "cfl_bench.engine",
         "cfl_bench.engine.context",
         "cfl_bench.engine.comm",

@@ -101,8 +101,16 @@ def test_five_commands_give_one_status_and_reason(
     notes = (tmp_path / "compared" / "report.md").read_text()
     assert f"{run.name}: not counted (damaged: {reason})" in notes
 
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     rerun = cli(["sweep", "--out", str(sweep), "--threads", "1", *GRID], tmp_path, wide=True)
-    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    assert f"{run.name}: damaged ({reason}); running it again" in rerun.stdout
     assert "runs already done" not in rerun.stdout  # never skipped
-    assert read_run(run).status == "finished"  # the rerun replaced it
+    if kind != "config_missing":
+        assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+        assert f"{run.name}: damaged ({reason}); running it again" in rerun.stdout
+        assert read_run(run).status == "finished"  # the rerun replaced it
+        return
+    # Without config.json the folder is no run (cfl_bench.run_dir), so the sweep replaces
+    # nothing in it: the point fails and says what to do; every file is left as it was.
+    assert rerun.returncode == 1, rerun.stdout + rerun.stderr
+    assert f"{run.name}: damaged ({reason}); without a run's config.json" in rerun.stdout
+    assert before == {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}

@@ -37,7 +37,9 @@ def quiet() -> tuple[Console, io.StringIO]:
 
 def call(name: str, root: Path = ROOT, **options: object) -> tuple[int, str]:
     console, text = quiet()
-    request = Request(name, jobs=2, **options)  # type: ignore[arg-type]
+    starts_runs = not (options.get("compare") or options.get("shipped"))
+    jobs = 2 if starts_runs else 1  # --jobs has no effect (and is refused) without runs
+    request = Request(name, jobs=jobs, **options)  # type: ignore[arg-type]
     return reproduce(request, console=console, root=root), text.getvalue()
 
 
@@ -107,8 +109,10 @@ def test_shipping_then_reporting_the_shipped_results(smoke: Path, tmp_path: Path
     target = ship(table, smoke, "smoke", root)
     runs = sorted(p for p in target.iterdir() if p.is_dir())
     assert len(runs) == 22
-    assert all(sorted(f.name for f in run.iterdir()) == [
-        "config.json", "records.csv", "summary.json"] for run in runs)
+    assert all(
+        sorted(f.name for f in run.iterdir()) == ["config.json", "records.csv", "summary.json"]
+        for run in runs
+    )
     assert json.loads((target / "provenance.json").read_text("utf-8"))["runs"] == 22
     assert "measured (jobs 2)" in cost_text(table, "smoke", root)
     assert "estimated from smoke" in cost_text(table, "cpu", root)

@@ -119,7 +119,7 @@ def sweep(
             state.absorb(ledger.read_summary(state.run_dir) or {})
             state.skipped = True
         else:
-            state.damage = ledger.damage(state.run_dir)
+            state.damage = ledger.damage_line(state.run_dir)
     try:
         if placement.slurm_script is not None:
             return write_slurm_array(spec, states, console, placement)

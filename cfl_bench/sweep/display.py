@@ -148,7 +148,7 @@ def announce_skipped(console: Console, states: list[PointState]) -> None:
     for state in states:
         if state.damage:
             console.print(
-                f"{state.point.name}: damaged ({state.damage}); running it again",
+                f"{state.point.name}: {state.damage}",
                 highlight=False,
                 markup=False,
             )

@@ -88,6 +88,23 @@ def damage(run_dir: Path) -> str:
     return reading.reason if reading.status == DAMAGED else ""
 
 
+def damage_line(run_dir: Path) -> str:
+    """What the sweep says of a point whose run is damaged (empty when it is not): the
+    reason every command gives, and what happens to it. A damaged run with its config.json
+    runs again and is replaced once the new run finishes; without one the folder is no run
+    the sweep may replace (``cfl_bench.run_dir``: only a config.json makes a folder a run),
+    so the point fails until the folder is moved away."""
+    reason = damage(run_dir)
+    if not reason:
+        return ""
+    if run_directory.folder_config_hash(run_dir) is not None:
+        return f"damaged ({reason}); running it again"
+    return (
+        f"damaged ({reason}); without a run's config.json the sweep does not replace the "
+        f"folder: move it away to run this point again"
+    )
+
+
 def check_run_dir(run_dir: Path) -> None:
     """Refuse to run a point whose directory is not a run, or holds files a run does not
     write.

@@ -40,7 +40,7 @@ class PointState:
     wall_time_s: float | None = None
     final_acc: float | None = None
     message: str = ""
-    damage: str = ""  # why the run found in its folder is damaged (it runs again)
+    damage: str = ""  # the run found in its folder is damaged: why, and what is done
     started: float | None = field(default=None, repr=False)
 
     @property
