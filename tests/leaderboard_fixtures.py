@@ -147,6 +147,7 @@ def write_run(
     environment: dict[str, object] | None = None,
     initial: bool = True,
     records: list[tuple[Any, ...]] | None = None,
+    recorded: dict[str, Any] | None = None,
 ) -> Path:
     """Write one run directory ``root/name`` and return it.
 
@@ -156,7 +157,8 @@ def write_run(
     damaged). Class-IL streams (``scenario="class-il"``) get the task-IL keys. A run that is
     not failed gets the records.csv its summary is computed from: ``records`` (rows), or by
     default the rows of the hand-made numbers (``initial=False`` leaves the initial model's
-    accuracy out of them: FWT unknown).
+    accuracy out of them: FWT unknown; ``recorded`` changes hand-made numbers that the
+    records then give, e.g. ``{"bytes_up_total": 2000}``).
     """
     proto = proto or protocol()
     protocol_hash = canonical_hash(proto)
@@ -191,6 +193,7 @@ def write_run(
     summary = dict(identity)
     if status != "failed":
         hand = summary_metrics(acc, proto["tasks"], task_il=scenario == "class-il")
+        hand.update(recorded or {})
         summary.update(recorded_summary(path, hand, proto, initial=initial, rows=records))
     summary.update(metrics or {})
     (path / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))

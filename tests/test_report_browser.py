@@ -270,7 +270,7 @@ def finished_board(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for i, name in enumerate(LONG_NAMES):
         write_run(
             root, f"c{i}", strategy=name, acc=20.0 + 3 * i, proto=cls, scenario="class-il",
-            metrics={"bytes_up_total": 1000 * (1 + i // 2)},
+            recorded={"bytes_up_total": 1000 * (1 + i // 2)},
         )  # fmt: skip
     for i, name in enumerate(("der", "der+fedgp")):
         write_run(root, f"d{i}", strategy=name, acc=10.0, proto=protocol())
