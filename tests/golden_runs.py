@@ -30,6 +30,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -227,12 +228,18 @@ def close(a: float, b: float, rel: float = REL_TOL, abs_tol: float = ABS_TOL) ->
 
 
 def record_differences(
-    want: str, got: str, rel: float = REL_TOL, abs_tol: float = ABS_TOL
+    want: str,
+    got: str,
+    rel: float = REL_TOL,
+    abs_tol: float = ABS_TOL,
+    abs_for: Mapping[str, float] | None = None,
 ) -> list[str]:
     """Why two records.csv texts are not the same run up to rounding (empty: they are).
 
     Same header, same rows in the same order with equal keys (every column but the
-    last, ``value``), and values within ``rel``."""
+    last, ``value``), and values within ``rel``. ``abs_for``: a wider absolute tolerance
+    for the rows of some metrics (an accuracy moves by whole test examples)."""
+    wider = abs_for or {}
     (head_a, rows_a), (head_b, rows_b) = read_csv(want), read_csv(got)
     if head_a != head_b:
         return [f"columns differ: {head_a} vs {head_b}"]
@@ -242,7 +249,7 @@ def record_differences(
     for line, (a, b) in enumerate(zip(rows_a, rows_b, strict=True), start=2):
         if a[:-1] != b[:-1]:
             problems.append(f"line {line}: keys {b[:-1]} instead of {a[:-1]}")
-        elif not close(float(a[-1]), float(b[-1]), rel, abs_tol):
+        elif not close(float(a[-1]), float(b[-1]), rel, max(abs_tol, wider.get(a[4], 0.0))):
             problems.append(f"line {line} {a[:-1]}: {b[-1]} instead of {a[-1]}")
     return problems
 
