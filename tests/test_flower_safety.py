@@ -20,7 +20,6 @@ traceback, nothing written, pre-existing files byte-identical), unless marked ot
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import socket
@@ -35,6 +34,8 @@ import psutil
 import pytest
 
 pytest.importorskip("flwr")
+
+from tests.cli_helpers import tree_digest as digest
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--stream", "rot-digits", "--tasks", "1", "--rounds-per-task", "1", "--clients", "2",
@@ -51,22 +52,6 @@ def cli(args: list[str], cwd: Path, timeout: float = ANSWER_SECONDS) -> subproce
         capture_output=True,
         timeout=timeout,
     )
-
-
-def digest(root: Path) -> dict[str, str]:
-    """Every entry under ``root``: a file's hash, a link's target, a socket or folder."""
-    found = {}
-    for p in sorted(root.rglob("*")):
-        name = os.fsdecode(p.relative_to(root))
-        if p.is_symlink():
-            found[name] = "link:" + os.readlink(p)
-        elif p.is_socket():
-            found[name] = "socket"
-        elif p.is_file():
-            found[name] = hashlib.sha256(p.read_bytes()).hexdigest()
-        else:
-            found[name] = "folder" if p.is_dir() else "other"
-    return found
 
 
 def refused(result: subprocess.CompletedProcess, expected: str) -> str:
