@@ -584,7 +584,7 @@ def faster_choices(model: str, input_shape: tuple[int, ...], schedule: Schedule)
     """The options that would shorten this run, without changing anything silently."""
     choices = []
     if model == "resnet18" and tuple(input_shape[-2:]) == (32, 32):
-        choices.append("--model cifar-cnn (~95k parameters instead of ResNet-18's 11M)")
+        choices.append("--model cifar-cnn (~95-106k parameters instead of ResNet-18's 11M)")
     if schedule.rounds_per_task > 1 or schedule.num_tasks > 1:
         choices.append("fewer --rounds-per-task / --tasks")
     choices.append("--train-size N / --test-size N")

@@ -78,7 +78,8 @@ class CifarCNN(nn.Module):
     """A small CNN for 3×32×32 inputs that trains in minutes on 2 CPU cores.
 
     Three conv3×3-BN-ReLU-maxpool blocks (32, 64, 128 channels), global average pooling and
-    one linear layer: ~95k parameters and ~10 M multiply-adds per image, against ResNet-18's
+    one linear layer: 94,762 parameters on 10 classes (106,372 on CIFAR-100: the head
+    grows by 129 per class) and ~10 M multiply-adds per image, against ResNet-18's
     11.2 M parameters and ~0.56 G multiply-adds. BatchNorm keeps it comparable with the
     ResNet (its statistics are aggregated like weights). The pooling matters: a linear head
     on the flattened 128×4×4 features moved the logits by ~100 in one SGD step at the CIFAR

@@ -120,7 +120,9 @@ def _empty_component(text: str, index: int, count: int) -> str:
 def _parse_component(part: str, classes: dict[str, type[Component]]) -> ComponentSpec:
     """One ``name[:key=value,...]`` piece (already stripped, never empty)."""
     raw_name, colon, opt_text = part.partition(":")
-    name = raw_name.strip().lower()
+    # Case-sensitive, never folded: "DER" accepted as "der" made a second run folder (and
+    # another config hash) beside der's for the same method.
+    name = raw_name.strip()
     if not name:
         raise UserError(
             f"component {quoted(part)} has no name before ':'; write the component first, "
@@ -156,9 +158,14 @@ def _unknown_component(raw_name: str, has_colon: bool, classes: dict[str, type[C
             f"{quoted(raw_name)} is not a strategy component; join components with '+' "
             f"(e.g. der+fedgp), or {choose}."
         )
+    if raw_name.lower() in classes:
+        return (
+            f"unknown strategy component {quoted(raw_name)}; component names are lower-case: "
+            f"write '{raw_name.lower()}'."
+        )
     guess = difflib.get_close_matches(raw_name.lower(), list(classes), n=1)
     hint = f" (did you mean '{guess[0]}'?)" if guess else ""
-    return f"unknown strategy component {quoted(raw_name.lower())}; {choose}{hint}."
+    return f"unknown strategy component {quoted(raw_name)}; {choose}{hint}."
 
 
 def _unknown_option(

@@ -100,3 +100,11 @@ def test_quiet_default_options_stay_out_of_the_recorded_config() -> None:
     assert Probe().resolved_options() == {"old": 1}
     assert Probe({"new": 2}).resolved_options() == {"old": 1, "new": 2}
     assert Probe({"new": 3}).resolved_options() == {"old": 1, "new": 3}
+
+
+@pytest.mark.parametrize("text", ["DER", "der+FedGP", "Scaffold", "fedavg+FEDPROX:mu=0.1"])
+def test_component_names_are_case_sensitive(text: str) -> None:
+    """Issue 41: "DER" was folded to "der" for the method but not for the run's folder and
+    hash, so one method got two run folders. Names are lower-case, never folded."""
+    with pytest.raises(UserError, match="component names are lower-case: write '"):
+        parse_strategy(text)
