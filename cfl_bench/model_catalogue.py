@@ -15,7 +15,8 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
     "mnist-cnn": "FedGP MNIST CNN: 2 conv + 2 fc, ~22k params (1×28×28 inputs)",
     "mlp": "MLP with two hidden layers of 100 units (any input size)",
     "linear": "one linear layer (a head on frozen embeddings)",
-    "cifar-cnn": "small CNN: 3 conv-BN-pool blocks, global pool + linear, ~95k params on 10 classes, 106k on 100 (C×32×32)",
+    "cifar-cnn": "small CNN: 3 conv-BN-pool blocks, global pool + linear, ~95k params on 10 "
+    "classes, 106k on 100 (C×32×32)",
     "resnet18": "CIFAR ResNet-18 (3×3 stem, no max-pool, BN), 11.2M params (C×32×32)",
     "resnet8": "CIFAR ResNet-8 (FedDF / FedProj): 16-32-64 channels, one block per stage, "
     "78k params (C×32×32)",
