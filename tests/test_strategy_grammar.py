@@ -128,7 +128,8 @@ REFUSALS: list[tuple[str, str]] = [
     ("   ", "the strategy is empty"),
     # compositions
     ("fedgp+fedgp", "'fedgp' appears twice in strategy 'fedgp+fedgp'; use it once."),
-    ("fedgp+FEDGP", "'fedgp' appears twice"),
+    ("fedgp+FEDGP", "component names are lower-case: write 'fedgp'"),
+    ("DER+FedGP", "unknown strategy component 'DER'; component names are lower-case"),
     ("der:alpha=1+der:alpha=2", "'der' appears twice"),
     ("der+agem", "has two local learners (der and agem); keep exactly one learner"),
     ("der+agem+er", "has three local learners (der, agem and er); keep exactly one learner"),
@@ -168,7 +169,6 @@ LEGAL: list[tuple[str, list[ComponentSpec]]] = [
     ("der\t+\nfedgp", [ComponentSpec("der", {}), ComponentSpec("fedgp", {})]),
     (" der : alpha = 0.5 ", [ComponentSpec("der", {"alpha": 0.5})]),
     ("derpp:alpha=0.1 , beta=2", [ComponentSpec("derpp", {"alpha": 0.1, "beta": 2.0})]),
-    ("DER+FedGP", [ComponentSpec("der", {}), ComponentSpec("fedgp", {})]),
     ("fedgp:gref_samples=ALL", [ComponentSpec("fedgp", {"gref_samples": "all"})]),
     ("fedgp:gref_samples=64", [ComponentSpec("fedgp", {"gref_samples": 64})]),
     ("fedgp:equal_comm=true", [ComponentSpec("fedgp", {"equal_comm": True})]),
