@@ -15,7 +15,8 @@ called, so the sweep's option checks can ask an entry without paying torch's imp
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from cfl_bench.engine.client_update import LocalTrainer
     from cfl_bench.engine.executor import Executor, ExecutorBuild
     from cfl_bench.engine.loop import Schedule
+    from cfl_bench.plan import RunPlan
+    from cfl_bench.run import RunResult
     from strategies.compose import Strategy
     from streams.base import Stream
 
@@ -46,6 +49,8 @@ class PlannedRun:
 #: ``build(schedule, trainer, host)``: the executor running ``trainer``'s client updates;
 #: ``host`` is what a hosted executor runs in (Flower's grid), None otherwise.
 Builder = Callable[["Schedule", "LocalTrainer", object], "Executor"]
+#: ``launch(plan, annotations, say)``: a hosted executor's run started inside its host.
+Launcher = Callable[["RunPlan", "Mapping[str, object] | None", Callable[[str], None]], "RunResult"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,9 @@ class ExecutorKind:
     build: Builder
     stacked_buffers: bool = False
     hosted: bool = False
+    # A hosted executor's start: ``launch(plan, annotations, say)`` runs the plan inside
+    # its host (Flower's simulation) when ``run.execute`` is called without one.
+    launch: Launcher | None = None
 
     def for_federation(self, schedule: Schedule, host: object = None) -> ExecutorBuild:
         """What a ``Federation`` is given: how to build this executor for its trainer."""
@@ -97,19 +105,6 @@ def check_vectorized(run: PlannedRun) -> None:
         )
 
 
-def check_flower(run: PlannedRun) -> None:
-    """Refuse what ``--executor flower`` does not run yet (docs/executors.md, "Flower")."""
-    from cfl_bench.flower import require_flwr
-
-    refuse_vectorized_options(run)
-    require_flwr()
-    if run.stream.per_round or run.strategy.learner.needs_history:
-        raise UserError(
-            "--executor flower loads each client's shard of the current task only; per-round "
-            "streams and learners that keep history (joint) need another --executor."
-        )
-
-
 def build_sequential(schedule: Schedule, trainer: LocalTrainer, host: object) -> Executor:
     """Clients one after another (``engine.executor.SequentialExecutor``)."""
     from cfl_bench.engine.executor import SequentialExecutor
@@ -124,26 +119,21 @@ def build_vectorized(schedule: Schedule, trainer: LocalTrainer, host: object) ->
     return VectorizedExecutor(trainer, schedule.clients_per_chunk, schedule.compile_step)
 
 
-def build_flower(schedule: Schedule, trainer: LocalTrainer, host: object) -> Executor:
-    """Client updates in Flower ClientApps, over the grid of the ServerApp running the run
-    (``host``); without one the run was not started inside Flower."""
-    from cfl_bench.flower.executor import FlowerExecutor
-
-    if host is None:
-        raise UserError(
-            "--executor flower runs inside a Flower simulation; start it with "
-            "cfl-bench run ... --executor flower."
-        )
-    return FlowerExecutor(host, schedule.num_clients, trainer.strategy.learner)  # type: ignore[arg-type]
-
-
-EXECUTOR_KINDS: dict[str, ExecutorKind] = {
+#: Each executor's entry, or the module that holds it as ``KIND``: Flower's entry lives in
+#: its application package (``cfl_bench.flower.kind``), which stands above the run (it
+#: launches runs), so the run names it here and loads it only when asked.
+EXECUTOR_KINDS: dict[str, ExecutorKind | str] = {
     "sequential": ExecutorKind(refuse_vectorized_options, build_sequential),
     "vectorized": ExecutorKind(check_vectorized, build_vectorized, stacked_buffers=True),
-    "flower": ExecutorKind(check_flower, build_flower, hosted=True),
+    "flower": "cfl_bench.flower.kind",
 }
 
 
 def executor_kind(name: str) -> ExecutorKind:
     """The registry entry of ``--executor NAME`` (the configuration has checked the name)."""
-    return EXECUTOR_KINDS[name]
+    entry = EXECUTOR_KINDS[name]
+    if isinstance(entry, str):
+        kind = importlib.import_module(entry).KIND
+        assert isinstance(kind, ExecutorKind), f"{entry}.KIND is not an ExecutorKind"
+        return kind
+    return entry

@@ -105,7 +105,7 @@ def default_out(config: RunConfig) -> Path:
     """``runs/<stream>_<strategy>_s<seed>-<hash8>``: named exactly as `cfl-bench sweep` names
     the folder of the same request (its grid point), so a run and its sweep twin are found
     under the same name; the hash is of the options as asked, before the stream's defaults."""
-    from cfl_bench.sweep.grid import point_name, point_request
+    from cfl_bench.run_names import point_name, point_request
 
     request = point_request(config)
     return Path("runs") / point_name(request, {}, canonical_hash(request))

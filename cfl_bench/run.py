@@ -10,9 +10,7 @@ run a configuration need not know where the plan is made.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
-import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,37 +57,6 @@ class RunResult:
     summary: dict[str, object]
 
 
-def execute_in_flower(
-    plan: RunPlan, annotations: Mapping[str, object] | None, say: Callable[[str], None]
-) -> RunResult:
-    """Launch a Flower simulation that runs ``plan`` (``flower.launch``); the ServerApp
-    executes the same configuration, with ``out`` fixed to this plan's directory, and adds
-    ``annotations`` (a sweep's request hash) to its summary.
-
-    The directory is claimed here, before Flower starts, exactly as for every executor (a
-    finished run is refused at once, not after a minute of Flower), and its lock is handed
-    to the ServerApp (``flower.handover``): nothing writes the directory without it."""
-    from cfl_bench.flower.launch import run_in_flower
-
-    config = dataclasses.replace(plan.config, out=str(plan.out.resolve()))
-    run_dir, resume = claim_run_directory(plan, say)
-    try:
-        say("starting a Flower simulation (Flower and Ray take about a minute to start)")
-        path = run_in_flower(config, plan.device, say, annotations, claim=(run_dir, resume))
-    except BaseException as exc:
-        run_dir.abandon()
-        run_dir.release(remove_created=True)  # only folders this claim made and left empty
-        if isinstance(exc, KeyboardInterrupt):
-            raise RunInterruptedError(
-                f"interrupted during the Flower simulation; '{plan.out}' keeps its last "
-                "checkpoint (if one was written yet); rerun the same command to resume"
-            ) from None
-        raise
-    run_dir.release()
-    summary = json.loads((path / "summary.json").read_text())
-    return RunResult(path, summary)
-
-
 def claim_run_directory(plan: RunPlan, say: Callable[[str], None]) -> tuple[RunDirectory, bool]:
     """Refuse what can be refused, then create, lock and claim the run directory; the
     directory and whether the run resumes from its checkpoint."""
@@ -122,14 +89,15 @@ def execute(
     caller such as ``cfl-bench sweep`` can recognise its finished runs in one read.
     ``notify`` receives one-line messages for the user (resuming, notes).
     ``host``: what a hosted executor's client side runs in, passed by that host (Flower's
-    ServerApp passes its grid); without one, such a run starts its host (``flower.launch``).
+    ServerApp passes its grid); without one, such a run starts its host (``ExecutorKind.launch``).
     ``claimed``: the directory already claimed for this run, and whether it resumes (a
     Flower ServerApp's, handed over by its launcher: ``flower.handover``).
     """
     say = notify or (lambda _text: None)
     plan = plan_run(config)
-    if executor_kind(plan.config.executor).hosted and host is None:
-        return execute_in_flower(plan, annotations, say)
+    kind = executor_kind(plan.config.executor)
+    if kind.launch is not None and host is None:
+        return kind.launch(plan, annotations, say)
     if claimed is None:
         run_dir, resume = claim_run_directory(plan, say)
     else:

@@ -40,8 +40,9 @@ from cfl_bench.errors import UserError
 from cfl_bench.reproduce.collect import Collected
 from cfl_bench.reproduce.tables import ReproTable
 from cfl_bench.run_dir import is_run_directory, os_problem
+from cfl_bench.run_names import SWEEP_OWNED
 from cfl_bench.sweep import ledger
-from cfl_bench.sweep.grid import SWEEP_OWNED, GridPoint, SweepSpec, expand
+from cfl_bench.sweep.grid import GridPoint, SweepSpec, expand
 
 # The cells (row, column) a sweep point's request fills.
 CellsOf = Callable[[dict[str, Any]], list[tuple[str, str]]]

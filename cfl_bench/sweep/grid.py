@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,23 +48,24 @@ from cfl_bench.config import (
     check_value,
     field_names,
     option_kind,
-    option_specs,
     parse_text,
     read_yaml_mapping,
     validate,
 )
 from cfl_bench.errors import UserError
+from cfl_bench.run_names import (
+    NAME_KEYS,
+    SWEEP_OWNED,
+    point_name,
+    point_request,
+)
 from cfl_bench.text_values import quoted
 
 SWEEP_FILE_KEYS = ("out", "jobs", "base", "grid")
-# Keys the sweep owns: every point writes to its own directory, never overwrites others and
-# resumes an interrupted point from its checkpoint.
-SWEEP_OWNED = frozenset({"out", "overwrite", "restart"})
 # Their values contain commas by grammar (der:alpha=0.5,..., dirichlet:alpha=1,min_size=5).
 UNSPLIT_KEYS = frozenset({"strategy", "partition"})
 # Command-line flags whose name is not --<field> / --no-<field> (as in `cfl-bench run`).
 FLAG_ALIASES: dict[str, tuple[str, bool]] = {"eval-task-end": ("eval_every_round", False)}
-NAME_KEYS = ("stream", "strategy", "seed")
 # More points than anyone runs in one sweep: a slip (six axes of ten values) is refused at
 # once instead of validating a million points.
 MAX_SWEEP_POINTS = 10_000
@@ -99,11 +99,6 @@ class GridPoint:
         """The values that tell this point from its neighbours, for messages."""
         shown = self.varying or {k: self.request[k] for k in NAME_KEYS}
         return ", ".join(f"{k}={v}" for k, v in shown.items())
-
-
-def slug(text: str, limit: int = 80) -> str:
-    """Directory-safe text, sanitised by the same rule as run directory names."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:limit] or "run"
 
 
 def _check_key(raw: object, where: str) -> str:
@@ -358,29 +353,3 @@ def resolved_request(config: RunConfig) -> dict[str, Any]:
             request[key] = value
     request["strategy"] = build_strategy(config.strategy).name
     return request
-
-
-def point_request(config: RunConfig) -> dict[str, Any]:
-    """What identifies a point: every option but the sweep's own; options that only change
-    how a run executes (checkpoints) count only when set, so adding such an option to the
-    suite never renames the points of existing sweeps."""
-    defaults = RunConfig()
-    specs = option_specs()
-    return {
-        k: v
-        for k, v in config.to_dict().items()
-        if k not in SWEEP_OWNED and not (specs[k].execution and v == getattr(defaults, k))
-    }
-
-
-def point_name(request: dict[str, Any], varying: dict[str, Any], request_hash: str) -> str:
-    """``<stream>_<strategy>_s<seed>[_<key>-<value>...]-<hash8>``."""
-    parts = [str(request["stream"]), str(request["strategy"]), f"s{request['seed']}"]
-    parts += [f"{k}-{_text(v)}" for k, v in varying.items() if k not in NAME_KEYS]
-    return f"{slug('_'.join(parts))}-{request_hash[:8]}"
-
-
-def _text(value: object) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    return "none" if value is None else str(value)

@@ -32,8 +32,8 @@ from pathlib import Path
 from cfl_bench.atomic import atomic_write_text
 from cfl_bench.config import check_path_text
 from cfl_bench.errors import UserError
+from cfl_bench.run_names import slug
 from cfl_bench.sweep import ledger
-from cfl_bench.sweep.grid import slug
 from cfl_bench.sweep.point import job_json
 from cfl_bench.sweep.scheduler import PointState, run_job
 

@@ -1,0 +1,83 @@
+"""The Flower executor's entry in the executor registry (``cfl_bench.executors``): what it
+refuses, how it is built inside a ServerApp, and how a run started outside Flower launches
+the simulation that hosts it.
+
+Why here and not in the registry: launching imports the Flower application (``launch``),
+which itself imports the run's configuration and plan; the registry sits in the run layer
+below and names this module by string, so no import goes upward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+
+from cfl_bench.engine.client_update import LocalTrainer
+from cfl_bench.engine.executor import Executor
+from cfl_bench.engine.loop import Schedule
+from cfl_bench.errors import UserError
+from cfl_bench.executors import ExecutorKind, PlannedRun, refuse_vectorized_options
+from cfl_bench.plan import RunPlan
+from cfl_bench.round_keeper import RunInterruptedError
+from cfl_bench.run import RunResult, claim_run_directory
+
+
+def check_flower(run: PlannedRun) -> None:
+    """Refuse what ``--executor flower`` does not run yet (docs/executors.md, "Flower")."""
+    from cfl_bench.flower import require_flwr
+
+    refuse_vectorized_options(run)
+    require_flwr()
+    if run.stream.per_round or run.strategy.learner.needs_history:
+        raise UserError(
+            "--executor flower loads each client's shard of the current task only; per-round "
+            "streams and learners that keep history (joint) need another --executor."
+        )
+
+
+def build_flower(schedule: Schedule, trainer: LocalTrainer, host: object) -> Executor:
+    """Client updates in Flower ClientApps, over the grid of the ServerApp running the run
+    (``host``); without one the run was not started inside Flower."""
+    from cfl_bench.flower.executor import FlowerExecutor
+
+    if host is None:
+        raise UserError(
+            "--executor flower runs inside a Flower simulation; start it with "
+            "cfl-bench run ... --executor flower."
+        )
+    return FlowerExecutor(host, schedule.num_clients, trainer.strategy.learner)  # type: ignore[arg-type]
+
+
+def execute_in_flower(
+    plan: RunPlan, annotations: Mapping[str, object] | None, say: Callable[[str], None]
+) -> RunResult:
+    """Launch a Flower simulation that runs ``plan`` (``flower.launch``); the ServerApp
+    executes the same configuration, with ``out`` fixed to this plan's directory, and adds
+    ``annotations`` (a sweep's request hash) to its summary.
+
+    The directory is claimed here, before Flower starts, exactly as for every executor (a
+    finished run is refused at once, not after a minute of Flower), and its lock is handed
+    to the ServerApp (``flower.handover``): nothing writes the directory without it."""
+    from cfl_bench.flower.launch import run_in_flower
+
+    config = dataclasses.replace(plan.config, out=str(plan.out.resolve()))
+    run_dir, resume = claim_run_directory(plan, say)
+    try:
+        say("starting a Flower simulation (Flower and Ray take about a minute to start)")
+        path = run_in_flower(config, plan.device, say, annotations, claim=(run_dir, resume))
+    except BaseException as exc:
+        run_dir.abandon()
+        run_dir.release(remove_created=True)  # only folders this claim made and left empty
+        if isinstance(exc, KeyboardInterrupt):
+            raise RunInterruptedError(
+                f"interrupted during the Flower simulation; '{plan.out}' keeps its last "
+                "checkpoint (if one was written yet); rerun the same command to resume"
+            ) from None
+        raise
+    run_dir.release()
+    summary = json.loads((path / "summary.json").read_text())
+    return RunResult(path, summary)
+
+
+KIND = ExecutorKind(check_flower, build_flower, hosted=True, launch=execute_in_flower)
