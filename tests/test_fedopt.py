@@ -106,7 +106,8 @@ def test_yogi_and_adagrad_second_moments_by_hand() -> None:
 
 
 def test_defaults_auto_server_lr_and_explicit_values() -> None:
-    assert FedAvgM().resolved_options() == {"momentum": 0.7, "server_lr": 1.0}  # FedNTD's config and code
+    # FedNTD's config and code
+    assert FedAvgM().resolved_options() == {"momentum": 0.7, "server_lr": 1.0}
     assert FedOpt().resolved_options() == {
         "server_opt": "adam",
         "server_lr": None,
