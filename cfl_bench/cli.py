@@ -249,11 +249,11 @@ def check_names(config: RunConfig) -> None:
     """
     from cfl_bench.model_catalogue import check_model_name
     from cfl_bench.run_checks import check_diagnostics, check_option_pairs
-    from strategies.compose import build_strategy
+    from strategies.compose import validate_strategy
     from streams.catalogue import require_data_root, stream_info
     from streams.partition_spec import parse_partition_spec
 
-    build_strategy(config.strategy)
+    validate_strategy(config.strategy)
     check_diagnostics(config)
     info = stream_info(config.stream)
     check_option_pairs(config)

@@ -15,33 +15,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from strategies.base import Learner, Option, StepView, StrategyEnv, text
+import torch
+
+from strategies import declarations
+from strategies.base import Declaration, Learner, StepView, StrategyEnv
+from strategies.declarations import AGEMOptions
 from strategies.projection import projected
 
 if TYPE_CHECKING:
-    import torch
-
     from cfl_bench.engine.context import ClientState
     from cfl_bench.flat import FlatModel
 
 
 class AGEM(Learner):
-    name: ClassVar[str] = "agem"
-    summary: ClassVar[str] = "project the batch gradient when it conflicts with the buffer gradient"
-    paper: ClassVar[str] = "Chaudhry et al., ICLR 2019 (A-GEM)"
+    declaration: ClassVar[Declaration] = declarations.AGEM
+    opts: AGEMOptions
     needs_buffer: ClassVar[bool] = True
-    options: ClassVar[tuple[Option, ...]] = (
-        Option(
-            "agem_fill",
-            "reservoir",
-            "buffer filling: reservoir during training (FedGP code) or M/T per task at task end",
-            text,
-            choices=("reservoir", "task_end"),
-        ),
-    )
 
     def setup(self, env: StrategyEnv) -> None:
-        self.fill = str(self.values["agem_fill"])
+        self.fill = self.opts.agem_fill
         self.num_tasks = env.num_tasks
 
     def refine(self, g: torch.Tensor, view: StepView) -> torch.Tensor:
@@ -58,8 +50,6 @@ class AGEM(Learner):
 
     def on_task_end(self, client: ClientState, task: int, model: FlatModel) -> None:
         """task_end fill: M/T random examples of the finished task join the episodic memory."""
-        import torch
-
         buffer = client.buffer
         if (
             self.fill != "task_end"

@@ -50,17 +50,21 @@ way. So the sequential executor and the vectorized one run the very same code, a
 component runs under both without an executor edit. Dot products over the parameter axis
 go through ``projection.row_dot``.
 
-Component modules import torch (and the engine modules that import it) inside the functions
-that compute, never at module top: the grammar (``strategies.compose``) and `cfl-bench list
-strategies` read only the declarations above, so a misspelled strategy is refused without
-paying torch's seconds-long import.
+What is known of a component before a run (its name, roles, options, payloads, places in
+the orders) is its row of the torch-free declaration table (``strategies.declarations``): the
+grammar (``strategies.compose``), `cfl-bench list strategies` and the run's early refusals
+read only that table, so a misspelled strategy is refused without paying torch's
+seconds-long import, while the component modules import torch at their top like any
+module. This module, ``strategies.replay`` and the table stay torch-free. A component's
+options are a frozen dataclass (``option``), its values ``self.opts``, typed; the roles'
+hooks are the protocols of ``strategies.roles``.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from cfl_bench.engine.payloads import Payload
@@ -187,7 +191,7 @@ class Option:
     choices: tuple[str, ...] = ()
     # How a parsed value is written back in the strategy's canonical name; it must parse
     # to the same value (e.g. ifa's generation None → "task").
-    show: Callable[[object], str] = lambda value: AUTO if value is None else str(value)
+    show: Callable[[Any], str] = lambda value: AUTO if value is None else str(value)
     # An option added after runs were recorded: left at its default it is not written into
     # the run's config (``Component.resolved_options``), so those runs keep their protocol
     # hash and sweeps still recognise them as done. Only for options whose default keeps
@@ -217,6 +221,74 @@ class Option:
 def text(raw: str) -> str:
     """A word checked against the option's ``choices`` by ``Option.convert``."""
     return raw
+
+
+def _show(value: object) -> str:
+    return AUTO if value is None else str(value)
+
+
+_OPTION = "cfl_bench.option"
+
+
+@dataclass(frozen=True)
+class _OptionSpec:
+    """What ``option`` keeps in a field's metadata (``Option`` less name and default)."""
+
+    help: str
+    parse: Callable[[str], object]
+    choices: tuple[str, ...]
+    show: Callable[[Any], str]
+    quiet_default: bool
+
+
+def option(
+    default: Any,
+    help: str,
+    parse: Callable[[str], object],
+    *,
+    choices: tuple[str, ...] = (),
+    show: Callable[[Any], str] = _show,
+    quiet_default: bool = False,
+) -> Any:
+    """A field of a component's frozen ``Options`` dataclass: its default and, as field
+    metadata, what the grammar and the listing need (help, parser, choices, how the
+    canonical name writes it). Typed ``Any`` so the field's own annotation is its type::
+
+        @dataclass(frozen=True)
+        class DEROptions:
+            alpha: float | None = option(None, "weight of the logit term", non_negative_float)
+
+    Why a dataclass rather than a dict: a component reads ``self.opts.alpha``, typed, with no
+    cast at use, and the values cannot change behind the run's recorded config."""
+    spec = _OptionSpec(help, parse, choices, show, quiet_default)
+    return field(default=default, metadata={_OPTION: spec})
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a component that takes none."""
+
+
+def options_of(options: type[Any]) -> tuple[Option, ...]:
+    """The ``Option`` of every field of an ``Options`` dataclass, in declaration order (the
+    order listings show them and the run's config records them)."""
+    declared: list[Option] = []
+    for f in fields(options):
+        spec = f.metadata.get(_OPTION)
+        if spec is None or f.default is MISSING:
+            raise TypeError(f"{options.__name__}.{f.name} is not declared with option(...)")
+        declared.append(
+            Option(
+                f.name,
+                f.default,
+                spec.help,
+                spec.parse,
+                choices=spec.choices,
+                show=spec.show,
+                quiet_default=spec.quiet_default,
+            )
+        )
+    return tuple(declared)
 
 
 #: Capabilities a model (not the stream's objective) provides; the run's model facts say which
@@ -303,18 +375,74 @@ class ExtraWork:
     distill_steps: int = 0
 
 
-class Component:
-    """Base class: a component with no hooks does nothing (every hook is optional)."""
+def listed_roles(
+    roles: frozenset[Role], server_schedule: bool, payloads: tuple[Payload, ...]
+) -> list[str]:
+    """Every role a listing and config.json show, sorted: the dispatched ones plus the
+    server schedule and communication a component declares."""
+    names = {role.value for role in roles}
+    if server_schedule:
+        names.add(SERVER_SCHEDULE)
+    if payloads:
+        names.add(COMMUNICATION)
+    return sorted(names)
 
+
+@dataclass(frozen=True)
+class Declaration:
+    """What is known of a component without importing it (and so without torch): the row
+    of ``strategies.declarations.TABLE`` that the grammar, the listing and the run's
+    canonical name read. The component class named by ``target`` takes these values
+    (``Component.__init_subclass__``), so they are written once."""
+
+    name: str
+    target: str  # "module:Class", imported only when a run builds the strategy
+    summary: str
+    paper: str
+    roles: frozenset[Role] = frozenset()
+    options: type[Any] = NoOptions
+    # What it sends besides the model (see ``cfl_bench.engine.payloads``).
+    payloads: tuple[Payload, ...] = ()
+    # Work on the server's own schedule around aggregation (a round-start snapshot, a
+    # client request after aggregation): shown as a role, never dispatched on.
+    server_schedule: bool = False
+    transform_order: int | None = None
+    server_hook_order: int = 0
+
+    @property
+    def is_learner(self) -> bool:
+        return Role.LEARNER in self.roles
+
+    def role_names(self) -> list[str]:
+        return listed_roles(self.roles, self.server_schedule, self.payloads)
+
+    @property
+    def option_list(self) -> tuple[Option, ...]:
+        return options_of(self.options)
+
+
+class Component:
+    """Base class: a component with no hooks does nothing (every hook is optional).
+
+    A registered component names its row of the declaration table (``declaration``), which
+    sets ``name``, ``roles``, ``summary``, ``paper``, ``Options``, ``payloads``,
+    ``server_schedule`` and both orders; a component outside the table (a test's) sets
+    those class attributes itself. ``options`` follows from ``Options``."""
+
+    declaration: ClassVar[Declaration | None] = None
     name: ClassVar[str] = ""
     roles: ClassVar[frozenset[Role]] = frozenset()
     summary: ClassVar[str] = ""
     paper: ClassVar[str] = ""
+    # The frozen dataclass of its options; an instance's values are ``self.opts``.
+    Options: ClassVar[type[Any]] = NoOptions
+    # The grammar's view of ``Options`` (derived, never written by hand).
     options: ClassVar[tuple[Option, ...]] = ()
     needs_buffer: ClassVar[bool] = False
     requires: ClassVar[frozenset[str]] = frozenset()
     # What this component sends besides the model (see ``cfl_bench.engine.payloads``).
     payloads: ClassVar[tuple[Payload, ...]] = ()
+    server_schedule: ClassVar[bool] = False
     # Instance attributes that change during a run and must survive a checkpoint (tensors,
     # generators, numbers and containers of them); everything else is rebuilt by setup().
     state_attributes: ClassVar[tuple[str, ...]] = ()
@@ -326,28 +454,38 @@ class Component:
     # first); components at the same place keep the written order, the learner first.
     server_hook_order: ClassVar[int] = 0
 
+    # The typed option values (each component narrows the annotation to its ``Options``).
+    opts: Any
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("declaration")
+        if declared is not None:
+            cls.name = declared.name
+            cls.roles = declared.roles
+            cls.summary = declared.summary
+            cls.paper = declared.paper
+            cls.Options = declared.options
+            cls.payloads = declared.payloads
+            cls.server_schedule = declared.server_schedule
+            cls.transform_order = declared.transform_order
+            cls.server_hook_order = declared.server_hook_order
+        cls.options = options_of(cls.Options)
+
     @classmethod
     def role_names(cls) -> list[str]:
-        """Every role, sorted: the dispatched ones plus those its hooks and payloads imply."""
-        names = {role.value for role in cls.roles}
-        scheduled = (cls.on_round_start, cls.client_request)
-        if scheduled != (Component.on_round_start, Component.client_request):
-            names.add(SERVER_SCHEDULE)
-        if cls.payloads:
-            names.add(COMMUNICATION)
-        return sorted(names)
+        """Every role, sorted: the dispatched ones plus its declared schedule and payloads."""
+        return listed_roles(cls.roles, cls.server_schedule, cls.payloads)
 
     def __init__(self, values: dict[str, object] | None = None) -> None:
-        resolved = {opt.name: opt.default for opt in self.options}
-        known = set(resolved)
-        for key, value in (values or {}).items():
+        known = {opt.name for opt in self.options}
+        for key in values or {}:
             if key not in known:
                 names = ", ".join(sorted(known)) or "none"
                 raise UserError(
                     f"unknown option '{key}' for '{self.name}'; its options are: {names}."
                 )
-            resolved[key] = value
-        self.values: dict[str, object] = resolved
+        self.opts = self.Options(**(values or {}))
         self.explicit: frozenset[str] = frozenset(values or {})
         # The stream's objective, set from the environment by ``Strategy.setup``.
         self.objective: Objective = Classification()
@@ -368,8 +506,11 @@ class Component:
     def resolved_options(self) -> dict[str, object]:
         """The options the run's config records: every value, except quiet options left at
         their default (see ``Option.quiet_default``)."""
-        quiet = {o.name for o in self.options if o.quiet_default and o.name not in self.explicit}
-        return {k: v for k, v in self.values.items() if k not in quiet}
+        return {
+            o.name: getattr(self.opts, o.name)
+            for o in self.options
+            if not o.quiet_default or o.name in self.explicit
+        }
 
     def holdout_per_task(self, train_size: int) -> int:
         """Of a task's ``train_size`` examples, how many no client may hold (FedProj's

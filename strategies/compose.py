@@ -32,8 +32,18 @@ from dataclasses import dataclass
 
 from cfl_bench.errors import UserError
 from cfl_bench.text_values import split_options
-from strategies.base import MODEL_CAPABILITIES, Component, Learner, Role, StrategyEnv, quoted
-from strategies.registry import component_classes
+from strategies.base import (
+    MODEL_CAPABILITIES,
+    Component,
+    Declaration,
+    Learner,
+    Option,
+    Role,
+    StrategyEnv,
+    quoted,
+)
+from strategies.registry import component_class, component_table
+from strategies.roles import Aggregator, GradientTransform, LossTerm, ServerHook
 
 # "+" separates components unless it is a number's sign: directly after "=" or after a digit
 # and an exponent letter ("1e+3"), and directly before a digit or ".".
@@ -47,10 +57,10 @@ def transform_chain() -> tuple[str, ...]:
     projection is the learner's ``refine`` and runs before the chain; the components'
     declarations say why each sits where it does (SCAFFOLD, FedProj, FedGP)."""
     ordered = sorted(
-        (cls for cls in component_classes().values() if cls.transform_order is not None),
-        key=lambda cls: cls.transform_order or 0,
+        (row for row in component_table().values() if row.transform_order is not None),
+        key=lambda row: row.transform_order or 0,
     )
-    return tuple(cls.name for cls in ordered)
+    return tuple(row.name for row in ordered)
 
 
 def server_hook_order() -> tuple[str, ...]:
@@ -58,11 +68,11 @@ def server_hook_order() -> tuple[str, ...]:
     component at the default place 0 (in written order, the learner first). From the
     components' declared ``server_hook_order`` (``Strategy.server_hooks`` sorts by it)."""
     placed = sorted(
-        (cls for cls in component_classes().values() if cls.server_hook_order != 0),
-        key=lambda cls: cls.server_hook_order,
+        (row for row in component_table().values() if row.server_hook_order != 0),
+        key=lambda row: row.server_hook_order,
     )
-    before = tuple(cls.name for cls in placed if cls.server_hook_order < 0)
-    after = tuple(cls.name for cls in placed if cls.server_hook_order > 0)
+    before = tuple(row.name for row in placed if row.server_hook_order < 0)
+    after = tuple(row.name for row in placed if row.server_hook_order > 0)
     return (*before, "*", *after)
 
 
@@ -80,7 +90,7 @@ class ComponentSpec:
 
 def parse_strategy(text: str) -> list[ComponentSpec]:
     """Parse the strategy string into component names and converted option values."""
-    classes = component_classes()
+    classes = component_table()
     if not text or not text.strip():
         raise UserError(
             "the strategy is empty; give one like 'der+fedgp' (see `cfl-bench list strategies`)."
@@ -117,7 +127,7 @@ def _empty_component(text: str, index: int, count: int) -> str:
     )
 
 
-def _parse_component(part: str, classes: dict[str, type[Component]]) -> ComponentSpec:
+def _parse_component(part: str, classes: dict[str, Declaration]) -> ComponentSpec:
     """One ``name[:key=value,...]`` piece (already stripped, never empty)."""
     raw_name, colon, opt_text = part.partition(":")
     # Case-sensitive, never folded: "DER" accepted as "der" made a second run folder (and
@@ -133,7 +143,7 @@ def _parse_component(part: str, classes: dict[str, type[Component]]) -> Componen
         raise UserError(_unknown_component(raw_name.strip(), bool(colon), classes))
     if not colon:
         return ComponentSpec(name, {})
-    by_name = {o.name: o for o in cls.options}
+    by_name = {o.name: o for o in cls.option_list}
     raw_values = split_options(
         "component",
         name,
@@ -145,7 +155,7 @@ def _parse_component(part: str, classes: dict[str, type[Component]]) -> Componen
     return ComponentSpec(name, values)
 
 
-def _unknown_component(raw_name: str, has_colon: bool, classes: dict[str, type[Component]]) -> str:
+def _unknown_component(raw_name: str, has_colon: bool, classes: dict[str, Declaration]) -> str:
     """The refusal for a name that is no component, with the likely slip when there is one."""
     choose = f"choose from: {', '.join(sorted(classes))}"
     if "=" in raw_name and not has_colon:  # der:alpha=1+beta=2 → the piece "beta=2"
@@ -168,18 +178,16 @@ def _unknown_component(raw_name: str, has_colon: bool, classes: dict[str, type[C
     return f"unknown strategy component {quoted(raw_name)}; {choose}{hint}."
 
 
-def _unknown_option(
-    name: str, key: str, has_value: bool, classes: dict[str, type[Component]]
-) -> str:
+def _unknown_option(name: str, key: str, has_value: bool, classes: dict[str, Declaration]) -> str:
     """The refusal for a key the component lacks, pointing at its owner when it has one."""
     if not has_value and key.lower() in classes:  # der:fedgp — a component, not an option
         return (
             f"'{key.lower()}' is a strategy component, not an option of '{name}'; join "
             f"components with '+', e.g. {name}+{key.lower()}."
         )
-    known = ", ".join(o.name for o in classes[name].options)
+    known = ", ".join(o.name for o in classes[name].option_list)
     message = f"unknown option {quoted(key)} for '{name}'; its options are: {known}"
-    owners = [n for n, c in classes.items() if n != name and key in {o.name for o in c.options}]
+    owners = [n for n, c in classes.items() if n != name and key in {o.name for o in c.option_list}]
     if owners:  # stated, not prescribed: adding the owner may itself be refused (two learners)
         message += f" ('{key}' is an option of {' and '.join(owners)})"
     return message + "."
@@ -197,26 +205,28 @@ class Strategy:
         return [self.learner, *self.components]
 
     @property
-    def transforms(self) -> list[Component]:
+    def transforms(self) -> list[GradientTransform]:
         """Gradient transforms in their declared order (``Component.transform_order``)."""
         chain = [c for c in self.components if Role.GRAD_TRANSFORM in c.roles]
-        return sorted(chain, key=transform_position)
+        ordered: list[Component] = sorted(chain, key=transform_position)
+        return list[GradientTransform](ordered)
 
     @property
-    def loss_terms(self) -> list[Component]:
+    def loss_terms(self) -> list[LossTerm]:
         return [c for c in self.components if Role.LOSS_TERM in c.roles]
 
     @property
-    def aggregator(self) -> Component | None:
+    def aggregator(self) -> Aggregator | None:
         """The aggregation override (at most one; validated at build time)."""
         overrides = [c for c in self.components if Role.AGGREGATOR in c.roles]
         return overrides[0] if overrides else None
 
     @property
-    def server_hooks(self) -> list[Component]:
+    def server_hooks(self) -> list[ServerHook]:
         """Every component in its declared order (``Component.server_hook_order``; a
         stable sort, so equal places keep the written order, the learner first)."""
-        return sorted(self.all, key=lambda c: c.server_hook_order)
+        ordered: list[Component] = sorted(self.all, key=lambda c: c.server_hook_order)
+        return list[ServerHook](ordered)
 
     def protocol_changes(self) -> dict[str, object]:
         changes: dict[str, object] = {}
@@ -234,12 +244,10 @@ class Strategy:
     @property
     def name(self) -> str:
         """Canonical name: components in written order, non-default options spelled out."""
-        parts = []
-        for c in self.all:
-            shows = {o.name: o.show for o in c.options}
-            opts = ",".join(f"{k}={shows[k](c.values[k])}" for k in sorted(c.explicit))
-            parts.append(f"{c.name}:{opts}" if opts else c.name)
-        return "+".join(parts)
+        return "+".join(
+            written(c.name, c.options, {k: getattr(c.opts, k) for k in c.explicit})
+            for c in self.all
+        )
 
     def setup(self, env: StrategyEnv) -> None:
         for c in self.all:
@@ -297,16 +305,44 @@ def requirement_refusal(component: Component, env: StrategyEnv) -> str | None:
     return None
 
 
-def build_strategy(text: str) -> Strategy:
-    """Parse and validate a composition (stream-independent checks)."""
+def written(name: str, options: tuple[Option, ...], explicit: dict[str, object]) -> str:
+    """A component as the canonical strategy name writes it: the options the user wrote,
+    sorted, each as its option shows it."""
+    shows = {o.name: o.show for o in options}
+    opts = ",".join(f"{k}={shows[k](explicit[k])}" for k in sorted(explicit))
+    return f"{name}:{opts}" if opts else name
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """A validated composition before any component is built: what the grammar and the
+    stream-independent checks know, from the declaration table alone (no torch)."""
+
+    learner: ComponentSpec
+    components: tuple[ComponentSpec, ...]
+
+    @property
+    def all(self) -> tuple[ComponentSpec, ...]:
+        return (self.learner, *self.components)
+
+    @property
+    def name(self) -> str:
+        """The canonical name ``Strategy.name`` gives the built strategy before set-up."""
+        table = component_table()
+        return "+".join(written(s.name, table[s.name].option_list, s.options) for s in self.all)
+
+
+def validate_strategy(text: str) -> StrategySpec:
+    """Parse and validate a composition (stream-independent checks) without building it:
+    what ``cfl-bench run`` refuses at once and a sweep names its points by."""
     specs = parse_strategy(text)
-    classes = component_classes()
+    classes = component_table()
     seen: set[str] = set()
     for spec in specs:
         if spec.name in seen:
             raise UserError(f"'{spec.name}' appears twice in strategy {quoted(text)}; use it once.")
         seen.add(spec.name)
-    learners = [s for s in specs if issubclass(classes[s.name], Learner)]
+    learners = [s for s in specs if classes[s.name].is_learner]
     if len(learners) > 1:
         count = _COUNT_WORDS.get(len(learners), str(len(learners)))
         names = ", ".join(s.name for s in learners[:-1]) + f" and {learners[-1].name}"
@@ -314,15 +350,24 @@ def build_strategy(text: str) -> Strategy:
             f"strategy {quoted(text)} has {count} local learners ({names}); keep exactly one "
             f"learner and add components such as fedgp."
         )
-    learner_spec = learners[0] if learners else ComponentSpec("fedavg", {})
-    learner = classes[learner_spec.name](learner_spec.options)
-    if not isinstance(learner, Learner):  # the registry guarantees this; keep mypy honest
-        raise TypeError(f"{learner_spec.name} is not a learner")
-    others = [classes[s.name](s.options) for s in specs if s is not learner_spec]
-    aggregators = [c.name for c in others if Role.AGGREGATOR in c.roles]
+    learner = learners[0] if learners else ComponentSpec("fedavg", {})
+    others = tuple(s for s in specs if s is not learner)
+    aggregators = [s.name for s in others if Role.AGGREGATOR in classes[s.name].roles]
     if len(aggregators) > 1:
         raise UserError(
             f"strategy {quoted(text)} overrides aggregation twice ({' and '.join(aggregators)}); "
             f"keep at most one aggregator."
         )
+    return StrategySpec(learner, others)
+
+
+def build_strategy(text: str) -> Strategy:
+    """Parse, validate and build a composition: each component's class from its
+    declaration (this imports the component modules, and so torch)."""
+    spec = validate_strategy(text)
+    table = component_table()
+    learner = component_class(table[spec.learner.name])(spec.learner.options)
+    if not isinstance(learner, Learner):  # the table guarantees this; keep mypy honest
+        raise TypeError(f"{spec.learner.name} is not a learner")
+    others = [component_class(table[s.name])(s.options) for s in spec.components]
     return Strategy(learner, others)

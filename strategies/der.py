@@ -12,9 +12,12 @@ statistics of the current batch are not mixed with the buffer's.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar
 
-from strategies.base import Learner, Option, StrategyEnv, non_negative_float
+from strategies import declarations
+from strategies.base import Declaration, Learner, StrategyEnv
+from strategies.declarations import DEROptions
 from strategies.replay import ReplayPlan, ReplayTerm
 
 
@@ -24,24 +27,15 @@ def is_mnist_like(stream_name: str) -> bool:
 
 
 class DER(Learner):
-    name: ClassVar[str] = "der"
-    summary: ClassVar[str] = "CE + α·MSE between current and stored logits on buffer samples"
-    paper: ClassVar[str] = "Buzzega et al., NeurIPS 2020 (DER)"
+    declaration: ClassVar[Declaration] = declarations.DER
+    opts: DEROptions
     needs_buffer: ClassVar[bool] = True
-    options: ClassVar[tuple[Option, ...]] = (
-        Option(
-            "alpha",
-            None,
-            "weight of the logit-matching term (default 1.0 MNIST-like, 0.3 otherwise)",
-            non_negative_float,
-        ),
-    )
 
     def setup(self, env: StrategyEnv) -> None:
-        if self.values["alpha"] is None:
-            self.values["alpha"] = 1.0 if is_mnist_like(env.stream_name) else 0.3
-        alpha = self.values["alpha"]
-        self.alpha = float(alpha) if isinstance(alpha, (int, float)) else 1.0
+        if self.opts.alpha is None:  # auto: the run's config records the resolved value
+            self.opts = replace(self.opts, alpha=1.0 if is_mnist_like(env.stream_name) else 0.3)
+        assert self.opts.alpha is not None
+        self.alpha = self.opts.alpha
 
     def replay_plan(self) -> ReplayPlan:
         """One draw while α > 0 (none at all at α = 0); α · MSE to its stored logits."""

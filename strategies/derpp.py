@@ -12,23 +12,20 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from strategies.base import Learner, Option, StrategyEnv, non_negative_float
+from strategies import declarations
+from strategies.base import Declaration, Learner, StrategyEnv
+from strategies.declarations import DERPPOptions
 from strategies.replay import ReplayPlan, ReplayTerm
 
 
 class DERPP(Learner):
-    name: ClassVar[str] = "derpp"
-    summary: ClassVar[str] = "DER + β·CE on the labels of a second, independent buffer draw"
-    paper: ClassVar[str] = "Buzzega et al., NeurIPS 2020 (DER++)"
+    declaration: ClassVar[Declaration] = declarations.DERPP
+    opts: DERPPOptions
     needs_buffer: ClassVar[bool] = True
-    options: ClassVar[tuple[Option, ...]] = (
-        Option("alpha", 0.1, "weight of the logit-matching (MSE) term", non_negative_float),
-        Option("beta", 0.5, "weight of the label-replay (CE) term", non_negative_float),
-    )
 
     def setup(self, env: StrategyEnv) -> None:
-        self.alpha = float(str(self.values["alpha"]))
-        self.beta = float(str(self.values["beta"]))
+        self.alpha = self.opts.alpha
+        self.beta = self.opts.beta
 
     def replay_plan(self) -> ReplayPlan:
         """Two independent draws whenever the buffer holds anything (even at α = β = 0, so

@@ -22,23 +22,20 @@ import math
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import torch
+import torch
+from torch.nn import functional as F
 
+if TYPE_CHECKING:
     from cfl_bench.flat import FlatModel
 
 
 def teacher_log_probs(z_ens: torch.Tensor, temperature: float) -> torch.Tensor:
     """log σ(Z_ens/T), computed once per round instead of at every step."""
-    from torch.nn import functional as F
-
     return F.log_softmax(z_ens.float() / temperature, dim=1)
 
 
 def kl_to_teacher(logits: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
     """KL(σ(Z_ens/T) ‖ σ(f/T)), batchmean, given the teacher's log-probabilities."""
-    from torch.nn import functional as F
-
     student = F.log_softmax(logits / temperature, dim=1)
     return F.kl_div(student, teacher, reduction="batchmean", log_target=True)
 
@@ -64,8 +61,6 @@ def cosine_lr(lr: float, step: int, total: int) -> float:
 def clip_grad_norm_(grads: torch.Tensor, max_norm: float) -> None:
     """Scale the flat gradient to norm ≤ ``max_norm`` — torch's ``clip_grad_norm_`` rule
     (coefficient max_norm/(‖g‖ + 1e-6), capped at 1) on the one flat vector."""
-    import torch
-
     norm = torch.linalg.vector_norm(grads)
     grads.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
 
@@ -81,8 +76,6 @@ def batch_indices(
     """Index batches of ``n`` examples: ``epochs`` shuffled passes, or ``steps`` batches from
     as many shuffled passes as they need (a pass's last batch may be smaller, as a
     DataLoader without drop_last gives it)."""
-    import torch
-
     if (epochs is None) == (steps is None):
         raise ValueError("give exactly one of epochs and steps")
     passes = 0
@@ -122,8 +115,6 @@ def distill(
     through the flat vector: ``Optimizer.zero_grad`` would set each ``param.grad`` to None
     and break the views into ``model.grads``.
     """
-    import torch
-
     if gamma > 0 and anchor is None:
         raise ValueError("γ > 0 needs an anchor")
     module = model.module
@@ -163,8 +154,6 @@ def train_labelled(
     """Adam on ``loss_fn(f(x), y)`` for ``epochs`` shuffled passes, in place on ``model``:
     the server's supervised warm-up on labelled public data (FedProj's round 0), with the
     same optimiser and batching as the distillation above."""
-    import torch
-
     module = model.module
     was_training = module.training
     module.train()

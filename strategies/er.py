@@ -14,14 +14,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from strategies.base import Learner
+from strategies import declarations
+from strategies.base import Declaration, Learner
 from strategies.replay import ReplayPlan, ReplayTerm
 
 
 class ER(Learner):
-    name: ClassVar[str] = "er"
-    summary: ClassVar[str] = "CE on the batch + CE on a reservoir buffer draw"
-    paper: ClassVar[str] = "Chaudhry et al., 2019 (tiny episodic memories, reservoir ER)"
+    declaration: ClassVar[Declaration] = declarations.ER
     needs_buffer: ClassVar[bool] = True
 
     def replay_plan(self) -> ReplayPlan:

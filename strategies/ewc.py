@@ -29,21 +29,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, cast
 
-from strategies.base import (
-    ClientInputs,
-    Component,
-    ExtraWork,
-    Option,
-    Role,
-    StrategyEnv,
-    non_negative_float,
-    positive_int,
-    unit_fraction,
-)
+import torch
+
+from strategies import declarations
+from strategies.base import ClientInputs, Component, Declaration, ExtraWork, StrategyEnv
+from strategies.declarations import OnlineEWCOptions
+from strategies.fedcurv import client_generator, sampled_fisher
+from strategies.projection import row_dot
 
 if TYPE_CHECKING:
-    import torch
-
     from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, Upload
 
 
@@ -56,35 +50,24 @@ def elastic_penalty(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(∇ + λ·F⊙(θ − θ*), (λ/2)·Σ F(θ − θ*)²), parameter axis last: θ, ∇ one client's (P,)
     or a chunk's (C, P), F and θ* per client alike."""
-    from strategies.projection import row_dot
-
     weighted = fisher * (params - anchor)
     value = 0.5 * lam * row_dot(weighted, params - anchor)
     return grads.add(weighted, alpha=lam), value
 
 
 class OnlineEWC(Component):
-    name: ClassVar[str] = "ewc"
-    roles: ClassVar[frozenset[Role]] = frozenset({Role.LOSS_TERM})
-    summary: ClassVar[str] = (
-        "online EWC: (λ/2)·Σ F*(θ − θ*)² with a running Fisher F* ← γF* + F_t per task"
-    )
-    paper: ClassVar[str] = "Schwarz et al., ICML 2018 (online EWC)"
-    options: ClassVar[tuple[Option, ...]] = (
-        Option("lam", 100.0, "penalty weight λ", non_negative_float),
-        Option("gamma", 1.0, "decay γ of the running Fisher (1: no decay)", unit_fraction),
-        Option("samples", 256, "examples for each client's Fisher", positive_int),
-    )
+    declaration: ClassVar[Declaration] = declarations.EWC
+    opts: OnlineEWCOptions
 
     def extra_work(self) -> ExtraWork:
         """Each participant's diagonal Fisher after its local steps: a forward + backward
         over ``samples`` of its current examples, in whole batches."""
-        return ExtraWork(shard_samples=int(str(self.values["samples"])))
+        return ExtraWork(shard_samples=self.opts.samples)
 
     def setup(self, env: StrategyEnv) -> None:
-        self.lam = float(str(self.values["lam"]))
-        self.gamma = float(str(self.values["gamma"]))
-        self.samples = int(str(self.values["samples"]))
+        self.lam = self.opts.lam
+        self.gamma = self.opts.gamma
+        self.samples = self.opts.samples
         self.batch_size = env.batch_size
         self.seed = env.seed
 
@@ -95,8 +78,6 @@ class OnlineEWC(Component):
     def client_inputs(self, client: ClientState, local: LocalRound) -> ClientInputs:
         """F* and θ*: on the client's first round of a new task, the pending Fisher of the
         task it finished is folded in and θ* becomes the broadcast θ_g."""
-        import torch
-
         state = client.state_for(self.name)
         params = local.broadcast.params
         if "fisher" not in state:
@@ -117,8 +98,6 @@ class OnlineEWC(Component):
     def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:
         """The client's Fisher at its local model on its current examples, pending until
         its task changes."""
-        from strategies.fedcurv import client_generator, sampled_fisher
-
         if self.lam == 0 or client.train_y is None or client.num_samples == 0:
             return
         state = client.state_for(self.name)

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from strategies.base import Learner
+from strategies import declarations
+from strategies.base import Declaration, Learner
 
 
 class FedAvg(Learner):
-    name: ClassVar[str] = "fedavg"
-    summary: ClassVar[str] = "plain local SGD on the current task; FedAvg aggregation (lower bound)"
-    paper: ClassVar[str] = "McMahan et al., AISTATS 2017"
+    declaration: ClassVar[Declaration] = declarations.FEDAVG

@@ -27,21 +27,16 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, ClassVar
 
-from cfl_bench.engine.payloads import Payload
-from strategies.base import (
-    ClientInputs,
-    Component,
-    ExtraWork,
-    Option,
-    Role,
-    StrategyEnv,
-    non_negative_float,
-    positive_int,
-)
+import torch
+
+from cfl_bench.objective import Classification
+from cfl_bench.seeding import generator
+from strategies import declarations
+from strategies.base import ClientInputs, Component, Declaration, ExtraWork, StrategyEnv
+from strategies.declarations import FedCurvOptions
+from strategies.projection import row_dot
 
 if TYPE_CHECKING:
-    import torch
-
     from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, ServerState, Upload
     from cfl_bench.flat import FlatModel
     from cfl_bench.objective import Objective
@@ -56,10 +51,6 @@ def diagonal_fisher(
 ) -> torch.Tensor:
     """Mean over batches of (∇ batch-mean loss)², at the model's current parameters; the
     loss is the objective's (cross-entropy for classification, the default)."""
-    import torch
-
-    from cfl_bench.objective import Classification
-
     loss = (objective or Classification()).loss
 
     fisher = torch.zeros_like(model.grads)
@@ -79,10 +70,6 @@ def client_generator(
 ) -> torch.Generator:
     """The client's own generator for ``name``'s draws, kept in its ``state`` (made from
     (seed, name, client) on first use), so the draws depend on no other client."""
-    import torch
-
-    from cfl_bench.seeding import generator
-
     if "rng" not in state:
         state["rng"] = generator(seed, name, index, device=device)
     rng = state["rng"]
@@ -101,8 +88,6 @@ def sampled_fisher(
     """``diagonal_fisher`` of ``model`` in eval mode on up to ``samples`` of the client's
     current examples, in whole batches of ``batch_size``, drawn with ``rng``; the model's
     mode is restored after (FedCurv's u_k, online EWC's F_t)."""
-    import torch
-
     assert client.train_y is not None
     n = client.num_samples
     batches = math.ceil(min(samples, n) / batch_size)
@@ -125,40 +110,26 @@ def curvature_penalty(
     """(∇ + 2λ[θ⊙U' − V'], λ·Σ[θ²⊙U' − 2θ⊙V']) with U' = U − u_k, V' = V − v_k, parameter
     axis last: θ, ∇ one client's (P,) or a chunk's (C, P), U' and V' shared (P,) or per
     client (C, P)."""
-    from strategies.projection import row_dot
-
     inner = params * others_u - others_v
     grads = grads.add(inner, alpha=2.0 * lam)
     return grads, lam * (row_dot(params, inner) - row_dot(params, others_v))
 
 
 class FedCurv(Component):
-    name: ClassVar[str] = "fedcurv"
-    roles: ClassVar[frozenset[Role]] = frozenset({Role.LOSS_TERM})
-    payloads: ClassVar[tuple[Payload, ...]] = (
-        Payload("fedcurv.U", "broadcast"),
-        Payload("fedcurv.V", "broadcast"),
-        Payload("fedcurv.u", "upload"),
-        Payload("fedcurv.v", "upload"),
-    )
-    summary: ClassVar[str] = "Fisher-weighted penalty towards the other clients' parameters"
+    declaration: ClassVar[Declaration] = declarations.FEDCURV
+    opts: FedCurvOptions
     # The sums sent with the next broadcast, and those being collected this round (own u_k,
     # v_k and the round of the upload are per-client state in ClientState.extras).
     state_attributes: ClassVar[tuple[str, ...]] = ("sums", "_next")
-    paper: ClassVar[str] = "Shoham et al., 2019 (FedCurv)"
-    options: ClassVar[tuple[Option, ...]] = (
-        Option("lam", 1.0, "penalty weight λ", non_negative_float),
-        Option("samples", 500, "examples used for each client's Fisher", positive_int),
-    )
 
     def extra_work(self) -> ExtraWork:
         """Each participant's diagonal Fisher: a forward + backward over ``samples`` of its
         current examples, in whole batches."""
-        return ExtraWork(shard_samples=int(str(self.values["samples"])))
+        return ExtraWork(shard_samples=self.opts.samples)
 
     def setup(self, env: StrategyEnv) -> None:
-        self.lam = float(str(self.values["lam"]))
-        self.samples = int(str(self.values["samples"]))
+        self.lam = self.opts.lam
+        self.samples = self.opts.samples
         self.batch_size = env.batch_size
         self.seed = env.seed
         # Sums the server sends this round.
@@ -178,8 +149,6 @@ class FedCurv(Component):
     def client_inputs(self, client: ClientState, local: LocalRound) -> ClientInputs:
         """U' and V': the broadcast sums less the client's own u_k, v_k when they are in
         them (it uploaded last round)."""
-        import torch
-
         payloads = local.broadcast.payloads
         total_u, total_v = payloads["fedcurv.U"], payloads["fedcurv.V"]
         state = client.state_for(self.name)

@@ -45,82 +45,47 @@ holdout). Named sets are normalised by the stream's own input conversion.
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, ClassVar
 
-from strategies.base import (
-    Component,
-    ExtraWork,
-    Option,
-    Role,
-    StrategyEnv,
-    positive_float,
-    positive_int,
-    text,
-)
+from cfl_bench.engine.evaluation import predict_logits
+from cfl_bench.flat import FlatModel
+from cfl_bench.seeding import generator
+from strategies import declarations
+from strategies.base import Component, Declaration, ExtraWork, StrategyEnv
+from strategies.declarations import FedDFOptions
 from strategies.distillation import distill, teacher_log_probs
-from strategies.public_set import (
-    PUBLIC_CHOICES,
-    PUBLIC_SIZE,
-    PublicSetUser,
-)
+from strategies.public_set import PublicSetUser
 
 if TYPE_CHECKING:
     import torch
 
     from cfl_bench.engine.context import ServerState, Upload
-    from cfl_bench.flat import FlatModel
 
 CLIP_NORM = 5.0  # the authors' clip_grad_norm_ before every student step
 
 
 class FedDF(PublicSetUser, Component):
-    name: ClassVar[str] = "feddf"
-    roles: ClassVar[frozenset[Role]] = frozenset({Role.AGGREGATOR})
-    summary: ClassVar[str] = (
-        "distil the round's client-model ensemble (mean logits on public data) into the FedAvg mean"
-    )
-    paper: ClassVar[str] = "Lin et al., NeurIPS 2020 (FedDF)"
+    declaration: ClassVar[Declaration] = declarations.FEDDF
+    opts: FedDFOptions
     requires: ClassVar[frozenset[str]] = frozenset({"class_logits"})
     # The public set grows with every task's holdout; the distillation draws continue. The
     # per-round logit sum is empty at every round end, where checkpoints are written.
     state_attributes: ClassVar[tuple[str, ...]] = ("public_x", "_distill_gen")
-    options: ClassVar[tuple[Option, ...]] = (
-        Option(
-            "public",
-            "auto",
-            "public data: cifar100 (CIFAR-100 train, 3×32×32 streams; the paper's for "
-            "CIFAR-10), fashion-mnist (1×28×28), holdout (training inputs no client holds), "
-            "or auto (fashion-mnist for 1×28×28 streams, else holdout)",
-            text,
-            choices=PUBLIC_CHOICES,
-        ),
-        PUBLIC_SIZE,
-        Option("temperature", 1.0, "distillation temperature T (authors' code: 1)", positive_float),
-        Option(
-            "distill_steps",
-            500,
-            "server Adam steps per round, cosine-annealed (authors: up to 10⁴ with early "
-            "stopping on validation data, which this server lacks)",
-            positive_int,
-        ),
-        Option("distill_lr", 1e-3, "server Adam learning rate (authors' code)", positive_float),
-    )
 
     def extra_work(self) -> ExtraWork:
         """Every participant's logits on the public set, and ``distill_steps`` server batches
         over it."""
         return ExtraWork(
             public_examples=self.fixed_public_size(),
-            distill_steps=int(str(self.values["distill_steps"])),
+            distill_steps=self.opts.distill_steps,
         )
 
     def setup(self, env: StrategyEnv) -> None:
-        from cfl_bench.seeding import generator
-
         self.setup_public(env)
-        self.temperature = float(str(self.values["temperature"]))
-        self.distill_steps = int(str(self.values["distill_steps"]))
-        self.distill_lr = float(str(self.values["distill_lr"]))
+        self.temperature = self.opts.temperature
+        self.distill_steps = self.opts.distill_steps
+        self.distill_lr = self.opts.distill_lr
         self.batch_size = env.batch_size
         self.load_named_public(env, self.name)
         self._distill_gen = generator(env.seed, self.name, "distill", device=env.device)
@@ -132,8 +97,6 @@ class FedDF(PublicSetUser, Component):
     def receive_upload(self, upload: Upload, server: ServerState) -> None:
         """The server labels the public set with the uploaded model θ_k (loaded into a
         scratch copy, so the engine's model is untouched) and adds the logits to the sum."""
-        from cfl_bench.engine.evaluation import predict_logits
-
         if self.public_x is None or self.public_x.shape[0] == 0:
             return
         scratch = self.scratch(server.model)
@@ -147,10 +110,6 @@ class FedDF(PublicSetUser, Component):
 
     def scratch(self, model: FlatModel) -> FlatModel:
         """A copy of the model's architecture for labelling with client models (made once)."""
-        import copy
-
-        from cfl_bench.flat import FlatModel
-
         if self._scratch is None:
             self._scratch = FlatModel(copy.deepcopy(model.module))
         return self._scratch

@@ -28,19 +28,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, cast
 
-from strategies.base import (
-    ClientInputs,
-    Component,
-    Option,
-    Role,
-    StrategyEnv,
-    positive_float,
-    text,
-)
+import torch
+
+from strategies import declarations
+from strategies.base import ClientInputs, Component, Declaration, StrategyEnv
+from strategies.declarations import FedDynOptions
+from strategies.projection import row_dot
 
 if TYPE_CHECKING:
-    import torch
-
     from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, ServerState, Upload
 
 
@@ -53,43 +48,21 @@ def dynamic_penalty(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(∇ − h + α(θ − θ_g), −⟨h, θ⟩ + (α/2)‖θ − θ_g‖²), parameter axis last: θ, ∇ and h
     one client's (P,) or a chunk's (C, P), θ_g (P,)."""
-    from strategies.projection import row_dot
-
     diff = params - anchor
     grads = grads.add(diff, alpha=alpha).sub_(h)
     return grads, 0.5 * alpha * row_dot(diff, diff) - row_dot(h, params)
 
 
 class FedDyn(Component):
-    name: ClassVar[str] = "feddyn"
-    roles: ClassVar[frozenset[Role]] = frozenset({Role.LOSS_TERM, Role.AGGREGATOR})
-    summary: ClassVar[str] = (
-        "dynamic regulariser −⟨h_k, θ⟩ + (α/2)‖θ − θ_g‖²; server corrects θ_g by −h/α"
-    )
-    paper: ClassVar[str] = "Acar et al., ICLR 2021 (FedDyn)"
-    options: ClassVar[tuple[Option, ...]] = (
-        Option(
-            "alpha",
-            0.1,
-            "regularisation weight α (FedNTD's config; the paper used 0.1, 0.01, 0.001)",
-            positive_float,
-        ),
-        Option(
-            "mean",
-            "uniform",
-            "uniform = the paper's 1/|S| mean of the uploads; weighted = the engine's "
-            "--weighting mean (FedNTD's code: by samples)",
-            text,
-            choices=("uniform", "weighted"),
-        ),
-    )
+    declaration: ClassVar[Declaration] = declarations.FEDDYN
+    opts: FedDynOptions
     # h: the server's linear-term state. The per-round sums are empty at every round end,
     # where checkpoints are written, so they need no saving.
     state_attributes: ClassVar[tuple[str, ...]] = ("h",)
 
     def setup(self, env: StrategyEnv) -> None:
-        self.alpha = float(str(self.values["alpha"]))
-        self.mean = str(self.values["mean"])
+        self.alpha = self.opts.alpha
+        self.mean = self.opts.mean
         self.h: torch.Tensor | None = None
         self._sum: torch.Tensor | None = None
         self._count = 0
@@ -102,8 +75,6 @@ class FedDyn(Component):
 
     def client_inputs(self, client: ClientState, local: LocalRound) -> ClientInputs:
         """The client's h_k (zeros before its first round)."""
-        import torch
-
         state = client.state_for(self.name)
         if "h" not in state:
             state["h"] = torch.zeros_like(local.broadcast.params)
@@ -123,8 +94,6 @@ class FedDyn(Component):
     def receive_upload(self, upload: Upload, server: ServerState) -> None:
         """Sum θ_k as it arrives (the upload is only valid during the call); θ_g^old is the
         server's model until aggregation replaces it."""
-        import torch
-
         if self._sum is None:
             self._sum = torch.zeros_like(upload.params)
             self._old = server.global_params
@@ -133,8 +102,6 @@ class FedDyn(Component):
 
     def aggregate(self, server: ServerState) -> None:
         """h ← h − (α/N)Σ(θ_k − θ_g^old); θ_g ← mean − h/α."""
-        import torch
-
         total, count, old = self._sum, self._count, self._old
         self._sum, self._count, self._old = None, 0, None
         if total is None or old is None or count == 0:

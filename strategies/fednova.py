@@ -39,13 +39,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from cfl_bench.engine.payloads import Payload
+import torch
+
 from cfl_bench.errors import UserError
-from strategies.base import Component, Role, StrategyEnv
+from strategies import declarations
+from strategies.base import Component, Declaration, StrategyEnv
 
 if TYPE_CHECKING:
-    import torch
-
     from cfl_bench.engine.context import ClientState, LocalRound, ServerState, Upload
 
 TAU = "fednova.tau"
@@ -70,14 +70,7 @@ def refuse_adam(env: StrategyEnv, name: str, why: str) -> None:
 
 
 class FedNova(Component):
-    name: ClassVar[str] = "fednova"
-    roles: ClassVar[frozenset[Role]] = frozenset({Role.AGGREGATOR})
-    summary: ClassVar[str] = (
-        "normalised averaging: θ_g ← θ_g − τ_eff·Σ p_k (θ_g − θ_k)/a_k (a_k: local steps, "
-        "momentum-corrected)"
-    )
-    paper: ClassVar[str] = "Wang et al., NeurIPS 2020 (FedNova)"
-    payloads: ClassVar[tuple[Payload, ...]] = (Payload(TAU, "upload"),)
+    declaration: ClassVar[Declaration] = declarations.FEDNOVA
 
     def setup(self, env: StrategyEnv) -> None:
         refuse_adam(env, self.name, "normalises local SGD steps")
@@ -95,15 +88,11 @@ class FedNova(Component):
     # -- client -------------------------------------------------------------------------------
     def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:
         """Upload τ_k, the local steps this client took."""
-        import torch
-
         upload.extras[TAU] = torch.tensor([float(local.steps)], device=local.broadcast.device)
 
     # -- server -------------------------------------------------------------------------------
     def receive_upload(self, upload: Upload, server: ServerState) -> None:
         """Fold n_k·(θ_old − θ_k)/a_k and n_k·a_k into the round's sums."""
-        import torch
-
         if self._round != server.round_index:  # a new round: nothing of an earlier one
             self._reset()
             self._round = server.round_index

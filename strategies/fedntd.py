@@ -22,21 +22,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+import torch
+from torch.nn import functional as F
+
 from cfl_bench.errors import UserError
-from strategies.base import (
-    ClientInputs,
-    Component,
-    FrozenForward,
-    Option,
-    Role,
-    StrategyEnv,
-    non_negative_float,
-    positive_float,
-)
+from cfl_bench.objective import masked_mean
+from strategies import declarations
+from strategies.base import ClientInputs, Component, Declaration, FrozenForward, StrategyEnv
+from strategies.declarations import FedNTDOptions
 
 if TYPE_CHECKING:
-    import torch
-
     from cfl_bench.engine.context import Broadcast
 
 
@@ -47,8 +42,6 @@ def drop_true_class(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     boolean mask: masked indexing must count the kept entries on the host, a device sync at
     every local step on a GPU.
     """
-    import torch
-
     rows, classes = logits.shape
     cols = torch.arange(classes - 1, device=logits.device).expand(rows, -1)
     cols = cols + (cols >= labels.unsqueeze(1)).long()
@@ -64,10 +57,6 @@ def not_true_distillation(
 ) -> torch.Tensor:
     """τ² · KL(softmax(z̃_g/τ) ‖ softmax(z̃/τ)) with batchmean reduction (``mask``: the mean
     over a padded batch's real rows instead)."""
-    from torch.nn import functional as F
-
-    from cfl_bench.objective import masked_mean
-
     student = F.log_softmax(drop_true_class(logits, labels) / tau, dim=1)
     teacher = F.log_softmax(drop_true_class(teacher_logits, labels) / tau, dim=1)
     if mask is None:
@@ -77,15 +66,9 @@ def not_true_distillation(
 
 
 class FedNTD(Component):
-    name: ClassVar[str] = "fedntd"
-    roles: ClassVar[frozenset[Role]] = frozenset({Role.LOSS_TERM})
-    summary: ClassVar[str] = "distil the round's global model on the not-true classes only"
-    paper: ClassVar[str] = "Lee et al., NeurIPS 2022 (FedNTD)"
+    declaration: ClassVar[Declaration] = declarations.FEDNTD
+    opts: FedNTDOptions
     requires: ClassVar[frozenset[str]] = frozenset({"class_logits"})
-    options: ClassVar[tuple[Option, ...]] = (
-        Option("tau", 1.0, "distillation temperature τ", positive_float),
-        Option("beta", 1.0, "weight β of the not-true distillation term", non_negative_float),
-    )
 
     def setup(self, env: StrategyEnv) -> None:
         if env.num_classes < 2:
@@ -93,8 +76,8 @@ class FedNTD(Component):
                 f"fedntd needs at least two classes; stream {env.stream_name!r} has "
                 f"{env.num_classes}."
             )
-        self.tau = float(str(self.values["tau"]))
-        self.beta = float(str(self.values["beta"]))
+        self.tau = self.opts.tau
+        self.beta = self.opts.beta
 
     def round_inputs(self, broadcast: Broadcast) -> ClientInputs | None:
         """The teacher: θ_g and its buffers as broadcast (None: no term at β = 0)."""

@@ -44,31 +44,17 @@ Choices (why):
 from __future__ import annotations
 
 import abc
+from dataclasses import replace
 from typing import TYPE_CHECKING, ClassVar
 
-from strategies.base import (
-    Component,
-    Option,
-    Role,
-    StrategyEnv,
-    finite_float,
-    positive_float,
-    text,
-)
+import torch
+
+from strategies import declarations
+from strategies.base import Component, Declaration, Role, StrategyEnv
+from strategies.declarations import FedAvgMOptions, FedOptOptions
 
 if TYPE_CHECKING:
-    import torch
-
     from cfl_bench.engine.context import ServerState, Upload
-
-
-def decay(raw: str) -> float:
-    """A momentum or moment decay: finite, in [0, 1) (1 would never forget)."""
-    must = "must be a number in [0, 1)"
-    value = finite_float(raw, must, bounded=True)
-    if not 0 <= value < 1:
-        raise ValueError(must)
-    return value
 
 
 #: The best server learning rate of Reddi et al.'s CIFAR-10 grid, per server optimizer.
@@ -93,8 +79,6 @@ def adaptive_step(
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """One step of Reddi et al.'s Algorithm 2; ``hyper`` = (η, β1, β2, τ). Returns θ_g and
     the new (m, v)."""
-    import torch
-
     lr, beta1, beta2, tau = hyper
     delta = mean - old
     if moments is None:
@@ -132,19 +116,14 @@ class _ServerOptimizer(Component, abc.ABC):
 
 
 class FedAvgM(_ServerOptimizer):
-    name: ClassVar[str] = "fedavgm"
-    summary: ClassVar[str] = "server momentum: v ← βv + (θ_old − θ_avg); θ_g ← θ_old − η_s·v"
-    paper: ClassVar[str] = "Hsu et al., 2019 (FedAvgM)"
-    options: ClassVar[tuple[Option, ...]] = (
-        Option("momentum", 0.7, "server momentum β (FedNTD's config/fedavgm.json)", decay),
-        Option("server_lr", 1.0, "server learning rate η_s (FedNTD's code: 1)", positive_float),
-    )
+    declaration: ClassVar[Declaration] = declarations.FEDAVGM
+    opts: FedAvgMOptions
     state_attributes: ClassVar[tuple[str, ...]] = ("velocity",)
 
     def setup(self, env: StrategyEnv) -> None:
         super().setup(env)
-        self.beta = float(str(self.values["momentum"]))
-        self.server_lr = float(str(self.values["server_lr"]))
+        self.beta = self.opts.momentum
+        self.server_lr = self.opts.server_lr
         self.velocity: torch.Tensor | None = None
 
     def step(self, old: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
@@ -153,43 +132,17 @@ class FedAvgM(_ServerOptimizer):
 
 
 class FedOpt(_ServerOptimizer):
-    name: ClassVar[str] = "fedopt"
-    summary: ClassVar[str] = (
-        "adaptive server optimizer (adam, yogi, adagrad) on the pseudo-gradient θ_avg − θ_old"
-    )
-    paper: ClassVar[str] = "Reddi et al., ICLR 2021 (FedAdam, FedYogi, FedAdagrad)"
-    options: ClassVar[tuple[Option, ...]] = (
-        Option(
-            "server_opt",
-            "adam",
-            "the server optimizer: adam, yogi or adagrad",
-            text,
-            choices=("adam", "yogi", "adagrad"),
-        ),
-        Option(
-            "server_lr",
-            None,
-            "server learning rate η; auto = the paper's best on CIFAR-10 (adam, yogi 0.01; "
-            "adagrad 0.1)",
-            positive_float,
-        ),
-        Option("beta1", 0.9, "first-moment decay β1 (the paper's)", decay),
-        Option("beta2", 0.99, "second-moment decay β2 (the paper's)", decay),
-        Option("tau", 1e-3, "adaptivity τ (the paper's)", positive_float),
-    )
+    declaration: ClassVar[Declaration] = declarations.FEDOPT
+    opts: FedOptOptions
     state_attributes: ClassVar[tuple[str, ...]] = ("moments",)
 
     def setup(self, env: StrategyEnv) -> None:
         super().setup(env)
-        self.rule = str(self.values["server_opt"])
-        if self.values["server_lr"] is None:
-            self.values["server_lr"] = CIFAR10_SERVER_LR[self.rule]
-        self.hyper = (
-            float(str(self.values["server_lr"])),
-            float(str(self.values["beta1"])),
-            float(str(self.values["beta2"])),
-            float(str(self.values["tau"])),
-        )
+        self.rule = self.opts.server_opt
+        if self.opts.server_lr is None:  # auto: the run's config records the resolved value
+            self.opts = replace(self.opts, server_lr=CIFAR10_SERVER_LR[self.rule])
+        assert self.opts.server_lr is not None
+        self.hyper = (self.opts.server_lr, self.opts.beta1, self.opts.beta2, self.opts.tau)
         self.moments: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def step(self, old: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:

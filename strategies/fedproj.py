@@ -62,32 +62,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from cfl_bench.engine.payloads import Payload
-from strategies.base import (
-    ClientInputs,
-    Component,
-    ExtraWork,
-    Option,
-    Role,
-    StepView,
-    StrategyEnv,
-    non_negative_float,
-    non_negative_int,
-    positive_float,
-    positive_int,
-    text,
-)
-from strategies.distillation import distill, kl_to_teacher, teacher_log_probs
+import torch
+
+from cfl_bench.engine.evaluation import predict_logits
+from cfl_bench.errors import UserError
+from cfl_bench.seeding import generator
+from strategies import declarations
+from strategies.base import ClientInputs, Component, Declaration, ExtraWork, StepView, StrategyEnv
+from strategies.declarations import FedProjOptions
+from strategies.distillation import distill, kl_to_teacher, teacher_log_probs, train_labelled
 from strategies.projection import conflict_coefficients
-from strategies.public_set import (
-    PUBLIC_CHOICES,
-    PUBLIC_SIZE,
-    PublicSetUser,
-)
+from strategies.public_set import PublicSetUser
 
 if TYPE_CHECKING:
-    import torch
-
     from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, ServerState, Upload
 
 STATE_KEY = "fedproj"
@@ -98,10 +85,6 @@ def memory_batch(
 ) -> torch.Tensor:
     """``size`` distinct indices among the ``n`` public examples Z_ens covers, drawn from the
     client's own generator so the draws do not depend on other clients or components."""
-    import torch
-
-    from cfl_bench.seeding import generator
-
     state = client.state_for(STATE_KEY)
     gen = state.get("generator")
     if not isinstance(gen, torch.Generator):
@@ -111,17 +94,8 @@ def memory_batch(
 
 
 class FedProj(PublicSetUser, Component):
-    name: ClassVar[str] = "fedproj"
-    roles: ClassVar[frozenset[Role]] = frozenset({Role.GRAD_TRANSFORM, Role.AGGREGATOR})
-    payloads: ClassVar[tuple[Payload, ...]] = (
-        Payload("fedproj.z_ens", "broadcast"),
-        Payload("fedproj.logits", "upload"),
-    )
-    summary: ClassVar[str] = (
-        "distil the clients' public-data logit ensemble into θ_g; project local gradients "
-        "against the ensemble's memory gradient"
-    )
-    paper: ClassVar[str] = "Chunduru, Morafah et al. 2025 (FedProj)"
+    declaration: ClassVar[Declaration] = declarations.FEDPROJ
+    opts: FedProjOptions
     requires: ClassVar[frozenset[str]] = frozenset({"class_logits"})
     # The public memory grows with every task's holdout; the ensemble is next round's memory.
     state_attributes: ClassVar[tuple[str, ...]] = (
@@ -132,86 +106,27 @@ class FedProj(PublicSetUser, Component):
         "_logit_count",
         "_distill_gen",
     )
-    options: ClassVar[tuple[Option, ...]] = (
-        Option(
-            "public",
-            "auto",
-            "public data: fashion-mnist, holdout (training inputs no client holds), or auto "
-            "(fashion-mnist for 1×28×28 streams, else holdout)",
-            text,
-            choices=PUBLIC_CHOICES,
-        ),
-        PUBLIC_SIZE,
-        Option("temperature", 3.0, "distillation temperature T", positive_float),
-        Option("gamma", 0.0, "weight γ of ‖θ − θ_avg‖² during distillation", non_negative_float),
-        Option("distill_epochs", 1, "server distillation epochs per round", positive_int),
-        Option("distill_lr", 1e-4, "server Adam learning rate", positive_float),
-        Option("eps", 1e-8, "no client projection when ‖g_glob‖² ≤ eps", non_negative_float),
-        Option(
-            "memory_temperature",
-            "T",
-            "client memory loss at temperature T (T) or without it (1: the papers' form; T "
-            "stays on the server)",
-            text,
-            choices=("T", "1"),
-            quiet_default=True,
-        ),
-        Option(
-            "memory",
-            "batch",
-            "g_glob on a random memory batch of the buffer batch size (batch) or on the "
-            "whole memory at every step (all: the papers' L_mem; |M|/batch times the cost)",
-            text,
-            choices=("batch", "all"),
-            quiet_default=True,
-        ),
-        Option(
-            "warmup_epochs",
-            0,
-            "epochs of server cross-entropy on the labelled holdout before round 1 (the "
-            "first paper's round 0; needs public=holdout)",
-            non_negative_int,
-            quiet_default=True,
-        ),
-        Option(
-            "anchor",
-            "snapshot",
-            "γ's anchor: snapshot (the FedAvg mean θ_avg), mean (unweighted client mean: the "
-            "paper's), global (previous θ_g); needs gamma > 0",
-            text,
-            choices=("snapshot", "mean", "global"),
-            quiet_default=True,
-        ),
-    )
-
-    # After SCAFFOLD's correction, before FedGP: the distillation projection constrains the
-    # corrected gradient, and g_ref then the final direction.
-    transform_order: ClassVar[int | None] = 20
 
     def extra_work(self) -> ExtraWork:
         """Every participant's logits on the public set, and ``distill_epochs`` server
         passes over it."""
         return ExtraWork(
             public_examples=self.fixed_public_size(),
-            distill_epochs=int(str(self.values["distill_epochs"])),
+            distill_epochs=self.opts.distill_epochs,
         )
 
     def setup(self, env: StrategyEnv) -> None:
-        from cfl_bench.seeding import generator
-
         public = self.setup_public(env)
-        self.temperature = float(str(self.values["temperature"]))
-        self.gamma = float(str(self.values["gamma"]))
-        self.distill_epochs = int(str(self.values["distill_epochs"]))
-        self.distill_lr = float(str(self.values["distill_lr"]))
-        self.eps = float(str(self.values["eps"]))
+        self.temperature = self.opts.temperature
+        self.gamma = self.opts.gamma
+        self.distill_epochs = self.opts.distill_epochs
+        self.distill_lr = self.opts.distill_lr
+        self.eps = self.opts.eps
         # log σ(Z_ens/τ) and the memory KL on the client use τ = T, or 1 (the papers' form).
-        self.client_temperature = (
-            self.temperature if self.values["memory_temperature"] == "T" else 1.0
-        )
-        self.memory = str(self.values["memory"])
-        self.warmup_epochs = int(str(self.values["warmup_epochs"]))
-        self.anchor = str(self.values["anchor"])
+        self.client_temperature = self.temperature if self.opts.memory_temperature == "T" else 1.0
+        self.memory = self.opts.memory
+        self.warmup_epochs = self.opts.warmup_epochs
+        self.anchor = self.opts.anchor
         self.refuse_variants(public)
         self.seed = env.seed
         self.batch_size = env.batch_size
@@ -229,8 +144,6 @@ class FedProj(PublicSetUser, Component):
 
     def refuse_variants(self, public: str) -> None:
         """Refuse variants that would silently do nothing or cannot run."""
-        from cfl_bench.errors import UserError
-
         if self.warmup_epochs > 0 and public != "holdout":
             raise UserError(
                 f"fedproj:warmup_epochs trains on labelled public data, which only "
@@ -249,11 +162,6 @@ class FedProj(PublicSetUser, Component):
     ) -> None:
         """``warmup_epochs`` > 0: the first paper's round 0 — before round 1, θ_g learns task
         0's labelled holdout with the stream's loss (Adam at ``distill_lr``)."""
-        import torch
-
-        from cfl_bench.seeding import generator
-        from strategies.distillation import train_labelled
-
         if self.warmup_epochs == 0 or task != 0 or x.shape[0] == 0:
             return
         model = server.model
@@ -308,8 +216,6 @@ class FedProj(PublicSetUser, Component):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The memory inputs and their teacher log-probabilities: a random memory batch of
         the client's own draws (memory=batch) or the whole memory (memory=all)."""
-        import torch
-
         assert self.public_x is not None  # client_inputs
         n = received.shape[0]
         if self.memory == "all":  # the whole memory M at every step
@@ -325,8 +231,6 @@ class FedProj(PublicSetUser, Component):
     # -- client → server ----------------------------------------------------------------------
     def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:
         """The local model labels the whole public set; the logits are uploaded."""
-        from cfl_bench.engine.evaluation import predict_logits
-
         if self.public_x is None or self.public_x.shape[0] == 0:
             return
         upload.extras["fedproj.logits"] = predict_logits(local.model.module, self.public_x)

@@ -13,14 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from strategies.base import (
-    ClientInputs,
-    Component,
-    Option,
-    Role,
-    StrategyEnv,
-    non_negative_float,
-)
+from strategies import declarations
+from strategies.base import ClientInputs, Component, Declaration, StrategyEnv
+from strategies.declarations import FedProxOptions
+from strategies.projection import row_dot
 
 if TYPE_CHECKING:
     import torch
@@ -33,23 +29,16 @@ def proximal_penalty(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(∇ + μ(θ − θ_g), (μ/2)‖θ − θ_g‖²), parameter axis last: θ and ∇ one client's (P,)
     or a chunk's (C, P), θ_g (P,)."""
-    from strategies.projection import row_dot
-
     diff = params - anchor
     return grads.add(diff, alpha=mu), 0.5 * mu * row_dot(diff, diff)
 
 
 class FedProx(Component):
-    name: ClassVar[str] = "fedprox"
-    roles: ClassVar[frozenset[Role]] = frozenset({Role.LOSS_TERM})
-    summary: ClassVar[str] = "proximal term (μ/2)‖θ − θ_g‖² to the round's global model"
-    paper: ClassVar[str] = "Li et al., MLSys 2020 (FedProx)"
-    options: ClassVar[tuple[Option, ...]] = (
-        Option("mu", 0.01, "proximal weight μ (FedNTD's code used 1.0)", non_negative_float),
-    )
+    declaration: ClassVar[Declaration] = declarations.FEDPROX
+    opts: FedProxOptions
 
     def setup(self, env: StrategyEnv) -> None:
-        self.mu = float(str(self.values["mu"]))
+        self.mu = self.opts.mu
 
     def round_inputs(self, broadcast: Broadcast) -> ClientInputs:
         """The broadcast θ_g: the round's starting point."""

@@ -7,24 +7,20 @@ tasks accumulate). Not a continual method — the reference that bounds them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
-from strategies.base import Learner
+import torch
 
-if TYPE_CHECKING:
-    import torch
+from strategies import declarations
+from strategies.base import Declaration, Learner
 
 
 class Ideal(Learner):
-    name: ClassVar[str] = "ideal"
-    summary: ClassVar[str] = "upper bound: each client trains on all its data of tasks 1..t"
-    paper: ClassVar[str] = "joint training upper bound (as in the FedGP paper's tables)"
+    declaration: ClassVar[Declaration] = declarations.IDEAL
     needs_history: ClassVar[bool] = True
 
     def training_data(
         self, shards: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        import torch
-
         xs, ys = zip(*shards, strict=True)
         return torch.cat(xs), torch.cat(ys)

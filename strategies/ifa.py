@@ -37,26 +37,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+import torch
+from torch import nn
+
 from cfl_bench.errors import UserError
-from cfl_bench.text_values import non_negative_int
-from strategies.base import Component, Option, StrategyEnv, positive_int, text, unit_fraction
+from cfl_bench.seeding import generator
+from strategies import declarations
+from strategies.base import Component, Declaration, StrategyEnv
+from strategies.declarations import IFAOptions
 
 if TYPE_CHECKING:
-    import torch
-
     from cfl_bench.engine.context import ServerState
     from cfl_bench.flat import ParamSlice
-
-
-def generation_length(raw: str) -> int | None:
-    """Rounds per generation, or ``task``/``auto`` (any case: None = one task's rounds); the
-    refusal names every accepted form, not just the integer one."""
-    if raw.lower() in ("task", "auto"):
-        return None
-    try:
-        return positive_int(raw)
-    except ValueError:
-        raise ValueError("must be a positive integer, 'task' or 'auto'") from None
 
 
 def later_layers_start(slices: tuple[ParamSlice, ...], rho: float) -> int:
@@ -103,84 +95,34 @@ def later_weight_layers_start(
 
 def norm_module_names(module: torch.nn.Module) -> frozenset[str]:
     """Names of the normalisation layers (batch, group, layer, instance norm) of ``module``."""
-    from torch import nn
-
     kinds = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
     return frozenset(name for name, m in module.named_modules() if isinstance(m, kinds))
 
 
 def random_selection(num_params: int, rho: float, seed: int, index: int) -> torch.Tensor:
     """round(ρ·P) distinct flat indices (at least one), seeded per generation."""
-    import torch
-
-    from cfl_bench.seeding import generator
-
     count = max(1, round(rho * num_params))
     return torch.randperm(num_params, generator=generator(seed, "ifa", index))[:count]
 
 
 class IFA(Component):
-    name: ClassVar[str] = "ifa"
-    summary: ClassVar[str] = "reset a ρ fraction of θ_g at every generation end"
-    paper: ClassVar[str] = '"Forget to Generalize: Iterative Adaptation" (IFA), 2026'
+    declaration: ClassVar[Declaration] = declarations.IFA
+    opts: IFAOptions
     state_attributes: ClassVar[tuple[str, ...]] = ("initial", "start", "resets")
-    # Right after SCAFFOLD's server step. It has no hook there any more (its reset opens the
-    # next generation, ``on_round_start``), but keeps its place.
-    server_hook_order: ClassVar[int] = -10
-    options: ClassVar[tuple[Option, ...]] = (
-        Option(
-            "mode",
-            "later",
-            "later = last layers by parameter count; random = random scalars",
-            text,
-            choices=("later", "random"),
-        ),
-        Option("rho", 0.2, "fraction of the parameters to reset", unit_fraction),
-        Option(
-            "generation",
-            "task",
-            "rounds per generation ('task' = the rounds of one task)",
-            generation_length,
-            show=lambda value: "task" if value is None else str(value),
-        ),
-        Option(
-            "generations",
-            0,
-            "split the run's rounds into N equal generations (0: use generation)",
-            non_negative_int,
-            quiet_default=True,
-        ),
-        Option(
-            "later_unit",
-            "params",
-            "mode=later: params = the suffix of whole layers nearest ρ·P parameters; "
-            "layers = the last round(ρ·L) of the L weight layers (the paper)",
-            text,
-            choices=("params", "layers"),
-            quiet_default=True,
-        ),
-        Option(
-            "reset_to",
-            "generation_start",
-            "reset to the generation's starting values or to the initial ones",
-            text,
-            choices=("generation_start", "init"),
-        ),
-    )
 
     def setup(self, env: StrategyEnv) -> None:
-        self.mode = str(self.values["mode"])
-        self.rho = float(str(self.values["rho"]))
-        generation = self.values["generation"]
+        self.mode = self.opts.mode
+        self.rho = self.opts.rho
+        generation = self.opts.generation
         self.generation = generation if isinstance(generation, int) else None
-        self.count = int(str(self.values["generations"]))
+        self.count = self.opts.generations
         if self.count and "generation" in self.explicit:
             raise UserError(
                 "ifa takes either generation=N (rounds per generation) or generations=N "
                 "(equal parts of the run), not both; drop one."
             )
-        self.to_init = self.values["reset_to"] == "init"
-        self.by_layers = self.values["later_unit"] == "layers"
+        self.to_init = self.opts.reset_to == "init"
+        self.by_layers = self.opts.later_unit == "layers"
         self.num_tasks = env.num_tasks
         self.seed = env.seed
         self.initial: torch.Tensor | None = None

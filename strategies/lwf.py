@@ -28,20 +28,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from strategies.base import (
-    ClientInputs,
-    Component,
-    FrozenForward,
-    Option,
-    Role,
-    StrategyEnv,
-    non_negative_float,
-    positive_float,
-)
+import torch
+from torch.nn import functional as F
+
+from cfl_bench.objective import masked_mean
+from strategies import declarations
+from strategies.base import ClientInputs, Component, Declaration, FrozenForward, StrategyEnv
+from strategies.declarations import LwFOptions
 
 if TYPE_CHECKING:
-    import torch
-
     from cfl_bench.engine.context import Broadcast, ClientState, LocalRound
 
 
@@ -53,10 +48,6 @@ def softened_cross_entropy(
 ) -> torch.Tensor:
     """CE(softmax(z_old/T), softmax(z/T)) per row, the mean over rows (``mask``: over a
     padded batch's real rows)."""
-    from torch.nn import functional as F
-
-    from cfl_bench.objective import masked_mean
-
     target = F.softmax(teacher_outputs.flatten(1) / temperature, dim=1)
     log_student = F.log_softmax(outputs.flatten(1) / temperature, dim=1)
     per_row = -(target * log_student).sum(dim=1)
@@ -64,21 +55,13 @@ def softened_cross_entropy(
 
 
 class LwF(Component):
-    name: ClassVar[str] = "lwf"
-    roles: ClassVar[frozenset[Role]] = frozenset({Role.LOSS_TERM})
-    summary: ClassVar[str] = "distil the outputs of the model that finished the previous task"
-    paper: ClassVar[str] = "Li & Hoiem, ECCV 2016 (LwF)"
+    declaration: ClassVar[Declaration] = declarations.LWF
+    opts: LwFOptions
     requires: ClassVar[frozenset[str]] = frozenset({"class_logits"})
-    options: ClassVar[tuple[Option, ...]] = (
-        Option(
-            "weight", 1.0, "weight λ of the distillation term (the paper's λ_o)", non_negative_float
-        ),
-        Option("temperature", 2.0, "temperature T of both softmaxes", positive_float),
-    )
 
     def setup(self, env: StrategyEnv) -> None:
-        self.weight = float(str(self.values["weight"]))
-        self.temperature = float(str(self.values["temperature"]))
+        self.weight = self.opts.weight
+        self.temperature = self.opts.temperature
 
     def round_inputs(self, broadcast: Broadcast) -> ClientInputs | None:
         """Nothing to add at λ = 0."""
@@ -87,8 +70,6 @@ class LwF(Component):
     def client_inputs(self, client: ClientState, local: LocalRound) -> ClientInputs:
         """The client's teacher (taken from the broadcast when its task changed) and the
         term's weight: 1, or 0 before any task ended (the teacher is then θ_g, unused)."""
-        import torch
-
         state = client.state_for(self.name)
         broadcast = local.broadcast
         if state.get("task", client.task) != client.task:  # a new task: θ_g ended the last

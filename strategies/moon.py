@@ -35,20 +35,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, cast
 
-from strategies.base import (
-    ClientInputs,
-    Component,
-    FrozenForward,
-    Option,
-    Role,
-    StrategyEnv,
-    non_negative_float,
-    positive_float,
-)
+import torch
+from torch.nn import functional as F
+
+from cfl_bench.objective import masked_mean
+from strategies import declarations
+from strategies.base import ClientInputs, Component, Declaration, FrozenForward, StrategyEnv
+from strategies.declarations import MOONOptions
 
 if TYPE_CHECKING:
-    import torch
-
     from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, Upload
 
 
@@ -61,11 +56,6 @@ def model_contrastive_loss(
 ) -> torch.Tensor:
     """Mean over rows of −log softmax([sim(z, z_glob), sim(z, z_prev)]/τ)[0] (``mask``: over
     a padded batch's real rows)."""
-    import torch
-    from torch.nn import functional as F
-
-    from cfl_bench.objective import masked_mean
-
     z = z.flatten(1)
     positive = F.cosine_similarity(z, z_glob.flatten(1), dim=1) / tau
     negative = F.cosine_similarity(z, z_prev.flatten(1), dim=1) / tau
@@ -75,26 +65,13 @@ def model_contrastive_loss(
 
 
 class MOON(Component):
-    name: ClassVar[str] = "moon"
-    roles: ClassVar[frozenset[Role]] = frozenset({Role.LOSS_TERM})
-    summary: ClassVar[str] = (
-        "contrast the representation with the global model's (+) and the last local one's (−)"
-    )
-    paper: ClassVar[str] = "Li, He and Song, CVPR 2021 (MOON)"
+    declaration: ClassVar[Declaration] = declarations.MOON
+    opts: MOONOptions
     requires: ClassVar[frozenset[str]] = frozenset({"features"})
-    options: ClassVar[tuple[Option, ...]] = (
-        Option(
-            "mu",
-            0.1,
-            "weight μ of the contrastive term (FedNTD's config; the paper used 5 on CIFAR-10)",
-            non_negative_float,
-        ),
-        Option("tau", 0.5, "temperature τ of the contrastive term", positive_float),
-    )
 
     def setup(self, env: StrategyEnv) -> None:
-        self.mu = float(str(self.values["mu"]))
-        self.tau = float(str(self.values["tau"]))
+        self.mu = self.opts.mu
+        self.tau = self.opts.tau
 
     def wants_representation(self) -> bool:
         return self.mu > 0
@@ -108,8 +85,6 @@ class MOON(Component):
     def client_inputs(self, client: ClientState, local: LocalRound) -> ClientInputs:
         """The client's previous local model (z_prev) and the term's weight: 1, or 0 for a
         client without a previous model (its z_prev is then taken at θ_g, unused)."""
-        import torch
-
         state = client.state_for(self.name)
         active = "params" in state
         broadcast = local.broadcast

@@ -3,16 +3,12 @@
     g̃ = g − (g·r / r·r) · r    only where g·r < 0
 
 Written with ``torch.where`` so it never reads a tensor value on the host (no device sync
-per step). ``min_norm_sq`` is FedProj's ε: no projection when ‖r‖² ≤ ε. torch is imported
-inside the functions, as in every strategy module (see ``strategies.base``).
+per step). ``min_norm_sq`` is FedProj's ε: no projection when ‖r‖² ≤ ε.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import torch
+import torch
 
 
 def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -23,8 +19,6 @@ def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     one client, one matrix-vector product against a shared vector, a fused multiply-sum
     row by row), and each executor keeps the arithmetic it always had, so results recorded
     before the step functions were shared stay bit for bit."""
-    import torch
-
     if a.dim() == 1 and b.dim() == 1:
         return torch.dot(a, b)
     if b.dim() == 1:
@@ -40,8 +34,6 @@ def conflict_coefficients(
     """``conflict_coefficient`` of ``g`` against ``ref``, parameter axis last: one client
     ((P,) each: a 0-d tensor) or every row of a chunk's ``g`` (C, P) against one shared
     ``ref`` (P,) or its own row of ``ref`` (C, P): a (C,) tensor."""
-    import torch
-
     dot = row_dot(g, ref)
     if ref_sq is None:
         ref_sq = row_dot(ref, ref)

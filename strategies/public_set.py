@@ -18,27 +18,23 @@ never counted as communication.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from cfl_bench.errors import UserError
-from strategies.base import Option, positive_int
+from cfl_bench.seeding import generator
+from strategies.declarations import (  # noqa: F401 - PUBLIC_CHOICES re-exported (tests)
+    PUBLIC_CHOICES,
+    FedDFOptions,
+    FedProjOptions,
+)
 
 if TYPE_CHECKING:
-    import torch
-
     from strategies.base import StrategyEnv
 
-# (cifar100 last: the refusal listing the choices keeps its earlier wording as a prefix)
-PUBLIC_CHOICES = ("auto", "fashion-mnist", "holdout", "cifar100")
-# The size option every public-set user declares (FedProj, FedDF): one text, one parser.
-PUBLIC_SIZE = Option(
-    "public_size",
-    None,
-    "public examples: subset of the named dataset (auto: 1000), or withheld per task "
-    "(auto: 10% of the task's training examples, at most 1000)",
-    positive_int,
-)
 # Image shape (C, H, W) of each named set (``streams.public_data.PUBLIC_SHAPES``; a test pins
 # the two tables together, since strategies do not import streams).
 PUBLIC_SHAPES: dict[str, tuple[int, ...]] = {"fashion-mnist": (1, 28, 28), "cifar100": (3, 32, 32)}
@@ -73,10 +69,6 @@ def load_public(env: StrategyEnv, owner: str, name: str, size: int, seed: int) -
     Refused: a set whose image shape differs from the stream's inputs, or a data root that
     lacks the set's files.
     """
-    import torch
-
-    from cfl_bench.seeding import generator
-
     shape = PUBLIC_SHAPES[name]
     if tuple(env.input_shape) != shape:
         raise UserError(
@@ -108,8 +100,6 @@ def as_inputs(env: StrategyEnv, images: torch.Tensor) -> torch.Tensor:
     """uint8 images → model inputs as the stream forms its own (``env.public_inputs``); a
     stream that stores floats (identity conversion) or a run without the converter gets the
     images scaled to [0, 1] — what the unnormalised MNIST streams do."""
-    import torch
-
     convert = env.public_inputs
     out = images if convert is None else convert(images)
     if not out.is_floating_point():
@@ -140,8 +130,6 @@ def with_holdout(
     public_x: torch.Tensor | None, holdout: torch.Tensor | None, device: torch.device
 ) -> torch.Tensor | None:
     """The public memory after a task's withheld inputs join it (tasks seen so far)."""
-    import torch
-
     if holdout is None or holdout.shape[0] == 0:
         return public_x
     part = holdout.to(device=device, dtype=torch.float32)
@@ -154,7 +142,8 @@ class PublicSetUser:
     task's holdout. Mixed in before ``Component`` (``class FedDF(PublicSetUser,
     Component)``), so these override the component defaults."""
 
-    values: dict[str, object]
+    # The options every public-set user declares (``public``, ``public_size``).
+    opts: FedProjOptions | FedDFOptions
     public: str
     public_size: int | None
     public_x: torch.Tensor | None
@@ -163,8 +152,8 @@ class PublicSetUser:
     def setup_public(self, env: StrategyEnv) -> str:
         """Resolve option ``public`` (``auto`` → by input shape; the run's config records
         the resolved choice) and the declared size; the set itself starts empty."""
-        public = resolve_public(str(self.values["public"]), env.input_shape)
-        self.values["public"] = public
+        public = resolve_public(self.opts.public, env.input_shape)
+        self.opts = replace(self.opts, public=public)
         self.public = public
         self.public_size = self.declared_public_size()
         self.device = env.device
@@ -185,16 +174,15 @@ class PublicSetUser:
         return 0 if fixed is None else int(fixed.shape[0])
 
     def declared_public_size(self) -> int | None:
-        size = self.values["public_size"]
-        return int(str(size)) if size is not None else None
+        return self.opts.public_size
 
     def holdout_per_task(self, train_size: int) -> int:
         """Holdout mode: ``public_size`` per task, or 10 % of the task (at most 1000)."""
-        return holdout_size(str(self.values["public"]), self.declared_public_size(), train_size)
+        return holdout_size(self.opts.public, self.declared_public_size(), train_size)
 
     def protocol_changes(self) -> dict[str, object]:
         """A holdout takes training data away from every client: a different protocol."""
-        return holdout_protocol(str(self.values["public"]), self.declared_public_size())
+        return holdout_protocol(self.opts.public, self.declared_public_size())
 
     def on_task_start(self, server: object, task: int, holdout: torch.Tensor | None) -> None:
         """Holdout mode: the task's withheld inputs join the public set (tasks seen so far).

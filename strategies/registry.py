@@ -1,71 +1,53 @@
-"""Name → component class, and the listing shown by ``cfl-bench list strategies``."""
+"""Name → component: the torch-free declaration table (``strategies.declarations``) and the
+classes it names, and the listing shown by ``cfl-bench list strategies``.
+
+Why two levels: the grammar, the listing and the run's canonical name need only the
+declarations, which import no torch; a component's class (whose module imports torch at its
+top) is imported only when a run builds the strategy (``component_class``).
+"""
 
 from __future__ import annotations
 
-from strategies.agem import AGEM
-from strategies.base import Component
-from strategies.der import DER
-from strategies.derpp import DERPP
-from strategies.er import ER
-from strategies.ewc import OnlineEWC
-from strategies.fedavg import FedAvg
-from strategies.fedcurv import FedCurv
-from strategies.feddf import FedDF
-from strategies.feddyn import FedDyn
-from strategies.fedgp import FedGP
-from strategies.fednova import FedNova
-from strategies.fedntd import FedNTD
-from strategies.fedopt import FedAvgM, FedOpt
-from strategies.fedproj import FedProj
-from strategies.fedprox import FedProx
-from strategies.ideal import Ideal
-from strategies.ifa import IFA
-from strategies.lwf import LwF
-from strategies.moon import MOON
-from strategies.scaffold import Scaffold
+import importlib
+from typing import TYPE_CHECKING
+
+from strategies.base import Declaration
+from strategies.declarations import TABLE
+
+if TYPE_CHECKING:
+    from strategies.base import Component
+
+
+def component_table() -> dict[str, Declaration]:
+    """Every registered component's declaration by name (built on call: no module-level
+    mutable registry)."""
+    return {row.name: row for row in TABLE}
+
+
+def component_class(declaration: Declaration) -> type[Component]:
+    """The class a declaration names (imports its module, and so torch)."""
+    module, _, name = declaration.target.partition(":")
+    cls: type[Component] = getattr(importlib.import_module(module), name)
+    if cls.declaration is not declaration:
+        raise TypeError(f"{declaration.target} does not take declaration {declaration.name!r}")
+    return cls
 
 
 def component_classes() -> dict[str, type[Component]]:
-    """All known components by name (built on call: no module-level mutable registry)."""
-    classes: list[type[Component]] = [
-        # local learners
-        FedAvg,
-        ER,
-        DER,
-        DERPP,
-        AGEM,
-        Ideal,
-        # loss terms
-        FedProx,
-        FedCurv,
-        FedNTD,
-        MOON,
-        LwF,
-        OnlineEWC,
-        # gradient transforms, aggregators, schedules
-        FedProj,
-        FedGP,
-        IFA,
-        FedDyn,
-        # static-FL baselines: drift correction and server optimizers
-        Scaffold,
-        FedNova,
-        FedAvgM,
-        FedOpt,
-        FedDF,
-    ]
-    return {cls.name: cls for cls in classes}
+    """All known components' classes by name (imports every component module)."""
+    return {name: component_class(row) for name, row in component_table().items()}
 
 
 def describe_components() -> list[dict[str, object]]:
+    """The listing's rows, from the declarations alone (no torch)."""
     rows: list[dict[str, object]] = []
-    for name, cls in component_classes().items():
+    for name, row in component_table().items():
         rows.append(
             {
                 "name": name,
-                "roles": cls.role_names(),
-                "summary": cls.summary,
-                "paper": cls.paper,
+                "roles": row.role_names(),
+                "summary": row.summary,
+                "paper": row.paper,
                 "options": [
                     {
                         "name": o.name,
@@ -73,7 +55,7 @@ def describe_components() -> list[dict[str, object]]:
                         "help": o.help,
                         "choices": list(o.choices),
                     }
-                    for o in cls.options
+                    for o in row.option_list
                 ],
             }
         )

@@ -15,7 +15,8 @@ with the plan written down once (``Learner.replay_plan``), both run the same ter
 ``mask`` None means every row is real: the term is the library's mean (``F.mse_loss``, the
 objective's loss), exactly what the sequential executor always computed. With a mask (the
 padded rows of a chunk) it is the mean over the real rows; a term without real rows is 0.
-torch is imported inside the functions, as in every strategy module (``strategies.base``).
+torch is imported inside the functions: ``strategies.base`` imports this module, and the
+declarations it serves stay torch-free (``strategies.declarations``).
 """
 
 from __future__ import annotations

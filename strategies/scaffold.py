@@ -62,23 +62,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, cast
 
-from cfl_bench.engine.payloads import Payload
+import torch
+
 from cfl_bench.errors import UserError
-from strategies.base import (
-    ClientInputs,
-    Component,
-    Option,
-    Role,
-    StepView,
-    StrategyEnv,
-    positive_float,
-    text,
-)
+from strategies import declarations
+from strategies.base import ClientInputs, Component, Declaration, StepView, StrategyEnv
+from strategies.declarations import ScaffoldOptions
 from strategies.fednova import momentum_steps
 
 if TYPE_CHECKING:
-    import torch
-
     from cfl_bench.engine.context import ClientState, LocalRound, ServerState, Upload
     from cfl_bench.flat import FlatModel
     from cfl_bench.objective import Objective
@@ -95,8 +87,6 @@ def local_gradient(
 ) -> torch.Tensor:
     """The gradient of the mean objective loss over all of ``client``'s training data at the
     model's current parameters (eval mode; the model's gradient is left zeroed)."""
-    import torch
-
     assert client.train_y is not None
     n = client.num_samples
     total = torch.zeros_like(model.params)
@@ -114,50 +104,16 @@ def local_gradient(
 
 
 class Scaffold(Component):
-    name: ClassVar[str] = "scaffold"
-    roles: ClassVar[frozenset[Role]] = frozenset({Role.GRAD_TRANSFORM})
-    # First in the transform chain: it corrects the data gradient, which the projections
-    # then constrain; first after aggregation, so θ_g is final before the other hooks.
-    transform_order: ClassVar[int | None] = 10
-    server_hook_order: ClassVar[int] = -20
-    summary: ClassVar[str] = (
-        "control variates: g ← g − c_k + c at every local step; server c and η_g step"
-    )
-    paper: ClassVar[str] = "Karimireddy et al., ICML 2020 (SCAFFOLD)"
-    options: ClassVar[tuple[Option, ...]] = (
-        Option(
-            "variate",
-            "II",
-            "II = c_k − c + (θ_g − θ_k)/(K·η) (the paper's cheaper option); I = the local "
-            "gradient at θ_g (one extra pass over the client's data)",
-            text,
-            choices=("II", "I"),
-        ),
-        Option(
-            "server_lr",
-            1.0,
-            "server step η_g: θ_g ← θ_old + η_g·(θ_avg − θ_old) (1 = FedAvg's mean)",
-            positive_float,
-        ),
-        Option(
-            "divisor",
-            "momentum",
-            "option II's divisor: momentum = FedNova's momentum-corrected step count a_K "
-            "times η (FedNTD's adaptive division; K·η without momentum, the paper's); "
-            "steps = K·η even under momentum",
-            text,
-            choices=("steps", "momentum"),
-        ),
-    )
-    payloads: ClassVar[tuple[Payload, ...]] = (Payload(C, "broadcast"), Payload(DC, "upload"))
+    declaration: ClassVar[Declaration] = declarations.SCAFFOLD
+    opts: ScaffoldOptions
     # c: the server's control variate. The round's Δc sum and θ_old are emptied at every
     # round end, where checkpoints are written.
     state_attributes: ClassVar[tuple[str, ...]] = ("c",)
 
     def setup(self, env: StrategyEnv) -> None:
-        self.variate = str(self.values["variate"])
-        self.server_lr = float(str(self.values["server_lr"]))
-        self.divisor = str(self.values["divisor"])
+        self.variate = self.opts.variate
+        self.server_lr = self.opts.server_lr
+        self.divisor = self.opts.divisor
         if self.variate == "II" and env.optimizer != "sgd":
             raise UserError(
                 f"'scaffold:variate=II' estimates gradients from local SGD steps, but this "
@@ -173,8 +129,6 @@ class Scaffold(Component):
 
     # -- server → client ----------------------------------------------------------------------
     def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
-        import torch
-
         if self.c is None:
             self.c = torch.zeros_like(server.global_params)
         return {C: self.c}
@@ -183,8 +137,6 @@ class Scaffold(Component):
     def client_inputs(self, client: ClientState, local: LocalRound) -> ClientInputs:
         """The correction c − c_k (c_k starts at zero); option I takes ∇f_k(θ_g) now, while
         the model holds θ_g, and keeps it in the client's state for ``after_local``."""
-        import torch
-
         state = client.state_for(self.name)
         if "c" not in state:
             state["c"] = torch.zeros_like(local.broadcast.params)
@@ -200,8 +152,6 @@ class Scaffold(Component):
 
     def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:
         """c_k ← c_k⁺ and upload Δc_k = c_k⁺ − c_k."""
-        import torch
-
         state = client.state_for(self.name)
         c_k = cast("torch.Tensor", state["c"])
         new = cast("torch.Tensor | None", state.pop("next", None))
@@ -219,8 +169,6 @@ class Scaffold(Component):
     def receive_upload(self, upload: Upload, server: ServerState) -> None:
         """Sum Δc_k (the upload is valid only during the call); θ_old is θ_g until
         aggregation replaces it."""
-        import torch
-
         if self._round != server.round_index:
             self._dc_sum, self._round = None, server.round_index
         self._old = server.global_params

@@ -86,16 +86,19 @@ def test_refusals_are_user_errors(text: str, fragment: str) -> None:
 def test_quiet_default_options_stay_out_of_the_recorded_config() -> None:
     """An option added after runs were recorded keeps their config (and protocol hash)
     unchanged while it is left at its default, and is recorded once it is written."""
+    from dataclasses import dataclass
     from typing import ClassVar
 
-    from strategies.base import Component, Option, positive_int
+    from strategies.base import Component, option, positive_int
+
+    @dataclass(frozen=True)
+    class ProbeOptions:
+        old: int = option(1, "recorded since the first runs", positive_int)
+        new: int = option(2, "added later", positive_int, quiet_default=True)
 
     class Probe(Component):
         name: ClassVar[str] = "probe"
-        options: ClassVar[tuple[Option, ...]] = (
-            Option("old", 1, "recorded since the first runs", positive_int),
-            Option("new", 2, "added later", positive_int, quiet_default=True),
-        )
+        Options = ProbeOptions
 
     assert Probe().resolved_options() == {"old": 1}
     assert Probe({"new": 2}).resolved_options() == {"old": 1, "new": 2}

@@ -132,7 +132,7 @@ def test_state_survives_a_checkpoint_and_defaults() -> None:
     again = feddyn(alpha=0.5)
     again.load_state_dict(dyn.state_dict())
     assert again.h is not None and dyn.h is not None and torch.equal(again.h, dyn.h)
-    assert FedDyn().values == {"alpha": 0.1, "mean": "uniform"}  # FedNTD's dyn_alpha
+    assert FedDyn().resolved_options() == {"alpha": 0.1, "mean": "uniform"}  # FedNTD's dyn_alpha
 
 
 @pytest.mark.parametrize(

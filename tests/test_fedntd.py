@@ -72,7 +72,7 @@ def test_component_distils_from_the_frozen_round_start_model() -> None:
     term = sequential_term(ntd, model, cl, local, st)
     expected = 0.5 * not_true_distillation(st.outputs, teacher_logits, y, 3.0)
     assert term is not None and torch.isclose(term, expected)
-    assert FedNTD().values == {"tau": 1.0, "beta": 1.0}
+    assert FedNTD().resolved_options() == {"tau": 1.0, "beta": 1.0}
 
 
 def test_fedntd_is_refused_where_there_are_no_class_logits() -> None:

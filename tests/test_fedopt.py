@@ -106,8 +106,9 @@ def test_yogi_and_adagrad_second_moments_by_hand() -> None:
 
 
 def test_defaults_auto_server_lr_and_explicit_values() -> None:
-    assert FedAvgM().values == {"momentum": 0.7, "server_lr": 1.0}  # FedNTD's config and code
-    assert FedOpt().values == {
+    # FedNTD's config and code
+    assert FedAvgM().resolved_options() == {"momentum": 0.7, "server_lr": 1.0}
+    assert FedOpt().resolved_options() == {
         "server_opt": "adam",
         "server_lr": None,
         "beta1": 0.9,

@@ -277,7 +277,7 @@ def test_auto_uses_fashion_mnist_for_28x28_streams(tmp_path: Path) -> None:
     root = str(tmp_path)
     fp = FedProj({"public_size": 50})
     fp.setup(env(input_shape=(1, 28, 28), data_root=root))
-    assert fp.values["public"] == "fashion-mnist"
+    assert fp.opts.public == "fashion-mnist"
     assert fp.holdout_per_task(60_000) == 0
     assert fp.public_x is not None
     assert fp.public_x.shape == (50, 1, 28, 28) and fp.public_x.dtype == torch.float32
@@ -297,7 +297,7 @@ def test_auto_uses_holdout_for_other_shapes() -> None:
     fp = FedProj({"public_size": 7})
     assert fp.holdout_per_task(100) == 0  # unresolved before setup
     fp.setup(env(input_shape=(1, 8, 8)))
-    assert fp.values["public"] == "holdout"
+    assert fp.opts.public == "holdout"
     assert fp.holdout_per_task(100) == 7
     assert fp.public_x is None
     assert FedProj({"public": "holdout", "public_size": 9}).holdout_per_task(100) == 9
@@ -360,7 +360,7 @@ def test_runs_in_the_engine_and_counts_its_payloads() -> None:
     )
     out = fed.run()
     assert out.status == "finished"
-    assert fedproj.values["public"] == "holdout"
+    assert fedproj.opts.public == "holdout"
     assert fedproj.public_x is not None and fedproj.public_x.shape[0] == 40
     row = 10 * 4  # one float32 logit row of 10 classes
     # uploads: 4 clients × (2 rounds × 20 rows + 2 rounds × 40 rows)

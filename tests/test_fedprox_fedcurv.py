@@ -42,7 +42,7 @@ def test_fedprox_component_matches_autograd_of_the_penalty() -> None:
     expected.backward()
     assert penalized is not None and torch.isclose(penalized[1], expected.detach())
     assert theta.grad is not None and torch.allclose(penalized[0], theta.grad)
-    assert FedProx().values["mu"] == 0.01  # spec default
+    assert FedProx().opts.mu == 0.01  # spec default
 
 
 def test_curvature_penalty_value_and_gradient_by_hand() -> None:

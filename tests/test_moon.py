@@ -144,7 +144,7 @@ def test_mu_zero_costs_nothing() -> None:
     moon.after_local(cl, Upload(0, model.params, model.buffers, 1), local_round(model, srv))
     assert inputs_for(moon, cl, local_round(model, srv)) is None  # no term, no forwards
     assert cl.state_for("moon") == {}  # no stored model
-    assert MOON().values == {"mu": 0.1, "tau": 0.5}  # FedNTD's config/moon.json
+    assert MOON().resolved_options() == {"mu": 0.1, "tau": 0.5}  # FedNTD's config/moon.json
 
 
 def test_moon_is_refused_on_a_model_without_features() -> None:

@@ -155,7 +155,11 @@ def test_state_survives_a_checkpoint_and_defaults() -> None:
     again = scaffold()
     again.load_state_dict(sc.state_dict())
     assert again.c is not None and sc.c is not None and torch.equal(again.c, sc.c)
-    assert Scaffold().values == {"variate": "II", "server_lr": 1.0, "divisor": "momentum"}
+    assert Scaffold().resolved_options() == {
+        "variate": "II",
+        "server_lr": 1.0,
+        "divisor": "momentum",
+    }
 
 
 @pytest.mark.parametrize(

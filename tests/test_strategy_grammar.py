@@ -25,8 +25,7 @@ from strategies.base import (
     unit_fraction,
 )
 from strategies.compose import ComponentSpec, build_strategy, parse_strategy
-from strategies.fedgp import gref_samples
-from strategies.ifa import generation_length
+from strategies.declarations import generation_length, gref_samples
 
 # (strategy, phrase the one-line refusal must contain)
 REFUSALS: list[tuple[str, str]] = [

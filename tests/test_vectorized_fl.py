@@ -7,6 +7,7 @@ Runs as tests/test_vectorized_replay.py: embedded rot-digits, MLP, 2 tasks × 2 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
@@ -20,10 +21,19 @@ from cfl_bench.engine.vectorized import check_strategy
 from cfl_bench.engine.vectorized_grad import ChunkTerm
 from cfl_bench.errors import UserError
 from strategies import compose, fedproj
-from strategies.base import ClientInputs, Component, Learner, Option, Role, non_negative_float
+from strategies.base import (
+    ClientInputs,
+    Component,
+    Declaration,
+    Learner,
+    Role,
+    non_negative_float,
+    option,
+)
 from strategies.compose import build_strategy
 from strategies.fedntd import not_true_distillation
 from strategies.projection import conflict_coefficients, row_dot
+from strategies.registry import component_classes
 from tests.helpers import client, env
 from tests.test_vectorized import Skewed, assert_same, both, one_thread  # noqa: F401 - the fixture
 from tests.test_vectorized_replay import REPLAY, assert_same_buffers, run_both
@@ -148,17 +158,31 @@ def test_fedproj_client_projection_equals(monkeypatch: pytest.MonkeyPatch) -> No
     run_both("der+fedproj:memory=all,distill_lr=1e-12,eps=1e-6", augment=True)
 
 
-class PullToLastLocal(Component):
-    """A method that exists only in this test, written as any new method is: its step
-    function (a penalty) and its per-round inputs, no executor code. (μ/2)‖θ − a_k‖², a_k
-    the client's own last local model (θ_g before its first round)."""
+@dataclass(frozen=True)
+class PullOptions:
+    mu: float = option(0.5, "weight μ", non_negative_float)
 
-    name = "pull-test"
-    roles = frozenset({Role.LOSS_TERM})
-    options = (Option("mu", 0.5, "weight μ", non_negative_float),)
+
+PULL = Declaration(
+    name="pull-test",
+    target=f"{__name__}:PullToLastLocal",
+    summary="pull towards the client's last local model",
+    paper="(this test)",
+    roles=frozenset({Role.LOSS_TERM}),
+    options=PullOptions,
+)
+
+
+class PullToLastLocal(Component):
+    """A method that exists only in this test, written as any new method is: a declaration
+    row, its step function (a penalty) and its per-round inputs, no executor code.
+    (μ/2)‖θ − a_k‖², a_k the client's own last local model (θ_g before its first round)."""
+
+    declaration = PULL
+    opts: PullOptions
 
     def setup(self, env: object) -> None:
-        self.mu = float(str(self.values["mu"]))
+        self.mu = self.opts.mu
 
     def client_inputs(self, client: object, local: object) -> ClientInputs:
         state = client.state_for(self.name)  # type: ignore[attr-defined]
@@ -176,10 +200,10 @@ class PullToLastLocal(Component):
 
 
 def test_a_new_method_runs_vectorized_by_construction(monkeypatch: pytest.MonkeyPatch) -> None:
-    # One module-level class and a registry entry: both executors run its penalty, the
+    # One module-level class and its declaration row: both executors run its penalty, the
     # first round with one shared target, later rounds with a stacked target per client.
-    classes = {**compose.component_classes(), PullToLastLocal.name: PullToLastLocal}
-    monkeypatch.setattr(compose, "component_classes", lambda: classes)
+    table = {**compose.component_table(), PULL.name: PULL}
+    monkeypatch.setattr(compose, "component_table", lambda: table)
     seq, vec = run_both("der+pull-test:mu=0.3+fedgp")
     assert_same_client_state(seq, vec, "pull-test")
 
@@ -192,7 +216,7 @@ def test_the_ideal_learner_is_refused() -> None:
 
 def test_every_component_passes_the_check() -> None:
     # Every component's client side is its step functions: none is refused.
-    for name, cls in compose.component_classes().items():
+    for name, cls in component_classes().items():
         if not issubclass(cls, Learner):
             check_strategy(build_strategy(f"der+{name}"))
 

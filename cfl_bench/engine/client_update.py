@@ -34,8 +34,9 @@ from cfl_bench.engine.optim import LocalOptimizer
 from cfl_bench.flat import FlatModel
 from cfl_bench.objective import Objective
 from cfl_bench.seeding import seed_torch_default
-from strategies.base import ClientInputs, Component
+from strategies.base import ClientInputs
 from strategies.compose import Strategy
+from strategies.roles import GradientTransform, LossTerm
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,8 @@ class LocalTrainer:
     objective: Objective
     # The stream's stored rows → model inputs (probes are stored compact).
     decode: Callable[[torch.Tensor], torch.Tensor] | None = None
-    loss_terms: list[Component] = field(init=False)
-    transforms: list[Component] = field(init=False)
+    loss_terms: list[LossTerm] = field(init=False)
+    transforms: list[GradientTransform] = field(init=False)
     base_lr: float = field(init=False)
     keep_representation: bool = field(init=False)
     precision: Precision = field(init=False)

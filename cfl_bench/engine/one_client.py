@@ -18,7 +18,8 @@ import torch
 from cfl_bench.engine.context import ClientState, StepContext
 from cfl_bench.flat import FlatModel
 from cfl_bench.objective import Objective
-from strategies.base import Component, Learner
+from strategies.base import Learner
+from strategies.roles import GradientTransform, LossTerm
 
 
 @dataclass(frozen=True)
@@ -77,13 +78,13 @@ class ClientStepFunctions:
     client's step of the working ``model``."""
 
     model: FlatModel
-    loss_terms: list[Component]
-    transforms: list[Component]
+    loss_terms: list[LossTerm]
+    transforms: list[GradientTransform]
     learner: Learner
     # A copy of the module for the loss terms' forwards without gradient (made on first use).
     frozen: FlatModel | None = field(default=None)
 
-    def loss_term(self, term: Component, step: StepContext) -> torch.Tensor | None:
+    def loss_term(self, term: LossTerm, step: StepContext) -> torch.Tensor | None:
         """``term``'s ``loss_term`` on the batch's outputs, with its frozen forwards run on
         the batch (``frozen_forward``) and its term inputs; None when it has no inputs this
         round or no term."""

@@ -33,8 +33,9 @@ from cfl_bench.engine.vectorized_dropout import DropoutLayer, apply_masks, probe
 from cfl_bench.engine.vectorized_replay import ReplayBatch, replay_loss
 from cfl_bench.flat import FlatModel
 from cfl_bench.objective import Objective
-from strategies.base import ClientInputs, Component
+from strategies.base import ClientInputs
 from strategies.replay import ReplayPlan
+from strategies.roles import LossTerm
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class ChunkTerm:
     """A component's loss term over a chunk: the component, its chunk inputs and which of
     their keys are stacked per client (the others are the round's, shared)."""
 
-    component: Component
+    component: LossTerm
     inputs: ClientInputs
     stacked: frozenset[str]
 
@@ -149,7 +150,7 @@ class ClientGradients:
         self.plan = plan
         # The stream's objective: its masked loss is each client's loss on its padded batch.
         self.objective: Objective = objective or Classification()
-        self.terms: list[Component] = []  # the loss terms of the gradient being taken
+        self.terms: list[LossTerm] = []  # the loss terms of the gradient being taken
         self.precision = Precision()
         self.autocasting = False  # whether the gradient being taken autocasts its forwards
         # Whether the forward of the gradient being taken replaces dropout by masks.

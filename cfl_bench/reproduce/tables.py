@@ -68,7 +68,7 @@ class Row:
     method: str
     variant: str
     strategy: str
-    # build_strategy(strategy).name: how a run's summary names it.
+    # validate_strategy(strategy).name: how a run's summary names it.
     canonical: str
 
 
@@ -81,7 +81,7 @@ class Scale:
     # A row's strategy string -> the one this scale runs instead: the same components with
     # cheaper options (FedDF's 500 server steps per round are most of a CPU run's time).
     strategies: dict[str, str] = field(default_factory=dict)
-    # The same keys -> build_strategy(that scale strategy).name, how its summaries name it.
+    # The same keys -> validate_strategy(that scale strategy).name, how its summaries name it.
     canonical: dict[str, str] = field(default_factory=dict)
 
 
@@ -217,7 +217,7 @@ def _round_fraction(raw: object, label: str, where: str) -> float | None:
 
 
 def _rows(raw: object, where: str) -> tuple[Row, ...]:
-    from strategies.compose import build_strategy
+    from strategies.compose import validate_strategy
 
     if not isinstance(raw, list) or not raw:
         raise UserError(f"{where}: rows must be a non-empty list; fix the table file.")
@@ -232,14 +232,14 @@ def _rows(raw: object, where: str) -> tuple[Row, ...]:
                 _text(entry.get("method"), f"row '{label}' method", where),
                 str(entry.get("variant", "")),
                 strategy,
-                build_strategy(strategy).name,
+                validate_strategy(strategy).name,
             )
         )
     return tuple(rows)
 
 
 def _scales(raw: object, rows: tuple[Row, ...], where: str) -> dict[str, Scale]:
-    from strategies.compose import build_strategy
+    from strategies.compose import validate_strategy
 
     entries = _mapping(raw, "scales", where)
     if sorted(entries) != sorted(SCALES):
@@ -265,7 +265,7 @@ def _scales(raw: object, rows: tuple[Row, ...], where: str) -> dict[str, Scale]:
         )
         about = _text(entry.get("about"), f"scale {name}'s about", where)
         strategies = _scale_strategies(entry.get("strategies", {}), rows, f"scale {name}", where)
-        canonical = {key: build_strategy(text).name for key, text in strategies.items()}
+        canonical = {key: validate_strategy(text).name for key, text in strategies.items()}
         scales[name] = Scale(name, about, tuple(seeds), options, strategies, canonical)
     return scales
 

@@ -333,7 +333,7 @@ def check_sweep_point(config: RunConfig) -> None:
 def resolved_request(config: RunConfig) -> dict[str, Any]:
     """A point's request with the stream's defaults filled in and the strategy in canonical
     form: equal exactly when two points would run the same configuration."""
-    from strategies.compose import build_strategy
+    from strategies.compose import validate_strategy
     from streams.catalogue import stream_info
 
     info = stream_info(config.stream)
@@ -351,5 +351,5 @@ def resolved_request(config: RunConfig) -> dict[str, Any]:
     for key, value in defaults.items():
         if request.get(key) is None:
             request[key] = value
-    request["strategy"] = build_strategy(config.strategy).name
+    request["strategy"] = validate_strategy(config.strategy).name
     return request

@@ -166,13 +166,13 @@ def check_names(requests: list[dict[str, Any]], conn: Connection) -> None:
 def name_error(request: dict[str, Any]) -> str | None:
     """The first name-level refusal `cfl-bench run` would give this request, if any."""
     from cfl_bench.models import MODELS
-    from strategies.compose import build_strategy
+    from strategies.compose import validate_strategy
     from streams.catalogue import require_data_root
     from streams.partition import partitioner_from_spec
     from streams.registry import stream_info
 
     try:
-        build_strategy(str(request["strategy"]))
+        validate_strategy(str(request["strategy"]))
         info = stream_info(str(request["stream"]))
         require_data_root(
             info.name, request.get("data_root") or None, bool(request.get("download"))

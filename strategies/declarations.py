@@ -1,0 +1,647 @@
+"""The declaration table: every registered component's name, summary, paper, roles,
+payloads, places in the step and server orders, and typed options — importable without
+torch.
+
+Why a table apart from the component modules: the grammar (``strategies.compose``), the
+listing (``cfl-bench list strategies``), the run's canonical name and ``cfl-bench run``'s
+early refusals read only these declarations, so a misspelled strategy is refused at once
+while the modules that compute import torch at their top like any module. A component
+class takes its row (``declaration = declarations.FEDGP``), so nothing here is written twice;
+``strategies.registry`` imports a row's ``target`` only when a run builds the strategy.
+
+Each ``…Options`` is a frozen dataclass: a field per option, its annotation the parsed
+value's type, its ``option(...)`` the default, help, parser and choices. The values are
+exactly those the runs record (config.json, the protocol hash): a default keeps its
+written type (``1`` stays an int, ``'task'`` a word the parser would turn into None).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from cfl_bench.engine.payloads import Payload
+from cfl_bench.text_values import (
+    boolean,
+    finite_float,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    unit_fraction,
+)
+from strategies.base import Declaration, Role, option, text
+
+# (cifar100 last: the refusal listing the choices keeps its earlier wording as a prefix)
+PUBLIC_CHOICES = ("auto", "fashion-mnist", "holdout", "cifar100")
+# The size option every public-set user declares (FedProj, FedDF): one text, one parser.
+PUBLIC_SIZE_HELP = (
+    "public examples: subset of the named dataset (auto: 1000), or withheld per task "
+    "(auto: 10% of the task's training examples, at most 1000)"
+)
+
+
+def gref_samples(raw: str) -> int | str:
+    """``all`` (any case: the whole buffer, the authors' setting) or a positive sample count;
+    the refusal names both forms, not just the integer one."""
+    if raw.lower() == "all":
+        return "all"
+    try:
+        return positive_int(raw)
+    except ValueError:
+        raise ValueError("must be a positive integer or 'all'") from None
+
+
+def generation_length(raw: str) -> int | None:
+    """Rounds per generation, or ``task``/``auto`` (any case: None = one task's rounds); the
+    refusal names every accepted form, not just the integer one."""
+    if raw.lower() in ("task", "auto"):
+        return None
+    try:
+        return positive_int(raw)
+    except ValueError:
+        raise ValueError("must be a positive integer, 'task' or 'auto'") from None
+
+
+def _generation_shown(value: object) -> str:
+    return "task" if value is None else str(value)
+
+
+def decay(raw: str) -> float:
+    """A momentum or moment decay: finite, in [0, 1) (1 would never forget)."""
+    must = "must be a number in [0, 1)"
+    value = finite_float(raw, must, bounded=True)
+    if not 0 <= value < 1:
+        raise ValueError(must)
+    return value
+
+
+@dataclass(frozen=True)
+class DEROptions:
+    """``der:…`` options."""
+
+    alpha: float | None = option(
+        None,
+        "weight of the logit-matching term (default 1.0 MNIST-like, 0.3 otherwise)",
+        non_negative_float,
+    )
+
+
+@dataclass(frozen=True)
+class DERPPOptions:
+    """``derpp:…`` options."""
+
+    alpha: float = option(0.1, "weight of the logit-matching (MSE) term", non_negative_float)
+    beta: float = option(0.5, "weight of the label-replay (CE) term", non_negative_float)
+
+
+@dataclass(frozen=True)
+class AGEMOptions:
+    """``agem:…`` options."""
+
+    agem_fill: Literal["reservoir", "task_end"] = option(
+        "reservoir",
+        "buffer filling: reservoir during training (FedGP code) or M/T per task at task end",
+        text,
+        choices=("reservoir", "task_end"),
+    )
+
+
+@dataclass(frozen=True)
+class FedProxOptions:
+    """``fedprox:…`` options."""
+
+    mu: float = option(0.01, "proximal weight μ (FedNTD's code used 1.0)", non_negative_float)
+
+
+@dataclass(frozen=True)
+class FedCurvOptions:
+    """``fedcurv:…`` options."""
+
+    lam: float = option(1.0, "penalty weight λ", non_negative_float)
+    samples: int = option(500, "examples used for each client's Fisher", positive_int)
+
+
+@dataclass(frozen=True)
+class FedNTDOptions:
+    """``fedntd:…`` options."""
+
+    tau: float = option(1.0, "distillation temperature τ", positive_float)
+    beta: float = option(1.0, "weight β of the not-true distillation term", non_negative_float)
+
+
+@dataclass(frozen=True)
+class MOONOptions:
+    """``moon:…`` options."""
+
+    mu: float = option(
+        0.1,
+        "weight μ of the contrastive term (FedNTD's config; the paper used 5 on CIFAR-10)",
+        non_negative_float,
+    )
+    tau: float = option(0.5, "temperature τ of the contrastive term", positive_float)
+
+
+@dataclass(frozen=True)
+class LwFOptions:
+    """``lwf:…`` options."""
+
+    weight: float = option(
+        1.0, "weight λ of the distillation term (the paper's λ_o)", non_negative_float
+    )
+    temperature: float = option(2.0, "temperature T of both softmaxes", positive_float)
+
+
+@dataclass(frozen=True)
+class OnlineEWCOptions:
+    """``ewc:…`` options."""
+
+    lam: float = option(100.0, "penalty weight λ", non_negative_float)
+    gamma: float = option(1.0, "decay γ of the running Fisher (1: no decay)", unit_fraction)
+    samples: int = option(256, "examples for each client's Fisher", positive_int)
+
+
+@dataclass(frozen=True)
+class FedProjOptions:
+    """``fedproj:…`` options."""
+
+    public: str = option(
+        "auto",
+        (
+            "public data: fashion-mnist, holdout (training inputs no client holds), or auto "
+            "(fashion-mnist for 1×28×28 streams, else holdout)"
+        ),
+        text,
+        choices=PUBLIC_CHOICES,
+    )
+    public_size: int | None = option(None, PUBLIC_SIZE_HELP, positive_int)
+    temperature: float = option(3.0, "distillation temperature T", positive_float)
+    gamma: float = option(0.0, "weight γ of ‖θ − θ_avg‖² during distillation", non_negative_float)
+    distill_epochs: int = option(1, "server distillation epochs per round", positive_int)
+    distill_lr: float = option(0.0001, "server Adam learning rate", positive_float)
+    eps: float = option(1e-08, "no client projection when ‖g_glob‖² ≤ eps", non_negative_float)
+    memory_temperature: Literal["T", "1"] = option(
+        "T",
+        (
+            "client memory loss at temperature T (T) or without it (1: the papers' form; T stays "
+            "on the server)"
+        ),
+        text,
+        choices=("T", "1"),
+        quiet_default=True,
+    )
+    memory: Literal["batch", "all"] = option(
+        "batch",
+        (
+            "g_glob on a random memory batch of the buffer batch size (batch) or on the whole "
+            "memory at every step (all: the papers' L_mem; |M|/batch times the cost)"
+        ),
+        text,
+        choices=("batch", "all"),
+        quiet_default=True,
+    )
+    warmup_epochs: int = option(
+        0,
+        (
+            "epochs of server cross-entropy on the labelled holdout before round 1 (the first "
+            "paper's round 0; needs public=holdout)"
+        ),
+        non_negative_int,
+        quiet_default=True,
+    )
+    anchor: Literal["snapshot", "mean", "global"] = option(
+        "snapshot",
+        (
+            "γ's anchor: snapshot (the FedAvg mean θ_avg), mean (unweighted client mean: the "
+            "paper's), global (previous θ_g); needs gamma > 0"
+        ),
+        text,
+        choices=("snapshot", "mean", "global"),
+        quiet_default=True,
+    )
+
+
+@dataclass(frozen=True)
+class FedGPOptions:
+    """``fedgp:…`` options."""
+
+    gref_samples: int | Literal["all"] = option(
+        32, "buffer samples per client for g_ref (int or 'all')", gref_samples
+    )
+    gref_mode: Literal["train", "eval"] = option(
+        "train",
+        "model mode while computing g_ref (train = authors' code)",
+        text,
+        choices=("train", "eval"),
+    )
+    gref_interval: int = option(
+        1, "recompute g_ref every k rounds (stale in between)", positive_int
+    )
+    equal_comm: bool = option(False, "halve the rounds per task, double local epochs", boolean)
+
+
+@dataclass(frozen=True)
+class IFAOptions:
+    """``ifa:…`` options."""
+
+    mode: Literal["later", "random"] = option(
+        "later",
+        "later = last layers by parameter count; random = random scalars",
+        text,
+        choices=("later", "random"),
+    )
+    rho: float = option(0.2, "fraction of the parameters to reset", unit_fraction)
+    generation: int | Literal["task"] | None = option(
+        "task",
+        "rounds per generation ('task' = the rounds of one task)",
+        generation_length,
+        show=_generation_shown,
+    )
+    generations: int = option(
+        0,
+        "split the run's rounds into N equal generations (0: use generation)",
+        non_negative_int,
+        quiet_default=True,
+    )
+    later_unit: Literal["params", "layers"] = option(
+        "params",
+        (
+            "mode=later: params = the suffix of whole layers nearest ρ·P parameters; layers = "
+            "the last round(ρ·L) of the L weight layers (the paper)"
+        ),
+        text,
+        choices=("params", "layers"),
+        quiet_default=True,
+    )
+    reset_to: Literal["generation_start", "init"] = option(
+        "generation_start",
+        "reset to the generation's starting values or to the initial ones",
+        text,
+        choices=("generation_start", "init"),
+    )
+
+
+@dataclass(frozen=True)
+class FedDynOptions:
+    """``feddyn:…`` options."""
+
+    alpha: float = option(
+        0.1,
+        "regularisation weight α (FedNTD's config; the paper used 0.1, 0.01, 0.001)",
+        positive_float,
+    )
+    mean: Literal["uniform", "weighted"] = option(
+        "uniform",
+        (
+            "uniform = the paper's 1/|S| mean of the uploads; weighted = the engine's "
+            "--weighting mean (FedNTD's code: by samples)"
+        ),
+        text,
+        choices=("uniform", "weighted"),
+    )
+
+
+@dataclass(frozen=True)
+class ScaffoldOptions:
+    """``scaffold:…`` options."""
+
+    variate: Literal["II", "I"] = option(
+        "II",
+        (
+            "II = c_k − c + (θ_g − θ_k)/(K·η) (the paper's cheaper option); I = the local "
+            "gradient at θ_g (one extra pass over the client's data)"
+        ),
+        text,
+        choices=("II", "I"),
+    )
+    server_lr: float = option(
+        1.0,
+        "server step η_g: θ_g ← θ_old + η_g·(θ_avg − θ_old) (1 = FedAvg's mean)",
+        positive_float,
+    )
+    divisor: Literal["steps", "momentum"] = option(
+        "momentum",
+        (
+            "option II's divisor: momentum = FedNova's momentum-corrected step count a_K times η "
+            "(FedNTD's adaptive division; K·η without momentum, the paper's); steps = K·η even "
+            "under momentum"
+        ),
+        text,
+        choices=("steps", "momentum"),
+    )
+
+
+@dataclass(frozen=True)
+class FedAvgMOptions:
+    """``fedavgm:…`` options."""
+
+    momentum: float = option(0.7, "server momentum β (FedNTD's config/fedavgm.json)", decay)
+    server_lr: float = option(1.0, "server learning rate η_s (FedNTD's code: 1)", positive_float)
+
+
+@dataclass(frozen=True)
+class FedOptOptions:
+    """``fedopt:…`` options."""
+
+    server_opt: Literal["adam", "yogi", "adagrad"] = option(
+        "adam",
+        "the server optimizer: adam, yogi or adagrad",
+        text,
+        choices=("adam", "yogi", "adagrad"),
+    )
+    server_lr: float | None = option(
+        None,
+        (
+            "server learning rate η; auto = the paper's best on CIFAR-10 (adam, yogi 0.01; "
+            "adagrad 0.1)"
+        ),
+        positive_float,
+    )
+    beta1: float = option(0.9, "first-moment decay β1 (the paper's)", decay)
+    beta2: float = option(0.99, "second-moment decay β2 (the paper's)", decay)
+    tau: float = option(0.001, "adaptivity τ (the paper's)", positive_float)
+
+
+@dataclass(frozen=True)
+class FedDFOptions:
+    """``feddf:…`` options."""
+
+    public: str = option(
+        "auto",
+        (
+            "public data: cifar100 (CIFAR-100 train, 3×32×32 streams; the paper's for CIFAR-10), "
+            "fashion-mnist (1×28×28), holdout (training inputs no client holds), or auto "
+            "(fashion-mnist for 1×28×28 streams, else holdout)"
+        ),
+        text,
+        choices=PUBLIC_CHOICES,
+    )
+    public_size: int | None = option(None, PUBLIC_SIZE_HELP, positive_int)
+    temperature: float = option(
+        1.0, "distillation temperature T (authors' code: 1)", positive_float
+    )
+    distill_steps: int = option(
+        500,
+        (
+            "server Adam steps per round, cosine-annealed (authors: up to 10⁴ with early "
+            "stopping on validation data, which this server lacks)"
+        ),
+        positive_int,
+    )
+    distill_lr: float = option(0.001, "server Adam learning rate (authors' code)", positive_float)
+
+
+# -- the table --------------------------------------------------------------------------
+
+FEDAVG = Declaration(
+    name="fedavg",
+    target="strategies.fedavg:FedAvg",
+    summary="plain local SGD on the current task; FedAvg aggregation (lower bound)",
+    paper="McMahan et al., AISTATS 2017",
+    roles=frozenset({Role.LEARNER}),
+)
+
+ER = Declaration(
+    name="er",
+    target="strategies.er:ER",
+    summary="CE on the batch + CE on a reservoir buffer draw",
+    paper="Chaudhry et al., 2019 (tiny episodic memories, reservoir ER)",
+    roles=frozenset({Role.LEARNER}),
+)
+
+DER = Declaration(
+    name="der",
+    target="strategies.der:DER",
+    summary="CE + α·MSE between current and stored logits on buffer samples",
+    paper="Buzzega et al., NeurIPS 2020 (DER)",
+    roles=frozenset({Role.LEARNER}),
+    options=DEROptions,
+)
+
+DERPP = Declaration(
+    name="derpp",
+    target="strategies.derpp:DERPP",
+    summary="DER + β·CE on the labels of a second, independent buffer draw",
+    paper="Buzzega et al., NeurIPS 2020 (DER++)",
+    roles=frozenset({Role.LEARNER}),
+    options=DERPPOptions,
+)
+
+AGEM = Declaration(
+    name="agem",
+    target="strategies.agem:AGEM",
+    summary="project the batch gradient when it conflicts with the buffer gradient",
+    paper="Chaudhry et al., ICLR 2019 (A-GEM)",
+    roles=frozenset({Role.LEARNER}),
+    options=AGEMOptions,
+)
+
+IDEAL = Declaration(
+    name="ideal",
+    target="strategies.ideal:Ideal",
+    summary="upper bound: each client trains on all its data of tasks 1..t",
+    paper="joint training upper bound (as in the FedGP paper's tables)",
+    roles=frozenset({Role.LEARNER}),
+)
+
+FEDPROX = Declaration(
+    name="fedprox",
+    target="strategies.fedprox:FedProx",
+    summary="proximal term (μ/2)‖θ − θ_g‖² to the round's global model",
+    paper="Li et al., MLSys 2020 (FedProx)",
+    roles=frozenset({Role.LOSS_TERM}),
+    options=FedProxOptions,
+)
+
+FEDCURV = Declaration(
+    name="fedcurv",
+    target="strategies.fedcurv:FedCurv",
+    summary="Fisher-weighted penalty towards the other clients' parameters",
+    paper="Shoham et al., 2019 (FedCurv)",
+    roles=frozenset({Role.LOSS_TERM}),
+    options=FedCurvOptions,
+    payloads=(
+        Payload("fedcurv.U", "broadcast"),
+        Payload("fedcurv.V", "broadcast"),
+        Payload("fedcurv.u", "upload"),
+        Payload("fedcurv.v", "upload"),
+    ),
+)
+
+FEDNTD = Declaration(
+    name="fedntd",
+    target="strategies.fedntd:FedNTD",
+    summary="distil the round's global model on the not-true classes only",
+    paper="Lee et al., NeurIPS 2022 (FedNTD)",
+    roles=frozenset({Role.LOSS_TERM}),
+    options=FedNTDOptions,
+)
+
+MOON = Declaration(
+    name="moon",
+    target="strategies.moon:MOON",
+    summary="contrast the representation with the global model's (+) and the last local one's (−)",
+    paper="Li, He and Song, CVPR 2021 (MOON)",
+    roles=frozenset({Role.LOSS_TERM}),
+    options=MOONOptions,
+)
+
+LWF = Declaration(
+    name="lwf",
+    target="strategies.lwf:LwF",
+    summary="distil the outputs of the model that finished the previous task",
+    paper="Li & Hoiem, ECCV 2016 (LwF)",
+    roles=frozenset({Role.LOSS_TERM}),
+    options=LwFOptions,
+)
+
+EWC = Declaration(
+    name="ewc",
+    target="strategies.ewc:OnlineEWC",
+    summary="online EWC: (λ/2)·Σ F*(θ − θ*)² with a running Fisher F* ← γF* + F_t per task",
+    paper="Schwarz et al., ICML 2018 (online EWC)",
+    roles=frozenset({Role.LOSS_TERM}),
+    options=OnlineEWCOptions,
+)
+
+FEDPROJ = Declaration(
+    name="fedproj",
+    target="strategies.fedproj:FedProj",
+    summary=(
+        "distil the clients' public-data logit ensemble into θ_g; project local gradients "
+        "against the ensemble's memory gradient"
+    ),
+    paper="Chunduru, Morafah et al. 2025 (FedProj)",
+    roles=frozenset({Role.AGGREGATOR, Role.GRAD_TRANSFORM}),
+    options=FedProjOptions,
+    payloads=(
+        Payload("fedproj.z_ens", "broadcast"),
+        Payload("fedproj.logits", "upload"),
+    ),
+    # After SCAFFOLD's correction, before FedGP: the distillation projection constrains the
+    # corrected gradient, and g_ref then the final direction.
+    transform_order=20,
+)
+
+FEDGP = Declaration(
+    name="fedgp",
+    target="strategies.fedgp:FedGP",
+    summary="project local gradients against the clients' averaged buffer gradient at θ_g",
+    paper="Dai et al., FedGP / Fed-A-GEM (buffer-based gradient projection)",
+    roles=frozenset({Role.GRAD_TRANSFORM}),
+    options=FedGPOptions,
+    payloads=(
+        Payload("fedgp.gref", "broadcast"),
+        Payload("fedgp.gref", "request"),
+    ),
+    server_schedule=True,
+    # Last in the transform chain, so g_ref constrains the final direction; its request
+    # last after aggregation, so g_ref is taken at the round's final θ_g.
+    transform_order=30,
+    server_hook_order=10,
+)
+
+IFA = Declaration(
+    name="ifa",
+    target="strategies.ifa:IFA",
+    summary="reset a ρ fraction of θ_g at every generation end",
+    paper='"Forget to Generalize: Iterative Adaptation" (IFA), 2026',
+    roles=frozenset(),
+    options=IFAOptions,
+    server_schedule=True,
+    # Right after SCAFFOLD's server step. It has no hook there any more (its reset opens the
+    # next generation, ``on_round_start``), but keeps its place.
+    server_hook_order=-10,
+)
+
+FEDDYN = Declaration(
+    name="feddyn",
+    target="strategies.feddyn:FedDyn",
+    summary="dynamic regulariser −⟨h_k, θ⟩ + (α/2)‖θ − θ_g‖²; server corrects θ_g by −h/α",
+    paper="Acar et al., ICLR 2021 (FedDyn)",
+    roles=frozenset({Role.AGGREGATOR, Role.LOSS_TERM}),
+    options=FedDynOptions,
+)
+
+SCAFFOLD = Declaration(
+    name="scaffold",
+    target="strategies.scaffold:Scaffold",
+    summary="control variates: g ← g − c_k + c at every local step; server c and η_g step",
+    paper="Karimireddy et al., ICML 2020 (SCAFFOLD)",
+    roles=frozenset({Role.GRAD_TRANSFORM}),
+    options=ScaffoldOptions,
+    payloads=(
+        Payload("scaffold.c", "broadcast"),
+        Payload("scaffold.dc", "upload"),
+    ),
+    # First in the transform chain: it corrects the data gradient, which the projections
+    # then constrain; first after aggregation, so θ_g is final before the other hooks.
+    transform_order=10,
+    server_hook_order=-20,
+)
+
+FEDNOVA = Declaration(
+    name="fednova",
+    target="strategies.fednova:FedNova",
+    summary=(
+        "normalised averaging: θ_g ← θ_g − τ_eff·Σ p_k (θ_g − θ_k)/a_k (a_k: local steps, "
+        "momentum-corrected)"
+    ),
+    paper="Wang et al., NeurIPS 2020 (FedNova)",
+    roles=frozenset({Role.AGGREGATOR}),
+    payloads=(Payload("fednova.tau", "upload"),),
+)
+
+FEDAVGM = Declaration(
+    name="fedavgm",
+    target="strategies.fedopt:FedAvgM",
+    summary="server momentum: v ← βv + (θ_old − θ_avg); θ_g ← θ_old − η_s·v",
+    paper="Hsu et al., 2019 (FedAvgM)",
+    roles=frozenset({Role.AGGREGATOR}),
+    options=FedAvgMOptions,
+)
+
+FEDOPT = Declaration(
+    name="fedopt",
+    target="strategies.fedopt:FedOpt",
+    summary="adaptive server optimizer (adam, yogi, adagrad) on the pseudo-gradient θ_avg − θ_old",
+    paper="Reddi et al., ICLR 2021 (FedAdam, FedYogi, FedAdagrad)",
+    roles=frozenset({Role.AGGREGATOR}),
+    options=FedOptOptions,
+)
+
+FEDDF = Declaration(
+    name="feddf",
+    target="strategies.feddf:FedDF",
+    summary=(
+        "distil the round's client-model ensemble (mean logits on public data) into the FedAvg mean"
+    ),
+    paper="Lin et al., NeurIPS 2020 (FedDF)",
+    roles=frozenset({Role.AGGREGATOR}),
+    options=FedDFOptions,
+)
+
+#: Every registered component, in listing order (learners first).
+TABLE: tuple[Declaration, ...] = (
+    FEDAVG,
+    ER,
+    DER,
+    DERPP,
+    AGEM,
+    IDEAL,
+    FEDPROX,
+    FEDCURV,
+    FEDNTD,
+    MOON,
+    LWF,
+    EWC,
+    FEDPROJ,
+    FEDGP,
+    IFA,
+    FEDDYN,
+    SCAFFOLD,
+    FEDNOVA,
+    FEDAVGM,
+    FEDOPT,
+    FEDDF,
+)
