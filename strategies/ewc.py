@@ -65,6 +65,7 @@ def elastic_penalty(
 
 class OnlineEWC(Component):
     name: ClassVar[str] = "ewc"
+    uses_after_local: ClassVar[bool] = True
     roles: ClassVar[frozenset[Role]] = frozenset({Role.LOSS_TERM})
     summary: ClassVar[str] = (
         "online EWC: (λ/2)·Σ F*(θ − θ*)² with a running Fisher F* ← γF* + F_t per task"

@@ -134,6 +134,7 @@ def curvature_penalty(
 
 class FedCurv(Component):
     name: ClassVar[str] = "fedcurv"
+    uses_after_local: ClassVar[bool] = True
     roles: ClassVar[frozenset[Role]] = frozenset({Role.LOSS_TERM})
     payloads: ClassVar[tuple[Payload, ...]] = (
         Payload("fedcurv.U", "broadcast"),

@@ -62,6 +62,7 @@ def dynamic_penalty(
 
 class FedDyn(Component):
     name: ClassVar[str] = "feddyn"
+    uses_after_local: ClassVar[bool] = True
     roles: ClassVar[frozenset[Role]] = frozenset({Role.LOSS_TERM, Role.AGGREGATOR})
     summary: ClassVar[str] = (
         "dynamic regulariser −⟨h_k, θ⟩ + (α/2)‖θ − θ_g‖²; server corrects θ_g by −h/α"

@@ -71,6 +71,7 @@ def refuse_adam(env: StrategyEnv, name: str, why: str) -> None:
 
 class FedNova(Component):
     name: ClassVar[str] = "fednova"
+    uses_after_local: ClassVar[bool] = True
     roles: ClassVar[frozenset[Role]] = frozenset({Role.AGGREGATOR})
     summary: ClassVar[str] = (
         "normalised averaging: θ_g ← θ_g − τ_eff·Σ p_k (θ_g − θ_k)/a_k (a_k: local steps, "

@@ -112,6 +112,7 @@ def memory_batch(
 
 class FedProj(PublicSetUser, Component):
     name: ClassVar[str] = "fedproj"
+    uses_after_local: ClassVar[bool] = True
     roles: ClassVar[frozenset[Role]] = frozenset({Role.GRAD_TRANSFORM, Role.AGGREGATOR})
     payloads: ClassVar[tuple[Payload, ...]] = (
         Payload("fedproj.z_ens", "broadcast"),

@@ -76,6 +76,7 @@ def model_contrastive_loss(
 
 class MOON(Component):
     name: ClassVar[str] = "moon"
+    uses_after_local: ClassVar[bool] = True
     roles: ClassVar[frozenset[Role]] = frozenset({Role.LOSS_TERM})
     summary: ClassVar[str] = (
         "contrast the representation with the global model's (+) and the last local one's (−)"

@@ -115,6 +115,7 @@ def local_gradient(
 
 class Scaffold(Component):
     name: ClassVar[str] = "scaffold"
+    uses_after_local: ClassVar[bool] = True
     roles: ClassVar[frozenset[Role]] = frozenset({Role.GRAD_TRANSFORM})
     # First in the transform chain: it corrects the data gradient, which the projections
     # then constrain; first after aggregation, so θ_g is final before the other hooks.

@@ -155,6 +155,7 @@ class PullToLastLocal(Component):
 
     name = "pull-test"
     roles = frozenset({Role.LOSS_TERM})
+    uses_after_local = True  # its after_local keeps the client's last local model
     options = (Option("mu", 0.5, "weight μ", non_negative_float),)
 
     def setup(self, env: object) -> None:
