@@ -299,7 +299,9 @@ class VectorizedExecutor:
         scaler = LossScaler.of(clients, device) if trainer.precision.scaled else None
         assert self.dropout is not None
         training = ChunkTraining(
-            trainer,
+            steps,
+            trainer.augment,
+            trainer.strategy.learner,
             self.grads,
             self.plan,
             self.observes,

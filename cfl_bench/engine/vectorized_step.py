@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from cfl_bench.engine.amp import LossScaler
-from cfl_bench.engine.client_update import LocalTrainer
+from cfl_bench.engine.client_update import Augment, StepSchedule
 from cfl_bench.engine.context import ClientState
 from cfl_bench.engine.lock_step import LockStep
 from cfl_bench.engine.optim import FlatAdam, FlatSGD, adam_update, sgd_update, with_weight_decay
@@ -25,7 +25,7 @@ from cfl_bench.engine.vectorized_dropout import ChunkDropout
 from cfl_bench.engine.vectorized_grad import ChunkTerm, ClientGradients
 from cfl_bench.engine.vectorized_replay import draw_replay, observe_all
 from cfl_bench.host_values import device_tensor
-from strategies.base import ClientInputs
+from strategies.base import ClientInputs, Learner
 from strategies.replay import ReplayPlan, ReplayTerm
 
 # The one buffer draw ``LockStep.buffer_gradient`` takes per stepping client (its term: the
@@ -107,10 +107,13 @@ class ChunkRound:
 
 @dataclass(frozen=True)
 class ChunkTraining:
-    """What a chunk's lock-steps share: the trainer's pieces, the vmapped gradients, the
-    learner's plan, the chunk's dropout draws, fp16 scales, inputs and optimizer."""
+    """What a chunk's lock-steps share: the step schedule, the stream's train augmentation,
+    the learner, the vmapped gradients, the learner's plan, the chunk's dropout draws, fp16
+    scales, inputs and optimizer."""
 
-    trainer: LocalTrainer
+    steps: StepSchedule
+    augment: Augment | None
+    learner: Learner
     grads: ClientGradients
     plan: ReplayPlan
     observes: bool
@@ -156,12 +159,11 @@ class ChunkBackend:
         padded, the replay draws and dropout masks drawn client by client (the sequential
         order of each client's generators), the forwards autocast inside ``vmap``."""
         t = self.training
-        trainer = t.trainer
         x, y, mask, active, raw = pad_lock_step(
-            self.drawn, trainer.steps.batch_size, trainer.augment is not None
+            self.drawn, t.steps.batch_size, t.augment is not None
         )
-        replay_augment = trainer.augment if trainer.steps.replay_augment else None
-        size = trainer.steps.buffer_batch_size
+        replay_augment = t.augment if t.steps.replay_augment else None
+        size = t.steps.buffer_batch_size
         replay = draw_replay(self.stepping, t.plan, size, replay_augment)
         scale = None if t.scaler is None else t.scaler.scale
         counts = [None if d is None else d[1].shape[0] for d in self.drawn]
@@ -195,7 +197,7 @@ class ChunkBackend:
         dropout masks, and their buffer draws' gradients (A-GEM's g_b)."""
         t = self.training
         gradients = t.dropout.with_masks(t.grads.loss_gradients, self.stepping)
-        size = t.trainer.steps.buffer_batch_size
+        size = t.steps.buffer_batch_size
         return LockStep(self.params, self.stepping, size, gradients, self.buffer_gradients)
 
     def buffer_gradients(self, stepping: list[ClientState | None]) -> torch.Tensor | None:
@@ -205,8 +207,8 @@ class ChunkBackend:
         backward, padded rows masked). A client with an empty buffer (or no step) gets a
         zero row; None when nobody draws anything."""
         t = self.training
-        steps = t.trainer.steps
-        augment = t.trainer.augment if steps.replay_augment else None
+        steps = t.steps
+        augment = t.augment if steps.replay_augment else None
         draw = draw_replay(stepping, BUFFER_DRAW, steps.buffer_batch_size, augment)
         if draw is None:
             return None
@@ -234,7 +236,7 @@ class ChunkBackend:
         assert self.outputs is not None
         pairs = zip(self.drawn, self.offered, strict=True)
         counts = [0 if d is None or not offer else d[1].shape[0] for d, offer in pairs]
-        observe_all(t.trainer.strategy.learner, t.clients, counts, raw, y, self.outputs)
+        observe_all(t.learner, t.clients, counts, raw, y, self.outputs)
 
     def reported(self, loss: torch.Tensor) -> torch.Tensor:
         """Each client's step loss, 0 for the clients that took no step."""
