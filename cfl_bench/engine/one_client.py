@@ -161,6 +161,7 @@ def offer_batch(learner: Learner, step: StepContext) -> None:
     if buffer is None or not learner.offers_batches():
         return
     if step.offer_to_buffer:
+        assert step.outputs is not None  # the step's loss forwarded the batch
         outputs = learner.objective.buffer_outputs(step.outputs)
         buffer.add(step.stored_input, step.y, outputs, step.task)
 
