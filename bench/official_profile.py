@@ -57,9 +57,9 @@ PHASES: dict[str, tuple[Key, ...]] = {
     ),
     "cost estimate (timed steps before the run)": (("cfl_bench/cost.py", "announce"),),
     "local steps": (("cfl_bench/engine/client_update.py", "local_steps"),),
-    "  backward": (("cfl_bench/engine/client_update.py", "backward"),),
-    "  forward + CE on the batch": (("strategies/base.py", "loss"),),
-    "  DER replay draw + forward + MSE": (("strategies/der.py", "loss"),),
+    "  backward": (("cfl_bench/engine/one_client.py", "backward"),),
+    "  forward + CE on the batch": (("cfl_bench/engine/one_client.py", "batch_loss"),),
+    "  DER replay draw + forward + MSE": (("cfl_bench/engine/one_client.py", "plan_loss"),),
     "  buffer insert (reservoir)": (("cfl_bench/buffer.py", "add"),),
     "  FedGP projection": (("strategies/fedgp.py", "transform_grad"),),
     "  SGD step": (("cfl_bench/engine/optim.py", "step"),),
@@ -77,7 +77,7 @@ PHASES: dict[str, tuple[Key, ...]] = {
         ("cfl_bench/run.py", "run_summary"),
     ),
 }
-# "DER replay" is measured as der.loss minus the base loss it calls.
+# "DER replay" is measured as the plan's loss minus the batch loss it calls.
 SUBTRACT = {"  DER replay draw + forward + MSE": "  forward + CE on the batch"}
 EXECUTE: Key = ("cfl_bench/run.py", "execute")
 LOCAL_STEPS: tuple[Key, Key] = (

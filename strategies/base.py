@@ -11,14 +11,17 @@ fixes (docs/architecture.md draws it):
                      component.broadcast(server)            → declared payloads (counted)
     client start     inputs = component.round_inputs(broadcast)     (once per round)
                              | component.client_inputs(client, local)   (local: LocalRound)
-    each local step  learner.loss(step) + Σ component.loss_term(outputs, z, y, mask,
-                                                 values)   (autograd terms; values: the
-                                                 component's frozen forwards and inputs)
+    each local step  (``engine.step_driver``, the one place this order is written)
+                     loss = the objective's loss on the batch + learner.replay_plan()'s
+                            terms + Σ component.loss_term(outputs, z, y, mask, values)
+                                                 (autograd terms; values: the component's
+                                                 frozen forwards and inputs)
                      backward into the flat gradient g
                      g, value = component.penalty(θ, g, inputs)   (closed-form θ penalties)
                      g = learner.refine(g, view)             (A-GEM)
                      g = component.transform(g, inputs, view)   in ``compose.TRANSFORM_CHAIN``
-                     optimizer step; learner.observe(step)   (buffer insertion)
+                     optimizer step; the batch offered to the buffer when
+                     learner.offers_batches()   (buffer insertion)
     after training   component.after_local(client, upload, local) → declared upload payloads
     server           component.receive_upload(upload, server) for every upload as it arrives;
                      FedAvg into θ_g; the aggregator override's aggregate(server) (FedProj);
@@ -91,7 +94,6 @@ if TYPE_CHECKING:
         ClientState,
         LocalRound,
         ServerState,
-        StepContext,
         Upload,
     )
     from cfl_bench.engine.payloads import ClientRequest
@@ -453,6 +455,10 @@ class Component:
     # Its place among the server hooks after aggregation (``Strategy.server_hooks``, lowest
     # first); components at the same place keep the written order, the learner first.
     server_hook_order: ClassVar[int] = 0
+    # Whether ``after_local`` does anything (uploads a payload, updates the client's state):
+    # the vectorized executor then loads each client's trained row into the working model
+    # to run it. Declared by every component overriding ``after_local`` (a test checks).
+    uses_after_local: ClassVar[bool] = False
 
     # The typed option values (each component narrows the annotation to its ``Options``).
     opts: Any
@@ -651,7 +657,16 @@ class Component:
 
 
 class Learner(Component):
-    """A local learner: the base loss on the batch plus its own use of the buffer."""
+    """A local learner: the base loss on the batch plus its own use of the buffer, stated
+    as data and pure functions only — its ``replay_plan`` (the buffer draws and replay
+    terms of its loss), ``offers_batches`` (whether the step's batch is offered to the
+    buffer) and ``refine``. The executors' one step driver (``engine.step_driver``)
+    interprets them; a learner has no loss method to override, so each executor runs
+    every learner the same way.
+
+    Overridable beyond those: ``training_data`` (the client's data, not the step: the
+    joint learner's growing history, declared by ``needs_history``, which the vectorized
+    executor refuses) and ``on_task_end`` (A-GEM's memory fill, outside the steps)."""
 
     roles: ClassVar[frozenset[Role]] = frozenset({Role.LEARNER})
     # Whether old tasks' training data must be kept (the joint upper bound).
@@ -659,46 +674,16 @@ class Learner(Component):
 
     def replay_plan(self) -> ReplayPlan:
         """The buffer draws a step makes and the replay terms on them (``strategies.replay``):
-        what ``loss`` computes beyond the batch, declared so any executor can run it."""
+        the learner's loss beyond the objective's loss on the batch, declared so that each
+        executor runs it its own way (``engine.one_client.plan_loss`` on one client,
+        ``engine.vectorized_grad`` on a chunk)."""
         return ReplayPlan()
 
     def offers_batches(self) -> bool:
-        """Whether ``observe`` offers training batches to the buffer (A-GEM's task-end fill
-        does not: its memory is filled at task ends)."""
+        """Whether a step offers its batch to the buffer (``engine.one_client.offer_batch``,
+        ``engine.vectorized_replay.observe_all``; A-GEM's task-end fill does not: its memory
+        is filled at task ends)."""
         return True
-
-    def loss(self, step: StepContext) -> torch.Tensor:
-        """The objective's loss on the batch (``batch_loss``) plus the replay terms of
-        ``replay_plan``: each draw sampled from the buffer (when it holds anything), each
-        term its own forward of its draw's (augmented) inputs, as in Mammoth."""
-        from strategies.replay import replay_term_loss
-
-        loss = self.batch_loss(step)
-        plan = self.replay_plan()
-        buffer = step.client.buffer
-        if not plan.draws or buffer is None or buffer.filled == 0:
-            return loss
-        draws = [buffer.sample(step.buffer_batch_size) for _ in range(plan.draws)]
-        for term in plan.terms:
-            draw = draws[term.draw]
-            assert draw is not None  # filled > 0
-            replay = step.model.module(step.replay_input(draw.x))
-            value = replay_term_loss(term, replay, draw.y, draw.logits, self.objective)
-            loss = loss + term.weight * value
-        return loss
-
-    def batch_loss(self, step: StepContext) -> torch.Tensor:
-        """Forward the batch, store the outputs in ``step.outputs``, return the objective's
-        loss."""
-        module = step.model.module
-        if step.keep_representation:  # the same operations as module(x), z kept on the way
-            # ``.float()``: fp32 z and outputs under ``--amp`` autocast (``engine.amp``);
-            # the identity on fp32 tensors.
-            step.representation = module.representation(step.x).float()
-            step.outputs = module.classify(step.representation).float()
-        else:
-            step.outputs = module(step.x)
-        return self.objective.loss(step.outputs, step.y)
 
     def training_data(
         self, shards: list[tuple[torch.Tensor, torch.Tensor]]
@@ -715,15 +700,6 @@ class Learner(Component):
         function of g and what ``view`` gives, as a component's ``transform``. The default
         refines nothing."""
         return g
-
-    def observe(self, step: StepContext) -> None:
-        """Offer the batch to the client's buffer according to the buffer policy."""
-        buffer = step.client.buffer
-        if buffer is None or not self.offers_batches():
-            return
-        if step.offer_to_buffer:
-            outputs = self.objective.buffer_outputs(step.outputs)
-            buffer.add(step.stored_input, step.y, outputs, step.task)
 
     def on_task_end(self, client: ClientState, task: int, model: FlatModel) -> None:
         """Called for every client when a task ends, with ``model`` holding θ_g (eval mode)."""

@@ -58,6 +58,7 @@ def elastic_penalty(
 class OnlineEWC(Component):
     declaration: ClassVar[Declaration] = declarations.EWC
     opts: OnlineEWCOptions
+    uses_after_local: ClassVar[bool] = True
 
     def extra_work(self) -> ExtraWork:
         """Each participant's diagonal Fisher after its local steps: a forward + backward

@@ -118,6 +118,7 @@ def curvature_penalty(
 class FedCurv(Component):
     declaration: ClassVar[Declaration] = declarations.FEDCURV
     opts: FedCurvOptions
+    uses_after_local: ClassVar[bool] = True
     # The sums sent with the next broadcast, and those being collected this round (own u_k,
     # v_k and the round of the upload are per-client state in ClientState.extras).
     state_attributes: ClassVar[tuple[str, ...]] = ("sums", "_next")

@@ -56,6 +56,7 @@ def dynamic_penalty(
 class FedDyn(Component):
     declaration: ClassVar[Declaration] = declarations.FEDDYN
     opts: FedDynOptions
+    uses_after_local: ClassVar[bool] = True
     # h: the server's linear-term state. The per-round sums are empty at every round end,
     # where checkpoints are written, so they need no saving.
     state_attributes: ClassVar[tuple[str, ...]] = ("h",)

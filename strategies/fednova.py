@@ -71,6 +71,7 @@ def refuse_adam(env: StrategyEnv, name: str, why: str) -> None:
 
 class FedNova(Component):
     declaration: ClassVar[Declaration] = declarations.FEDNOVA
+    uses_after_local: ClassVar[bool] = True
 
     def setup(self, env: StrategyEnv) -> None:
         refuse_adam(env, self.name, "normalises local SGD steps")

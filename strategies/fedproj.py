@@ -96,6 +96,7 @@ def memory_batch(
 class FedProj(PublicSetUser, Component):
     declaration: ClassVar[Declaration] = declarations.FEDPROJ
     opts: FedProjOptions
+    uses_after_local: ClassVar[bool] = True
     requires: ClassVar[frozenset[str]] = frozenset({"class_logits"})
     # The public memory grows with every task's holdout; the ensemble is next round's memory.
     state_attributes: ClassVar[tuple[str, ...]] = (

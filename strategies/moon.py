@@ -67,6 +67,7 @@ def model_contrastive_loss(
 class MOON(Component):
     declaration: ClassVar[Declaration] = declarations.MOON
     opts: MOONOptions
+    uses_after_local: ClassVar[bool] = True
     requires: ClassVar[frozenset[str]] = frozenset({"features"})
 
     def setup(self, env: StrategyEnv) -> None:

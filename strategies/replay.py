@@ -1,7 +1,7 @@
 """A learner's replay terms as data, and the one function that computes each term.
 
 A replay learner's local loss is the objective's loss on the batch plus weighted terms on
-buffer draws (ER, DER, DER++; ``Learner.loss``):
+buffer draws (ER, DER, DER++; interpreted by ``engine.one_client.plan_loss`` on one client):
 
     draws    d_1 … d_D ← buffer.sample(m) each (buffer generator), only when filled > 0
     loss     ℓ(f(x), y) + Σ_t w_t · ℓ_t(f(aug(x_{d(t)})), target_t)

@@ -106,6 +106,7 @@ def local_gradient(
 class Scaffold(Component):
     declaration: ClassVar[Declaration] = declarations.SCAFFOLD
     opts: ScaffoldOptions
+    uses_after_local: ClassVar[bool] = True
     # c: the server's control variate. The round's Δc sum and θ_old are emptied at every
     # round end, where checkpoints are written.
     state_attributes: ClassVar[tuple[str, ...]] = ("c",)

@@ -123,7 +123,7 @@ def sequential_term(
     steps = StepSchedule(1, 32, 32, "first_pass", False)
     strategy = Strategy(FedAvg(), [component])
     trainer = LocalTrainer(model, optimizer, strategy, steps, None, Classification())
-    return trainer.functions.loss_term(component, st)
+    return trainer.backend.functions.loss_term(component, st)
 
 
 def step(

@@ -138,13 +138,13 @@ def test_fp16_unscaled_gradient_matches_fp32_by_hand() -> None:
     model.zero_grad()
     F.cross_entropy(model.module(x), y).backward()
     reference = model.grads.clone()
-    trainer.scaler = LossScaler(torch.tensor([1024.0]), torch.tensor([0]))
+    trainer.backend.scaler = LossScaler(torch.tensor([1024.0]), torch.tensor([0]))
     model.zero_grad()
     with trainer.precision.autocast():
         loss = F.cross_entropy(model.module(x), y)
-    assert trainer.backward(loss)
+    assert trainer.backend.backward(loss)
     assert float((model.grads - reference).norm() / reference.norm()) < 1e-2
-    assert trainer.scaler.good.tolist() == [1]
+    assert trainer.backend.scaler.good.tolist() == [1]
 
 
 def test_refusals(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,7 @@ import torch
 from torch.nn import functional as F
 
 from cfl_bench.engine.aggregation import RunningAverage, client_weight
-from cfl_bench.engine.one_client import OneClientStep
+from cfl_bench.engine.one_client import OneClientStep, plan_loss
 from strategies.agem import AGEM
 from strategies.der import DER
 from tests.helpers import buffer_with, client, env, linear_model, server, step
@@ -25,7 +25,7 @@ def test_der_loss_equals_ce_plus_alpha_mse_by_hand() -> None:
     y = torch.tensor([0])
     der = DER({"alpha": 0.5})
     der.setup(ENV)
-    loss = der.loss(step(model, cl, server(model, [cl]), x, y))
+    loss = plan_loss(der, step(model, cl, server(model, [cl]), x, y))
     # logits(x) = [2, 0] → CE = log(1 + e^-2)
     ce = torch.log1p(torch.exp(torch.tensor(-2.0)))
     # buffer logits: [1,2] vs [0,0] and [0,1] vs [1,1] → squared errors 1,4,1,0 → mean 1.5
@@ -42,7 +42,7 @@ def test_der_without_buffer_content_is_plain_ce_and_default_alpha() -> None:
     other.setup(env("seq-cifar10", "class-il", 10, 5))
     assert other.alpha == 0.3
     x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
-    loss = der.loss(step(model, cl, server(model, [cl]), x, y))
+    loss = plan_loss(der, step(model, cl, server(model, [cl]), x, y))
     assert torch.allclose(loss, F.cross_entropy(model.module(x), y))
 
 

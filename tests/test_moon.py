@@ -13,6 +13,7 @@ from torch.nn import functional as F
 
 from cfl_bench.config import make_config
 from cfl_bench.engine.context import Upload
+from cfl_bench.engine.one_client import plan_loss
 from cfl_bench.errors import UserError
 from cfl_bench.flat import FlatModel
 from cfl_bench.model_catalogue import MODEL_CAPABILITIES, model_capabilities, models_offering
@@ -84,7 +85,7 @@ def test_the_learner_keeps_z_with_the_same_outputs() -> None:
     for keep in (False, True):
         st = dataclasses.replace(step(model, cl, srv, x, y), keep_representation=keep)
         torch.manual_seed(3)
-        FedAvg().loss(st)
+        plan_loss(FedAvg(), st)
         outputs.append(st.outputs)
         assert (st.representation is not None) == keep
     assert outputs[0] is not None and outputs[1] is not None
@@ -106,7 +107,7 @@ def test_first_round_skips_then_contrasts_with_the_stored_local_model() -> None:
     assert moon.wants_representation()
     x, y = torch.randn(5, 4, generator=torch.Generator().manual_seed(1)), torch.tensor([0] * 5)
     st = dataclasses.replace(step(model, cl, srv, x, y), keep_representation=True)
-    FedAvg().loss(st)
+    plan_loss(FedAvg(), st)
     first = sequential_term(moon, model, cl, local_round(model, srv), st)
     assert first is not None and first.item() == 0.0  # no previous local model: weight 0
     with torch.no_grad():
@@ -121,7 +122,7 @@ def test_first_round_skips_then_contrasts_with_the_stored_local_model() -> None:
     with torch.no_grad():
         model.params.mul_(1.5)  # the student moved; the frozen models must not
     st = dataclasses.replace(step(model, cl, srv, x, y), keep_representation=True)
-    FedAvg().loss(st)
+    plan_loss(FedAvg(), st)
     term = sequential_term(moon, model, cl, local, st)
     module = model.module
     with torch.no_grad():

@@ -6,6 +6,7 @@ import torch
 from torch.nn import functional as F
 
 from cfl_bench.buffer import BufferDraw
+from cfl_bench.engine.one_client import plan_loss
 from cfl_bench.flat import FlatModel
 from strategies.derpp import DERPP
 from strategies.er import ER
@@ -34,14 +35,14 @@ def test_er_adds_ce_of_the_buffer_draw() -> None:
     cl = client(0, buffer_with(BX, BY, STORED))
     er = ER()
     er.setup(env())
-    loss = er.loss(step(model, cl, server(model, [cl]), X, Y))  # draw of 32 ⇒ both examples
+    loss = plan_loss(er, step(model, cl, server(model, [cl]), X, Y))  # draw of 32 ⇒ both examples
     assert torch.isclose(loss, CE_BATCH + CE_BUFFER)
 
 
 def test_er_without_buffer_content_is_plain_ce() -> None:
     model = identity_like_model()
     cl = client(0, None)
-    loss = ER().loss(step(model, cl, server(model, [cl]), X, Y))
+    loss = plan_loss(ER(), step(model, cl, server(model, [cl]), X, Y))
     assert torch.isclose(loss, F.cross_entropy(model.module(X), Y))
 
 
@@ -50,7 +51,7 @@ def test_derpp_is_ce_plus_alpha_mse_plus_beta_ce() -> None:
     cl = client(0, buffer_with(BX, BY, STORED))
     derpp = DERPP({"alpha": 0.2, "beta": 0.7})
     derpp.setup(env())
-    loss = derpp.loss(step(model, cl, server(model, [cl]), X, Y))
+    loss = plan_loss(derpp, step(model, cl, server(model, [cl]), X, Y))
     mse = torch.tensor(1.5)  # squared errors 1, 4, 1, 0
     assert torch.isclose(loss, CE_BATCH + 0.2 * mse + 0.7 * CE_BUFFER)
     defaults = DERPP()
@@ -79,7 +80,7 @@ def test_derpp_draws_twice_independently() -> None:
     derpp = DERPP()
     derpp.setup(env())
     for _ in range(20):
-        derpp.loss(step(model, cl, server(model, [cl]), X, Y, buffer_batch_size=2))
+        plan_loss(derpp, step(model, cl, server(model, [cl]), X, Y, buffer_batch_size=2))
     assert len(draws) == 40  # two draws per step
     pairs = [(draws[i], draws[i + 1]) for i in range(0, 40, 2)]
     assert any(not torch.equal(a, b) for a, b in pairs)  # not one draw used twice

@@ -258,7 +258,7 @@ def test_the_masked_mean_is_the_mean_over_real_examples() -> None:
 @pytest.mark.parametrize(
     ("strategy", "model", "match"),
     [
-        ("ideal", "mlp", "not 'ideal' \\(its training_data are written for one working model"),
+        ("ideal", "mlp", "not 'ideal' \\(its training data grows with the task history"),
         ("fedavg", "resnet8", "BatchNorm"),
         ("fedavg", "cifar-cnn", "BatchNorm"),
     ],

@@ -180,6 +180,7 @@ class PullToLastLocal(Component):
 
     declaration = PULL
     opts: PullOptions
+    uses_after_local = True  # its after_local keeps the client's last local model
 
     def setup(self, env: object) -> None:
         self.mu = self.opts.mu

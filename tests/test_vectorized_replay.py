@@ -18,6 +18,7 @@ from cfl_bench.buffer_stack import ReservoirStack
 from cfl_bench.engine.loop import Federation
 from cfl_bench.engine.vectorized import VectorizedExecutor, check_strategy
 from cfl_bench.engine.vectorized_replay import ReplayBatch, draw_replay, replay_loss
+from cfl_bench.errors import UserError
 from cfl_bench.objective import Classification
 from strategies.compose import build_strategy
 from strategies.replay import ReplayPlan, ReplayTerm
@@ -162,12 +163,16 @@ def test_draw_replay_takes_the_sequential_samples_and_pads() -> None:
     assert draw_replay([client(1, empty)], plan, 3, None) is None  # nobody replays: no batch
 
 
-def test_learners_are_recognised_by_their_hooks() -> None:
-    # A learner runs vectorized through its declared plans; one overriding its loss or its
-    # data (the joint learner's history) is refused, with the hook named.
-    from cfl_bench.engine.vectorized import learner_hooks
+def test_learners_are_recognised_by_their_declarations() -> None:
+    # A learner states its step only by its declared plan (no loss method to override);
+    # the one refused is the learner declaring that its data grows with the history.
+    from strategies.base import Learner
 
-    assert learner_hooks(learner_of("agem")) == []  # refine is pure: both executors run it
-    assert learner_hooks(learner_of("der")) == []
-    assert learner_hooks(learner_of("ideal")) == ["training_data"]
+    for hook in ("loss", "batch_loss", "observe"):
+        assert not hasattr(Learner, hook), hook  # the plan is the only form of the loss
+    assert learner_of("ideal").needs_history
+    assert not learner_of("agem").needs_history and not learner_of("der").needs_history
+    check_strategy(build_strategy("agem"))  # refine is pure: both executors run it
+    with pytest.raises(UserError, match="grows with the task history"):
+        check_strategy(build_strategy("ideal"))
     check_strategy(build_strategy("er+fedprox+fedavgm+moon"))

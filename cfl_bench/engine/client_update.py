@@ -11,9 +11,13 @@ in place on the ``ClientState`` it was given, which a remote executor ships back
 parameters for all clients): the returned upload's tensors are views of it, valid until the
 next client update starts.
 
+The local steps themselves are ``engine.step_driver.StepDriver``'s order run on this
+client's ``engine.one_client.OneClientBackend``; ``LocalTrainer`` holds the pieces and
+the client update around the steps (start, finish, probes), no step logic of its own.
+
 ``--amp`` (``engine.amp``): a step's loss forwards run under autocast and hand fp32 outputs
 to the losses; under fp16 the loss is scaled, the flat gradient unscaled before penalties
-and transforms, and a non-finite step skipped (``LocalTrainer.backward``).
+and transforms, and a non-finite step skipped (``OneClientBackend.backward``).
 """
 
 from __future__ import annotations
@@ -25,12 +29,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cfl_bench.engine.amp import LossScaler, Precision, install
-from cfl_bench.engine.batches import ClientBatches, offers, start_visit
-from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, StepContext, Upload
+from cfl_bench.engine.amp import Precision, install
+from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, Upload
 from cfl_bench.engine.evaluation import EvalSet
-from cfl_bench.engine.one_client import ClientStepFunctions
+from cfl_bench.engine.one_client import ClientStepFunctions, OneClientBackend, local_steps
 from cfl_bench.engine.optim import LocalOptimizer
+from cfl_bench.engine.step_driver import StepDriver
 from cfl_bench.flat import FlatModel
 from cfl_bench.objective import Objective
 from cfl_bench.seeding import seed_torch_default
@@ -109,10 +113,10 @@ class LocalTrainer:
     base_lr: float = field(init=False)
     keep_representation: bool = field(init=False)
     precision: Precision = field(init=False)
-    # fp16: the scale of the client being trained (``engine.amp.LossScaler``, one row).
-    scaler: LossScaler | None = field(init=False, default=None)
-    # The components' step functions run for this client (``engine.one_client``).
-    functions: ClientStepFunctions = field(init=False)
+    # The step order (``engine.step_driver``), run on one client's backend
+    # (``engine.one_client.OneClientBackend``: the working model, autograd, fp16 scale).
+    driver: StepDriver = field(init=False)
+    backend: OneClientBackend = field(init=False)
 
     def __post_init__(self) -> None:
         self.base_lr = self.optimizer.lr
@@ -123,8 +127,11 @@ class LocalTrainer:
         # must not sort the transform chain again.
         self.loss_terms = self.strategy.loss_terms
         self.transforms = self.strategy.transforms
-        self.functions = ClientStepFunctions(
-            self.model, self.loss_terms, self.transforms, self.strategy.learner
+        learner = self.strategy.learner
+        self.driver = StepDriver(learner, self.loss_terms, self.transforms)
+        functions = ClientStepFunctions(self.model)
+        self.backend = OneClientBackend(
+            self.model, self.optimizer, learner, self.loss_terms, functions, self.precision
         )
 
     def update(self, job: ClientJob) -> ClientResult:
@@ -201,81 +208,7 @@ class LocalTrainer:
         return torch.stack(scores).mean()
 
     def local_steps(self, client: ClientState, local: LocalRound) -> tuple[torch.Tensor, int]:
-        """The client's epochs over its data; returns the summed loss and the step count."""
-        s = self.steps
-        broadcast = local.broadcast
-        self.model.module.train()
-        self.optimizer.reset()
-        self.optimizer.lr = self.round_lr(broadcast.round_index)
-        first_visit = start_visit(client)
-        loss_sum = torch.zeros((), device=self.model.params.device)
-        batches = ClientBatches(client, s.epochs, s.batch_size, self.augment, loss_sum.device)
-        if batches.total == 0:
-            return loss_sum, 0
-        augment = self.augment
-        gen = client.generator
-
-        def augmented(x: torch.Tensor) -> torch.Tensor:
-            assert augment is not None
-            return augment(x, gen)
-
-        replay_augment = augmented if augment is not None and s.replay_augment else None
-        if self.precision.scaled:
-            self.scaler = LossScaler.of([client], loss_sum.device)
-        for _ in range(batches.total):
-            x, y, raw = batches.next()
-            step = StepContext(
-                model=self.model,
-                client=client,
-                broadcast=broadcast,
-                x=x,
-                y=y,
-                task=client.task,
-                epoch=batches.epoch,
-                offer_to_buffer=offers(s.buffer_offer, first_visit, batches.epoch),
-                buffer_batch_size=s.buffer_batch_size,
-                raw_x=None if augment is None else raw,
-                replay_augment=replay_augment,
-                keep_representation=self.keep_representation,
-                inputs=local.inputs,
-            )
-            loss_sum += self.step(step)
-        if self.scaler is not None:
-            self.scaler.save([client])
-            self.scaler = None
-        return loss_sum, batches.total
-
-    def step(self, step: StepContext) -> torch.Tensor:
-        """One local step in the documented hook order (``strategies.base``); returns the
-        detached step loss."""
-        learner = self.strategy.learner
-        self.model.zero_grad()
-        with self.precision.autocast():  # forwards only: outputs come back fp32
-            loss = learner.loss(step)
-            for term in self.loss_terms:
-                extra = self.functions.loss_term(term, step)
-                if extra is not None:
-                    loss = loss + extra
-        finite = self.backward(loss)
-        loss = self.functions.penalize(step, loss)
-        self.functions.refine(step)
-        self.functions.transform(step)
-        if finite:
-            self.optimizer.step()
-        learner.observe(step)
-        return loss.detach()
-
-    def backward(self, loss: torch.Tensor) -> bool:
-        """The loss's gradient into the flat gradient; under fp16, of the scaled loss, then
-        unscaled. Returns whether the step may be taken (False: a non-finite fp16 gradient,
-        zeroed, its step skipped and the scale halved — one host read per step, which the
-        sequential executor's Python control flow needs anyway)."""
-        if self.scaler is None:
-            loss.backward()
-            return True
-        (loss * self.scaler.scale[0]).backward()
-        grads = self.model.grads
-        unscaled, finite = self.scaler.unscale(grads[None])
-        grads.copy_(unscaled[0])
-        self.scaler.update(finite)
-        return bool(finite[0])
+        """The client's epochs over its data (``engine.one_client.local_steps``: each batch
+        one ``StepDriver.step`` on this client's backend); returns the summed loss and the
+        step count."""
+        return local_steps(self, client, local)

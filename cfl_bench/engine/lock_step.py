@@ -7,6 +7,7 @@ The sequential client update of a component runs (``LocalTrainer``; ``strategies
     start     round_inputs(broadcast) | client_inputs(client, local)
     per step  loss_term(outputs, z, y, mask, values) in the loss → penalty(θ, g, inputs)
               → learner.refine(g, view) → transform(g, inputs, view)
+              (the order is ``engine.step_driver``'s, the same for a chunk)
     finish    after_local(client, upload, local)       once per client, model at θ_k
 
 The vectorized executor keeps ``start`` and ``finish`` as they are: it calls

@@ -1,10 +1,13 @@
-"""One client's side of the components' step functions (``strategies.base``): the
-sequential executor's driver of ``loss_term``, ``penalty`` and ``transform``.
+"""One client's backend of the step driver (``engine.step_driver``): the sequential
+executor's (and the Flower ClientApp's) local steps, on the working model with autograd.
 
-The vectorized executor drives the same functions on a chunk (``engine.vectorized``,
-``engine.vectorized_grad``); here they run on one client's (P,) vectors and the working
-model: frozen forwards on a private copy of the module, gradients by autograd
-(``OneClientStep``, this client's ``StepView``), the results written into the flat gradient.
+The driver runs the step order; here is what one client adds to it: the learner's loss as
+its declared plan states it (``plan_loss``: the batch's forward and the ``replay_plan``'s
+terms; the one reading of a plan on one client, as ``engine.vectorized_grad`` is on a
+chunk), the loss terms with their frozen forwards on a private copy of the module
+(``ClientStepFunctions``), the backward with fp16 scaling, this client's ``StepView``
+(``OneClientStep``: gradients by autograd) and the buffer insertion (``offer_batch``).
+The vectorized executor's backend is ``engine.vectorized_step.ChunkBackend``.
 """
 
 from __future__ import annotations
@@ -12,14 +15,22 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
-from cfl_bench.engine.context import ClientState, StepContext
+from cfl_bench.engine.amp import LossScaler, Precision
+from cfl_bench.engine.batches import ClientBatches, offers, start_visit
+from cfl_bench.engine.context import ClientState, LocalRound, StepContext
+from cfl_bench.engine.optim import LocalOptimizer
 from cfl_bench.flat import FlatModel
 from cfl_bench.objective import Objective
-from strategies.base import Learner
-from strategies.roles import GradientTransform, LossTerm
+from strategies.base import ClientInputs, Learner
+from strategies.replay import replay_term_loss
+from strategies.roles import LossTerm
+
+if TYPE_CHECKING:
+    from cfl_bench.engine.client_update import LocalTrainer
 
 
 @dataclass(frozen=True)
@@ -74,13 +85,9 @@ class OneClientStep:
 
 @dataclass
 class ClientStepFunctions:
-    """The strategy's loss terms and gradient transforms (in chain order) run on one
-    client's step of the working ``model``."""
+    """The components' loss terms run on one client's step of the working ``model``."""
 
     model: FlatModel
-    loss_terms: list[LossTerm]
-    transforms: list[GradientTransform]
-    learner: Learner
     # A copy of the module for the loss terms' forwards without gradient (made on first use).
     frozen: FlatModel | None = field(default=None)
 
@@ -114,44 +121,177 @@ class ClientStepFunctions:
                 return frozen.module.representation(x).float()
             return frozen.module(x).float()
 
-    def penalize(self, step: StepContext, loss: torch.Tensor) -> torch.Tensor:
-        """The loss terms' closed-form penalties (``Component.penalty``) in order: their
-        gradients into the flat gradient, their values added to the reported ``loss``."""
-        grads = self.model.grads
-        g = grads
-        for term in self.loss_terms:
-            inputs = step.inputs.get(term.name)
-            penalized = None if inputs is None else term.penalty(self.model.params, g, inputs)
-            if penalized is not None:
-                g, value = penalized
-                loss = loss + value
-        if g is not grads:
-            grads.copy_(g)
+
+def batch_loss(learner: Learner, step: StepContext) -> torch.Tensor:
+    """Forward the batch, keep its outputs in ``step.outputs`` (and its representation when
+    a component wants it), return the objective's loss."""
+    module = step.model.module
+    if step.keep_representation:  # the same operations as module(x), z kept on the way
+        # ``.float()``: fp32 z and outputs under ``--amp`` autocast (``engine.amp``); the
+        # identity on fp32 tensors.
+        step.representation = module.representation(step.x).float()
+        step.outputs = module.classify(step.representation).float()
+    else:
+        step.outputs = module(step.x)
+    return learner.objective.loss(step.outputs, step.y)
+
+
+def plan_loss(learner: Learner, step: StepContext) -> torch.Tensor:
+    """The learner's loss as its ``replay_plan`` declares it: the batch loss plus each
+    replay term, each draw sampled from the buffer (when it holds anything), each term its
+    own forward of its draw's (augmented) inputs, as in Mammoth."""
+    loss = batch_loss(learner, step)
+    plan = learner.replay_plan()
+    buffer = step.client.buffer
+    if not plan.draws or buffer is None or buffer.filled == 0:
+        return loss
+    draws = [buffer.sample(step.buffer_batch_size) for _ in range(plan.draws)]
+    for term in plan.terms:
+        draw = draws[term.draw]
+        assert draw is not None  # filled > 0
+        replay = step.model.module(step.replay_input(draw.x))
+        value = replay_term_loss(term, replay, draw.y, draw.logits, learner.objective)
+        loss = loss + term.weight * value
+    return loss
+
+
+def offer_batch(learner: Learner, step: StepContext) -> None:
+    """The learner's buffer insertion: the batch (as stored), its labels and its outputs
+    before the step, when the learner ``offers_batches`` and the buffer policy offers it."""
+    buffer = step.client.buffer
+    if buffer is None or not learner.offers_batches():
+        return
+    if step.offer_to_buffer:
+        assert step.outputs is not None  # the step's loss forwarded the batch
+        outputs = learner.objective.buffer_outputs(step.outputs)
+        buffer.add(step.stored_input, step.y, outputs, step.task)
+
+
+@dataclass
+class OneClientBackend:
+    """The ``engine.step_driver.StepBackend`` of one client: the working model and its
+    optimiser, autograd, and (fp16) the client's loss scale; ``current`` is the step
+    being taken."""
+
+    model: FlatModel
+    optimizer: LocalOptimizer
+    learner: Learner
+    loss_terms: list[LossTerm]
+    functions: ClientStepFunctions
+    precision: Precision
+    scaler: LossScaler | None = None
+    current: StepContext | None = None
+
+    @property
+    def step(self) -> StepContext:
+        assert self.current is not None, "no step is being taken"
+        return self.current
+
+    @property
+    def params(self) -> torch.Tensor:
+        return self.model.params
+
+    def zero_grad(self) -> None:
+        self.model.zero_grad()
+
+    def loss(self) -> torch.Tensor:
+        """The plan's loss plus the components' loss terms, forwards autocast (outputs come
+        back fp32)."""
+        step = self.step
+        with self.precision.autocast():
+            loss = plan_loss(self.learner, step)
+            for term in self.loss_terms:
+                extra = self.functions.loss_term(term, step)
+                if extra is not None:
+                    loss = loss + extra
         return loss
 
-    def view(self, step: StepContext) -> OneClientStep:
-        """The ``StepView`` of ``step``."""
+    def backward(self, loss: torch.Tensor) -> bool:
+        """The loss's gradient into the flat gradient; under fp16, of the scaled loss, then
+        unscaled. Returns whether the step may be taken (False: a non-finite fp16 gradient,
+        zeroed, its step skipped and the scale halved — one host read per step, which the
+        sequential executor's Python control flow needs anyway)."""
+        if self.scaler is None:
+            loss.backward()
+            return True
+        (loss * self.scaler.scale[0]).backward()
+        grads = self.model.grads
+        unscaled, finite = self.scaler.unscale(grads[None])
+        grads.copy_(unscaled[0])
+        self.scaler.update(finite)
+        return bool(finite[0])
+
+    def gradient(self) -> torch.Tensor:
+        return self.model.grads
+
+    def inputs(self, name: str) -> ClientInputs | None:
+        return self.step.inputs.get(name)
+
+    def view(self) -> OneClientStep:
+        step = self.step
         objective = self.learner.objective
         return OneClientStep(
             self.model, step.client, step.buffer_batch_size, objective, step.replay_input
         )
 
-    def refine(self, step: StepContext) -> None:
-        """The learner's ``refine`` of the flat gradient (A-GEM), written back into it."""
-        grads = self.model.grads
-        g = self.learner.refine(grads, self.view(step))
-        if g is not grads:
-            grads.copy_(g)
+    def optimizer_step(self, grads: torch.Tensor, finite: torch.Tensor | bool) -> None:
+        """``grads`` into the flat gradient (the optimizer reads it there), then the step
+        unless the fp16 gradient was not finite."""
+        if grads is not self.model.grads:
+            self.model.grads.copy_(grads)
+        if finite:
+            self.optimizer.step()
 
-    def transform(self, step: StepContext) -> None:
-        """The gradient transforms (``Component.transform``) in ``TRANSFORM_CHAIN`` order,
-        the result written into the flat gradient."""
-        grads = self.model.grads
-        g = grads
-        view = self.view(step)
-        for transform in self.transforms:
-            inputs = step.inputs.get(transform.name)
-            if inputs is not None:
-                g = transform.transform(g, inputs, view)
-        if g is not grads:
-            grads.copy_(g)
+    def observe(self) -> None:
+        offer_batch(self.learner, self.step)
+
+    def reported(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss.detach()
+
+
+def local_steps(
+    trainer: LocalTrainer, client: ClientState, local: LocalRound
+) -> tuple[torch.Tensor, int]:
+    """The client's epochs over its data, each batch one ``StepDriver.step`` on
+    ``trainer.backend``; returns the summed loss and the step count."""
+    s, backend = trainer.steps, trainer.backend
+    trainer.model.module.train()
+    trainer.optimizer.reset()
+    trainer.optimizer.lr = trainer.round_lr(local.broadcast.round_index)
+    first_visit = start_visit(client)
+    loss_sum = torch.zeros((), device=trainer.model.params.device)
+    batches = ClientBatches(client, s.epochs, s.batch_size, trainer.augment, loss_sum.device)
+    if batches.total == 0:
+        return loss_sum, 0
+    augment, gen = trainer.augment, client.generator
+
+    def augmented(x: torch.Tensor) -> torch.Tensor:
+        assert augment is not None
+        return augment(x, gen)
+
+    replay_augment = augmented if augment is not None and s.replay_augment else None
+    if trainer.precision.scaled:
+        backend.scaler = LossScaler.of([client], loss_sum.device)
+    for _ in range(batches.total):
+        x, y, raw = batches.next()
+        backend.current = StepContext(
+            model=trainer.model,
+            client=client,
+            broadcast=local.broadcast,
+            x=x,
+            y=y,
+            task=client.task,
+            epoch=batches.epoch,
+            offer_to_buffer=offers(s.buffer_offer, first_visit, batches.epoch),
+            buffer_batch_size=s.buffer_batch_size,
+            raw_x=None if augment is None else raw,
+            replay_augment=replay_augment,
+            keep_representation=trainer.keep_representation,
+            inputs=local.inputs,
+        )
+        loss_sum += trainer.driver.step(backend)
+    backend.current = None
+    if backend.scaler is not None:
+        backend.scaler.save([client])
+        backend.scaler = None
+    return loss_sum, batches.total

@@ -51,14 +51,19 @@ executor's client update, not an approximation of it:
   calls of the vmapped forward: bit-identical masks on CPU; on CUDA equal in
   distribution only (the sequential executor's fused kernel draws differently).
 
-Supported: every learner whose step is its declared plans (``LEARNER_HOOKS``: fedavg,
-er, der, derpp, agem), with every component (their client sides are step functions); any
-objective (``Objective.masked_loss``); models whose parameters are all they hold (no
-BatchNorm statistics), with or without dropout (not alpha dropout: its noise is affine,
-not a mask). Why the refusals: BatchNorm's running statistics are buffers updated inside
-the forward, which ``vmap`` over a shared module cannot keep per client; a learner
-overriding its loss or its data (the joint learner's growing history) computes its step
-on the one working model. The client spread (task-end probes)
+The step order itself is not written here: each lock-step is the trainer's
+``engine.step_driver.StepDriver.step`` (the sequential executor's too) on the chunk's
+backend, ``engine.vectorized_step.ChunkBackend``.
+
+Supported: every learner whose data is the current task's (fedavg, er, der, derpp, agem: a
+learner states its step only by its declared plan), with every component (their client
+sides are step functions); any objective (``Objective.masked_loss``); models whose
+parameters are all they hold (no BatchNorm statistics), with or without dropout (not alpha
+dropout: its noise is affine, not a mask). Why the refusals: BatchNorm's running
+statistics are buffers updated inside the forward, which ``vmap`` over a shared module
+cannot keep per client; a learner whose data grows with the task history
+(``needs_history``: the joint learner) trains on the one working model.
+The client spread (task-end probes)
 and ``--diagnostics`` load each client's final row into the working model and run the
 sequential code, once per client per round.
 ``answer`` batches gradient requests (FedGP's g_ref_k: one vmapped backward at θ_g over
@@ -82,8 +87,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -93,58 +97,45 @@ from cfl_bench.engine.batches import ClientBatches, offers, start_visit
 from cfl_bench.engine.client_update import ClientJob, ClientResult, LocalTrainer
 from cfl_bench.engine.context import ClientState, LocalRound, Upload
 from cfl_bench.engine.executor import AnswerSink, ResultSink, SequentialExecutor
-from cfl_bench.engine.lock_step import LockStep, chunk_inputs
-from cfl_bench.engine.optim import (
-    FlatAdam,
-    FlatSGD,
-    adam_update,
-    sgd_update,
-    with_weight_decay,
-)
+from cfl_bench.engine.lock_step import chunk_inputs
 from cfl_bench.engine.payloads import ClientRequest
 from cfl_bench.engine.vectorized_dropout import ChunkDropout
 from cfl_bench.engine.vectorized_grad import ChunkTerm, ClientGradients
 from cfl_bench.engine.vectorized_memory import planner_for
-from cfl_bench.engine.vectorized_replay import draw_replay, observe_all
 from cfl_bench.engine.vectorized_requests import BatchedRequests
+from cfl_bench.engine.vectorized_step import (
+    BatchedOptimizer,
+    ChunkBackend,
+    ChunkRound,
+    ChunkTraining,
+    Drawn,
+    pad_lock_step,
+)
 from cfl_bench.errors import UserError
-from cfl_bench.host_values import device_tensor
-from strategies.base import ClientInputs, Component, Learner
 from strategies.compose import Strategy
-from strategies.replay import ReplayPlan, ReplayTerm
+
+__all__ = [  # ``BatchedOptimizer`` and ``pad_lock_step`` live in ``vectorized_step``
+    "BatchedOptimizer",
+    "VectorizedExecutor",
+    "check_model",
+    "check_strategy",
+    "check_vectorizable",
+    "pad_lock_step",
+]
 
 # Models built from the catalogue that hold nothing but parameters (no BatchNorm), dropout
 # allowed (``engine.vectorized_dropout``).
 VECTORIZABLE_MODELS = ("centernet", "fedavg-cnn", "linear", "mlp", "mnist-cnn")
-# A learner's step is its declared plan (``replay_plan``, ``offers_batches``) and its pure
-# ``refine``: one that overrides these hooks computes something else, on the one working
-# model.
-LEARNER_HOOKS = ("loss", "batch_loss", "observe", "training_data")
-# The one buffer draw ``LockStep.buffer_gradient`` takes per stepping client (its term: the
-# objective's loss on the stored labels).
-BUFFER_DRAW = ReplayPlan(1, (ReplayTerm(0, "ce", 1.0),))
 FALLBACK = "use --executor sequential"
-
-
-def learner_hooks(learner: Learner) -> list[str]:
-    """The learner hooks beyond its declared plan that ``learner``'s class overrides."""
-    cls = type(learner)
-    return [h for h in LEARNER_HOOKS if getattr(cls, h) is not getattr(Learner, h)]
 
 
 def check_strategy(strategy: Strategy) -> None:
     """Refuse compositions the vectorized executor does not implement (one sentence each)."""
     learner = strategy.learner
-    hooks = learner_hooks(learner)
-    if hooks or learner.needs_history:
-        why = (
-            f"its {', '.join(hooks)} are written for one working model"
-            if hooks
-            else "its training data grows with the task history"
-        )
+    if learner.needs_history:
         raise UserError(
             f"the vectorized executor runs learners declared by their replay plans, not "
-            f"'{learner.name}' ({why}); {FALLBACK}."
+            f"'{learner.name}' (its training data grows with the task history); {FALLBACK}."
         )
 
 
@@ -183,41 +174,6 @@ def check_vectorizable(
     check_model(module, model_name)
 
 
-class BatchedOptimizer:
-    """The clients' optimizer (``FlatSGD`` / ``FlatAdam``'s own functional update,
-    ``optim.sgd_update`` / ``optim.adam_update``) on every row of θ ∈ R^{C×P} at once;
-    rows whose client is not ``active`` keep their parameters and state exactly.
-
-    A client takes real steps on lock-steps 0 … S_k − 1 and none after, so at lock-step s
-    every active client is at its own step t = s + 1: Adam's bias corrections are the same
-    Python floats ``FlatAdam`` computes.
-    """
-
-    def __init__(self, template: FlatSGD | FlatAdam, lr: float, params: torch.Tensor) -> None:
-        self.lr, self.weight_decay = lr, template.weight_decay
-        self.momentum = template.momentum if isinstance(template, FlatSGD) else 0.0
-        self.velocity: torch.Tensor | None = None  # SGD momentum, made at the first step
-        self.moments: tuple[torch.Tensor, torch.Tensor] | None = None
-        if isinstance(template, FlatAdam):
-            self.hyper = (lr, *template.betas, template.eps)
-            self.moments = (torch.zeros_like(params), torch.zeros_like(params))
-
-    def step(
-        self, params: torch.Tensor, grads: torch.Tensor, active: torch.Tensor | None, t: int
-    ) -> torch.Tensor:
-        """The parameters after step ``t`` (1-based) of the ``active`` ((C,) bool) rows;
-        ``active`` None: every row steps (no masking pass over C×P)."""
-        keep = None if active is None else active[:, None]
-        g = with_weight_decay(grads, params, self.weight_decay)
-        if self.moments is not None:
-            params, self.moments = adam_update(params, g, self.moments, t, self.hyper, keep)
-            return params
-        params, self.velocity = sgd_update(
-            params, g, self.velocity, self.lr, float(self.momentum), keep
-        )
-        return params
-
-
 def stacked_starts(jobs: Sequence[ClientJob]) -> torch.Tensor:
     """The chunk's starting rows (C, P): each client's broadcast θ. When every client
     starts from the same θ_g tensor (the usual round) the rows are one expanded view of it
@@ -227,31 +183,6 @@ def stacked_starts(jobs: Sequence[ClientJob]) -> torch.Tensor:
     if all(job.broadcast.params is first for job in jobs):
         return first.expand(len(jobs), -1)
     return torch.stack([job.broadcast.params for job in jobs])
-
-
-def pad_lock_step(
-    drawn: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None],
-    batch_size: int,
-    augmented: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every client's batch (``drawn``; None: no step) padded to ``batch_size``, the example
-    mask, which clients take a real step, and the padded inputs before augmentation (what
-    the buffer stores; the same tensor as the inputs when nothing ``augmented`` them)."""
-    real = [d for d in drawn if d is not None]
-    x0, y0, _ = real[0]
-    count = len(drawn)
-    x = x0.new_zeros((count, batch_size, *x0.shape[1:]))
-    y = y0.new_zeros((count, batch_size, *y0.shape[1:]))
-    raw = x0.new_zeros((count, batch_size, *x0.shape[1:])) if augmented else x
-    mask = torch.zeros(count, batch_size, dtype=x0.dtype, device=x0.device)
-    for i, d in enumerate(drawn):
-        if d is not None:
-            b = d[1].shape[0]
-            x[i, :b], y[i, :b], mask[i, :b] = d[0], d[1], 1
-            if augmented:
-                raw[i, :b] = d[2]
-    active = device_tensor([d is not None for d in drawn], x0.device)
-    return x, y, mask, active, raw
 
 
 def client_result(
@@ -282,16 +213,6 @@ def client_result(
     return result
 
 
-@dataclass(frozen=True)
-class ChunkRound:
-    """A chunk's side of the round: each component's inputs for the whole chunk
-    (``lock_step.chunk_inputs``; absent: nothing on its steps this round) and the loss
-    terms on the batch's outputs this round (the components overriding ``loss_term``)."""
-
-    inputs: dict[str, ClientInputs]
-    outputs: list[ChunkTerm]
-
-
 class VectorizedExecutor:
     """Clients trained in lock-step, ``clients_per_chunk`` at a time (None: all at once)."""
 
@@ -308,9 +229,7 @@ class VectorizedExecutor:
         self.chunks = planner_for(trainer.model.params.device, clients_per_chunk)
         # Whether any component uploads or updates client state after training (its
         # ``after_local`` needs the client's row in the working model).
-        self.finishing = any(
-            type(c).after_local is not Component.after_local for c in trainer.strategy.all
-        )
+        self.finishing = any(c.uses_after_local for c in trainer.strategy.all)
         learner = trainer.strategy.learner
         self.plan = learner.replay_plan()
         self.grads = ClientGradients(
@@ -319,7 +238,6 @@ class VectorizedExecutor:
         self.grads.precision = trainer.precision
         if compile_step:
             self.grads.compile()
-        self.scaler: LossScaler | None = None  # fp16: the chunk's clients' loss scales
         self.observes = learner.offers_batches()
         self.dropout: ChunkDropout | None = None  # the chunk being trained's dropout draws
         self.requests = BatchedRequests(trainer, self.grads, self.chunks, self.sequential)
@@ -348,35 +266,12 @@ class VectorizedExecutor:
         locals_, chunk = self._start(jobs)
         trainer.optimizer.lr = lr
         started = time.perf_counter()
-        steps = trainer.steps
-        batches = [
-            ClientBatches(j.client, steps.epochs, steps.batch_size, trainer.augment, device)
-            for j in jobs
-        ]
-        first_visit = [start_visit(job.client) for job in jobs]  # the buffer's first pass
-        clients = [job.client for job in jobs]
-        params = stacked_starts(jobs)
-        optimizer = BatchedOptimizer(trainer.optimizer, lr, params)
-        loss_sums = torch.zeros(len(jobs), device=device, dtype=params.dtype)
-        if trainer.precision.scaled:
-            self.scaler = LossScaler.of(clients, device)
-        with torch.no_grad():
-            for s in range(max((b.total for b in batches), default=0)):
-                drawn = [b.next() if s < b.total else None for b in batches]
-                pairs = zip(first_visit, batches, strict=True)
-                offered = [offers(steps.buffer_offer, first, b.epoch) for first, b in pairs]
-                params, losses = self._lock_step(
-                    params, chunk, optimizer, clients, drawn, offered, s
-                )
-                loss_sums += losses
-        if self.scaler is not None:
-            self.scaler.save(clients, [b.total > 0 for b in batches])
-            self.scaler = None
+        params, loss_sums, totals = self._lock_steps(jobs, chunk, lr)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = (time.perf_counter() - started) / max(len(jobs), 1)
         for i, job in enumerate(jobs):
-            local = dataclasses.replace(locals_[i], steps=batches[i].total)
+            local = dataclasses.replace(locals_[i], steps=totals[i])
             self.dropout.rngs.restore(i)  # the default generator as its steps left it
             sink(
                 client_result(
@@ -385,6 +280,48 @@ class VectorizedExecutor:
             )
         if jobs:  # the working model ends where the sequential executor leaves it
             trainer.model.load(params[-1], jobs[-1].broadcast.buffers)
+
+    def _lock_steps(
+        self, jobs: Sequence[ClientJob], chunk: ChunkRound, lr: float
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Every lock-step of the chunk (``_lock_step``), each client drawing its batches in
+        its sequential order. Returns the trained rows (C, P), each client's loss sum and
+        its step count."""
+        trainer, steps = self.trainer, self.trainer.steps
+        device = trainer.model.params.device
+        batches = [
+            ClientBatches(j.client, steps.epochs, steps.batch_size, trainer.augment, device)
+            for j in jobs
+        ]
+        first_visit = [start_visit(job.client) for job in jobs]  # the buffer's first pass
+        clients = [job.client for job in jobs]
+        params = stacked_starts(jobs)
+        scaler = LossScaler.of(clients, device) if trainer.precision.scaled else None
+        assert self.dropout is not None
+        training = ChunkTraining(
+            steps,
+            trainer.augment,
+            trainer.strategy.learner,
+            self.grads,
+            self.plan,
+            self.observes,
+            self.dropout,
+            scaler,
+            chunk,
+            BatchedOptimizer(trainer.optimizer, lr, params),
+            clients,
+        )
+        loss_sums = torch.zeros(len(jobs), device=device, dtype=params.dtype)
+        with torch.no_grad():
+            for s in range(max((b.total for b in batches), default=0)):
+                drawn = [b.next() if s < b.total else None for b in batches]
+                pairs = zip(first_visit, batches, strict=True)
+                offered = [offers(steps.buffer_offer, first, b.epoch) for first, b in pairs]
+                params, losses = self._lock_step(params, training, drawn, offered, s)
+                loss_sums += losses
+        if scaler is not None:
+            scaler.save(clients, [b.total > 0 for b in batches])
+        return params, loss_sums, [b.total for b in batches]
 
     def _start(self, jobs: Sequence[ClientJob]) -> tuple[list[LocalRound], ChunkRound]:
         """Each client's ``LocalTrainer.start`` (θ_g loaded, its inputs) in chunk order, with
@@ -408,92 +345,25 @@ class VectorizedExecutor:
         terms = [
             ChunkTerm(c, inputs[c.name], frozenset(inputs[c.name].keys() - shared[c.name].keys()))
             for c in trainer.loss_terms
-            if c.name in inputs and type(c).loss_term is not Component.loss_term
+            if c.name in inputs
         ]
         return locals_, ChunkRound(inputs, terms)
 
     def _lock_step(
         self,
         params: torch.Tensor,
-        chunk: ChunkRound,
-        optimizer: BatchedOptimizer,
-        clients: list[ClientState],
-        drawn: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None],
+        training: ChunkTraining,
+        drawn: Drawn,
         offers: list[bool],
         s: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Lock-step ``s`` (0-based) in the sequential step order: loss (batch and replay),
-        gradient, penalties, A-GEM's refinement, gradient transforms, optimizer step, then
-        buffer insertion of the batch with its outputs before the step. Returns the
-        parameters after it and each client's step loss (0 for clients that took no
-        step)."""
-        trainer = self.trainer
-        x, y, mask, active, raw = pad_lock_step(
-            drawn, trainer.steps.batch_size, trainer.augment is not None
-        )
-        stepping = [c if d is not None else None for c, d in zip(clients, drawn, strict=True)]
-        replay_augment = trainer.augment if trainer.steps.replay_augment else None
-        size = trainer.steps.buffer_batch_size
-        replay = draw_replay(stepping, self.plan, size, replay_augment)
-        scale = None if self.scaler is None else self.scaler.scale
-        assert self.dropout is not None
-        counts = [None if d is None else d[1].shape[0] for d in drawn]
-        masks = self.dropout.step_masks(x, counts, replay)
-        grads, losses, outputs = self.grads.gradients(
-            params, x, y, mask, replay, chunk.outputs, amp=True, scale=scale, masks=masks
-        )
-        stepping_rows = active
-        if self.scaler is not None:  # fp16: unscale; a non-finite row takes no step
-            grads, finite = self.scaler.unscale(grads)
-            self.scaler.update(finite, active)
-            stepping_rows = active & finite
-        for term in trainer.loss_terms:  # the components' own penalty functions
-            inputs = chunk.inputs.get(term.name)
-            penalized = None if inputs is None else term.penalty(params, grads, inputs)
-            if penalized is not None:
-                grads, value = penalized
-                losses = losses + value
-        gradients = self.dropout.with_masks(self.grads.loss_gradients, stepping)
-
-        def buffer_gradients(clients: list[ClientState | None]) -> torch.Tensor | None:
-            return self._buffer_gradients(params, clients, replay_augment)
-
-        lock_step = LockStep(params, stepping, size, gradients, buffer_gradients)
-        grads = trainer.strategy.learner.refine(grads, lock_step)
-        for transform in trainer.transforms:  # the components' own transform functions
-            inputs = chunk.inputs.get(transform.name)
-            if inputs is not None:
-                grads = transform.transform(grads, inputs, lock_step)
-        every = all(d is not None for d in drawn)  # from the host: no device sync
-        keep_all = every and self.scaler is None
-        params = optimizer.step(params, grads, None if keep_all else stepping_rows, s + 1)
-        if self.observes:
-            pairs = zip(drawn, offers, strict=True)
-            counts = [0 if d is None or not offer else d[1].shape[0] for d, offer in pairs]
-            observe_all(trainer.strategy.learner, clients, counts, raw, y, outputs)
-        return params, losses if every else torch.where(active, losses, 0.0)
-
-    def _buffer_gradients(
-        self,
-        params: torch.Tensor,
-        stepping: list[ClientState | None],
-        augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None,
-    ) -> torch.Tensor | None:
-        """``LockStep.buffer_gradient``: each stepping client's buffer draw (its buffer's
-        generator, then the replay augmentation from its generator, as sequentially) and the
-        gradient of the objective's mean loss on it at the client's row (one vmapped
-        backward, padded rows masked). A client with an empty buffer (or no step) gets a
-        zero row; None when nobody draws anything."""
-        size = self.trainer.steps.buffer_batch_size
-        draw = draw_replay(stepping, BUFFER_DRAW, size, augment)
-        if draw is None:
-            return None
-        assert self.dropout is not None
-        masks = self.dropout.forward_masks(draw.x[:, 0], draw.rows)
-        ref, _, _ = self.grads.gradients(
-            params, draw.x[:, 0], draw.y[:, 0], draw.mask[:, 0], masks=masks
-        )
-        return ref
+        """Lock-step ``s`` (0-based): the trainer's ``StepDriver.step`` on the chunk's
+        backend (``vectorized_step.ChunkBackend``). Returns the parameters after it and
+        each client's step loss (0 for clients that took no step)."""
+        backend = ChunkBackend(training, params, drawn, offers, s)
+        losses = self.trainer.driver.step(backend)
+        assert backend.stepped is not None
+        return backend.stepped, losses
 
     def answer(
         self,

@@ -1,6 +1,7 @@
 """Replay learners for the vectorized executor: draws client by client, compute batched.
 
-The sequential step of a replay learner is (``Learner.loss``, then ``Learner.observe``):
+The sequential step of a replay learner is (``one_client.plan_loss``, then
+``one_client.offer_batch``):
 
     draws    d_1 … d_D ← buffer.sample(m) each (buffer generator), only when filled > 0
     loss     ℓ(f(x), y) + Σ_t w_t · ℓ_t(f(aug(x_{d(t)})), target_t)
@@ -141,10 +142,11 @@ def observe_all(
     labels: torch.Tensor,
     outputs: torch.Tensor,
 ) -> None:
-    """``Learner.observe`` of every client with ``counts[i]`` > 0 (it stepped and offers
-    its batch), as one batched reservoir insert: its raw inputs ``raw`` (C, batch, …),
-    labels (C, batch) and rows of ``outputs`` (C, batch, K), the outputs of the vmapped
-    forward before the step; ``counts[i]`` is the client's real batch size."""
+    """The buffer insertion (``one_client.offer_batch``) of every client with ``counts[i]``
+    > 0 (it stepped and offers its batch), as one batched reservoir insert: its raw inputs
+    ``raw`` (C, batch, …), labels (C, batch) and rows of ``outputs`` (C, batch, K), the
+    outputs of the vmapped forward before the step; ``counts[i]`` is the client's real
+    batch size."""
     chosen = [i for i, n in enumerate(counts) if n and clients[i].buffer is not None]
     if not chosen:
         return
