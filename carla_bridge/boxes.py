@@ -146,11 +146,11 @@ def voc_text(boxes: np.ndarray, labels: np.ndarray, width: int, height: int, fil
     for box, label in zip(boxes.tolist(), labels.tolist(), strict=True):
         obj = ET.SubElement(root, "object")
         ET.SubElement(obj, "name").text = CLASSES[label]
-        for tag, value in (("pose", "Unspecified"), ("truncated", "0"), ("difficult", "0")):
-            ET.SubElement(obj, tag).text = value
+        for tag, text in (("pose", "Unspecified"), ("truncated", "0"), ("difficult", "0")):
+            ET.SubElement(obj, tag).text = text
         bndbox = ET.SubElement(obj, "bndbox")
-        for tag, value in zip(_VOC_CORNERS, box, strict=True):
-            ET.SubElement(bndbox, tag).text = str(round(value))
+        for tag, corner in zip(_VOC_CORNERS, box, strict=True):
+            ET.SubElement(bndbox, tag).text = str(round(corner))
     ET.indent(root, space="\t")
     return ET.tostring(root, encoding="unicode") + "\n"
 

@@ -54,7 +54,7 @@ def curves_svg(curves: dict[str, pd.Series], shift_round: int | None) -> str:
 
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     for name, series in curves.items():
-        ax.plot(series.index, series.values, marker="o", markersize=3, label=name)
+        ax.plot(series.index, series.to_numpy(), marker="o", markersize=3, label=name)
     # Rounds are whole numbers; and an all-zero start (no box found yet) must not be drawn
     # as a line in the middle of a ±0.05 axis: the y axis spans at least MIN_Y_SPAN points.
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -76,6 +76,7 @@ class CenterNetDetector(nn.Module):
         log-sizes start near 0 instead of exploding through ``exp`` at decode time."""
         last_hm, last_reg = self.heatmap[-1], self.regression[-1]
         assert isinstance(last_hm, nn.Conv2d) and isinstance(last_reg, nn.Conv2d)
+        assert last_hm.bias is not None and last_reg.bias is not None  # built with bias=True
         nn.init.constant_(last_hm.bias, HEATMAP_PRIOR_BIAS)
         nn.init.normal_(last_reg.weight, std=0.001)
         nn.init.zeros_(last_reg.bias)

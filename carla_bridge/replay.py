@@ -158,9 +158,10 @@ def _check_number(value: object, what: str, fix: str) -> float:
     """A positive finite real (not a bool), else a UserError naming ``what``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise UserError(f"{what} is {value!r}, not a number; {fix}")
-    if not (math.isfinite(value) and value > 0):
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
         raise UserError(f"{what} is {value!r}; {fix}")
-    return float(value)
+    return number
 
 
 def _check_count(value: object, what: str, fix: str, minimum: int) -> int:

@@ -28,7 +28,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -213,7 +213,7 @@ class FrameStream(Stream):
     def task(self, t: int) -> TaskData:
         return decoded_task(self, t)
 
-    def task_train(self, t: int):  # type: ignore[no-untyped-def]
+    def task_train(self, t: int) -> NoReturn:
         raise UserError(
             f"stream {self.name!r} streams frames per round; it has no fixed training split"
         )

@@ -11,7 +11,7 @@ points, other traffic), never from the frames the clients train on.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -133,7 +133,7 @@ class LiveSupply:
     test_town: str
     eval_seconds: float
     seed: int
-    drive: object  # Callable[[str, int, int], FrameSource]
+    drive: Callable[[str, int, int], FrameSource]
     _current: tuple[int, float, FrameSource] | None = None
 
     def __post_init__(self) -> None:
@@ -145,7 +145,7 @@ class LiveSupply:
                 )
 
     def _open(self, town: str, clients: int, seed: int) -> FrameSource:
-        return self.drive(town, clients, seed)  # type: ignore[operator, no-any-return]
+        return self.drive(town, clients, seed)
 
     def round_frames(
         self, window: TimeWindow, entered: dict[int, tuple[float, ...]]

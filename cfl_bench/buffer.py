@@ -174,7 +174,10 @@ class ReservoirBuffer:
                     f"buffer {name} has shape {tuple(saved.shape)}, expected {tuple(target.shape)}"
                 )
             target.copy_(saved)
-        self.num_seen = int(state["num_seen"])  # type: ignore[call-overload]
+        num_seen = state["num_seen"]
+        if not isinstance(num_seen, int):  # state_dict saves a Python int
+            raise ValueError(f"buffer num_seen is {num_seen!r}, expected an int")
+        self.num_seen = num_seen
         gen = state["generator"]
         assert isinstance(gen, torch.Generator)
         self.generator.set_state(gen.get_state())

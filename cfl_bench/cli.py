@@ -14,7 +14,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -37,7 +37,8 @@ app = PlainTyper(
     help="cfl-bench: continual federated learning benchmarks.",
 )
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 #: The exit code when stdout closed under a command (``cfl-bench run … | head``): 128 +
 #: SIGPIPE, what a shell reports for ``yes | head``, so scripts with ``set -o pipefail`` read
@@ -50,13 +51,13 @@ class OutputClosedError(Exception):
     command kept and how to go on."""
 
 
-def user_errors(fn: F) -> F:
+def user_errors(fn: Callable[P, R]) -> Callable[P, R]:
     """Turn UserError into one clear line and exit code 2, an interrupt that says what it
     kept into that line and exit code 130, a closed stdout into a line on stderr and exit
     code 141 (``OUTPUT_CLOSED``; Click would exit 1 in silence)."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
@@ -74,7 +75,7 @@ def user_errors(fn: F) -> F:
             output_closed(CLOSED_LINES.get(fn.__name__, CLOSED_LINES[""]))
             raise typer.Exit(OUTPUT_CLOSED) from None
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 def is_closed_output(exc: BaseException) -> bool:
@@ -199,13 +200,23 @@ def run(**values: Any) -> None:
     except (BrokenPipeError, SystemExit) as exc:
         if not is_closed_output(exc):
             raise
-        raise OutputClosedError(stopped_run_line(cfg.out)) from None
+        raise OutputClosedError(stopped_run_line(run_folder(cfg))) from None
     try:
         print_run_result(console, result, cfg)
     except (BrokenPipeError, SystemExit) as exc:
         if not is_closed_output(exc):
             raise
-        raise OutputClosedError(f"the run finished; its results are in '{cfg.out}'") from None
+        raise OutputClosedError(
+            f"the run finished; its results are in '{run_folder(cfg)}'"
+        ) from None
+
+
+def run_folder(cfg: RunConfig) -> str:
+    """The run's directory: ``--out``, else the default name the run plan gives it (without
+    --out, ``cfg.out`` is None)."""
+    from cfl_bench.plan import default_out
+
+    return cfg.out or str(default_out(cfg))
 
 
 def print_run_result(console: Console, result: Any, cfg: RunConfig) -> None:
@@ -264,6 +275,7 @@ def check_names(config: RunConfig) -> None:
 
 def _install_run_command() -> None:
     params = run_parameters()
+    # typer reads the signature inspect reports; functions do not declare __signature__
     run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     run.__annotations__ = {p.name: p.annotation for p in params}
     app.command("run")(user_errors(run))
@@ -327,6 +339,7 @@ def _install_flower_commands() -> None:
     info = typer.Option("--app-dir", help="folder to write the Flower app into (new or empty)")
     app_param = inspect.Parameter("app_dir", KEYWORD, annotation=Annotated[str, info])
     params = [app_param, *run_parameters()]
+    # typer reads the signature inspect reports; functions do not declare __signature__
     flower_app_cmd.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     flower_app_cmd.__annotations__ = {p.name: p.annotation for p in params}
     flower_app.command("app")(user_errors(flower_app_cmd))
@@ -417,10 +430,10 @@ def _fmt(value: object, spec: str = ".2f") -> str:
     return "—" if value is None else format(value, spec)
 
 
-def human_bytes(n: object) -> str:
+def human_bytes(n: float | None) -> str:
     if n is None:
         return "—"
-    size = float(n)  # type: ignore[arg-type]
+    size = float(n)
     for unit in ("B", "KB", "MB", "GB"):
         if size < 1000 or unit == "GB":
             return f"{size:.1f} {unit}"
@@ -864,7 +877,9 @@ def print_components(console: Console) -> None:
     from strategies.registry import describe_components
 
     for row in describe_components():
-        roles = ", ".join(row["roles"])  # type: ignore[arg-type]
+        # describe_components() types its rows dict[str, object]; these two fields are a
+        # list of role names and a list of option rows (strategies/registry.py)
+        roles = ", ".join(cast("list[str]", row["roles"]))
         head = Table.grid(padding=(0, 2))
         head.add_column(no_wrap=True)
         head.add_column(overflow="fold")
@@ -876,7 +891,7 @@ def print_components(console: Console) -> None:
         options = Table.grid(padding=(0, 2))
         options.add_column(no_wrap=True)
         options.add_column(overflow="fold")
-        for o in row["options"]:  # type: ignore[union-attr]
+        for o in cast("list[dict[str, Any]]", row["options"]):
             default = "auto" if o["default"] is None else o["default"]
             choices = f" (one of {'|'.join(o['choices'])})" if o["choices"] else ""
             options.add_row(
@@ -893,15 +908,17 @@ def print_components(console: Console) -> None:
 
 def click_exceptions() -> tuple[type[Exception], type[Exception] | None, type[Exception]]:
     """(UsageError, NoArgsIsHelpError, Abort) of the Click that typer runs on: recent typer
-    vendors Click as ``typer._click``, older ones use the ``click`` package."""
-    try:
-        from typer._click import exceptions
-        from typer.exceptions import Abort
-    except ImportError:  # typer < 0.20: the click package
-        from click import exceptions  # type: ignore[no-redef]
+    vendors Click as ``typer._click``, older ones use the ``click`` package. Imported by
+    name: which of the two exists depends on the installed typer, so neither is typed here."""
+    import importlib
 
-        Abort = exceptions.Abort  # type: ignore[assignment,misc]
-    return exceptions.UsageError, getattr(exceptions, "NoArgsIsHelpError", None), Abort
+    try:
+        exceptions = importlib.import_module("typer._click.exceptions")
+        abort = importlib.import_module("typer.exceptions").Abort
+    except ImportError:  # an older typer (the locked 0.20.1): the click package
+        exceptions = importlib.import_module("click.exceptions")
+        abort = exceptions.Abort
+    return exceptions.UsageError, getattr(exceptions, "NoArgsIsHelpError", None), abort
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -919,7 +936,8 @@ def main(argv: list[str] | None = None) -> None:
         code = 2
     except usage_error as exc:
         if no_args is not None and isinstance(exc, no_args):
-            print(exc.ctx.get_help() if exc.ctx else "")  # type: ignore[attr-defined]
+            ctx = getattr(exc, "ctx", None)  # a Click NoArgsIsHelpError has one
+            print(ctx.get_help() if ctx else "")
             code = 0
         else:
             print_error(usage_sentence(exc, args))
@@ -960,6 +978,8 @@ def usage_sentence(exc: Exception, args: list[str]) -> str:
         close = difflib.get_close_matches(name, list(exc.possibilities or []), n=1, cutoff=0.7)
         hint = f" (did you mean {close[0]}?)" if close else ""
         return f"no such option {name}{hint}; see `{where} --help`."
+    # ``exc`` is click's UsageError or typer's vendored copy, picked at run time
+    # (click_exceptions), so the type checker knows it only as an Exception
     message = " ".join(exc.format_message().split()).rstrip(".")  # type: ignore[attr-defined]
     return f"{message}; see `{where} --help`."
 

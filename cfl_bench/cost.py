@@ -58,6 +58,7 @@ import torch
 from torch.nn import functional as F
 
 from cfl_bench.engine.client_update import ClientJob
+from cfl_bench.engine.executor import SequentialExecutor
 from cfl_bench.engine.loop import Federation, RunOutcome, Schedule
 from cfl_bench.engine.splits import TaskSplit
 from cfl_bench.engine.task_clock import TaskClock
@@ -465,7 +466,9 @@ def warm_round(fed: Federation, task: StoredTask, split: TaskSplit, idx: torch.T
 
 def local_training(fed: Federation) -> None:
     """One client's local training as a round runs it, after the round-start hooks."""
-    trainer = fed.executor.trainer  # type: ignore[attr-defined]
+    executor = fed.executor
+    assert isinstance(executor, SequentialExecutor)  # the probe's federation: the default
+    trainer = executor.trainer
     broadcast = fed.round_server.make_broadcast()
     job = ClientJob(fed.clients[0], broadcast)
     trainer.local_steps(job.client, trainer.start(job))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -21,7 +21,8 @@ from rich.markup import escape
 
 from cfl_bench.errors import RunInterruptedError
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 EXIT_INTERRUPTED = 130
 
 
@@ -50,11 +51,11 @@ def print_interrupt(message: str) -> None:
     Console(stderr=True).print(f"[yellow]{escape(message)}[/]", highlight=False, soft_wrap=True)
 
 
-def says_what_it_kept(fn: F) -> F:
+def says_what_it_kept(fn: Callable[P, R]) -> Callable[P, R]:
     """A command whose interrupt prints its RunInterruptedError's line and exits 130."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             with stop_on_sigterm():
                 return fn(*args, **kwargs)
@@ -62,4 +63,4 @@ def says_what_it_kept(fn: F) -> F:
             print_interrupt(str(exc))
             raise typer.Exit(EXIT_INTERRUPTED) from None
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper

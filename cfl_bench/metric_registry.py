@@ -25,7 +25,10 @@ the leaderboard and analysis tools can all read it (tests/test_layers.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypedDict
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; only the type checker reads it here
+    from typing_extensions import Unpack
 
 __all__ = [
     "ACCURACY_METRICS",
@@ -186,6 +189,34 @@ _CIL = ("class-il",)
 _DET = ("detection",)
 
 
+class _BlockFields(TypedDict):
+    """The fields every entry of one accuracy block shares (typed, so ``**common`` is
+    checked against :class:`MetricSpec`'s fields)."""
+
+    unit: Unit
+    source: str
+    when_recorded: bool
+    scenarios: tuple[str, ...] | None
+
+
+class _AliasFields(TypedDict):
+    """What every headline alias states itself (:func:`_headline`, :func:`_task_il`)."""
+
+    description: str
+    direction: Direction
+    family: str
+
+
+class _AliasOptions(_AliasFields, total=False):
+    """... and what some of them add (typed, so a misspelt field is caught by the type
+    checker, not when the module is imported)."""
+
+    short: str
+    tooltip: str
+    views: frozenset[str]
+    label_names_scenario: bool
+
+
 def _accuracy_block(
     source: str,
     task_il: bool,
@@ -199,7 +230,12 @@ def _accuracy_block(
     m = source
     scen = _CIL if task_il else scenarios
     what = what or ("task-IL " if task_il else "")
-    common = {"unit": "percent", "source": m, "when_recorded": True, "scenarios": scen}
+    common: _BlockFields = {
+        "unit": "percent",
+        "source": m,
+        "when_recorded": True,
+        "scenarios": scen,
+    }
     return (
         MetricSpec(f"{m}_matrix", "accuracy matrix", f"{what}a[t][i] at each task end",
                    direction=None, family="accuracy", shape="matrix", range=PERCENT,
@@ -230,29 +266,52 @@ def _accuracy_block(
     )  # fmt: skip
 
 
-def _headline(key: str, column: str, label: str, compute: str, **kw: object) -> MetricSpec:
+def _headline(
+    key: str,
+    column: str,
+    label: str,
+    compute: str,
+    range: tuple[float, float] = DIFFERENCE,
+    **kw: Unpack[_AliasOptions],
+) -> MetricSpec:
     """A class-/domain-IL headline alias (``Acc_T`` = ``acc_T``, ...): a leaderboard column."""
-    fields: dict[str, object] = {
-        "unit": "percent", "source": "acc", "when_recorded": True, "range": DIFFERENCE,
-        "column": column, "compute": compute,
-    }  # fmt: skip
-    fields.update(kw)
-    return MetricSpec(key, label, **fields)  # type: ignore[arg-type]
+    return MetricSpec(key, label, unit="percent", source="acc", when_recorded=True,
+                      range=range, column=column, compute=compute, **kw)  # fmt: skip
 
 
 def _task_il(
-    key: str, column: str, label: str, compute: str, twin: str, **kw: object
+    key: str,
+    column: str,
+    label: str,
+    compute: str,
+    twin: str,
+    range: tuple[float, float] = DIFFERENCE,
+    **kw: Unpack[_AliasOptions],
 ) -> MetricSpec:
     """The task-IL twin of a headline: class-IL streams only, same runs, masked logits."""
-    fields: dict[str, object] = {
-        "unit": "percent", "source": "acc_task_il", "when_recorded": True, "range": DIFFERENCE,
-        "column": column, "compute": compute, "scenarios": _CIL, "task_il_of": twin,
-    }  # fmt: skip
-    fields.update(kw)
-    return MetricSpec(key, label, **fields)  # type: ignore[arg-type]
+    return MetricSpec(key, label, unit="percent", source="acc_task_il", when_recorded=True,
+                      range=range, column=column, compute=compute, scenarios=_CIL,
+                      task_il_of=twin, **kw)  # fmt: skip
 
 
 _COMM = "all rounds recorded, all clients"
+
+#: --diagnostics (FedNTD): what local training forgets, at the last round — key, label,
+#: description, unit, direction, range, compute, source of each entry.
+_DIAGNOSTICS: tuple[tuple[str, str, str, Unit, Direction, tuple[float, float], str, str], ...] = (
+    ("in_local_acc_final", "in-local acc", "local models' accuracy on the classes "
+     "their client holds, weighted by its class shares (FedNTD), last round",
+     "percent", "higher", PERCENT, "client_mean_final", "in_local_acc"),
+    ("out_local_acc_final", "out-local acc", "local models' accuracy on the classes "
+     "their client lacks (FedNTD), last round", "percent", "higher", PERCENT,
+     "client_mean_final", "out_local_acc"),
+    ("weight_divergence_final", "weight divergence", "mean ‖θ_k − θ_g‖ of the last "
+     "round's local models", "norm", "lower", (0.0, INF), "client_mean_final",
+     "weight_divergence"),
+    ("class_forgetting_final", "class forgetting", "global model's class-wise "
+     "forgetting over rounds, FedNTD eq. 5, after the last round", "percent",
+     "lower", (-100.0, 100.0), "final_global_value", "class_forgetting"),
+)  # fmt: skip
 
 #: Every metric. Entries with a ``column`` are in leaderboard.csv column order; the others
 #: (long-named keys, per-round means, client spread) may sit anywhere.
@@ -349,20 +408,7 @@ METRICS: tuple[MetricSpec, ...] = (
     *(MetricSpec(key, label, description, unit=unit, direction=direction,
                  family="diagnostics", range=bounds, compute=compute, source=source,
                  when_recorded=True, column=key, views=_v("report"))
-      for key, label, description, unit, direction, bounds, compute, source in (
-          ("in_local_acc_final", "in-local acc", "local models' accuracy on the classes "
-           "their client holds, weighted by its class shares (FedNTD), last round",
-           "percent", "higher", PERCENT, "client_mean_final", "in_local_acc"),
-          ("out_local_acc_final", "out-local acc", "local models' accuracy on the classes "
-           "their client lacks (FedNTD), last round", "percent", "higher", PERCENT,
-           "client_mean_final", "out_local_acc"),
-          ("weight_divergence_final", "weight divergence", "mean ‖θ_k − θ_g‖ of the last "
-           "round's local models", "norm", "lower", (0.0, INF), "client_mean_final",
-           "weight_divergence"),
-          ("class_forgetting_final", "class forgetting", "global model's class-wise "
-           "forgetting over rounds, FedNTD eq. 5, after the last round", "percent",
-           "lower", (-100.0, 100.0), "final_global_value", "class_forgetting"),
-      )),
+      for key, label, description, unit, direction, bounds, compute, source in _DIAGNOSTICS),
     # Cost, written by the run (only summary.json knows it).
     MetricSpec("wall_time_s", "wall time", "wall-clock time per run", unit="seconds",
                short="time", direction="lower", family="cost", fmt=".1f", range=AMOUNT,

@@ -29,10 +29,17 @@ Decode: TypeAlias = "Callable[[torch.Tensor], torch.Tensor]"
 class Objective(Protocol):
     """What a stream's task asks of a model."""
 
-    #: Names of the capabilities components may require (e.g. ``class_logits``).
-    capabilities: frozenset[str]
-    #: The per-task metric records ``score`` returns, the first being the headline one.
-    metrics: tuple[str, ...]
+    # Read-only members: an objective is a frozen value (a frozen dataclass field or a
+    # property both satisfy them; a plain ``name: type`` would demand a settable attribute).
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """Names of the capabilities components may require (e.g. ``class_logits``)."""
+        ...
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The per-task metric records ``score`` returns, the first being the headline one."""
+        ...
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The training loss of a batch (mean over examples), differentiable."""

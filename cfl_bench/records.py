@@ -37,13 +37,13 @@ COSTS = "costs.csv"
 Row = tuple[int, int, int, str, str, object]
 
 
-def plain_rows(rows: Sequence[Row]) -> list[tuple[object, ...]]:
+def plain_rows(rows: Sequence[Row]) -> list[Row]:
     """Rows with tensor values turned into Python floats in one device→host transfer."""
-    tensor_pos = [i for i, r in enumerate(rows) if isinstance(r[5], torch.Tensor)]
+    tensors = {i: v for i, r in enumerate(rows) if isinstance(v := r[5], torch.Tensor)}
     values: list[object] = [r[5] for r in rows]
-    if tensor_pos:
-        stacked = torch.stack([rows[i][5].detach().float().cpu() for i in tensor_pos])  # type: ignore[union-attr]
-        for i, v in zip(tensor_pos, stacked.tolist(), strict=True):
+    if tensors:
+        stacked = torch.stack([t.detach().float().cpu() for t in tensors.values()])
+        for i, v in zip(tensors, stacked.tolist(), strict=True):
             values[i] = v
     return [(*r[:5], v) for r, v in zip(rows, values, strict=True)]
 
@@ -52,6 +52,8 @@ def format_value(value: object) -> str:
     """Every value as a float's repr: the value column is numeric, so ints read as floats."""
     if isinstance(value, torch.Tensor):
         value = value.item()
+    # A Row's value is typed object (the engine's RunOutcome records); it holds numbers and
+    # 0-d tensors only. To go when Row's value is typed ``float | torch.Tensor``.
     return repr(float(value))  # type: ignore[arg-type]
 
 

@@ -23,7 +23,7 @@ import torch
 from cfl_bench.engine import checkpoint
 from cfl_bench.engine.loop import Federation, RunOutcome
 from cfl_bench.errors import RunInterruptedError
-from cfl_bench.records import RecordLog, plain_rows
+from cfl_bench.records import RecordLog, Row, plain_rows
 from cfl_bench.run_dir import RunDirectory
 
 AUTO_RATIO = 20.0
@@ -40,7 +40,7 @@ class RoundKeeper:
         every: int | None,
         fingerprint: dict[str, Any],
         keep_last: bool,
-        observers: Sequence[Callable[[list[tuple[object, ...]]], None]] = (),
+        observers: Sequence[Callable[[list[Row]], None]] = (),
     ) -> None:
         self.run_dir = run_dir
         # Called with each round's records as plain rows once they are on disk (trackers).

@@ -232,8 +232,10 @@ def open_run_trackers(plan: RunPlan, run_dir: RunDirectory) -> list[Tracker]:
     """The trackers --log asks for, given the run's protocol, strategy and seed as params."""
     if not plan.config.log:
         return []
+    protocol = plan.resolved["protocol"]
+    assert isinstance(protocol, dict)  # run_identity's protocol (config.json's "protocol")
     params = {
-        **plan.resolved["protocol"],  # type: ignore[dict-item]
+        **protocol,
         "strategy": plan.strategy.name,
         "seed": plan.config.seed,
         "protocol_hash": plan.protocol_hash,

@@ -475,6 +475,7 @@ def parse_run(shown: str, config: dict[str, Any], summary: dict[str, Any] | None
     rederive_forgetting(row)
     if row["scenario"] is None and row["protocol_hash"] is not None:
         marker = registry.metric(registry.TASK_IL_MARKER).column
+        assert marker is not None  # the task-IL marker is a leaderboard column
         row["scenario"] = "class-il" if not math.isnan(row[marker]) else None
     return row
 

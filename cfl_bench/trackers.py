@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -140,5 +140,8 @@ def check_available(names: Sequence[str]) -> None:
 
 
 def open_trackers(names: Sequence[str], run_dir: Path, params: dict[str, Any]) -> list[Tracker]:
-    classes = {"tensorboard": TensorBoardTracker, "mlflow": MLflowTracker}
+    classes: dict[str, Callable[[Path, dict[str, Any]], Tracker]] = {
+        "tensorboard": TensorBoardTracker,
+        "mlflow": MLflowTracker,
+    }
     return [classes[name](run_dir, params) for name in names]

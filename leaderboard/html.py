@@ -204,7 +204,7 @@ def protocol_sections(
         task_il = bool(rows[f"{marker}_mean"].notna().any()) or scenario == "class-il"
         notes = any(row_notes(r) for _, r in rows.iterrows())
         columns = table_columns(task_il, label, std, notes)
-        protocol = next(
+        protocol: dict[str, Any] = next(
             (p for p in runs.loc[runs["protocol_hash"] == protocol_hash, "protocol"] if p), {}
         )
         series = strategy_series(runs, rows, std)

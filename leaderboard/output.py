@@ -105,10 +105,10 @@ def write_board_files(
             folder.mkdir()
             made.append(folder)
         for name, text in files.items():
-            fd, staging = tempfile.mkstemp(prefix=f".{name}.", suffix=".staged", dir=out)
+            fd, staging_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".staged", dir=out)
             os.close(fd)
-            staged.append((Path(staging), out / name))
-            atomic_write_text(Path(staging), text)
+            staged.append((Path(staging_name), out / name))
+            atomic_write_text(Path(staging_name), text)
         for staging, final in staged:
             os.replace(staging, final)
     except OSError as exc:

@@ -26,16 +26,17 @@ import re
 import textwrap
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from matplotlib.typing import RcKeyType
 
     from leaderboard.aggregate import StrategySeries
 
 #: rcParams for every report figure (applied with rc_context, never globally).
-STYLE: dict[str, Any] = {
+STYLE: dict[RcKeyType, Any] = {
     "svg.fonttype": "none",
     "font.size": 8.5,
     "axes.titlesize": 9,
@@ -63,8 +64,10 @@ def color(index: int) -> tuple[float, float, float]:
     figure of a protocol because series come in leaderboard order)."""
     import matplotlib
 
+    # tab10 is a ListedColormap, but the registry returns the base Colormap (no ``colors``)
     colors = matplotlib.colormaps["tab10"].colors  # type: ignore[attr-defined]
-    return tuple(colors[index % len(colors)])  # type: ignore[return-value]
+    red, green, blue = colors[index % len(colors)]
+    return (red, green, blue)
 
 
 #: Marker and line style cycles: with colour they give every strategy of a protocol a look of
@@ -196,7 +199,9 @@ def to_svg(fig: Figure, figure_id: str) -> str:
     )
 
 
-def new_figure(width: float, height: float, layout: str = "constrained") -> Figure:
+def new_figure(
+    width: float, height: float, layout: Literal["constrained", "compressed"] = "constrained"
+) -> Figure:
     """A pyplot-free figure. ``layout="compressed"`` is for grids of fixed-aspect panels
     (heat maps): the constrained layout sizes such panels before their aspect shrinks them,
     which pushed the panel titles and the top row out of the figure."""

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
     from matplotlib.axes import Axes
+    from numpy.typing import ArrayLike
 
 #: Grey of individual clients (drawn under the percentile lines).
 CLIENT_GREY = (0.45, 0.48, 0.52)
@@ -172,9 +173,9 @@ def _spread_offsets(count: int, width: float = 0.36) -> np.ndarray:
 def _percentile_band(
     ax: Any,
     x: Sequence[float],
-    low: Sequence[float],
-    mid: Sequence[float],
-    high: Sequence[float],
+    low: ArrayLike,
+    mid: ArrayLike,
+    high: ArrayLike,
     median_label: str,
     median_style: dict[str, Any],
 ) -> None:
@@ -268,10 +269,11 @@ def buffer_drift_svg(
             present = np.isfinite(values).any(axis=0)
             filled = np.where(np.isfinite(values), values, np.nan)[:, present]
             shown = [r for r, p in zip(rounds, present, strict=True) if p]
-            low, mid, high = (
+            bands: list[ArrayLike] = [
                 np.nanpercentile(filled, q, axis=0, method="linear") if filled.size else []
                 for q in (10, 50, 90)
-            )
+            ]
+            low, mid, high = bands
         if len(shown):
             median = {"linewidth": 1.5, "marker": "o" if len(shown) <= 40 else None}
             _percentile_band(ax, shown, low, mid, high, "median", {**median, "markersize": 3})

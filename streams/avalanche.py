@@ -608,19 +608,21 @@ def _materialise(experience: object, what: str) -> _Split:
     return _Split(x.to(torch.float32).contiguous(), y.to(torch.int64).contiguous())
 
 
-def _declared_classes(experience: object) -> set[int] | None:
-    """``classes_in_this_experience`` when the benchmark provides it (a list or a set)."""
+def _declared_classes(experience: Any) -> set[int] | None:
+    """``classes_in_this_experience`` when the benchmark provides it (a list or a set);
+    ``experience`` is duck-typed (Any): which attributes it has depends on the benchmark."""
     try:
-        declared = experience.classes_in_this_experience  # type: ignore[attr-defined]
+        declared = experience.classes_in_this_experience
     except (AttributeError, ValueError):  # absent, or masked (Avalanche raises ValueError)
         return None
     return None if declared is None else {int(c) for c in declared}
 
 
-def _task_labels(experience: object) -> tuple[int, ...]:
-    """The experience's task labels: its own attribute, else its dataset's, else (0,)."""
+def _task_labels(experience: Any) -> tuple[int, ...]:
+    """The experience's task labels: its own attribute, else its dataset's, else (0,)
+    (``experience`` is duck-typed, as in :func:`_declared_classes`)."""
     try:
-        labels = experience.task_labels  # type: ignore[attr-defined]
+        labels = experience.task_labels
     except (AttributeError, ValueError):
         labels = None
     if labels is None:
@@ -666,7 +668,7 @@ def _common_input_shape(experiences: Sequence[_Experience], name: str) -> tuple[
 
 def _contiguous_bytes(tensor: torch.Tensor) -> memoryview:
     """The tensor's bytes without a copy (it is contiguous and on the CPU here)."""
-    return memoryview(np.ascontiguousarray(tensor.numpy())).cast("B")
+    return np.ascontiguousarray(tensor.numpy()).data.cast("B")
 
 
 @contextlib.contextmanager

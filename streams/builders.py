@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -52,7 +53,16 @@ def build_permuted(info: StreamInfo, request: StreamRequest) -> Stream:
     return _domain_il(PermutedStream, info, request)
 
 
-def _domain_il(kind: type[DomainILStream], info: StreamInfo, request: StreamRequest) -> Stream:
+class _SeededDomainIL(Protocol):
+    """A domain-IL stream class whose per-task transforms are drawn from a seed (rotations,
+    permutations): the constructor ``_domain_il`` calls."""
+
+    def __call__(
+        self, images: ImageSplits, *, name: str, num_tasks: int, seed: int, device: torch.device
+    ) -> DomainILStream: ...
+
+
+def _domain_il(kind: _SeededDomainIL, info: StreamInfo, request: StreamRequest) -> Stream:
     load = _base_loader(info, request)
     check_domain_tasks(info.name, request.num_tasks)
     images = load().head(request.train_size, request.test_size)

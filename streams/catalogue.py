@@ -9,7 +9,7 @@ imports none of them; ``streams.registry`` re-exports it and keeps the builders.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cfl_bench.errors import UserError
 
@@ -85,16 +85,7 @@ BUILDERS = "streams.builders"
 def _domain_il_info(name: str, transform: str, base: str, builder: str) -> StreamInfo:
     """Rotated / permuted streams share everything but their base data and transform."""
     digits = base == "digits"
-    protocol = (
-        {
-            "default_rounds_per_task": DIGITS_ROUNDS,
-            "default_epochs": DIGITS_EPOCHS,
-            "default_lr": DIGITS_LR,
-        }
-        if digits
-        else {}
-    )
-    return StreamInfo(
+    info = StreamInfo(
         name=name,
         description=f"{'embedded 8x8 digits' if digits else 'MNIST'}, each task {transform} "
         "(domain-IL)",
@@ -108,8 +99,15 @@ def _domain_il_info(name: str, transform: str, base: str, builder: str) -> Strea
         downloadable=not digits,
         builder=f"{BUILDERS}:{builder}",
         base=base,
-        **protocol,  # type: ignore[arg-type]
     )
+    if digits:  # the embedded digits' own protocol (FedGP's MNIST settings otherwise)
+        info = replace(
+            info,
+            default_rounds_per_task=DIGITS_ROUNDS,
+            default_epochs=DIGITS_EPOCHS,
+            default_lr=DIGITS_LR,
+        )
+    return info
 
 
 def _cifar_info(name: str, base: str, label: str, *, tasks: int, per_task: int) -> StreamInfo:

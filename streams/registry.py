@@ -76,4 +76,4 @@ def build_stream(
 def builder_of(info: StreamInfo) -> Callable[[StreamInfo, StreamRequest], Stream]:
     """The function a catalogue entry names as ``"module:function"``."""
     module, _, function = info.builder.partition(":")
-    return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), function)

@@ -362,3 +362,19 @@ def test_lr_decay_enters_the_protocol_only_when_it_decays(tmp_path: Path) -> Non
     assert decayed["lr_decay"] == 0.99
     code, output = in_process("run", "--lr-decay", "0", "--out", str(tmp_path))
     assert code == 2 and "lr-decay" in output
+
+
+def test_the_closed_stdout_line_names_the_default_run_folder_without_out() -> None:
+    """Without --out, ``cfg.out`` is None: the line a closed stdout prints names the folder
+    the run plan gives the run (``Path(None)`` raised a TypeError instead)."""
+    import dataclasses
+
+    from cfl_bench.cli import run_folder, stopped_run_line
+    from cfl_bench.config import make_config
+
+    cfg = make_config({"stream": "rot-digits", "strategy": "fedavg", "seed": 3})
+    assert cfg.out is None
+    folder = run_folder(cfg)
+    assert folder.startswith(os.path.join("runs", "rot-digits_fedavg_s3-")), folder
+    assert "before its first checkpoint" in stopped_run_line(folder)
+    assert run_folder(dataclasses.replace(cfg, out="elsewhere")) == "elsewhere"

@@ -230,6 +230,27 @@ def test_flower_node_refuses_root_certificates_that_are_not_a_certificate(
     assert digest(tmp_path) == before
 
 
+def test_root_certificates_that_raise_a_value_error_are_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ValueError from the parser has neither ``reason`` nor ``strerror``: the refusal names
+    its type (reading ``exc.strerror`` raised an AttributeError instead)."""
+    import ssl
+
+    from cfl_bench.errors import UserError
+    from cfl_bench.flower.node import check_root_certificates
+
+    def refuse(**_: object) -> ssl.SSLContext:
+        raise ValueError("unreadable")
+
+    monkeypatch.setattr(ssl, "create_default_context", refuse)
+    cert = write(tmp_path / "ca.pem", CERTIFICATES["text"])
+    with pytest.raises(
+        UserError, match=r"holds no PEM certificate that can be read \(valueerror\)"
+    ):
+        check_root_certificates(str(cert))
+
+
 # -- a finished run rerun with --executor flower ----------------------------------------------
 
 

@@ -29,7 +29,7 @@ from cfl_bench.engine.executor import AnswerSink, ResultSink
 from cfl_bench.engine.payloads import ClientRequest
 from cfl_bench.flower import records
 from cfl_bench.flower.records import STALE, STATE, TOKEN_KEY
-from strategies.base import Component, Learner
+from strategies.base import Learner
 
 #: Seconds between pulls of a phase's replies: a simulation's grid is in this process (a pull
 #: is a lookup); a deployment's is HTTP to the SuperLink (each pull costs it CPU).
@@ -49,19 +49,22 @@ def result_of(job: ClientJob, content: RecordDict) -> ClientResult:
     the node's state."""
     client, device = job.client, job.broadcast.device
     facts = content.config_records["cfl.result"]
-    if int(facts["client"]) != client.index:
+    if records.config_int(facts, "client") != client.index:
         raise RuntimeError(f"client {client.index}'s reply came from another client")
     records.load_state(content.array_records["cfl.mirror"], client, keep_version=True)
     upload = records.upload_of(
-        content.array_records["cfl.upload"], client.index, int(facts["num_samples"]), device
+        content.array_records["cfl.upload"],
+        client.index,
+        records.config_int(facts, "num_samples"),
+        device,
     )
     metrics = content.array_records["cfl.metrics"]
     result = ClientResult(
         client,
         upload,
         records.tensor_of(metrics["loss_sum"], device),
-        int(facts["steps"]),
-        float(facts["train_seconds"]),
+        records.config_int(facts, "steps"),
+        records.config_float(facts, "train_seconds"),
     )
     if "probe_accuracy" in metrics:
         result.probe_accuracy = records.tensor_of(metrics["probe_accuracy"], device)
@@ -87,7 +90,7 @@ class FlowerExecutor:
         self,
         grid: Grid,
         num_clients: int,
-        learner: Component,
+        learner: Learner,
         wait_s: float = 600.0,
         poll_s: float | None = None,
     ) -> None:
@@ -128,7 +131,7 @@ class FlowerExecutor:
         for reply in self._push_pull(messages).values():
             if reply.has_error():
                 raise RuntimeError(f"a Flower ClientApp failed on identify: {reply.error.reason}")
-            k = int(reply.content.config_records["cfl.node"]["partition-id"])
+            k = records.config_int(reply.content.config_records["cfl.node"], "partition-id")
             if k in owner:
                 raise RuntimeError(f"two SuperNodes say partition-id={k}; give each its own")
             owner[k] = reply.metadata.src_node_id

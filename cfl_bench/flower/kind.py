@@ -39,14 +39,16 @@ def check_flower(run: PlannedRun) -> None:
 def build_flower(schedule: Schedule, trainer: LocalTrainer, host: object) -> Executor:
     """Client updates in Flower ClientApps, over the grid of the ServerApp running the run
     (``host``); without one the run was not started inside Flower."""
+    from flwr.serverapp import Grid
+
     from cfl_bench.flower.executor import FlowerExecutor
 
-    if host is None:
+    if not isinstance(host, Grid):  # None: the run was not started inside Flower
         raise UserError(
             "--executor flower runs inside a Flower simulation; start it with "
             "cfl-bench run ... --executor flower."
         )
-    return FlowerExecutor(host, schedule.num_clients, trainer.strategy.learner)  # type: ignore[arg-type]
+    return FlowerExecutor(host, schedule.num_clients, trainer.strategy.learner)
 
 
 def execute_in_flower(

@@ -280,7 +280,10 @@ def check_root_certificates(root_certificates: str) -> None:
     try:
         ssl.create_default_context(cafile=root_certificates)
     except (ssl.SSLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or exc.strerror or type(exc).__name__
+        # SSLError has ``reason``, OSError ``strerror``, a ValueError neither
+        reason = (
+            getattr(exc, "reason", None) or getattr(exc, "strerror", None) or type(exc).__name__
+        )
         raise UserError(
             f"--root-certificates '{root_certificates}' holds no PEM certificate that can be "
             f"read ({str(reason).lower().replace('_', ' ')}); give the SuperLink's CA "

@@ -127,7 +127,7 @@ class ClientRuntime:
     def client(self, content: RecordDict, partition: int, holder: StateHolder) -> ClientState:
         """The message's client in the state the server names (see the module docstring)."""
         facts = content.config_records["cfl.round"]
-        index = int(facts["client"])
+        index = records.config_int(facts, "client")
         if partition != index:  # the server maps clients by partition-id
             raise RuntimeError(f"node partition-id={partition} got client {index}")
         client = self.fresh[index]
@@ -140,7 +140,7 @@ class ClientRuntime:
             holder.restore(client)
         else:
             raise StaleStateError
-        self.load_shard(client, int(facts["client_task"]))
+        self.load_shard(client, records.config_int(facts, "client_task"))
         return client
 
     def keep(self, client: ClientState, holder: StateHolder) -> dict[str, Any]:
@@ -178,6 +178,9 @@ class ClientRuntime:
                 stored = train.train_x[held.to(train.train_x.device)]
                 holdout = data.stream.as_model_input(stored)
             for component in self.trainer.strategy.all:
+                # A node has no server state; the hook types its first argument ServerState
+                # (strategies/base.py) though public-set components, its only users, take
+                # any object. To go when the hook's type says ``ServerState | None``.
                 component.on_task_start(None, t, holdout)  # type: ignore[arg-type]
 
     def at_global(self, content: RecordDict, train_mode: bool) -> None:
@@ -260,7 +263,9 @@ def request(rt: ClientRuntime, content: RecordDict, client: ClientState) -> dict
     if not owners:
         raise RuntimeError(f"client {client.index} cannot compute request {name!r}")
     seed = rt.trainer.steps.seed
-    seed_torch_default(seed, "dropout-request", int(facts["round_index"]), client.index)
+    seed_torch_default(
+        seed, "dropout-request", records.config_int(facts, "round_index"), client.index
+    )
     answer = owners[0].answer_request(name, client, model)
     model.module.train(True)
     return {"cfl.answer": ArrayRecord(array_dict={"answer": records.array_of(answer)})}
@@ -269,7 +274,7 @@ def request(rt: ClientRuntime, content: RecordDict, client: ClientState) -> dict
 def task_end(rt: ClientRuntime, content: RecordDict, client: ClientState) -> dict[str, Any]:
     """The learner's task-end work at θ_g (eval mode), as ``SequentialExecutor.end_tasks``."""
     rt.at_global(content, False)
-    task = int(content.config_records["cfl.round"]["task"])
+    task = records.config_int(content.config_records["cfl.round"], "task")
     rt.trainer.strategy.learner.on_task_end(client, task, rt.trainer.model)
     rt.trainer.model.module.train()
     return {}

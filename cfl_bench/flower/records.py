@@ -49,6 +49,23 @@ STALE = "cfl.stale"
 TOKEN_KEY = "state_token"
 
 
+def config_int(record: ConfigRecord, key: str) -> int:
+    """``int(record[key])``, typed: a ConfigRecord value may also be a list, which no fact
+    of these messages is (int() would refuse it too)."""
+    value = record[key]
+    if isinstance(value, list):
+        raise TypeError(f"config record key {key!r} holds a list, not a number")
+    return int(value)
+
+
+def config_float(record: ConfigRecord, key: str) -> float:
+    """``float(record[key])``, typed (see :func:`config_int`)."""
+    value = record[key]
+    if isinstance(value, list):
+        raise TypeError(f"config record key {key!r} holds a list, not a number")
+    return float(value)
+
+
 def array_of(tensor: torch.Tensor) -> Array:
     """A Flower array holding ``tensor``'s exact bytes (CPU, contiguous)."""
     return Array(tensor.detach().cpu().contiguous().numpy())
@@ -109,10 +126,10 @@ def broadcast_of(arrays: ArrayRecord, facts: ConfigRecord, device: torch.device)
     return Broadcast(
         params=params,
         buffers=buffers,
-        version=int(facts["version"]),
+        version=config_int(facts, "version"),
         payloads=payloads,
-        round_index=int(facts["round_index"]),
-        task=int(facts["task"]),
+        round_index=config_int(facts, "round_index"),
+        task=config_int(facts, "task"),
         is_task_end=bool(facts["is_task_end"]),
         device=device,
     )

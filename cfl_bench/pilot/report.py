@@ -122,9 +122,9 @@ def index_html(record: dict[str, object], png: bytes) -> str:
         f"{html.escape(u['reason'])}</li>"
         for u in strategies["unavailable_defaults"]
     )
-    config = html.escape(
-        ", ".join(f"{k}={v}" for k, v in record["config"].items())  # type: ignore[attr-defined]
-    )
+    settings = record["config"]
+    assert isinstance(settings, dict)
+    config = html.escape(", ".join(f"{k}={v}" for k, v in settings.items()))
     image = base64.b64encode(png).decode("ascii")
     return PAGE.format(
         paper=html.escape(PAPER),

@@ -35,8 +35,20 @@ from cfl_bench.reproduce.report import (
 )
 from cfl_bench.reproduce.verdict import CLAIM_LEVEL, ClaimResult, resolving_t
 
-CSV_COLUMNS = ("figure", "paper", "paper_figure", "kind", "row", "what", "mean", "sd_or_se", "n",
-               "values", "scale", "verdict")
+CSV_COLUMNS = (
+    "figure",
+    "paper",
+    "paper_figure",
+    "kind",
+    "row",
+    "what",
+    "mean",
+    "sd_or_se",
+    "n",
+    "values",
+    "scale",
+    "verdict",
+)
 
 
 @dataclass
@@ -191,18 +203,43 @@ def csv_text(rep: FigureReproduction) -> str:
             mean = f"{ours.mean:.4f}" if ours else ""
             spread = f"{ours.sd:.4f}" if ours and ours.sd is not None else ""
             n = ours.n if ours else 0
-            writer.writerow([*head, "headline", row.label, what, mean, spread, n, values,
-                             rep.scale, ""])
+            writer.writerow(
+                [*head, "headline", row.label, what, mean, spread, n, values, rep.scale, ""]
+            )
     for c in rep.claims:
         mean = "" if c.ours_difference is None else f"{c.ours_difference:.4f}"
         se = "" if c.ours_se is None else f"{c.ours_se:.4f}"
-        writer.writerow([*head, "claim", c.claim.lower, claim_text(c), mean, se, c.seeds, "",
-                         rep.scale, c.status or "missing"])
-    for c in rep.close:
-        mean = "" if c.difference is None else f"{c.difference:.4f}"
-        se = "" if c.se is None else f"{c.se:.4f}"
-        writer.writerow([*head, "close", c.row, f"{c.bound} - {c.row} at the end", mean, se,
-                         c.seeds, "", rep.scale, "reported"])
+        writer.writerow(
+            [
+                *head,
+                "claim",
+                c.claim.lower,
+                claim_text(c),
+                mean,
+                se,
+                c.seeds,
+                "",
+                rep.scale,
+                c.status or "missing",
+            ]
+        )
+    for close_result in rep.close:
+        mean = "" if close_result.difference is None else f"{close_result.difference:.4f}"
+        se = "" if close_result.se is None else f"{close_result.se:.4f}"
+        writer.writerow(
+            [
+                *head,
+                "close",
+                close_result.row,
+                f"{close_result.bound} - {close_result.row} at the end",
+                mean,
+                se,
+                close_result.seeds,
+                "",
+                rep.scale,
+                "reported",
+            ]
+        )
     return out.getvalue()
 
 
@@ -312,6 +349,6 @@ def print_terminal(rep: FigureReproduction, console: Console) -> None:
     for c in rep.claims:
         claims.add_row(claim_text(c), claim_ours(c), claim_holds(c, False))
     console.print(claims)
-    for c in rep.close:
-        console.print(close_text(c), highlight=False)
+    for close_result in rep.close:
+        console.print(close_text(close_result), highlight=False)
     console.print(counts_line(rep), highlight=False)

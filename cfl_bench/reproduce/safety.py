@@ -212,7 +212,7 @@ def preflight(name: str, todo: list[GridPoint]) -> None:
     context = Launcher().context
     receiver, sender = context.Pipe(duplex=False)
     requests = [(p.name, p.request) for p in distinct.values()]
-    process = context.Process(target=plan_points, args=(requests, sender))  # type: ignore[attr-defined]
+    process = context.Process(target=plan_points, args=(requests, sender))
     process.start()
     sender.close()
     try:

@@ -141,7 +141,6 @@ class ReproTable(ScaledProtocol):
     def target(self, row: Row, column: Column) -> Target:
         return self.targets[(row.label, column.label)]
 
-
     def column_groups(self) -> list[dict[str, Any]]:
         """The distinct option sets of the columns (columns that read the same runs through
         different metrics share one), in column order: one sweep each."""
@@ -208,12 +207,14 @@ def _columns(raw: object, metric: str, where: str) -> tuple[Column, ...]:
 def _round_fraction(raw: object, label: str, where: str) -> float | None:
     if raw is None:
         return None
-    if type(raw) not in (int, float) or not 0 < float(raw) <= 1:  # type: ignore[arg-type]
+    # exactly int or float: a YAML bool (a subclass of int) is no fraction
+    number = raw if type(raw) is int or type(raw) is float else None
+    if number is None or not 0 < float(number) <= 1:
         raise UserError(
             f"{where}: column '{label}' round_fraction must be a number in (0, 1]; "
             "fix the table file."
         )
-    return float(raw)  # type: ignore[arg-type]
+    return float(number)
 
 
 def _rows(raw: object, where: str) -> tuple[Row, ...]:
@@ -270,9 +271,7 @@ def _scales(raw: object, rows: tuple[Row, ...], where: str) -> dict[str, Scale]:
     return scales
 
 
-def _scale_strategies(
-    raw: object, rows: tuple[Row, ...], what: str, where: str
-) -> dict[str, str]:
+def _scale_strategies(raw: object, rows: tuple[Row, ...], what: str, where: str) -> dict[str, str]:
     """A scale's ``strategies`` (row label -> strategy string), keyed by the rows' own
     strategy strings. A scale may lower a row's options (cost), never change its methods:
     the components must be the row's, in its order, or the row would measure another
@@ -375,7 +374,10 @@ def load_table(path: Path, root: Path) -> ReproTable:
 
 
 def _runs_part(
-    raw: dict[str, Any], path: Path, root: Path, rows: tuple[Row, ...],
+    raw: dict[str, Any],
+    path: Path,
+    root: Path,
+    rows: tuple[Row, ...],
     columns: tuple[Column, ...],
 ) -> dict[str, Any]:
     """protocol, train_per_task, scales and runs_name: the file's own, or its runs_of's."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 from multiprocessing.connection import wait
-from multiprocessing.context import BaseContext
+from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
@@ -85,18 +85,18 @@ class Launcher:
     the local ``Backend``."""
 
     def __init__(self) -> None:
-        method = (
-            "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-        )
-        self.context: BaseContext = multiprocessing.get_context(method)
-        if method == "forkserver":
+        self.context: ForkServerContext | SpawnContext
+        if "forkserver" in multiprocessing.get_all_start_methods():
+            self.context = multiprocessing.get_context("forkserver")
             self.context.set_forkserver_preload(PRELOAD)
+        else:
+            self.context = multiprocessing.get_context("spawn")
 
     def threads(self, jobs: int, requested: int | None) -> int:
         return threads_per_run(jobs, requested)
 
     def start(self, job: worker.RunJob) -> BaseProcess:
-        process = self.context.Process(  # type: ignore[attr-defined]
+        process = self.context.Process(
             target=worker.run_point, args=(job,), name=f"cfl-bench sweep {job.name}"
         )
         process.start()
@@ -104,7 +104,8 @@ class Launcher:
 
     def wait(self, handles: list[BaseProcess], timeout: float) -> list[BaseProcess]:
         by_sentinel = {p.sentinel: p for p in handles}
-        return [by_sentinel[s] for s in wait(list(by_sentinel), timeout=timeout)]  # type: ignore[index]
+        ended = wait(list(by_sentinel), timeout=timeout)
+        return [by_sentinel[s] for s in ended if isinstance(s, int)]  # sentinels are ints
 
     def exit_code(self, handle: BaseProcess) -> int | None:
         handle.join()
@@ -123,9 +124,7 @@ class Launcher:
     def check_names(self, requests: list[dict[str, Any]]) -> list[str | None]:
         """One error message (or None) per request, from ``worker.check_names``."""
         receiver, sender = self.context.Pipe(duplex=False)
-        process = self.context.Process(  # type: ignore[attr-defined]
-            target=worker.check_names, args=(requests, sender)
-        )
+        process = self.context.Process(target=worker.check_names, args=(requests, sender))
         process.start()
         sender.close()
         try:

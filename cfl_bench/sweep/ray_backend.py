@@ -198,7 +198,8 @@ def grpc_health(host_port: str, seconds: float) -> tuple[str, bytes | None]:
         status = http2_handshake(host_port, seconds)
         return status, (SERVING if status == "OK" else None)
     with grpc.insecure_channel(host_port) as channel:
-        check = channel.unary_unary(HEALTH_CHECK)  # bytes in, bytes out
+        # no (de)serializers: bytes in, bytes out
+        check: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(HEALTH_CHECK)
         try:
             return "OK", check(b"", timeout=seconds)
         except grpc.RpcError as exc:
@@ -250,7 +251,9 @@ def check_placeable(ray: Any, cpus: int, gpus: float, local: bool) -> None:
     sizes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
     if any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in sizes):
         return
-    largest = max(sizes, key=lambda r: (r.get("CPU", 0), r.get("GPU", 0)), default={})
+    largest: dict[str, Any] = max(
+        sizes, key=lambda r: (r.get("CPU", 0), r.get("GPU", 0)), default={}
+    )
     have = f"{largest.get('CPU', 0):g} CPUs and {largest.get('GPU', 0):g} GPUs"
     want = f"--cpus-per-run {cpus} and --gpus-per-run {gpus:g}"
     if local:
