@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from cfl_bench.config import make_config
-from cfl_bench.run import execute
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.run import execute
 
 
 def one_run(options: dict[str, Any], out: Path, every: int) -> dict[str, Any]:

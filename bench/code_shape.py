@@ -2,9 +2,10 @@
 
     python bench/code_shape.py [--top 5] [--root .]
 
-Why: DESIGN.md treats a function over ~60 lines or a class over ~200 as a smell, and the
-engine-shape issue reports the longest of each before and after. Lines are counted from
-the ``def``/``class`` line to the last line of the body, docstrings included.
+Why: docs/architecture.md ("Code shape and speed rules") treats a function over ~60 lines or
+a class over ~200 as a smell, and the engine-shape issue reports the longest of each before
+and after. Lines are counted from the ``def``/``class`` line to the last line of the body,
+docstrings included.
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ from typing import Any
 import torch
 
 from bench.executors import Timed
-from cfl_bench.config import make_config
 from cfl_bench.engine.vectorized import VectorizedExecutor
-from cfl_bench.run import plan_run
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.run import plan_run
 
 
 def one_run(args: argparse.Namespace, learner: str, clients: int, compiled: bool) -> dict[str, Any]:

@@ -31,8 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from carla_bridge.detection import Detection, pack_targets
-from carla_bridge.detector import build_detector
+from cfl_bench.carla_bridge.detection import Detection, pack_targets
+from cfl_bench.carla_bridge.detector import build_detector
 
 DATA = Path("/work/shared/data/carla-object-detection")
 WIDTH, HEIGHT = 320, 192

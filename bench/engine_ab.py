@@ -39,6 +39,12 @@ def extract(revision: str, into: Path) -> Path:
         ["git", "-C", str(ROOT), "archive", revision], check=True, capture_output=True
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    # From the layer move on, streams/ & co. install as cfl_bench.streams & co.
+    # (pyproject's package-dir); an unpacked tree imported from sys.path needs them inside
+    # cfl_bench, so link them there (older trees import them top-level and need nothing).
+    if (into / "cfl_bench" / "core").is_dir():
+        for folder in ("streams", "strategies", "leaderboard", "carla_bridge"):
+            (into / "cfl_bench" / folder).symlink_to(into / folder, target_is_directory=True)
     return into
 
 
@@ -59,8 +65,8 @@ def run_once(
 ) -> tuple[float, float]:
     """(wall seconds, local-training seconds) of one engine run from ``tree``."""
     use_tree(tree, trees)
-    config = importlib.import_module("cfl_bench.config")
-    run = importlib.import_module("cfl_bench.run")
+    config = importlib.import_module("cfl_bench.runner.config")
+    run = importlib.import_module("cfl_bench.runner.run")
     assert Path(run.__file__).is_relative_to(tree), run.__file__
     cfg = config.make_config(
         {

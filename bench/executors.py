@@ -41,10 +41,10 @@ from pathlib import Path
 
 import torch
 
-from cfl_bench.config import AMP_MODES, make_config
 from cfl_bench.engine.client_update import ClientJob
 from cfl_bench.engine.executor import Executor, ResultSink
-from cfl_bench.run import plan_run
+from cfl_bench.runner.config import AMP_MODES, make_config
+from cfl_bench.runner.run import plan_run
 
 EXECUTORS = ("sequential", "vectorized")
 

@@ -56,8 +56,8 @@ from pathlib import Path
 
 import torch
 
-from cfl_bench.config import RunConfig, make_config
-from cfl_bench.run import execute
+from cfl_bench.runner.config import RunConfig, make_config
+from cfl_bench.runner.run import execute
 
 EXECUTORS = ("sequential", "flower", "deploy", "deploy-plain")
 

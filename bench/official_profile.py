@@ -50,20 +50,20 @@ finally:
 Key = tuple[str, str]
 PHASES: dict[str, tuple[Key, ...]] = {
     "data: MNIST files, rotated tasks, client shards": (
-        ("cfl_bench/run.py", "load_stream"),
+        ("cfl_bench/runner/run.py", "load_stream"),
         ("streams/domain_il.py", "task_train"),
         ("streams/domain_il.py", "task_test"),
         ("cfl_bench/engine/client_data.py", "advance"),
     ),
-    "cost estimate (timed steps before the run)": (("cfl_bench/cost.py", "announce"),),
+    "cost estimate (timed steps before the run)": (("cfl_bench/runner/cost.py", "announce"),),
     "local steps": (("cfl_bench/engine/client_update.py", "local_steps"),),
     "  backward": (("cfl_bench/engine/one_client.py", "backward"),),
     "  forward + CE on the batch": (("cfl_bench/engine/one_client.py", "batch_loss"),),
     "  DER replay draw + forward + MSE": (("cfl_bench/engine/one_client.py", "plan_loss"),),
-    "  buffer insert (reservoir)": (("cfl_bench/buffer.py", "add"),),
+    "  buffer insert (reservoir)": (("cfl_bench/core/buffer.py", "add"),),
     "  FedGP projection": (("strategies/fedgp.py", "transform_grad"),),
     "  SGD step": (("cfl_bench/engine/optim.py", "step"),),
-    "  batch draw (decode rows)": (("cfl_bench/engine/context.py", "inputs"),),
+    "  batch draw (decode rows)": (("cfl_bench/core/context.py", "inputs"),),
     "client probes (client spread at task ends)": (("cfl_bench/engine/client_update.py", "score"),),
     "g_ref requests (server asks clients)": (("cfl_bench/engine/round_server.py", "ask"),),
     "evaluation (test sets, drift)": (
@@ -71,15 +71,15 @@ PHASES: dict[str, tuple[Key, ...]] = {
         ("cfl_bench/engine/measurement.py", "buffer_drift"),
     ),
     "records, checkpoints, summary": (
-        ("cfl_bench/records.py", "append"),
-        ("cfl_bench/records.py", "sync"),
+        ("cfl_bench/core/records.py", "append"),
+        ("cfl_bench/core/records.py", "sync"),
         ("cfl_bench/engine/checkpoint.py", "save"),
-        ("cfl_bench/run.py", "run_summary"),
+        ("cfl_bench/runner/run.py", "run_summary"),
     ),
 }
 # "DER replay" is measured as the plan's loss minus the batch loss it calls.
 SUBTRACT = {"  DER replay draw + forward + MSE": "  forward + CE on the batch"}
-EXECUTE: Key = ("cfl_bench/run.py", "execute")
+EXECUTE: Key = ("cfl_bench/runner/run.py", "execute")
 LOCAL_STEPS: tuple[Key, Key] = (
     ("cfl_bench/engine/client_update.py", "local_steps"),
     ("cfl_bench/engine/client_update.py", "update"),

@@ -27,7 +27,7 @@ and its peak resident set (``ru_maxrss``); wall time is taken around spawn and r
 single-threaded: ``OMP_NUM_THREADS=1`` and ``MKL_NUM_THREADS=1`` in their environment (the
 official code has no thread option; torch reads these at start), and ``--threads 1`` for
 cfl-bench. cfl-bench runs twice per repeat: as is, and with ``--channels-last`` (the
-convolutions' channels-last kernels, which round differently; ``cfl_bench.models``). The
+convolutions' channels-last kernels, which round differently; ``cfl_bench.runner.models``). The
 table gives medians over the repeats and the ratios official / cfl-bench for each variant
 (above 1: cfl-bench is cheaper). Each run's final average accuracy over the two tasks is
 printed too, so a fast run that learned nothing would show.
@@ -83,7 +83,7 @@ THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 SANE_ACCURACY = 20.0
 OFFICIAL_ACCURACY = re.compile(r"Domain-il accuracy: ([0-9.]+)")
 MIB = 1024 * 1024
-# The second cfl-bench side: the same run with ``--channels-last`` (cfl_bench.models).
+# The second cfl-bench side: the same run with ``--channels-last`` (cfl_bench.runner.models).
 CHANNELS_LAST = "cfl-bench --channels-last"
 
 

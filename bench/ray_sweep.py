@@ -63,8 +63,7 @@ def point_walls(out: Path) -> list[float]:
 def same_records(a: Path, b: Path) -> bool:
     names = sorted(p.parent.name for p in a.glob("*/records.csv"))
     return bool(names) and all(
-        (a / n / "records.csv").read_bytes() == (b / n / "records.csv").read_bytes()
-        for n in names
+        (a / n / "records.csv").read_bytes() == (b / n / "records.csv").read_bytes() for n in names
     )
 
 

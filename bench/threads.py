@@ -5,8 +5,8 @@
 Why: torch's default thread count (all cores) made small runs several times slower on a
 busy 2-core machine — OpenMP workers spin at every barrier while the cores they wait for are
 busy elsewhere, and their denormal arithmetic is not flushed to zero (only the main thread's
-is, see ``cfl_bench.run.configure_cpu``). ``cfl_bench.threads.choose_threads`` picks the
-default from these numbers; this script is how to check the rule on another machine.
+is, see ``cfl_bench.runner.run.configure_cpu``). ``cfl_bench.runner.threads.choose_threads``
+picks the default from these numbers; this script is how to check the rule on another machine.
 
 What is timed: one local step as the engine runs it — forward, cross-entropy, backward into
 the flat gradient, flat SGD step — on a batch of 32, for each model on the input it is used
@@ -32,10 +32,10 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cfl_bench.core.flat import FlatModel
 from cfl_bench.engine.optim import FlatSGD
-from cfl_bench.flat import FlatModel
-from cfl_bench.models import build_model
-from cfl_bench.threads import forward_flops, usable_cores
+from cfl_bench.runner.models import build_model
+from cfl_bench.runner.threads import forward_flops, usable_cores
 
 # model → (input shape, classes, steps per timing: resnet18 is ~1 s a step on 2 cores)
 MODELS: dict[str, tuple[tuple[int, ...], int, int]] = {

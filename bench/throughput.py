@@ -24,12 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bare_loop import run_bare_loop
 from bench.research_style import ResearchConfig, run_research_style
-from cfl_bench.config import make_config
-from cfl_bench.models import MnistCNN
-from cfl_bench.run import configure_cpu, execute
-from cfl_bench.seeding import derive_seed
-from streams.partition import ShardPartitioner
-from streams.registry import build_stream
+from cfl_bench.core.seeding import derive_seed
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.models import MnistCNN
+from cfl_bench.runner.run import configure_cpu, execute
+from cfl_bench.streams.partition import ShardPartitioner
+from cfl_bench.streams.registry import build_stream
 
 STRATEGIES = ("fedavg", "der", "der+fedgp")
 

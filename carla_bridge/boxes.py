@@ -8,7 +8,7 @@ only place that knows the on-disk layouts.
 Sizes are ``(width, height)`` in pixels. VOC coordinates are written as whole pixels (the
 format's convention, and what the shared files hold), so fractional boxes from a live source
 come back rounded; YOLO values are written with enough digits to round-trip to well below a
-pixel. Readers turn any bad file into a :class:`~cfl_bench.errors.UserError` that names it.
+pixel. Readers turn any bad file into a :class:`~cfl_bench.core.errors.UserError` that names it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from carla_bridge.frames import CLASSES
-from cfl_bench.errors import UserError
+from cfl_bench.carla_bridge.frames import CLASSES
+from cfl_bench.core.errors import UserError
 
 _VOC_CORNERS = ("xmin", "ymin", "xmax", "ymax")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from cfl_bench.atomic import atomic_write_text
+from cfl_bench.core.atomic import atomic_write_text
 
 #: What each evaluated set is called on the page (the carla-highway stream's tasks).
 DOMAIN_NAMES = {0: "urban (Town01–03)", 1: "highway (Town04)", -1: "Town05 (test town)"}
@@ -89,8 +89,8 @@ def frame_png(
     base64 PNG."""
     from PIL import Image, ImageDraw
 
-    from carla_bridge.detection import unpack_targets
-    from carla_bridge.frames import CLASSES
+    from cfl_bench.carla_bridge.detection import unpack_targets
+    from cfl_bench.carla_bridge.frames import CLASSES
 
     picture = Image.fromarray(image.permute(1, 2, 0).cpu().numpy())
     draw = ImageDraw.Draw(picture)
@@ -111,10 +111,10 @@ def frame_png(
 def example_frames(run_dir: Path, config: dict[str, object]) -> list[tuple[str, str, int]]:
     """(caption, base64 PNG, predicted boxes drawn) of one held-out frame per domain, with
     θ_g's boxes."""
-    from carla_bridge.detection import Detection, decode_boxes
-    from carla_bridge.detector import build_detector
-    from carla_bridge.stream import frame_stream
-    from streams.base import StreamRequest
+    from cfl_bench.carla_bridge.detection import Detection, decode_boxes
+    from cfl_bench.carla_bridge.detector import build_detector
+    from cfl_bench.carla_bridge.stream import frame_stream
+    from cfl_bench.streams.base import StreamRequest
 
     run = config["config"]
     assert isinstance(run, dict)

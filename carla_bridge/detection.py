@@ -1,6 +1,6 @@
 """The detection objective: CenterNet loss, box decoding and COCO mAP for the CARLA stream.
 
-Why an :class:`~cfl_bench.objective.Objective`: learners, replay buffers and evaluation take
+Why an :class:`~cfl_bench.core.objective.Objective`: learners, replay buffers and evaluation take
 their loss, stored outputs and metric from the stream's objective, so a detection stream
 plugs into the same engine as the classification streams once this class exists.
 
@@ -24,10 +24,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from carla_bridge.detector import REGRESSION_CHANNELS, STRIDE
-from carla_bridge.frames import CLASSES
-from cfl_bench.errors import UserError
-from cfl_bench.objective import Decode
+from cfl_bench.carla_bridge.detector import REGRESSION_CHANNELS, STRIDE
+from cfl_bench.carla_bridge.frames import CLASSES
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.objective import Decode
 
 #: Fields of one target row: label, then the xyxy box.
 TARGET_FIELDS = 5

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 
 #: Input pixels per output cell.
 STRIDE = 4

@@ -42,10 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from carla_bridge.frames import CLASSES, Domain, Frame, TimeWindow
-from carla_bridge.live_rig import Rig, build_rig
-from carla_bridge.projection import intrinsics
-from carla_bridge.segmentation import (
+from cfl_bench.carla_bridge.frames import CLASSES, Domain, Frame, TimeWindow
+from cfl_bench.carla_bridge.live_rig import Rig, build_rig
+from cfl_bench.carla_bridge.projection import intrinsics
+from cfl_bench.carla_bridge.segmentation import (
     TAG_TRAFFIC_LIGHT,
     TAG_TRAFFIC_SIGN,
     VEHICLE_TAGS,
@@ -53,7 +53,7 @@ from carla_bridge.segmentation import (
     instance_boxes,
     light_sign_boxes,
 )
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 
 #: Clients per drive at most; frame ids interleave clients in steps of this.
 MAX_CLIENTS = 16

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 
 if TYPE_CHECKING:
-    from carla_bridge.live import LiveConfig
+    from cfl_bench.carla_bridge.live import LiveConfig
 
 #: Front camera position on the ego's roof (metres, vehicle frame: x forward, z up).
 CAMERA_LOCATION: tuple[float, float, float] = (1.5, 0.0, 2.4)

@@ -39,9 +39,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from carla_bridge.boxes import voc_text, yolo_text
-from carla_bridge.frames import CLASSES, Frame, FrameSource, TimeWindow
-from cfl_bench.errors import UserError
+from cfl_bench.carla_bridge.boxes import voc_text, yolo_text
+from cfl_bench.carla_bridge.frames import CLASSES, Frame, FrameSource, TimeWindow
+from cfl_bench.core.errors import UserError
 
 
 def write_atomically(path: Path, data: bytes) -> None:

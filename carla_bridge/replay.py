@@ -38,9 +38,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from carla_bridge.boxes import read_voc, read_yolo, scale_boxes
-from carla_bridge.frames import Domain, Frame, TimeWindow
-from cfl_bench.errors import UserError
+from cfl_bench.carla_bridge.boxes import read_voc, read_yolo, scale_boxes
+from cfl_bench.carla_bridge.frames import Domain, Frame, TimeWindow
+from cfl_bench.core.errors import UserError
 
 SPLITS: tuple[str, ...] = ("train", "test")
 BOX_FORMATS: tuple[str, ...] = ("voc", "yolo")

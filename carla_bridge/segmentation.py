@@ -22,8 +22,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from carla_bridge.frames import CLASSES
-from carla_bridge.projection import box_2d_from_vertices
+from cfl_bench.carla_bridge.frames import CLASSES
+from cfl_bench.carla_bridge.projection import box_2d_from_vertices
 
 TAG_TRAFFIC_LIGHT = 7
 TAG_TRAFFIC_SIGN = 8

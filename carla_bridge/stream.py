@@ -33,11 +33,18 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from carla_bridge.detection import Detection, pack_targets
-from carla_bridge.frames import CLASSES, Frame, TimeWindow
-from carla_bridge.supplies import FrameSupply, LiveSupply, Phase, ReplaySupply
-from cfl_bench.errors import UserError
-from streams.base import RoundData, Stream, StreamRequest, TaskData, TaskTest, decoded_task
+from cfl_bench.carla_bridge.detection import Detection, pack_targets
+from cfl_bench.carla_bridge.frames import CLASSES, Frame, TimeWindow
+from cfl_bench.carla_bridge.supplies import FrameSupply, LiveSupply, Phase, ReplaySupply
+from cfl_bench.core.errors import UserError
+from cfl_bench.streams.base import (
+    RoundData,
+    Stream,
+    StreamRequest,
+    TaskData,
+    TaskTest,
+    decoded_task,
+)
 
 URBAN_TOWNS: tuple[str, ...] = ("Town01", "Town02", "Town03")
 HIGHWAY_TOWN = "Town04"
@@ -324,7 +331,7 @@ def server_address(data_root: str | None) -> tuple[str, int]:
 
 def live_supply(data_root: str | None, phases: list[Phase], clients: int, seed: int) -> LiveSupply:
     """Frames from the CARLA server ``--data-root`` names, checked reachable now."""
-    from carla_bridge.live import MAX_CLIENTS, LiveConfig, LiveSource, connect
+    from cfl_bench.carla_bridge.live import MAX_CLIENTS, LiveConfig, LiveSource, connect
 
     if not 1 <= clients <= MAX_CLIENTS:  # checked here to name the option, not num_clients
         raise UserError(

@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from carla_bridge.frames import Frame, FrameSource, TimeWindow
-from carla_bridge.replay import DomainShift, ReplaySource, scan_split
-from cfl_bench.errors import UserError
+from cfl_bench.carla_bridge.frames import Frame, FrameSource, TimeWindow
+from cfl_bench.carla_bridge.replay import DomainShift, ReplaySource, scan_split
+from cfl_bench.core.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ import typer
 from rich.console import Console
 
 from cfl_bench import carla_demo as demo
-from cfl_bench.errors import UserError
-from cfl_bench.interrupts import says_what_it_kept
-from cfl_bench.plain_help import PlainTyper
-from cfl_bench.run_dir import refuse_run_directory
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.run_dir import refuse_run_directory
+from cfl_bench.runner.interrupts import says_what_it_kept
+from cfl_bench.runner.plain_help import PlainTyper
 
 carla_app = PlainTyper(
     no_args_is_help=True,
@@ -163,9 +163,9 @@ def record_cmd(
     """Write any source's frames (images + VOC + YOLO) into --out, atomically, so a live
     drive becomes a replayable stream (read it back with --data-root). --out must be new or
     empty, or an earlier recording with --append."""
-    from carla_bridge.frames import TimeWindow
-    from carla_bridge.recorder import FrameRecorder, check_recording_folder
-    from carla_bridge.stream import FRAME_PERIOD_S, ROUND_SECONDS
+    from cfl_bench.carla_bridge.frames import TimeWindow
+    from cfl_bench.carla_bridge.recorder import FrameRecorder, check_recording_folder
+    from cfl_bench.carla_bridge.stream import FRAME_PERIOD_S, ROUND_SECONDS
 
     if not 0 < seconds <= MAX_SECONDS:
         raise UserError(
@@ -194,7 +194,7 @@ def record_cmd(
 def replay_root(source: str, data_root: str | None) -> Path | None:
     """The folder a replay source reads its frames from (None for a live source); the
     source's own refusals (an unknown source, no --data-root) come first."""
-    from carla_bridge.stream import carla_root
+    from cfl_bench.carla_bridge.stream import carla_root
 
     if source not in ("replay", "carla"):
         raise UserError(f"--source must be replay or carla, got {source!r}")
@@ -216,10 +216,10 @@ def open_source(
     seed: int,
 ) -> Any:
     """The frame source `record` pulls from: the shared frames or a live CARLA drive."""
-    from carla_bridge.stream import FRAME_PERIOD_S, URBAN_TOWNS, carla_root
+    from cfl_bench.carla_bridge.stream import FRAME_PERIOD_S, URBAN_TOWNS, carla_root
 
     if source == "carla":
-        from carla_bridge.live import LiveConfig, LiveSource
+        from cfl_bench.carla_bridge.live import LiveConfig, LiveSource
 
         config = LiveConfig(
             host=host, port=port, timeout=timeout, town=town, num_clients=clients,
@@ -230,7 +230,7 @@ def open_source(
         raise UserError(f"--source must be replay or carla, got {source!r}")
     if data_root is None:
         raise UserError("--source replay needs --data-root (the folder with the shared frames)")
-    from carla_bridge.replay import ReplaySource, scan_split
+    from cfl_bench.carla_bridge.replay import ReplaySource, scan_split
 
     root = carla_root(data_root)
     present = sorted(scan_split(root, "train", "voc"))  # the towns these frames hold

@@ -21,8 +21,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from cfl_bench.errors import RunInterruptedError, UserError
-from cfl_bench.progress import RoundLog
+from cfl_bench.core.errors import RunInterruptedError, UserError
+from cfl_bench.engine.progress import RoundLog
 
 #: Demo defaults, sized to finish within 15 minutes on 2 CPU cores (docs/carla.md).
 DEMO_CLIENTS = 4
@@ -79,7 +79,7 @@ def phase_rounds(rounds: int, shift_round: int) -> tuple[int, int]:
 
 def demo_config(options: DemoOptions) -> Any:
     """The run configuration behind the demo (a ``carla-highway`` / ``carla-live`` run)."""
-    from cfl_bench.config import make_config
+    from cfl_bench.runner.config import make_config
 
     per_task, lead = phase_rounds(options.rounds, options.shift_round)
     live = options.source == "carla"
@@ -114,7 +114,7 @@ def run_demo(options: DemoOptions, console: Console) -> Path:
     if options.source not in ("replay", "carla"):
         raise UserError(f"--source must be replay or carla, got {options.source!r}")
     if options.source == "carla":
-        from carla_bridge.live import LiveConfig, connect
+        from cfl_bench.carla_bridge.live import LiveConfig, connect
 
         # Fail fast, before any data is read: no server → one line, exit 2.
         console.print(
@@ -135,7 +135,7 @@ def run_demo(options: DemoOptions, console: Console) -> Path:
             highlight=False,
         )
     try:
-        from cfl_bench.run import execute
+        from cfl_bench.runner.run import execute
 
         with live_view(console, options) as on_round:
             result = execute(config, on_round, notify=lambda text: console.print(text))
@@ -146,7 +146,7 @@ def run_demo(options: DemoOptions, console: Console) -> Path:
             "interrupted before round 1 (loading the frames and the detector); nothing was "
             "written; rerun the same command to start (or resume) the demo"
         ) from None
-    from carla_bridge.demo_page import write_demo_page
+    from cfl_bench.carla_bridge.demo_page import write_demo_page
 
     page = write_demo_page(result.path)
     console.print(f"demo page: [bold]{page}[/]")

@@ -21,13 +21,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cfl_bench.errors import RunInterruptedError, UserError
-from cfl_bench.interrupts import print_interrupt, stop_on_sigterm
-from cfl_bench.plain_help import PlainTyper
+from cfl_bench.core.errors import RunInterruptedError, UserError
+from cfl_bench.runner.interrupts import print_interrupt, stop_on_sigterm
+from cfl_bench.runner.plain_help import PlainTyper
 
 if TYPE_CHECKING:
-    from cfl_bench.config import RunConfig
-    from cfl_bench.metric_registry import MetricSpec
+    from cfl_bench.core.metric_registry import MetricSpec
+    from cfl_bench.runner.config import RunConfig
 
 app = PlainTyper(
     add_completion=False,
@@ -133,10 +133,10 @@ def run_parameters() -> list[inspect.Parameter]:
 
     Every option defaults to "not given" (None) so a YAML file (``--config``) can set it and
     an explicit flag still wins; ``--help`` shows the real default. Values arrive as text and
-    are parsed by ``cfl_bench.config.parse_text`` — the same strict parser the sweep uses —
+    are parsed by ``cfl_bench.runner.config.parse_text`` — the same strict parser the sweep uses —
     so ``--lr inf`` and ``--clients 2.5`` get the same sentence everywhere.
     """
-    from cfl_bench.config import RunConfig, flag_name, option_kind, option_specs
+    from cfl_bench.runner.config import RunConfig, flag_name, option_kind, option_specs
 
     defaults = RunConfig()
     params = []
@@ -177,7 +177,7 @@ def run(**values: Any) -> None:
     Rerunning the same command into an unfinished run directory resumes it from its last
     checkpoint (--restart starts over); Ctrl-C stops it with exit code 130.
     """
-    from cfl_bench.config import make_config
+    from cfl_bench.runner.config import make_config
 
     yaml_path = values.pop("config")
     cfg = make_config(values, yaml_path)
@@ -186,7 +186,7 @@ def run(**values: Any) -> None:
     try:
         with stop_on_sigterm():
             # The engine (torch, pandas) only once every name and number is known to be good.
-            from cfl_bench.run import execute
+            from cfl_bench.runner.run import execute
 
             with round_display(console, f"{cfg.stream} · {cfg.strategy}") as on_round:
                 result = execute(
@@ -214,7 +214,7 @@ def run(**values: Any) -> None:
 def run_folder(cfg: RunConfig) -> str:
     """The run's directory: ``--out``, else the default name the run plan gives it (without
     --out, ``cfg.out`` is None)."""
-    from cfl_bench.plan import default_out
+    from cfl_bench.runner.plan import default_out
 
     return cfg.out or str(default_out(cfg))
 
@@ -235,7 +235,7 @@ def stopped_run_line(out: str) -> str:
     after Ctrl-C, so the same command resumes it."""
     from pathlib import Path
 
-    from cfl_bench.run_dir import CHECKPOINT
+    from cfl_bench.core.run_dir import CHECKPOINT
 
     if (Path(out) / CHECKPOINT).is_file():
         kept = f"the run stopped and keeps its last checkpoint in '{out}'"
@@ -252,17 +252,17 @@ BEFORE_ROUND_ONE = (
 
 
 def check_names(config: RunConfig) -> None:
-    """Refuse what ``cfl_bench.plan.plan_run`` would refuse from names alone: the strategy,
+    """Refuse what ``cfl_bench.runner.plan.plan_run`` would refuse from names alone: the strategy,
     stream and model names in its order, a stream's missing ``--data-root``, the partition.
 
     Why here: the engine imports torch, which takes seconds, and a misspelled name or a
     forgotten --data-root should be answered at once. Every check here is torch-free.
     """
-    from cfl_bench.model_catalogue import check_model_name
-    from cfl_bench.run_checks import check_diagnostics, check_option_pairs
-    from strategies.compose import validate_strategy
-    from streams.catalogue import require_data_root, stream_info
-    from streams.partition_spec import parse_partition_spec
+    from cfl_bench.runner.model_catalogue import check_model_name
+    from cfl_bench.runner.run_checks import check_diagnostics, check_option_pairs
+    from cfl_bench.strategies.compose import validate_strategy
+    from cfl_bench.streams.catalogue import require_data_root, stream_info
+    from cfl_bench.streams.partition_spec import parse_partition_spec
 
     validate_strategy(config.strategy)
     check_diagnostics(config)
@@ -299,7 +299,7 @@ def flower_app_cmd(app_dir: str, **values: Any) -> None:
     """
     from pathlib import Path
 
-    from cfl_bench.config import make_config
+    from cfl_bench.runner.config import make_config
 
     check_app_dir(app_dir)
     yaml_path = values.pop("config")
@@ -319,11 +319,11 @@ def check_app_dir(app_dir: str) -> None:
     cfl-bench run directory or a folder inside one (only `cfl-bench run` writes there)."""
     from pathlib import Path
 
-    from cfl_bench.atomic import path_kind
-    from cfl_bench.config import check_folder_text
+    from cfl_bench.core.atomic import path_kind
+    from cfl_bench.runner.config import check_folder_text
 
     check_folder_text("--app-dir", app_dir, "the Flower app (a new one)")
-    from cfl_bench.run_dir import refuse_run_directory
+    from cfl_bench.core.run_dir import refuse_run_directory
 
     path = Path(app_dir)
     if path.exists() and not path.is_dir():
@@ -380,7 +380,7 @@ _install_flower_commands()
 def round_display(console: Console, title: str) -> Iterator[Callable[[Any], None]]:
     """A live progress bar on a terminal; one plain line per round otherwise. Both also
     show the clients done inside a long round (``clients_done``)."""
-    from cfl_bench.progress import RoundLog
+    from cfl_bench.engine.progress import RoundLog
 
     if not console.is_terminal:
         yield RoundLog()
@@ -403,7 +403,7 @@ class LiveRounds:
     progress is done (``clients_done``: "clients 3/10" beside the bar until the round ends)."""
 
     def __init__(self, progress: Progress, bar: Any) -> None:
-        from cfl_bench.progress import RoundLog
+        from cfl_bench.engine.progress import RoundLog
 
         self.progress, self.bar = progress, bar
         self.log = RoundLog()  # keeps the ETA clock consistent with the plain form
@@ -463,7 +463,7 @@ def results_table(summary: dict[str, Any], stream: str, strategy: str) -> Table:
     column, task-IL (logits masked to the task's classes) beside class-IL (argmax over all
     classes); memory drift, bytes and time belong to the run and fill the first column only.
     """
-    from cfl_bench.metric_registry import TASK_IL_MARKER, task_il_twin, view
+    from cfl_bench.core.metric_registry import TASK_IL_MARKER, task_il_twin, view
 
     task_il = summary.get(TASK_IL_MARKER) is not None
     table = Table(title=f"{stream} · {strategy}")
@@ -639,10 +639,10 @@ def read_class_tables(run_dir: str) -> tuple[dict[str, list[list[int]]], list[in
 def refuse_damaged(run_dir: str) -> None:
     """Refuse a run that the reader of run directories finds damaged (a records.csv with
     garbage, a NaN, a line cut in half ...), in the words ``report`` uses: every command
-    gives one verdict on a run (:mod:`cfl_bench.run_reader`)."""
+    gives one verdict on a run (:mod:`cfl_bench.core.run_reader`)."""
     from pathlib import Path
 
-    from cfl_bench.run_reader import DAMAGED, read_run
+    from cfl_bench.core.run_reader import DAMAGED, read_run
 
     reading = read_run(Path(run_dir))
     if reading.status == DAMAGED:
@@ -690,7 +690,7 @@ def leaderboard_cmd(
 
     One row per (protocol, strategy): mean ± std over seeds (sample by default, --std
     population for ddof=0). Without --out the files go to <first RUN_DIR>/leaderboard/."""
-    from leaderboard.command import leaderboard_command
+    from cfl_bench.leaderboard.command import leaderboard_command
 
     code = leaderboard_command(run_dirs, out, check, std=std)
     if code:
@@ -712,7 +712,7 @@ def report_cmd(
 
     For a single run, finished or not: curves, accuracy matrix, memory drift, per-round loss
     and bytes, clients, configuration."""
-    from leaderboard.report import report_command
+    from cfl_bench.leaderboard.report import report_command
 
     report_command(run_dir, out)
 
@@ -808,13 +808,13 @@ def list_cmd(
         print_components(console)
         return
     if what == "models":
-        from cfl_bench.model_catalogue import MODEL_DESCRIPTIONS
+        from cfl_bench.runner.model_catalogue import MODEL_DESCRIPTIONS
 
         table = listing_table("model", "description")
         for name, description in MODEL_DESCRIPTIONS.items():
             table.add_row(name, description)
     elif what == "partitions":
-        from streams.partition_spec import PARTITIONERS
+        from cfl_bench.streams.partition_spec import PARTITIONERS
 
         table = listing_table("partition", "description")
         for name, text in PARTITIONERS.items():
@@ -840,7 +840,7 @@ def print_streams(console: Console) -> None:
     from rich.markup import escape
     from rich.padding import Padding
 
-    from streams.catalogue import AVALANCHE_FORM, AVALANCHE_STREAM_HELP, STREAMS
+    from cfl_bench.streams.catalogue import AVALANCHE_FORM, AVALANCHE_STREAM_HELP, STREAMS
 
     def block(name: str, description: str, defaults: str, data: str) -> None:
         console.print(f"[bold]{escape(name)}[/]", highlight=False)
@@ -874,7 +874,7 @@ def print_components(console: Console) -> None:
     from rich.markup import escape
     from rich.padding import Padding
 
-    from strategies.registry import describe_components
+    from cfl_bench.strategies.registry import describe_components
 
     for row in describe_components():
         # describe_components() types its rows dict[str, object]; these two fields are a
@@ -1026,7 +1026,7 @@ SWEEP_OWN_FLAGS = {
 
 def run_flag_fields() -> dict[str, str]:
     """Every flag of `cfl-bench run` (both forms of booleans) → the option it sets."""
-    from cfl_bench.config import flag_name, option_kind, option_specs
+    from cfl_bench.runner.config import flag_name, option_kind, option_specs
 
     flags = {"--config": "config"}
     for name, spec in option_specs().items():

@@ -2,7 +2,7 @@
 
 Why a package of its own: aggregation, the CSV, the HTML report, its plots and the
 reproduction check each read the same run records but change for different reasons, so each
-lives in its own module (DESIGN.md §2: one concept per module):
+lives in its own module (docs/architecture.md, "Layers": one concept per module):
 
 * :mod:`leaderboard.runs`      find and validate run directories → one row per run (a
   damaged record makes its run ``damaged``: listed and counted, never averaged);

@@ -36,10 +36,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cfl_bench import metric_registry as registry
-from cfl_bench.errors import UserError
-from leaderboard.protocol import describe_protocol
-from leaderboard.runs import COUNTED_STATUSES, CURVES, MATRICES, METRICS
+from cfl_bench.core import metric_registry as registry
+from cfl_bench.core.errors import UserError
+from cfl_bench.leaderboard.protocol import describe_protocol
+from cfl_bench.leaderboard.runs import COUNTED_STATUSES, CURVES, MATRICES, METRICS
 
 if TYPE_CHECKING:
     import numpy as np

@@ -38,11 +38,15 @@ def build_leaderboard(
     wait for thousands of runs to load); then the run directories are found and ``--out``
     is checked against them; both files are rendered in memory and only then written.
     Damaged runs do not stop anything: they are listed (see :mod:`leaderboard.runs`)."""
-    from leaderboard.aggregate import aggregate, std_ddof
-    from leaderboard.html import HTML_NAME, render_html
-    from leaderboard.output import check_board_out, refuse_run_directory, write_board_files
-    from leaderboard.runs import find_run_dirs, load_found
-    from leaderboard.table import CSV_NAME, board_csv
+    from cfl_bench.leaderboard.aggregate import aggregate, std_ddof
+    from cfl_bench.leaderboard.html import HTML_NAME, render_html
+    from cfl_bench.leaderboard.output import (
+        check_board_out,
+        refuse_run_directory,
+        write_board_files,
+    )
+    from cfl_bench.leaderboard.runs import find_run_dirs, load_found
+    from cfl_bench.leaderboard.table import CSV_NAME, board_csv
 
     std_ddof(std)
     out = check_board_out(out_dir, (CSV_NAME, HTML_NAME))

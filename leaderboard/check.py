@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cfl_bench.errors import UserError
-from cfl_bench.run_dir import os_problem
-from leaderboard.aggregate import NUMERIC_COLUMNS
-from leaderboard.runs import METRICS
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.run_dir import os_problem
+from cfl_bench.leaderboard.aggregate import NUMERIC_COLUMNS
+from cfl_bench.leaderboard.runs import METRICS
 
 if TYPE_CHECKING:
     import pandas as pd

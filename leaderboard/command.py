@@ -22,13 +22,13 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from cfl_bench.metric_registry import MetricSpec
-    from leaderboard.check import Outcome
+    from cfl_bench.core.metric_registry import MetricSpec
+    from cfl_bench.leaderboard.check import Outcome
 
 
 def _compact(row: pd.Series, metric: str, spec: str = ".2f", with_std: bool = False) -> str:
@@ -44,7 +44,7 @@ def _compact(row: pd.Series, metric: str, spec: str = ".2f", with_std: bool = Fa
 def terminal_cell(row: pd.Series, spec: MetricSpec) -> str:
     """One metric of the terminal table: accuracies as mean ± std (what a reader compares
     strategies by), everything else as the mean alone; bytes in B / KB / MB."""
-    from leaderboard.plots import human_bytes
+    from cfl_bench.leaderboard.plots import human_bytes
 
     if spec.unit == "bytes":
         mean = float(row[f"{spec.column}_mean"])
@@ -59,8 +59,8 @@ def summary_tables(board: pd.DataFrame, std: str = "sample") -> list[Table]:
     The caption names the std kind (``std``: sample or population), because "±" alone
     does not say whether it is ddof=1 or ddof=0.
     The task-IL and notes columns appear only when some row has them."""
-    from cfl_bench import metric_registry as registry
-    from leaderboard.aggregate import row_notes, std_kind
+    from cfl_bench.core import metric_registry as registry
+    from cfl_bench.leaderboard.aggregate import row_notes, std_kind
 
     legend = f"mean ± std over the finished seeds, std_kind = {std_kind(std)}; – = one seed"
     marker = registry.metric(registry.TASK_IL_MARKER).column
@@ -142,7 +142,7 @@ def default_out(run_dirs: Sequence[str]) -> str:
     run directory itself is refused, as an ``--out`` inside one would be; an argument that
     is no folder gets the sentence ``RUN_DIRS`` problems always get.
     """
-    from leaderboard.runs import CONFIG, SUMMARY, find_run_dirs
+    from cfl_bench.leaderboard.runs import CONFIG, SUMMARY, find_run_dirs
 
     if not run_dirs or not os.path.isdir(run_dirs[0]):
         find_run_dirs(run_dirs[:1])  # refuses: no arguments, or one that is not a folder
@@ -171,9 +171,9 @@ def leaderboard_command(
     (exit 2) before any work. ``--check`` compares ``*_std`` targets with the std kind
     chosen here. ``out`` None means :func:`default_out`.
     """
-    from leaderboard.aggregate import std_ddof
-    from leaderboard.build import build_leaderboard
-    from leaderboard.check import check_targets, read_targets
+    from cfl_bench.leaderboard.aggregate import std_ddof
+    from cfl_bench.leaderboard.build import build_leaderboard
+    from cfl_bench.leaderboard.check import check_targets, read_targets
 
     console = console or Console()
     std_ddof(std)

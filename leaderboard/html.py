@@ -33,22 +33,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cfl_bench import metric_registry as registry
-from cfl_bench.atomic import atomic_write_text
-from leaderboard.aggregate import (
+from cfl_bench.core import metric_registry as registry
+from cfl_bench.core.atomic import atomic_write_text
+from cfl_bench.leaderboard.aggregate import (
     DEFAULT_STD,
     protocol_json,
     row_notes,
     std_kind,
     strategy_series,
 )
-from leaderboard.page import CSS, SORT_JS, TEMPLATE
-from leaderboard.plots import curves_svg, drift_svg, heatmaps_svg, human_bytes, scatter_svg
+from cfl_bench.leaderboard.page import CSS, SORT_JS, TEMPLATE
+from cfl_bench.leaderboard.plots import (
+    curves_svg,
+    drift_svg,
+    heatmaps_svg,
+    human_bytes,
+    scatter_svg,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from cfl_bench.metric_registry import MetricSpec
+    from cfl_bench.core.metric_registry import MetricSpec
 
 HTML_NAME = "leaderboard.html"
 #: Environment keys shown in the machines table (what config.json records).

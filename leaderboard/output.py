@@ -3,10 +3,10 @@
 Why a module of its own: the rules are the project's rule for bad input applied to
 ``--out`` — one sentence naming the problem and the fix, and nothing left on disk that was
 not there before — and they need the run directories found by :mod:`leaderboard.runs`,
-which :func:`cfl_bench.run_dir.check_out_path` (shared with ``cfl-bench run``) cannot know.
+which :func:`cfl_bench.core.run_dir.check_out_path` (shared with ``cfl-bench run``) cannot know.
 
 * Path problems (a name too long, a path below a file, a broken link, a folder that cannot
-  be written) are refused by :func:`cfl_bench.run_dir.check_out_path` before any run is
+  be written) are refused by :func:`cfl_bench.core.run_dir.check_out_path` before any run is
   read; its sentences name ``--out`` and fit this command too.
 * A run directory is never a leaderboard folder: ``--out`` holding ``config.json`` or
   ``summary.json``, or lying in a run directory being read, is refused. Two files that
@@ -26,11 +26,11 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from cfl_bench.atomic import atomic_write_text
-from cfl_bench.errors import UserError
-from cfl_bench.run_dir import check_out_path, os_problem
-from cfl_bench.run_dir import refuse_run_directory as refuse_any_run_directory
-from leaderboard.runs import CONFIG, SUMMARY
+from cfl_bench.core.atomic import atomic_write_text
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.run_dir import check_out_path, os_problem
+from cfl_bench.core.run_dir import refuse_run_directory as refuse_any_run_directory
+from cfl_bench.leaderboard.runs import CONFIG, SUMMARY
 
 
 def check_board_out(out_dir: str | Path, names: Sequence[str]) -> Path:
@@ -58,7 +58,7 @@ def check_board_out(out_dir: str | Path, names: Sequence[str]) -> Path:
 
 def refuse_run_directory(out: Path, run_dirs: Sequence[tuple[Path, str]]) -> None:
     """Refuse an ``--out`` that is a run directory, or lies inside one: any run's (in the
-    words every command uses, :func:`cfl_bench.run_dir.refuse_run_directory`), or one of
+    words every command uses, :func:`cfl_bench.core.run_dir.refuse_run_directory`), or one of
     ``run_dirs`` reached through a link (the (real path, shown path) pairs of
     :func:`leaderboard.runs.find_run_dirs`)."""
     for name in (CONFIG, SUMMARY):
@@ -94,7 +94,7 @@ def write_board_files(
     nothing as far as the file system allows; returns the paths written. ``what`` names the
     files in the error sentence (``cfl-bench report`` writes "the report" with it).
 
-    Each file is first written atomically (fsync, see :mod:`cfl_bench.atomic`) under a
+    Each file is first written atomically (fsync, see :mod:`cfl_bench.core.atomic`) under a
     hidden staging name in ``out``, then all are renamed into place. On an OSError the
     staged files and the folders made here are removed and a UserError names the reason.
     """

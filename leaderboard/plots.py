@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from matplotlib.typing import RcKeyType
 
-    from leaderboard.aggregate import StrategySeries
+    from cfl_bench.leaderboard.aggregate import StrategySeries
 
 #: rcParams for every report figure (applied with rc_context, never globally).
 STYLE: dict[RcKeyType, Any] = {

@@ -12,7 +12,7 @@ Why it is built from the leaderboard's parts: the same object-API matplotlib fig
 rendered to deterministic inline SVG (:mod:`leaderboard.plots`, with a one-strategy
 :class:`~leaderboard.aggregate.StrategySeries` for the per-task figures), the same
 stylesheet, sorting script and Content-Security-Policy (:mod:`leaderboard.page`,
-:func:`leaderboard.html.content_security_policy`) and the same writer for ``--out``
+:func:`cfl_bench.leaderboard.html.content_security_policy`) and the same writer for ``--out``
 (:mod:`leaderboard.output`). So the page is one offline file that makes no request, shows
 every string from the data as text, and is a pure function of the run directory (no
 clock): the same run always gives the same bytes.
@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cfl_bench.errors import UserError
-from cfl_bench.run_dir import (
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.run_dir import (
     RUN_FILES,
     check_out_path,
     is_run_directory,
@@ -42,9 +42,9 @@ from cfl_bench.run_dir import (
 )
 
 if TYPE_CHECKING:
-    from cfl_bench.metric_registry import MetricSpec
-    from leaderboard.aggregate import StrategySeries
-    from leaderboard.run_data import RunData
+    from cfl_bench.core.metric_registry import MetricSpec
+    from cfl_bench.leaderboard.aggregate import StrategySeries
+    from cfl_bench.leaderboard.run_data import RunData
 
 REPORT_NAME = "report.html"
 #: Suffixes a report file may have (anything else is most likely a mistyped path).
@@ -132,7 +132,7 @@ def fmt(value: Any, spec: str = ".2f", unit: str = "") -> str:
 
 
 def fmt_bytes(value: Any) -> str:
-    from leaderboard.plots import human_bytes
+    from cfl_bench.leaderboard.plots import human_bytes
 
     return human_bytes(float(value)) if _finite(value) else "–"
 
@@ -160,7 +160,7 @@ def metric_rows(data: RunData, scenario: str) -> list[dict[str, str]]:
     unfinished run after the accuracies, the client spread after memory drift). Every
     number is recomputed from records.csv, except time and memory (only summary.json
     knows them)."""
-    from cfl_bench import metric_registry as registry
+    from cfl_bench.core import metric_registry as registry
 
     m = data.metrics
     task_il = registry.TASK_IL_MARKER in m
@@ -218,8 +218,8 @@ def run_series(data: RunData) -> StrategySeries:
     the leaderboard's per-task figures draw it unchanged."""
     import numpy as np
 
-    from leaderboard.aggregate import StrategySeries
-    from leaderboard.runs import CURVES, MATRICES
+    from cfl_bench.leaderboard.aggregate import StrategySeries
+    from cfl_bench.leaderboard.runs import CURVES, MATRICES
 
     m = data.metrics
 
@@ -248,7 +248,7 @@ def run_series(data: RunData) -> StrategySeries:
 def _figures(items: Sequence[tuple[str | None, str]]) -> list[dict[str, Any]]:
     from markupsafe import Markup
 
-    from leaderboard.html import figure_id_of
+    from cfl_bench.leaderboard.html import figure_id_of
 
     return [
         {"id": figure_id_of(svg), "svg": Markup(svg), "caption": caption}
@@ -258,7 +258,7 @@ def _figures(items: Sequence[tuple[str | None, str]]) -> list[dict[str, Any]]:
 
 
 def task_figures(data: RunData, scenario_label: str) -> list[dict[str, Any]]:
-    from leaderboard.plots import curves_svg, drift_svg, matrix_panels_svg
+    from cfl_bench.leaderboard.plots import curves_svg, drift_svg, matrix_panels_svg
 
     series = run_series(data)
     panels = [
@@ -288,9 +288,9 @@ def task_figures(data: RunData, scenario_label: str) -> list[dict[str, Any]]:
 
 
 def round_figures(data: RunData) -> list[dict[str, Any]]:
-    from leaderboard.report_curves import round_accuracy_svg
-    from leaderboard.report_plots import rounds_svg
-    from leaderboard.run_data import per_round
+    from cfl_bench.leaderboard.report_curves import round_accuracy_svg
+    from cfl_bench.leaderboard.report_plots import rounds_svg
+    from cfl_bench.leaderboard.run_data import per_round
 
     records = data.records
     ends = [e for e in data.eval_rounds if e <= max(data.rounds_done, 1)]
@@ -317,8 +317,12 @@ def round_figures(data: RunData) -> list[dict[str, Any]]:
 
 
 def client_figures(data: RunData) -> list[dict[str, Any]]:
-    from leaderboard.report_plots import buffer_drift_svg, class_tables_svg, client_spread_svg
-    from leaderboard.run_data import buffer_drift_matrix, client_values_at_task_ends
+    from cfl_bench.leaderboard.report_plots import (
+        buffer_drift_svg,
+        class_tables_svg,
+        client_spread_svg,
+    )
+    from cfl_bench.leaderboard.run_data import buffer_drift_matrix, client_values_at_task_ends
 
     per_task = client_values_at_task_ends(data.records)
     ends = [e for e in data.eval_rounds if e <= max(data.rounds_done, 1)]
@@ -347,7 +351,7 @@ def client_figures(data: RunData) -> list[dict[str, Any]]:
 
 def client_table(data: RunData) -> tuple[list[int], list[dict[str, Any]]]:
     """(1-based tasks, rows) of every client's accuracy at each task end."""
-    from leaderboard.run_data import client_values_at_task_ends
+    from cfl_bench.leaderboard.run_data import client_values_at_task_ends
 
     per_task = client_values_at_task_ends(data.records)
     tasks = sorted(per_task)
@@ -367,7 +371,7 @@ def client_table(data: RunData) -> tuple[list[int], list[dict[str, Any]]]:
 
 def class_table_context(data: RunData) -> list[dict[str, Any]] | None:
     """Every task's exact client × class counts (classes present in the task only)."""
-    from leaderboard.report_plots import present_classes
+    from cfl_bench.leaderboard.report_plots import present_classes
 
     if data.class_tables is None:
         return None
@@ -480,12 +484,12 @@ def render_report(data: RunData) -> str:
     import jinja2
     from markupsafe import Markup
 
-    from leaderboard.html import SCENARIOS, content_security_policy
-    from leaderboard.page import SORT_JS
-    from leaderboard.protocol import describe_protocol
-    from leaderboard.report_page import FIGURES_MACRO, REPORT_CSS, TEMPLATE
-    from leaderboard.report_plots import payload_rows
-    from leaderboard.runs import INCOMPLETE_MESSAGE
+    from cfl_bench.leaderboard.html import SCENARIOS, content_security_policy
+    from cfl_bench.leaderboard.page import SORT_JS
+    from cfl_bench.leaderboard.protocol import describe_protocol
+    from cfl_bench.leaderboard.report_page import FIGURES_MACRO, REPORT_CSS, TEMPLATE
+    from cfl_bench.leaderboard.report_plots import payload_rows
+    from cfl_bench.leaderboard.runs import INCOMPLETE_MESSAGE
 
     identity = data.identity
     scenario = identity.get("scenario") or ""
@@ -537,9 +541,9 @@ def build_report(run_dir: str, out: str | None = None) -> tuple[Path, RunData]:
     wait for a large run to load), the page is rendered in memory, and only then written
     (atomically, creating missing folders, see :func:`leaderboard.output.write_board_files`),
     so a refusal at any step leaves nothing behind."""
-    from cfl_bench.text_values import utf8_text
-    from leaderboard.output import write_board_files
-    from leaderboard.run_data import check_run_dir, load_run_data
+    from cfl_bench.core.text_values import utf8_text
+    from cfl_bench.leaderboard.output import write_board_files
+    from cfl_bench.leaderboard.run_data import check_run_dir, load_run_data
 
     folder = check_run_dir(run_dir)
     path = check_report_out(str(default_out(run_dir)) if out is None else out, folder)
@@ -554,7 +558,7 @@ def report_command(run_dir: str, out: str | None) -> None:
     from rich.console import Console
     from rich.text import Text
 
-    from cfl_bench.text_values import utf8_text
+    from cfl_bench.core.text_values import utf8_text
 
     path, data = build_report(run_dir, out)
     line = Text("report written to ")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from leaderboard.plots import (
+from cfl_bench.leaderboard.plots import (
     ACC_MIN_SPAN,
     PERCENT_RANGE,
     figure_style,

@@ -9,7 +9,7 @@ autoescaping, only the SVG figures (escaped by matplotlib) and these constants m
 
 from __future__ import annotations
 
-from leaderboard.page import CSS
+from cfl_bench.leaderboard.page import CSS
 
 REPORT_CSS = (
     CSS

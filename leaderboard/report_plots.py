@@ -24,7 +24,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from leaderboard.plots import (
+from cfl_bench.leaderboard.plots import (
     ACC_MIN_SPAN,
     PERCENT_RANGE,
     figure_legend,
@@ -194,7 +194,7 @@ def client_spread_svg(
     (numpy's linear method, as the summary's client_acc_p10/p50/p90); None without data."""
     import numpy as np
 
-    from cfl_bench.metrics import client_spread
+    from cfl_bench.core.metrics import client_spread
 
     tasks = [t for t in sorted(per_task) if per_task[t]]
     if not tasks:

@@ -5,20 +5,20 @@ one row per run and lists a damaged run instead of stopping, because one bad dir
 among hundreds must not take the board down. A report is about *one* run: there is nothing
 else to show, so every problem is refused with one sentence naming the file and the fix
 (exit 2, nothing written). Both read the directory with the same reader,
-:func:`cfl_bench.run_reader.read_run` (JSON records and ``records.csv``), so the runs the
+:func:`cfl_bench.core.run_reader.read_run` (JSON records and ``records.csv``), so the runs the
 report refuses are exactly those the leaderboard lists as damaged, for the same reason.
 
 Why everything comes from ``records.csv``: it is the run's measurement log, appended as
 rounds finish, so an unfinished run (still running, killed, or stopped by a crash) has
 records up to its last round but no ``summary.json``. Its report shows what exists. The
-per-task numbers are recomputed with :func:`cfl_bench.metrics.summarize`, the very function
+per-task numbers are recomputed with :func:`cfl_bench.core.metrics.summarize`, the very function
 that writes ``summary.json``, so a finished run's page shows the summary's numbers; if
 they disagree anyway (a summary edited, or written by other code), the page says so.
 Only task ends that were reached count: an accuracy measured during a task that has not
 ended (``--eval-every-round``) is not that task's end-of-task evaluation, and using it
 would put a number in the accuracy matrix that the finished run would never hold.
 
-``records.csv`` is read and checked by the reader (:mod:`cfl_bench.run_reader`: exact
+``records.csv`` is read and checked by the reader (:mod:`cfl_bench.core.run_reader`: exact
 floats, the header, integer task and round columns, known scopes, values finite and in the
 possible range of their metric, NaN only where a divergence put it, a cut last line dropped
 with a note for an unfinished or failed run and refused in a finished or diverged one).
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cfl_bench import metric_registry as registry
-from cfl_bench.errors import UserError
-from cfl_bench.run_dir import os_problem
-from cfl_bench.run_reader import (  # noqa: F401 (VALUE_RANGES: importable from here too)
+from cfl_bench.core import metric_registry as registry
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.run_dir import os_problem
+from cfl_bench.core.run_reader import (  # noqa: F401 (VALUE_RANGES: importable from here too)
     CONFIG,
     DAMAGED,
     RECORDS,
@@ -83,7 +83,7 @@ def _refuse(run_dir: str, problem: str) -> UserError:
 
 def check_run_dir(run_dir: str) -> Path:
     """RUN_DIR as a folder holding ``config.json``, or a UserError saying what it is."""
-    from leaderboard.runs import find_run_dirs
+    from cfl_bench.leaderboard.runs import find_run_dirs
 
     if run_dir == "":
         raise UserError("RUN_DIR is empty; pass a run directory written by `cfl-bench run`.")
@@ -200,9 +200,9 @@ def task_end_records(records: pd.DataFrame, ends: list[int], rounds_done: int) -
 
 def load_run_data(run_dir: str) -> RunData:
     """Read and check everything a report shows about the run in ``run_dir``: the run
-    directory as :func:`cfl_bench.run_reader.read_run` reads it (a damaged one is refused
+    directory as :func:`cfl_bench.core.run_reader.read_run` reads it (a damaged one is refused
     with its reason), then the numbers derived from its records."""
-    from cfl_bench.metrics import summarize
+    from cfl_bench.core.metrics import summarize
 
     folder = check_run_dir(run_dir)
     reading = read_run(folder, run_dir)

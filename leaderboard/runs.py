@@ -2,8 +2,8 @@
 
 Why a separate loading step: every later stage (means, plots, checks) must see exactly the
 same runs with exactly the same status, and a malformed file must stop everything with one
-line naming the file and the fix (DESIGN.md §7) instead of turning into a NaN that quietly
-drops out of a mean.
+line naming the file and the fix (docs/architecture.md, "Errors and data safety") instead of
+turning into a NaN that quietly drops out of a mean.
 
 A *run directory* is any folder holding ``config.json`` or ``summary.json``. RUN_DIRS
 arguments may be run directories themselves or folders holding them at any depth. Status:
@@ -17,7 +17,7 @@ arguments may be run directories themselves or folders holding them at any depth
   seed twice would shrink the standard deviation for nothing;
 * ``damaged`` — a ``config.json``, ``summary.json`` or ``records.csv`` that cfl-bench cannot
   have written (garbage, a NaN where no divergence put it, a finished run's last line cut in
-  half, a metric outside its possible range, ...): :mod:`cfl_bench.run_reader`, the reader
+  half, a metric outside its possible range, ...): :mod:`cfl_bench.core.run_reader`, the reader
   that ``report``, sweeps and ``clients`` use too, decides it and gives the reason; the
   message names the file and the problem.
 
@@ -31,7 +31,7 @@ damaged run never takes part in duplicate detection, since its identity may come
 damaged file.
 
 Only ``finished`` runs enter means (see :mod:`leaderboard.aggregate`). Forgetting values are
-re-derived from the stored accuracy matrices (see :mod:`cfl_bench.run_reader`).
+re-derived from the stored accuracy matrices (see :mod:`cfl_bench.core.run_reader`).
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cfl_bench.errors import UserError
-from cfl_bench.run_dir import os_problem
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.run_dir import os_problem
 
 # The reader's names, kept importable from here (the leaderboard's modules and tests use
 # them): the columns of a run row, and how a record is read and checked.
-from cfl_bench.run_reader import (  # noqa: F401
+from cfl_bench.core.run_reader import (  # noqa: F401
     CONFIG,
     CURVES,
     DAMAGED,
@@ -65,7 +65,7 @@ from cfl_bench.run_reader import (  # noqa: F401
     read_record,
     read_run,
 )
-from cfl_bench.text_values import utf8_text
+from cfl_bench.core.text_values import utf8_text
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -16,8 +16,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cfl_bench.atomic import atomic_write_text
-from leaderboard.aggregate import BOARD_COLUMNS
+from cfl_bench.core.atomic import atomic_write_text
+from cfl_bench.leaderboard.aggregate import BOARD_COLUMNS
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from strategies import declarations
-from strategies.base import Declaration, Learner, StepView, StrategyEnv
-from strategies.declarations import AGEMOptions
-from strategies.projection import projected
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import Declaration, Learner, StepView, StrategyEnv
+from cfl_bench.strategies.declarations import AGEMOptions
+from cfl_bench.strategies.projection import projected
 
 if TYPE_CHECKING:
-    from cfl_bench.engine.context import ClientState
-    from cfl_bench.flat import FlatModel
+    from cfl_bench.core.context import ClientState
+    from cfl_bench.core.flat import FlatModel
 
 
 class AGEM(Learner):

@@ -2,8 +2,8 @@
 
 A strategy is a composition ``learner+component+…`` (see ``strategies.compose``). Each
 component declares its roles, options (with defaults and parsers), requirements, payloads
-and the paper it follows; the engine calls only the hooks below, in the order DESIGN.md §3
-fixes (docs/architecture.md draws it):
+and the paper it follows; the engine calls only the hooks below, in the order of
+docs/architecture.md, "One round":
 
     task start       component.on_task_start(server, task, holdout)  (public holdout slice)
                      component.on_holdout_labels(server, task, x, y)  (its labels, if any)
@@ -34,7 +34,7 @@ Client-side hooks (``round_inputs``, ``client_inputs``, the step functions, ``af
 see the client's state, the round's ``Broadcast`` and the model being trained — never the
 server — so a client update can run in another process. Server-side hooks see the
 ``ServerState``. No component counts traffic or tracks model versions: it declares its
-``payloads`` and the engine moves and counts them (``cfl_bench.engine.payloads``).
+``payloads`` and the engine moves and counts them (``cfl_bench.core.payloads``).
 
 State lives in explicit objects: per-client state in ``ClientState.extras[component]`` and
 server state on the component instance (one instance per run, its ``state_attributes``
@@ -70,10 +70,10 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from cfl_bench.engine.payloads import Payload
-from cfl_bench.errors import UserError
-from cfl_bench.objective import Classification, Objective
-from cfl_bench.text_values import (  # noqa: F401 - the option parsers components use
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.objective import Classification, Objective
+from cfl_bench.core.payloads import Payload
+from cfl_bench.core.text_values import (  # noqa: F401 - the option parsers components use
     boolean,
     finite_float,
     non_negative_float,
@@ -84,20 +84,20 @@ from cfl_bench.text_values import (  # noqa: F401 - the option parsers component
     strict_int,
     unit_fraction,
 )
-from strategies.replay import ReplayPlan
+from cfl_bench.strategies.replay import ReplayPlan
 
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import (
+    from cfl_bench.core.context import (
         Broadcast,
         ClientState,
         LocalRound,
         ServerState,
         Upload,
     )
-    from cfl_bench.engine.payloads import ClientRequest
-    from cfl_bench.flat import FlatModel
+    from cfl_bench.core.flat import FlatModel
+    from cfl_bench.core.payloads import ClientRequest
 
 
 class Role(str, enum.Enum):
@@ -294,7 +294,7 @@ def options_of(options: type[Any]) -> tuple[Option, ...]:
 
 
 #: Capabilities a model (not the stream's objective) provides; the run's model facts say which
-#: of them its model has (``cfl_bench.model_catalogue`` lists them per model).
+#: of them its model has (``cfl_bench.runner.model_catalogue`` lists them per model).
 MODEL_CAPABILITIES: frozenset[str] = frozenset({"features"})
 
 
@@ -355,7 +355,7 @@ class StrategyEnv:
 class ExtraWork:
     """The work a component adds to each round outside the local steps, as sample counts.
 
-    Why declared: the run's cost estimate (``cfl_bench.cost``) multiplies these counts by
+    Why declared: the run's cost estimate (``cfl_bench.runner.cost``) multiplies these counts by
     measured per-sample times, so a method that does extra work changes the estimate by
     declaring it here, and the estimate never needs to know the method. Zero (or None):
     no such work. Components' declarations add up.
@@ -403,7 +403,7 @@ class Declaration:
     paper: str
     roles: frozenset[Role] = frozenset()
     options: type[Any] = NoOptions
-    # What it sends besides the model (see ``cfl_bench.engine.payloads``).
+    # What it sends besides the model (see ``cfl_bench.core.payloads``).
     payloads: tuple[Payload, ...] = ()
     # Work on the server's own schedule around aggregation (a round-start snapshot, a
     # client request after aggregation): shown as a role, never dispatched on.
@@ -442,7 +442,7 @@ class Component:
     options: ClassVar[tuple[Option, ...]] = ()
     needs_buffer: ClassVar[bool] = False
     requires: ClassVar[frozenset[str]] = frozenset()
-    # What this component sends besides the model (see ``cfl_bench.engine.payloads``).
+    # What this component sends besides the model (see ``cfl_bench.core.payloads``).
     payloads: ClassVar[tuple[Payload, ...]] = ()
     server_schedule: ClassVar[bool] = False
     # Instance attributes that change during a run and must survive a checkpoint (tensors,

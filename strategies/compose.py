@@ -30,9 +30,9 @@ import difflib
 import re
 from dataclasses import dataclass
 
-from cfl_bench.errors import UserError
-from cfl_bench.text_values import split_options
-from strategies.base import (
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.text_values import split_options
+from cfl_bench.strategies.base import (
     MODEL_CAPABILITIES,
     Component,
     Declaration,
@@ -42,8 +42,8 @@ from strategies.base import (
     StrategyEnv,
     quoted,
 )
-from strategies.registry import component_class, component_table
-from strategies.roles import Aggregator, GradientTransform, LossTerm, ServerHook
+from cfl_bench.strategies.registry import component_class, component_table
+from cfl_bench.strategies.roles import Aggregator, GradientTransform, LossTerm, ServerHook
 
 # "+" separates components unless it is a number's sign: directly after "=" or after a digit
 # and an exponent letter ("1e+3"), and directly before a digit or ".".

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from cfl_bench.engine.payloads import Payload
-from cfl_bench.text_values import (
+from cfl_bench.core.payloads import Payload
+from cfl_bench.core.text_values import (
     boolean,
     finite_float,
     non_negative_float,
@@ -30,7 +30,7 @@ from cfl_bench.text_values import (
     positive_int,
     unit_fraction,
 )
-from strategies.base import Declaration, Role, option, text
+from cfl_bench.strategies.base import Declaration, Role, option, text
 
 # (cifar100 last: the refusal listing the choices keeps its earlier wording as a prefix)
 PUBLIC_CHOICES = ("auto", "fashion-mnist", "holdout", "cifar100")
@@ -395,7 +395,7 @@ class FedDFOptions:
 
 FEDAVG = Declaration(
     name="fedavg",
-    target="strategies.fedavg:FedAvg",
+    target="cfl_bench.strategies.fedavg:FedAvg",
     summary="plain local SGD on the current task; FedAvg aggregation (lower bound)",
     paper="McMahan et al., AISTATS 2017",
     roles=frozenset({Role.LEARNER}),
@@ -403,7 +403,7 @@ FEDAVG = Declaration(
 
 ER = Declaration(
     name="er",
-    target="strategies.er:ER",
+    target="cfl_bench.strategies.er:ER",
     summary="CE on the batch + CE on a reservoir buffer draw",
     paper="Chaudhry et al., 2019 (tiny episodic memories, reservoir ER)",
     roles=frozenset({Role.LEARNER}),
@@ -411,7 +411,7 @@ ER = Declaration(
 
 DER = Declaration(
     name="der",
-    target="strategies.der:DER",
+    target="cfl_bench.strategies.der:DER",
     summary="CE + α·MSE between current and stored logits on buffer samples",
     paper="Buzzega et al., NeurIPS 2020 (DER)",
     roles=frozenset({Role.LEARNER}),
@@ -420,7 +420,7 @@ DER = Declaration(
 
 DERPP = Declaration(
     name="derpp",
-    target="strategies.derpp:DERPP",
+    target="cfl_bench.strategies.derpp:DERPP",
     summary="DER + β·CE on the labels of a second, independent buffer draw",
     paper="Buzzega et al., NeurIPS 2020 (DER++)",
     roles=frozenset({Role.LEARNER}),
@@ -429,7 +429,7 @@ DERPP = Declaration(
 
 AGEM = Declaration(
     name="agem",
-    target="strategies.agem:AGEM",
+    target="cfl_bench.strategies.agem:AGEM",
     summary="project the batch gradient when it conflicts with the buffer gradient",
     paper="Chaudhry et al., ICLR 2019 (A-GEM)",
     roles=frozenset({Role.LEARNER}),
@@ -438,7 +438,7 @@ AGEM = Declaration(
 
 IDEAL = Declaration(
     name="ideal",
-    target="strategies.ideal:Ideal",
+    target="cfl_bench.strategies.ideal:Ideal",
     summary="upper bound: each client trains on all its data of tasks 1..t",
     paper="joint training upper bound (as in the FedGP paper's tables)",
     roles=frozenset({Role.LEARNER}),
@@ -446,7 +446,7 @@ IDEAL = Declaration(
 
 FEDPROX = Declaration(
     name="fedprox",
-    target="strategies.fedprox:FedProx",
+    target="cfl_bench.strategies.fedprox:FedProx",
     summary="proximal term (μ/2)‖θ − θ_g‖² to the round's global model",
     paper="Li et al., MLSys 2020 (FedProx)",
     roles=frozenset({Role.LOSS_TERM}),
@@ -455,7 +455,7 @@ FEDPROX = Declaration(
 
 FEDCURV = Declaration(
     name="fedcurv",
-    target="strategies.fedcurv:FedCurv",
+    target="cfl_bench.strategies.fedcurv:FedCurv",
     summary="Fisher-weighted penalty towards the other clients' parameters",
     paper="Shoham et al., 2019 (FedCurv)",
     roles=frozenset({Role.LOSS_TERM}),
@@ -470,7 +470,7 @@ FEDCURV = Declaration(
 
 FEDNTD = Declaration(
     name="fedntd",
-    target="strategies.fedntd:FedNTD",
+    target="cfl_bench.strategies.fedntd:FedNTD",
     summary="distil the round's global model on the not-true classes only",
     paper="Lee et al., NeurIPS 2022 (FedNTD)",
     roles=frozenset({Role.LOSS_TERM}),
@@ -479,7 +479,7 @@ FEDNTD = Declaration(
 
 MOON = Declaration(
     name="moon",
-    target="strategies.moon:MOON",
+    target="cfl_bench.strategies.moon:MOON",
     summary="contrast the representation with the global model's (+) and the last local one's (−)",
     paper="Li, He and Song, CVPR 2021 (MOON)",
     roles=frozenset({Role.LOSS_TERM}),
@@ -488,7 +488,7 @@ MOON = Declaration(
 
 LWF = Declaration(
     name="lwf",
-    target="strategies.lwf:LwF",
+    target="cfl_bench.strategies.lwf:LwF",
     summary="distil the outputs of the model that finished the previous task",
     paper="Li & Hoiem, ECCV 2016 (LwF)",
     roles=frozenset({Role.LOSS_TERM}),
@@ -497,7 +497,7 @@ LWF = Declaration(
 
 EWC = Declaration(
     name="ewc",
-    target="strategies.ewc:OnlineEWC",
+    target="cfl_bench.strategies.ewc:OnlineEWC",
     summary="online EWC: (λ/2)·Σ F*(θ − θ*)² with a running Fisher F* ← γF* + F_t per task",
     paper="Schwarz et al., ICML 2018 (online EWC)",
     roles=frozenset({Role.LOSS_TERM}),
@@ -506,7 +506,7 @@ EWC = Declaration(
 
 FEDPROJ = Declaration(
     name="fedproj",
-    target="strategies.fedproj:FedProj",
+    target="cfl_bench.strategies.fedproj:FedProj",
     summary=(
         "distil the clients' public-data logit ensemble into θ_g; project local gradients "
         "against the ensemble's memory gradient"
@@ -525,7 +525,7 @@ FEDPROJ = Declaration(
 
 FEDGP = Declaration(
     name="fedgp",
-    target="strategies.fedgp:FedGP",
+    target="cfl_bench.strategies.fedgp:FedGP",
     summary="project local gradients against the clients' averaged buffer gradient at θ_g",
     paper="Dai et al., FedGP / Fed-A-GEM (buffer-based gradient projection)",
     roles=frozenset({Role.GRAD_TRANSFORM}),
@@ -543,7 +543,7 @@ FEDGP = Declaration(
 
 IFA = Declaration(
     name="ifa",
-    target="strategies.ifa:IFA",
+    target="cfl_bench.strategies.ifa:IFA",
     summary="reset a ρ fraction of θ_g at every generation end",
     paper='"Forget to Generalize: Iterative Adaptation" (IFA), 2026',
     roles=frozenset(),
@@ -556,7 +556,7 @@ IFA = Declaration(
 
 FEDDYN = Declaration(
     name="feddyn",
-    target="strategies.feddyn:FedDyn",
+    target="cfl_bench.strategies.feddyn:FedDyn",
     summary="dynamic regulariser −⟨h_k, θ⟩ + (α/2)‖θ − θ_g‖²; server corrects θ_g by −h/α",
     paper="Acar et al., ICLR 2021 (FedDyn)",
     roles=frozenset({Role.AGGREGATOR, Role.LOSS_TERM}),
@@ -565,7 +565,7 @@ FEDDYN = Declaration(
 
 SCAFFOLD = Declaration(
     name="scaffold",
-    target="strategies.scaffold:Scaffold",
+    target="cfl_bench.strategies.scaffold:Scaffold",
     summary="control variates: g ← g − c_k + c at every local step; server c and η_g step",
     paper="Karimireddy et al., ICML 2020 (SCAFFOLD)",
     roles=frozenset({Role.GRAD_TRANSFORM}),
@@ -582,7 +582,7 @@ SCAFFOLD = Declaration(
 
 FEDNOVA = Declaration(
     name="fednova",
-    target="strategies.fednova:FedNova",
+    target="cfl_bench.strategies.fednova:FedNova",
     summary=(
         "normalised averaging: θ_g ← θ_g − τ_eff·Σ p_k (θ_g − θ_k)/a_k (a_k: local steps, "
         "momentum-corrected)"
@@ -594,7 +594,7 @@ FEDNOVA = Declaration(
 
 FEDAVGM = Declaration(
     name="fedavgm",
-    target="strategies.fedopt:FedAvgM",
+    target="cfl_bench.strategies.fedopt:FedAvgM",
     summary="server momentum: v ← βv + (θ_old − θ_avg); θ_g ← θ_old − η_s·v",
     paper="Hsu et al., 2019 (FedAvgM)",
     roles=frozenset({Role.AGGREGATOR}),
@@ -603,7 +603,7 @@ FEDAVGM = Declaration(
 
 FEDOPT = Declaration(
     name="fedopt",
-    target="strategies.fedopt:FedOpt",
+    target="cfl_bench.strategies.fedopt:FedOpt",
     summary="adaptive server optimizer (adam, yogi, adagrad) on the pseudo-gradient θ_avg − θ_old",
     paper="Reddi et al., ICLR 2021 (FedAdam, FedYogi, FedAdagrad)",
     roles=frozenset({Role.AGGREGATOR}),
@@ -612,7 +612,7 @@ FEDOPT = Declaration(
 
 FEDDF = Declaration(
     name="feddf",
-    target="strategies.feddf:FedDF",
+    target="cfl_bench.strategies.feddf:FedDF",
     summary=(
         "distil the round's client-model ensemble (mean logits on public data) into the FedAvg mean"
     ),

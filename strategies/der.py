@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import ClassVar
 
-from strategies import declarations
-from strategies.base import Declaration, Learner, StrategyEnv
-from strategies.declarations import DEROptions
-from strategies.replay import ReplayPlan, ReplayTerm
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import Declaration, Learner, StrategyEnv
+from cfl_bench.strategies.declarations import DEROptions
+from cfl_bench.strategies.replay import ReplayPlan, ReplayTerm
 
 
 def is_mnist_like(stream_name: str) -> bool:

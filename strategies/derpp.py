@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from strategies import declarations
-from strategies.base import Declaration, Learner, StrategyEnv
-from strategies.declarations import DERPPOptions
-from strategies.replay import ReplayPlan, ReplayTerm
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import Declaration, Learner, StrategyEnv
+from cfl_bench.strategies.declarations import DERPPOptions
+from cfl_bench.strategies.replay import ReplayPlan, ReplayTerm
 
 
 class DERPP(Learner):

@@ -26,7 +26,7 @@ import torch
 from torch.nn import functional as F
 
 if TYPE_CHECKING:
-    from cfl_bench.flat import FlatModel
+    from cfl_bench.core.flat import FlatModel
 
 
 def teacher_log_probs(z_ens: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from strategies import declarations
-from strategies.base import Declaration, Learner
-from strategies.replay import ReplayPlan, ReplayTerm
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import Declaration, Learner
+from cfl_bench.strategies.replay import ReplayPlan, ReplayTerm
 
 
 class ER(Learner):

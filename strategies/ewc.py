@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING, ClassVar, cast
 
 import torch
 
-from strategies import declarations
-from strategies.base import ClientInputs, Component, Declaration, ExtraWork, StrategyEnv
-from strategies.declarations import OnlineEWCOptions
-from strategies.fedcurv import client_generator, sampled_fisher
-from strategies.projection import row_dot
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import ClientInputs, Component, Declaration, ExtraWork, StrategyEnv
+from cfl_bench.strategies.declarations import OnlineEWCOptions
+from cfl_bench.strategies.fedcurv import client_generator, sampled_fisher
+from cfl_bench.strategies.projection import row_dot
 
 if TYPE_CHECKING:
-    from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, Upload
+    from cfl_bench.core.context import Broadcast, ClientState, LocalRound, Upload
 
 
 def elastic_penalty(

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from strategies import declarations
-from strategies.base import Declaration, Learner
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import Declaration, Learner
 
 
 class FedAvg(Learner):

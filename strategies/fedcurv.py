@@ -29,17 +29,17 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from cfl_bench.objective import Classification
-from cfl_bench.seeding import generator
-from strategies import declarations
-from strategies.base import ClientInputs, Component, Declaration, ExtraWork, StrategyEnv
-from strategies.declarations import FedCurvOptions
-from strategies.projection import row_dot
+from cfl_bench.core.objective import Classification
+from cfl_bench.core.seeding import generator
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import ClientInputs, Component, Declaration, ExtraWork, StrategyEnv
+from cfl_bench.strategies.declarations import FedCurvOptions
+from cfl_bench.strategies.projection import row_dot
 
 if TYPE_CHECKING:
-    from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, ServerState, Upload
-    from cfl_bench.flat import FlatModel
-    from cfl_bench.objective import Objective
+    from cfl_bench.core.context import Broadcast, ClientState, LocalRound, ServerState, Upload
+    from cfl_bench.core.flat import FlatModel
+    from cfl_bench.core.objective import Objective
 
 
 def diagonal_fisher(

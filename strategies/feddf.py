@@ -48,19 +48,19 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, ClassVar
 
-from cfl_bench.engine.evaluation import predict_logits
-from cfl_bench.flat import FlatModel
-from cfl_bench.seeding import generator
-from strategies import declarations
-from strategies.base import Component, Declaration, ExtraWork, StrategyEnv
-from strategies.declarations import FedDFOptions
-from strategies.distillation import distill, teacher_log_probs
-from strategies.public_set import PublicSetUser
+from cfl_bench.core.evaluation import predict_logits
+from cfl_bench.core.flat import FlatModel
+from cfl_bench.core.seeding import generator
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import Component, Declaration, ExtraWork, StrategyEnv
+from cfl_bench.strategies.declarations import FedDFOptions
+from cfl_bench.strategies.distillation import distill, teacher_log_probs
+from cfl_bench.strategies.public_set import PublicSetUser
 
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import ServerState, Upload
+    from cfl_bench.core.context import ServerState, Upload
 
 CLIP_NORM = 5.0  # the authors' clip_grad_norm_ before every student step
 

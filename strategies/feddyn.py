@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, ClassVar, cast
 
 import torch
 
-from strategies import declarations
-from strategies.base import ClientInputs, Component, Declaration, StrategyEnv
-from strategies.declarations import FedDynOptions
-from strategies.projection import row_dot
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import ClientInputs, Component, Declaration, StrategyEnv
+from cfl_bench.strategies.declarations import FedDynOptions
+from cfl_bench.strategies.projection import row_dot
 
 if TYPE_CHECKING:
-    from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, ServerState, Upload
+    from cfl_bench.core.context import Broadcast, ClientState, LocalRound, ServerState, Upload
 
 
 def dynamic_penalty(

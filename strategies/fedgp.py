@@ -30,17 +30,24 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from cfl_bench.engine.payloads import ClientRequest, Reply
-from cfl_bench.errors import UserError
-from strategies import declarations
-from strategies.base import ClientInputs, Component, Declaration, ExtraWork, StepView, StrategyEnv
-from strategies.declarations import FedGPOptions
-from strategies.projection import projected, row_dot
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.payloads import ClientRequest, Reply
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import (
+    ClientInputs,
+    Component,
+    Declaration,
+    ExtraWork,
+    StepView,
+    StrategyEnv,
+)
+from cfl_bench.strategies.declarations import FedGPOptions
+from cfl_bench.strategies.projection import projected, row_dot
 
 if TYPE_CHECKING:
-    from cfl_bench.engine.context import Broadcast, ClientState, ServerState
-    from cfl_bench.flat import FlatModel
-    from cfl_bench.objective import Objective
+    from cfl_bench.core.context import Broadcast, ClientState, ServerState
+    from cfl_bench.core.flat import FlatModel
+    from cfl_bench.core.objective import Objective
 
 
 class FedGP(Component):

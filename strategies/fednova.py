@@ -41,12 +41,12 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from cfl_bench.errors import UserError
-from strategies import declarations
-from strategies.base import Component, Declaration, StrategyEnv
+from cfl_bench.core.errors import UserError
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import Component, Declaration, StrategyEnv
 
 if TYPE_CHECKING:
-    from cfl_bench.engine.context import ClientState, LocalRound, ServerState, Upload
+    from cfl_bench.core.context import ClientState, LocalRound, ServerState, Upload
 
 TAU = "fednova.tau"
 

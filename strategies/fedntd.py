@@ -25,14 +25,20 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch.nn import functional as F
 
-from cfl_bench.errors import UserError
-from cfl_bench.objective import masked_mean
-from strategies import declarations
-from strategies.base import ClientInputs, Component, Declaration, FrozenForward, StrategyEnv
-from strategies.declarations import FedNTDOptions
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.objective import masked_mean
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import (
+    ClientInputs,
+    Component,
+    Declaration,
+    FrozenForward,
+    StrategyEnv,
+)
+from cfl_bench.strategies.declarations import FedNTDOptions
 
 if TYPE_CHECKING:
-    from cfl_bench.engine.context import Broadcast
+    from cfl_bench.core.context import Broadcast
 
 
 def drop_true_class(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

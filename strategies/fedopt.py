@@ -49,12 +49,12 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from strategies import declarations
-from strategies.base import Component, Declaration, Role, StrategyEnv
-from strategies.declarations import FedAvgMOptions, FedOptOptions
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import Component, Declaration, Role, StrategyEnv
+from cfl_bench.strategies.declarations import FedAvgMOptions, FedOptOptions
 
 if TYPE_CHECKING:
-    from cfl_bench.engine.context import ServerState, Upload
+    from cfl_bench.core.context import ServerState, Upload
 
 
 #: The best server learning rate of Reddi et al.'s CIFAR-10 grid, per server optimizer.

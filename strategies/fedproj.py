@@ -64,18 +64,30 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from cfl_bench.engine.evaluation import predict_logits
-from cfl_bench.errors import UserError
-from cfl_bench.seeding import generator
-from strategies import declarations
-from strategies.base import ClientInputs, Component, Declaration, ExtraWork, StepView, StrategyEnv
-from strategies.declarations import FedProjOptions
-from strategies.distillation import distill, kl_to_teacher, teacher_log_probs, train_labelled
-from strategies.projection import conflict_coefficients
-from strategies.public_set import PublicSetUser
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.evaluation import predict_logits
+from cfl_bench.core.seeding import generator
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import (
+    ClientInputs,
+    Component,
+    Declaration,
+    ExtraWork,
+    StepView,
+    StrategyEnv,
+)
+from cfl_bench.strategies.declarations import FedProjOptions
+from cfl_bench.strategies.distillation import (
+    distill,
+    kl_to_teacher,
+    teacher_log_probs,
+    train_labelled,
+)
+from cfl_bench.strategies.projection import conflict_coefficients
+from cfl_bench.strategies.public_set import PublicSetUser
 
 if TYPE_CHECKING:
-    from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, ServerState, Upload
+    from cfl_bench.core.context import Broadcast, ClientState, LocalRound, ServerState, Upload
 
 STATE_KEY = "fedproj"
 

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from strategies import declarations
-from strategies.base import ClientInputs, Component, Declaration, StrategyEnv
-from strategies.declarations import FedProxOptions
-from strategies.projection import row_dot
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import ClientInputs, Component, Declaration, StrategyEnv
+from cfl_bench.strategies.declarations import FedProxOptions
+from cfl_bench.strategies.projection import row_dot
 
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import Broadcast
+    from cfl_bench.core.context import Broadcast
 
 
 def proximal_penalty(

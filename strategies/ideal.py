@@ -11,8 +11,8 @@ from typing import ClassVar
 
 import torch
 
-from strategies import declarations
-from strategies.base import Declaration, Learner
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import Declaration, Learner
 
 
 class Ideal(Learner):

@@ -40,15 +40,15 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
-from cfl_bench.errors import UserError
-from cfl_bench.seeding import generator
-from strategies import declarations
-from strategies.base import Component, Declaration, StrategyEnv
-from strategies.declarations import IFAOptions
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.seeding import generator
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import Component, Declaration, StrategyEnv
+from cfl_bench.strategies.declarations import IFAOptions
 
 if TYPE_CHECKING:
-    from cfl_bench.engine.context import ServerState
-    from cfl_bench.flat import ParamSlice
+    from cfl_bench.core.context import ServerState
+    from cfl_bench.core.flat import ParamSlice
 
 
 def later_layers_start(slices: tuple[ParamSlice, ...], rho: float) -> int:

@@ -31,13 +31,19 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch.nn import functional as F
 
-from cfl_bench.objective import masked_mean
-from strategies import declarations
-from strategies.base import ClientInputs, Component, Declaration, FrozenForward, StrategyEnv
-from strategies.declarations import LwFOptions
+from cfl_bench.core.objective import masked_mean
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import (
+    ClientInputs,
+    Component,
+    Declaration,
+    FrozenForward,
+    StrategyEnv,
+)
+from cfl_bench.strategies.declarations import LwFOptions
 
 if TYPE_CHECKING:
-    from cfl_bench.engine.context import Broadcast, ClientState, LocalRound
+    from cfl_bench.core.context import Broadcast, ClientState, LocalRound
 
 
 def softened_cross_entropy(

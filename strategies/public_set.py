@@ -24,16 +24,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from cfl_bench.errors import UserError
-from cfl_bench.seeding import generator
-from strategies.declarations import (  # noqa: F401 - PUBLIC_CHOICES re-exported (tests)
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.seeding import generator
+from cfl_bench.strategies.declarations import (  # noqa: F401 - PUBLIC_CHOICES re-exported (tests)
     PUBLIC_CHOICES,
     FedDFOptions,
     FedProjOptions,
 )
 
 if TYPE_CHECKING:
-    from strategies.base import StrategyEnv
+    from cfl_bench.strategies.base import StrategyEnv
 
 # Image shape (C, H, W) of each named set (``streams.public_data.PUBLIC_SHAPES``; a test pins
 # the two tables together, since strategies do not import streams).

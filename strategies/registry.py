@@ -11,11 +11,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from strategies.base import Declaration
-from strategies.declarations import TABLE
+from cfl_bench.strategies.base import Declaration
+from cfl_bench.strategies.declarations import TABLE
 
 if TYPE_CHECKING:
-    from strategies.base import Component
+    from cfl_bench.strategies.base import Component
 
 
 def component_table() -> dict[str, Declaration]:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.objective import Objective
+    from cfl_bench.core.objective import Objective
 
 #: The replay terms a plan can hold: the objective's loss on the draw's stored labels, or
 #: the mean squared error to the outputs stored with them (DER's logits).
@@ -60,7 +60,7 @@ def logit_mse(
     """DER's term before weighting: the mean squared error over rows × outputs."""
     from torch.nn import functional as F
 
-    from cfl_bench.objective import masked_mean
+    from cfl_bench.core.objective import masked_mean
 
     if mask is None:
         return F.mse_loss(outputs, stored)

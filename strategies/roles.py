@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, ServerState, Upload
-    from cfl_bench.engine.payloads import ClientRequest
-    from cfl_bench.flat import FlatModel
-    from strategies.base import ClientInputs, FrozenForward, StepView
+    from cfl_bench.core.context import Broadcast, ClientState, LocalRound, ServerState, Upload
+    from cfl_bench.core.flat import FlatModel
+    from cfl_bench.core.payloads import ClientRequest
+    from cfl_bench.strategies.base import ClientInputs, FrozenForward, StepView
 
 
 @runtime_checkable

@@ -64,16 +64,16 @@ from typing import TYPE_CHECKING, ClassVar, cast
 
 import torch
 
-from cfl_bench.errors import UserError
-from strategies import declarations
-from strategies.base import ClientInputs, Component, Declaration, StepView, StrategyEnv
-from strategies.declarations import ScaffoldOptions
-from strategies.fednova import momentum_steps
+from cfl_bench.core.errors import UserError
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import ClientInputs, Component, Declaration, StepView, StrategyEnv
+from cfl_bench.strategies.declarations import ScaffoldOptions
+from cfl_bench.strategies.fednova import momentum_steps
 
 if TYPE_CHECKING:
-    from cfl_bench.engine.context import ClientState, LocalRound, ServerState, Upload
-    from cfl_bench.flat import FlatModel
-    from cfl_bench.objective import Objective
+    from cfl_bench.core.context import ClientState, LocalRound, ServerState, Upload
+    from cfl_bench.core.flat import FlatModel
+    from cfl_bench.core.objective import Objective
 
 C = "scaffold.c"
 DC = "scaffold.dc"

@@ -76,10 +76,10 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data._utils.collate import default_collate
 
-from cfl_bench.errors import UserError
-from cfl_bench.seeding import derive_seed
-from streams.base import Stream, TaskData
-from streams.datafiles import (
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.seeding import derive_seed
+from cfl_bench.streams.base import Stream, TaskData
+from cfl_bench.streams.datafiles import (
     check_data_root,
     classify_download_failure,
     leftovers_removed_on_failure,

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from cfl_bench.errors import UserError
-from cfl_bench.objective import Classification, Objective
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.objective import Classification, Objective
 
 if TYPE_CHECKING:
-    from streams.images import ImageSplits
+    from cfl_bench.streams.images import ImageSplits
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,12 @@ from typing import Protocol
 
 import torch
 
-from cfl_bench.errors import UserError
-from streams.base import Stream, StreamRequest
-from streams.catalogue import StreamInfo
-from streams.cifar import layout as cifar_layout
-from streams.cifar import load_cifar10, load_cifar100
-from streams.class_il import (
+from cfl_bench.core.errors import UserError
+from cfl_bench.streams.base import Stream, StreamRequest
+from cfl_bench.streams.catalogue import StreamInfo
+from cfl_bench.streams.cifar import layout as cifar_layout
+from cfl_bench.streams.cifar import load_cifar10, load_cifar100
+from cfl_bench.streams.class_il import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     CIFAR100_MEAN,
@@ -30,11 +30,16 @@ from streams.class_il import (
     ClassILStream,
     check_class_tasks,
 )
-from streams.datafiles import check_data_root
-from streams.digits import digits_images
-from streams.domain_il import DomainILStream, PermutedStream, RotatedStream, check_domain_tasks
-from streams.images import ImageSplits, checked_size
-from streams.mnist import load_mnist
+from cfl_bench.streams.datafiles import check_data_root
+from cfl_bench.streams.digits import digits_images
+from cfl_bench.streams.domain_il import (
+    DomainILStream,
+    PermutedStream,
+    RotatedStream,
+    check_domain_tasks,
+)
+from cfl_bench.streams.images import ImageSplits, checked_size
+from cfl_bench.streams.mnist import load_mnist
 
 # CIFAR base → (loader, normalisation mean, std): the class-IL family's own data.
 _CIFAR: dict[str, tuple[Callable[..., ImageSplits], tuple[float, ...], tuple[float, ...]]] = {
@@ -120,7 +125,7 @@ def build_class_il(info: StreamInfo, request: StreamRequest) -> Stream:
 
 def build_static(info: StreamInfo, request: StreamRequest) -> Stream:
     """mnist, fmnist, cifar10, cifar100, cinic10: one task with all classes."""
-    from streams.static import StaticStream, check_static_tasks
+    from cfl_bench.streams.static import StaticStream, check_static_tasks
 
     root = request.require_data_root()
     check_data_root(
@@ -144,13 +149,13 @@ def _static_base(
     info: StreamInfo, root: Path, download: bool
 ) -> tuple[ImageSplits, tuple[tuple[float, ...], tuple[float, ...]]]:
     """The base images of a static stream and their normalisation statistics."""
-    from streams.static import FMNIST_STATS, MNIST_STATS
+    from cfl_bench.streams.static import FMNIST_STATS, MNIST_STATS
 
     if info.base in _CIFAR:
         loader, mean, std = _CIFAR[info.base]
         return loader(root, download=download), (mean, std)
     if info.base == "cinic10":
-        from streams.cinic import CINIC10_MEAN, CINIC10_STD, load_cinic10
+        from cfl_bench.streams.cinic import CINIC10_MEAN, CINIC10_STD, load_cinic10
 
         return load_cinic10(root), (CINIC10_MEAN, CINIC10_STD)
     if info.base == "mnist":
@@ -184,8 +189,8 @@ def build_text(info: StreamInfo, request: StreamRequest) -> Stream:
     prefixes and embed them (the encoder stack is imported only here)."""
     root = request.require_data_root()
     check_data_root(root, holds=info.data)
-    from streams.text import CLASS_NAMES, load_text_dataset
-    from streams.text_stream import CLASSES_PER_TASK, EmbeddedTextStream
+    from cfl_bench.streams.text import CLASS_NAMES, load_text_dataset
+    from cfl_bench.streams.text_stream import CLASSES_PER_TASK, EmbeddedTextStream
 
     num_classes = len(CLASS_NAMES[info.base])
     check_class_tasks(info.name, request.num_tasks, CLASSES_PER_TASK, num_classes)
@@ -203,7 +208,7 @@ def build_text(info: StreamInfo, request: StreamRequest) -> Stream:
 def build_avalanche(info: StreamInfo, request: StreamRequest) -> Stream:
     """``avalanche:package.module:factory``: any Avalanche benchmark (``--tasks`` 0 takes
     all its experiences; ``--download`` has no say, Avalanche fetches its own files)."""
-    from streams.avalanche import build_avalanche_stream
+    from cfl_bench.streams.avalanche import build_avalanche_stream
 
     return build_avalanche_stream(
         info.name,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, replace
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 
 # The embedded digits have ~140 training images per client (40× fewer than MNIST); a few
 # local epochs at a larger step let the quickstart learn something in seconds.
@@ -79,7 +79,7 @@ class StreamInfo:
         return f"{self.data} under --data-root{fetch}"
 
 
-BUILDERS = "streams.builders"
+BUILDERS = "cfl_bench.streams.builders"
 
 
 def _domain_il_info(name: str, transform: str, base: str, builder: str) -> StreamInfo:
@@ -206,7 +206,7 @@ for _name, _description, _tasks, _rounds, _holds in (
         default_lr=0.005,
         default_epochs=2,
         data=_holds,
-        builder="carla_bridge.stream:build_frame_stream",
+        builder="cfl_bench.carla_bridge.stream:build_frame_stream",
         base="carla-object-detection",
     )
 
@@ -266,7 +266,7 @@ def stream_info(name: str) -> StreamInfo:
     if name in STREAMS:
         return STREAMS[name]
     if name.startswith(AVALANCHE_PREFIX):
-        from streams.avalanche import parse_spec  # torch: only for this form
+        from cfl_bench.streams.avalanche import parse_spec  # torch: only for this form
 
         module, factory = parse_spec(name)
         return StreamInfo(

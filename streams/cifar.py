@@ -25,9 +25,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from cfl_bench.errors import UserError
-from streams.datafiles import check_data_root, data_file, fetch_quietly, one_line, read_error
-from streams.images import ImageSplits
+from cfl_bench.core.errors import UserError
+from cfl_bench.streams.datafiles import (
+    check_data_root,
+    data_file,
+    fetch_quietly,
+    one_line,
+    read_error,
+)
+from cfl_bench.streams.images import ImageSplits
 
 CHANNELS, HEIGHT, WIDTH = 3, 32, 32
 PIXELS = CHANNELS * HEIGHT * WIDTH  # 3072 bytes per image: 1024 red, 1024 green, 1024 blue

@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cfl_bench.errors import UserError
-from streams.datafiles import check_data_root, one_line
-from streams.images import ImageSplits
+from cfl_bench.core.errors import UserError
+from cfl_bench.streams.datafiles import check_data_root, one_line
+from cfl_bench.streams.images import ImageSplits
 
 FOLDER = "CINIC-10"
 CLASSES = (

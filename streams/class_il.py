@@ -21,10 +21,17 @@ import abc
 
 import torch
 
-from cfl_bench.errors import UserError
-from streams.augment import crop_flip, cutout, normalize
-from streams.base import Stream, TaskData, TaskTest, TaskTrain, decoded_task, images_identity
-from streams.images import ImageSplits
+from cfl_bench.core.errors import UserError
+from cfl_bench.streams.augment import crop_flip, cutout, normalize
+from cfl_bench.streams.base import (
+    Stream,
+    TaskData,
+    TaskTest,
+    TaskTrain,
+    decoded_task,
+    images_identity,
+)
+from cfl_bench.streams.images import ImageSplits
 
 # Per-channel statistics used by Mammoth's seq-cifar10 / seq-cifar100 transforms.
 CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2615)

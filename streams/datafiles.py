@@ -29,8 +29,8 @@ import urllib.error
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from cfl_bench.atomic import path_kind
-from cfl_bench.errors import UserError
+from cfl_bench.core.atomic import path_kind
+from cfl_bench.core.errors import UserError
 
 # Seconds one socket operation of a download may block. Python's default is "forever", so a
 # network that silently drops packets would hang --download instead of failing.

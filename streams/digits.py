@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from streams.images import ImageSplits
+from cfl_bench.streams.images import ImageSplits
 
 LEVELS = 16
 TEST_EVERY = 5

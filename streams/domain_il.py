@@ -22,11 +22,18 @@ import hashlib
 
 import torch
 
-from cfl_bench.errors import UserError
-from cfl_bench.seeding import generator
-from streams.base import Stream, TaskData, TaskTest, TaskTrain, decoded_task, images_identity
-from streams.images import ImageSplits
-from streams.transforms import permute_pixels, rotate_batch
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.seeding import generator
+from cfl_bench.streams.base import (
+    Stream,
+    TaskData,
+    TaskTest,
+    TaskTrain,
+    decoded_task,
+    images_identity,
+)
+from cfl_bench.streams.images import ImageSplits
+from cfl_bench.streams.transforms import permute_pixels, rotate_batch
 
 MAX_ANGLE = 180.0
 

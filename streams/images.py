@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 
 
 @dataclass(frozen=True)

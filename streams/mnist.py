@@ -17,9 +17,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cfl_bench.errors import UserError
-from streams.datafiles import check_data_root, data_file, fetch_quietly, one_line, read_bytes
-from streams.idx import IdxFormatError, parse_images, parse_labels
+from cfl_bench.core.errors import UserError
+from cfl_bench.streams.datafiles import (
+    check_data_root,
+    data_file,
+    fetch_quietly,
+    one_line,
+    read_bytes,
+)
+from cfl_bench.streams.idx import IdxFormatError, parse_images, parse_labels
 
 DATASETS = ("MNIST", "FashionMNIST")
 SPLITS = {"train": "train", "test": "t10k"}

@@ -27,10 +27,10 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from cfl_bench.errors import UserError
-from cfl_bench.seeding import derive_seed, generator
-from cfl_bench.text_values import quoted
-from streams.partition_spec import (  # noqa: F401 - re-exported: the partition names
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.seeding import derive_seed, generator
+from cfl_bench.core.text_values import quoted
+from cfl_bench.streams.partition_spec import (  # noqa: F401 - re-exported: the partition names
     OPTION_PARSERS,
     PARTITIONERS,
     parse_partition_spec,

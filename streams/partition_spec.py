@@ -11,8 +11,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 
-from cfl_bench.errors import UserError
-from cfl_bench.text_values import (
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.text_values import (
     non_negative_int,
     positive_float,
     positive_int,
@@ -103,7 +103,7 @@ def unknown_option(name: str, key: str) -> str:
 
 
 # -- option values ---------------------------------------------------------------------------
-# Option values follow the project's one rule for typed text (cfl_bench.text_values).
+# Option values follow the project's one rule for typed text (cfl_bench.core.text_values).
 
 
 # Every partition's options, in the order messages list them; the keys are exactly the

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from streams.cifar import cifar_train_present, load_cifar_train_images
-from streams.mnist import load_idx_split, split_present
+from cfl_bench.streams.cifar import cifar_train_present, load_cifar_train_images
+from cfl_bench.streams.mnist import load_idx_split, split_present
 
 # public set name → image shape (C, H, W); the stream's inputs must have the same.
 PUBLIC_SHAPES: dict[str, tuple[int, int, int]] = {

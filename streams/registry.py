@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import torch
 
-from streams.base import Stream, StreamRequest
-from streams.catalogue import (
+from cfl_bench.streams.base import Stream, StreamRequest
+from cfl_bench.streams.catalogue import (
     AVALANCHE_STREAM_HELP,
     STREAMS,
     StreamInfo,

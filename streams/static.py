@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from cfl_bench.errors import UserError
-from streams.class_il import ClassILStream
-from streams.images import ImageSplits
+from cfl_bench.core.errors import UserError
+from cfl_bench.streams.class_il import ClassILStream
+from cfl_bench.streams.images import ImageSplits
 
 STATIC = "static"
 

@@ -44,9 +44,9 @@ from typing import Any
 
 import torch
 
-from cfl_bench.atomic import atomic_write
-from cfl_bench.errors import UserError
-from streams.datafiles import check_data_root, data_file, one_line, read_bytes, read_error
+from cfl_bench.core.atomic import atomic_write
+from cfl_bench.core.errors import UserError
+from cfl_bench.streams.datafiles import check_data_root, data_file, one_line, read_bytes, read_error
 
 INSTALL_HINT = 'pip install -e ".[text]"'
 

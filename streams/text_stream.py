@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from streams.base import data_identity
-from streams.class_il import ClassSplitStream, check_class_tasks, check_tasks_have_data
-from streams.text import DEFAULT_ENCODER, TextSplits, embedded_splits
+from cfl_bench.streams.base import data_identity
+from cfl_bench.streams.class_il import ClassSplitStream, check_class_tasks, check_tasks_have_data
+from cfl_bench.streams.text import DEFAULT_ENCODER, TextSplits, embedded_splits
 
 CLASSES_PER_TASK = 2
 

@@ -16,8 +16,8 @@ from avalanche.benchmarks import class_incremental_benchmark
 from avalanche.benchmarks.utils import as_classification_dataset
 from torch.utils.data import TensorDataset
 
-from streams.digits import load_digits
-from streams.mnist import load_mnist
+from cfl_bench.streams.digits import load_digits
+from cfl_bench.streams.mnist import load_mnist
 
 # The slice the end-to-end factory uses: the first examples of each digits split.
 TINY_TRAIN, TINY_TEST = 600, 200

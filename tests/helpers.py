@@ -8,23 +8,23 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from cfl_bench.buffer import ReservoirBuffer
+from cfl_bench.core.buffer import ReservoirBuffer
+from cfl_bench.core.context import Broadcast, ClientState, LocalRound, ServerState, StepContext
+from cfl_bench.core.flat import FlatModel
+from cfl_bench.core.objective import Classification
 from cfl_bench.engine.client_update import LocalTrainer, StepSchedule
-from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, ServerState, StepContext
 from cfl_bench.engine.executor import SequentialExecutor
 from cfl_bench.engine.loop import Federation, Schedule
 from cfl_bench.engine.optim import FlatSGD
 from cfl_bench.engine.round_server import RoundServer
-from cfl_bench.executors import executor_kind
-from cfl_bench.flat import FlatModel
-from cfl_bench.model_catalogue import model_capabilities, models_offering
-from cfl_bench.models import build_model
-from cfl_bench.objective import Classification
-from strategies.base import ClientInputs, Component, ModelFacts, StrategyEnv
-from strategies.compose import Strategy, build_strategy
-from streams.partition import Partitioner, ShardPartitioner
-from streams.public_data import public_images
-from streams.registry import build_stream
+from cfl_bench.runner.executors import executor_kind
+from cfl_bench.runner.model_catalogue import model_capabilities, models_offering
+from cfl_bench.runner.models import build_model
+from cfl_bench.strategies.base import ClientInputs, Component, ModelFacts, StrategyEnv
+from cfl_bench.strategies.compose import Strategy, build_strategy
+from cfl_bench.streams.partition import Partitioner, ShardPartitioner
+from cfl_bench.streams.public_data import public_images
+from cfl_bench.streams.registry import build_stream
 
 CPU = torch.device("cpu")
 
@@ -115,7 +115,7 @@ def sequential_term(
     """``component``'s loss term on ``st`` (its outputs already computed) as the sequential
     executor computes it: its inputs for ``cl``'s round, its frozen forwards on a copy of
     ``model`` (``ClientStepFunctions.loss_term``)."""
-    from strategies.fedavg import FedAvg
+    from cfl_bench.strategies.fedavg import FedAvg
 
     inputs = inputs_for(component, cl, local)
     st.inputs = {} if inputs is None else {component.name: inputs}
@@ -234,7 +234,7 @@ def round_server(
 ) -> tuple[RoundServer, SequentialExecutor]:
     """The engine's server unit and sequential executor over ``srv`` for a FedAvg learner
     plus ``components`` (already set up), so a test drives hooks the way a round does."""
-    from strategies.fedavg import FedAvg
+    from cfl_bench.strategies.fedavg import FedAvg
 
     strategy = Strategy(FedAvg(), list(components))
     model = srv.model

@@ -3,7 +3,7 @@
 Why hand-made: aggregation is checked against numbers a reader can verify by hand (seeds
 0, 1, 2 with Acc_T 50, 60, 70 → mean 60, sample std 10, population std sqrt(200/3) ≈
 8.1650), which real runs cannot give. The files have the layout ``cfl-bench run`` writes
-(config.json first, summary.json last; see cfl_bench/run.py), with hashes computed the same
+(config.json first, summary.json last; see cfl_bench/runner/run.py), with hashes computed the same
 way, so the loader sees realistic input.
 A ``failed`` summary is written the way the sweep runner records a crashed run: status,
 message and identity keys only, no metrics.
@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cfl_bench.config import canonical_hash
+from cfl_bench.runner.config import canonical_hash
 
 GIT_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 PACKAGES: dict[str, str | None] = {
@@ -232,14 +232,14 @@ def recorded_summary(
     rows: list[tuple[Any, ...]] | None = None,
 ) -> dict[str, Any]:
     """Write the records.csv behind the hand-made numbers ``hand`` into ``path`` and return
-    the summary keys that ``cfl_bench.metrics.summarize`` computes from it (as ``cfl-bench
+    the summary keys that ``cfl_bench.core.metrics.summarize`` computes from it (as ``cfl-bench
     run`` does: every command checks that a summary is what its records give), after
     checking that they are the hand-made numbers (so the tests' expectations stay ones a
     reader can verify by hand), plus the run's own keys (wall time, bytes by payload)."""
     import pandas as pd
 
-    from cfl_bench.metrics import RECORD_COLUMNS, summarize
-    from cfl_bench.run_agreement import same
+    from cfl_bench.core.metrics import RECORD_COLUMNS, summarize
+    from cfl_bench.core.run_agreement import same
 
     given = rows is not None
     rows = rows if rows is not None else rows_for(hand, proto["rounds_per_task"], initial)
@@ -354,8 +354,8 @@ def recorded_rows(
 def resummarize(path: Path) -> None:
     """Recompute the summary keys of ``path/summary.json`` from its records.csv, as the engine
     does at a run's end (for a test that writes records of its own)."""
-    from cfl_bench.metrics import summarize
-    from cfl_bench.run_reader import read_rows
+    from cfl_bench.core.metrics import summarize
+    from cfl_bench.core.run_reader import read_rows
 
     summary = json.loads((path / "summary.json").read_text())
     computed = summarize(read_rows(path / "records.csv"), int(summary["num_tasks"]))
@@ -377,11 +377,11 @@ def write_recorded_run(
 ) -> Path:
     """A run directory with a real-looking ``records.csv`` (:func:`recorded_rows`), the
     client × class tables and task clock of ``config.json``, and (``finished``) the
-    ``summary.json`` that ``cfl_bench.metrics.summarize`` computes from those records, as
+    ``summary.json`` that ``cfl_bench.core.metrics.summarize`` computes from those records, as
     ``cfl-bench run`` does. Class-IL runs hold two classes per task (0-1, 2-3, ...)."""
     import pandas as pd
 
-    from cfl_bench.metrics import RECORD_COLUMNS, summarize
+    from cfl_bench.core.metrics import RECORD_COLUMNS, summarize
 
     stream = "seq-cifar10" if scenario == "class-il" else "rot-digits"
     proto = protocol(stream, tasks=tasks, clients=clients, rounds_per_task=rounds_per_task)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cfl_bench.config import make_config
-from cfl_bench.run import execute
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.run import execute
 
 
 def run_protocol(strategy: str, data: Path, out: Path) -> dict[str, object]:

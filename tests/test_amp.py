@@ -16,13 +16,13 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from cfl_bench.config import make_config
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.objective import Classification
 from cfl_bench.engine.amp import INIT_SCALE, LossScaler, Precision
 from cfl_bench.engine.loop import Federation, RunOutcome
 from cfl_bench.engine.vectorized import VectorizedExecutor
-from cfl_bench.errors import UserError
-from cfl_bench.objective import Classification
-from cfl_bench.run import check_amp, plan_run
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.run import check_amp, plan_run
 from tests.helpers import digits_federation
 from tests.test_vectorized import one_thread  # noqa: F401 - the fixture
 

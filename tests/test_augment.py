@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from streams.augment import crop_flip, normalize
+from cfl_bench.streams.augment import crop_flip, normalize
 
 
 def reference(x: torch.Tensor, seed: int, padding: int = 4) -> torch.Tensor:

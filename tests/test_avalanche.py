@@ -25,12 +25,12 @@ with warnings.catch_warnings():  # Avalanche's import prints optional-dependency
 from torch.utils.data import TensorDataset
 from torchvision.transforms import Compose, Normalize, RandomCrop, RandomHorizontalFlip
 
-import streams.avalanche as adapter
-from cfl_bench.errors import UserError
-from streams.avalanche import AvalancheStream, build_avalanche_stream, load_benchmark
-from streams.cifar import load_cifar10
-from streams.class_il import CIFAR10_MEAN, CIFAR10_STD, ClassILStream
-from streams.registry import STREAMS, build_stream, stream_info
+import cfl_bench.streams.avalanche as adapter
+from cfl_bench.core.errors import UserError
+from cfl_bench.streams.avalanche import AvalancheStream, build_avalanche_stream, load_benchmark
+from cfl_bench.streams.cifar import load_cifar10
+from cfl_bench.streams.class_il import CIFAR10_MEAN, CIFAR10_STD, ClassILStream
+from cfl_bench.streams.registry import STREAMS, build_stream, stream_info
 from tests.avalanche_factories import (
     TINY_TEST,
     TINY_TRAIN,

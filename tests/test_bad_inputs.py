@@ -283,7 +283,7 @@ def test_an_out_another_run_is_using_is_refused(
 def test_a_disk_that_fills_during_the_run_gives_one_line_and_stays_resumable(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cfl_bench.records import RecordLog
+    from cfl_bench.core.records import RecordLog
 
     calls = {"n": 0}
     real = RecordLog.append

@@ -398,7 +398,7 @@ def test_a_closed_stdout_does_not_blame_the_run_directory(tmp_path: Path) -> Non
 def test_yaml_forms_both_versions_read_alike_are_read(text: str, expected: dict) -> None:
     # 1e-3 is text to YAML 1.1 and 0.001 to 1.2: the number is the only meaning, so the
     # 1.2 reading is taken; quoted text stays text.
-    from cfl_bench.config import load_plain_yaml
+    from cfl_bench.runner.config import load_plain_yaml
 
     assert load_plain_yaml(text) == expected
 

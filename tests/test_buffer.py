@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from cfl_bench.buffer import ReservoirBuffer
+from cfl_bench.core.buffer import ReservoirBuffer
 
 
 def make(capacity: int, seed: int = 0) -> ReservoirBuffer:

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from carla_bridge.stream import FrameStream
-from cfl_bench.buffer import ReservoirBuffer, StoredInputs
+from cfl_bench.carla_bridge.stream import FrameStream
+from cfl_bench.core.buffer import ReservoirBuffer, StoredInputs
 from cfl_bench.engine.loop import buffer_inputs
 
 CPU = torch.device("cpu")
@@ -71,7 +71,7 @@ def test_the_checkpoint_state_holds_uint8_and_loads_back() -> None:
 
 
 def test_classification_streams_keep_float32_buffers() -> None:
-    from streams.registry import build_stream
+    from cfl_bench.streams.registry import build_stream
 
     stream = build_stream(
         "rot-digits", num_tasks=2, seed=0, device=CPU, data_root=None, download=False

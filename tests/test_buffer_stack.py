@@ -1,4 +1,4 @@
-"""The stacked reservoir (``cfl_bench.buffer_stack``): one batched insert over clients equals
+"""The stacked reservoir (``cfl_bench.engine.buffer_stack``): one batched insert over clients equals
 each client's own ``ReservoirBuffer.add`` on the same generator draws; batched draws equal
 ``ReservoirBuffer.sample``; the per-client buffers stay usable as views."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from cfl_bench.buffer import ReservoirBuffer
-from cfl_bench.buffer_stack import ReservoirStack
+from cfl_bench.core.buffer import ReservoirBuffer
+from cfl_bench.engine.buffer_stack import ReservoirStack
 from cfl_bench.engine.checkpoint import pack
 
 
@@ -91,7 +91,7 @@ def test_a_checkpoint_of_a_stacked_buffer_holds_its_row_only() -> None:
 
 
 def test_host_values_become_device_tensors_of_the_asked_type() -> None:
-    from cfl_bench.host_values import device_tensor
+    from cfl_bench.engine.host_values import device_tensor
 
     ints = device_tensor([3, 1, 2], torch.device("cpu"))
     assert ints.dtype == torch.long and ints.tolist() == [3, 1, 2]

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from carla_bridge.boxes import (
+from cfl_bench.carla_bridge.boxes import (
     read_voc,
     read_yolo,
     scale_boxes,
@@ -17,8 +17,8 @@ from carla_bridge.boxes import (
     xyxy_to_yolo,
     yolo_to_xyxy,
 )
-from carla_bridge.frames import CLASSES
-from cfl_bench.errors import UserError
+from cfl_bench.carla_bridge.frames import CLASSES
+from cfl_bench.core.errors import UserError
 from tests.conftest import requires_shared_data
 
 BOXES = np.array([[308, 193, 339, 219], [0, 0, 640, 380], [10.25, 20.5, 11.75, 200.0]], "f4")

@@ -8,9 +8,9 @@ import io
 import pandas as pd
 from rich.console import Console
 
-from carla_bridge.demo_page import MIN_Y_SPAN, axis_top, curves_svg, no_box_note
+from cfl_bench.carla_bridge.demo_page import MIN_Y_SPAN, axis_top, curves_svg, no_box_note
 from cfl_bench.carla_demo import DemoOptions, live_view, no_detection_note, view_table
-from cfl_bench.progress import RoundReport
+from cfl_bench.engine.progress import RoundReport
 
 OPTIONS = DemoOptions(
     source="replay", data_root="data", host="127.0.0.1", port=2000, timeout=10.0, clients=2,

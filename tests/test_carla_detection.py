@@ -8,7 +8,7 @@ import pytest
 import torch
 from torchvision.ops import box_iou
 
-from carla_bridge.detection import (
+from cfl_bench.carla_bridge.detection import (
     Detection,
     build_targets,
     decode_boxes,
@@ -16,8 +16,8 @@ from carla_bridge.detection import (
     pack_targets,
     unpack_targets,
 )
-from carla_bridge.detector import CenterNetDetector, build_detector
-from cfl_bench.errors import UserError
+from cfl_bench.carla_bridge.detector import CenterNetDetector, build_detector
+from cfl_bench.core.errors import UserError
 
 
 @pytest.fixture(autouse=True)
@@ -238,7 +238,7 @@ def test_radius_and_focal_loss_are_centernets_reference_code() -> None:
     loss, and off the shipped build it compares within 2e-3 while a build alone moves that
     mean by 4.3e-4; a changed β (4 → 3) moved it by 1.1e-4, a changed IoU bound
     (0.7 → 0.71) by 1.5e-6. Both are caught here on any build."""
-    from carla_bridge.detection import focal_loss, gaussian_radius
+    from cfl_bench.carla_bridge.detection import focal_loss, gaussian_radius
 
     sizes = torch.tensor([[3.0, 5.0], [10.0, 4.0], [7.5, 7.5], [20.0, 12.0], [1.0, 2.0]])
     got = gaussian_radius(sizes[:, 0].double(), sizes[:, 1].double())

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from carla_bridge.frames import CLASSES, TimeWindow
-from carla_bridge.live import (
+from cfl_bench.carla_bridge.frames import CLASSES, TimeWindow
+from cfl_bench.carla_bridge.live import (
     MAX_CLIENTS,
     LiveConfig,
     LiveSource,
@@ -32,8 +32,8 @@ from carla_bridge.live import (
     connect,
     import_carla,
 )
-from carla_bridge.projection import box_2d_from_vertices, intrinsics, project_points
-from carla_bridge.segmentation import (
+from cfl_bench.carla_bridge.projection import box_2d_from_vertices, intrinsics, project_points
+from cfl_bench.carla_bridge.segmentation import (
     TAG_BICYCLE,
     TAG_CAR,
     TAG_RIDER,
@@ -43,7 +43,7 @@ from carla_bridge.segmentation import (
     instance_boxes,
     light_sign_boxes,
 )
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 
 W, H = 640, 380
 

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from carla_bridge.frames import CLASSES, Domain, Frame, TimeWindow
-from carla_bridge.recorder import FrameRecorder
-from carla_bridge.replay import DomainShift, ReplaySource, load_image, scan_split
-from cfl_bench.errors import UserError
+from cfl_bench.carla_bridge.frames import CLASSES, Domain, Frame, TimeWindow
+from cfl_bench.carla_bridge.recorder import FrameRecorder
+from cfl_bench.carla_bridge.replay import DomainShift, ReplaySource, load_image, scan_split
+from cfl_bench.core.errors import UserError
 from tests.test_carla_boxes import carla_root
 
 TRAIN_TOTALS = {

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
-from carla_bridge.stream import frame_stream
-from cfl_bench.errors import UserError
-from streams.base import StreamRequest
+from cfl_bench.carla_bridge.stream import frame_stream
+from cfl_bench.core.errors import UserError
+from cfl_bench.streams.base import StreamRequest
 from tests.conftest import requires_shared_data
 from tests.test_cli import assert_user_error, cli
 
@@ -174,10 +174,10 @@ def test_model_and_objective_must_match(tmp_path: Path) -> None:
 
 @pytest.mark.shared_data
 def test_the_joint_learner_trains_on_every_distinct_frame_received() -> None:
+    from cfl_bench.core.context import ClientState
     from cfl_bench.engine.client_data import ClientData
-    from cfl_bench.engine.context import ClientState
     from cfl_bench.engine.task_clock import TaskClock
-    from strategies.compose import build_strategy
+    from cfl_bench.strategies.compose import build_strategy
 
     s = stream(clients=2)
     clients = [ClientState(k, torch.Generator(), None) for k in range(2)]
@@ -210,8 +210,8 @@ def test_a_killed_carla_run_resumes_to_identical_records(tmp_path: Path, strateg
     """Killed in the shift phase (round 3 of 4, checkpoint after round 3): the resumed run
     must ask the frame supply the same questions (shift times from the clock, histories
     replayed) and end with the same records."""
-    from cfl_bench.config import make_config
-    from cfl_bench.run import execute
+    from cfl_bench.runner.config import make_config
+    from cfl_bench.runner.run import execute
     from tests.test_resume import assert_same_run, kill_after
 
     root = requires_shared_data()

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from carla_bridge.frames import Domain, Frame, TimeWindow
-from carla_bridge.replay import ReplaySource
-from carla_bridge.supplies import LiveSupply, Phase
+from cfl_bench.carla_bridge.frames import Domain, Frame, TimeWindow
+from cfl_bench.carla_bridge.replay import ReplaySource
+from cfl_bench.carla_bridge.supplies import LiveSupply, Phase
 from cfl_bench.carla_demo import phase_rounds
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 from tests.conftest import requires_shared_data
 from tests.test_cli import assert_user_error, cli
 

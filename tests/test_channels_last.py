@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from cfl_bench.config import make_config
-from cfl_bench.errors import UserError
-from cfl_bench.models import build_model, use_channels_last
-from cfl_bench.run import plan_run
+from cfl_bench.core.errors import UserError
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.models import build_model, use_channels_last
+from cfl_bench.runner.run import plan_run
 from tests.helpers import digits_federation
 from tests.test_vectorized import assert_same, one_thread  # noqa: F401 - the fixture
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from cfl_bench.errors import UserError
-from streams import cifar
-from streams.cifar import cifar_class_names, load_cifar10, load_cifar100
+from cfl_bench.core.errors import UserError
+from cfl_bench.streams import cifar
+from cfl_bench.streams.cifar import cifar_class_names, load_cifar10, load_cifar100
 from tests.synthetic_data import (
     CIFAR10_NAMES,
     dump,

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from cfl_bench.errors import UserError
-from streams.cifar import load_cifar10
-from streams.class_il import CIFAR10_MEAN, CIFAR10_STD
-from streams.registry import STREAMS, build_stream
+from cfl_bench.core.errors import UserError
+from cfl_bench.streams.cifar import load_cifar10
+from cfl_bench.streams.class_il import CIFAR10_MEAN, CIFAR10_STD
+from cfl_bench.streams.registry import STREAMS, build_stream
 from tests.synthetic_data import write_tiny_cifar10, write_tiny_cifar100
 from tests.test_cli import in_process
 

@@ -288,7 +288,7 @@ def test_listings_wrap_instead_of_cutting_at_80_columns(what: str) -> None:
     assert "…" not in result.stdout
     assert all(len(line) <= 80 for line in result.stdout.splitlines())
     if what == "streams":  # every stream says which data it needs and where it goes
-        from streams.catalogue import AVALANCHE_FORM, STREAMS
+        from cfl_bench.streams.catalogue import AVALANCHE_FORM, STREAMS
 
         flat = " ".join(result.stdout.split())
         for info in STREAMS.values():
@@ -353,7 +353,7 @@ def test_leaderboard_without_out_writes_inside_the_first_argument(tmp_path: Path
 
 def test_lr_decay_enters_the_protocol_only_when_it_decays(tmp_path: Path) -> None:
     """--lr-decay 1 (the default) leaves the protocol hash of earlier runs unchanged."""
-    from cfl_bench.config import make_config
+    from cfl_bench.runner.config import make_config
 
     plain = make_config({"stream": "rot-digits"}).protocol()
     same = make_config({"stream": "rot-digits", "lr_decay": 1.0}).protocol()
@@ -370,7 +370,7 @@ def test_the_closed_stdout_line_names_the_default_run_folder_without_out() -> No
     import dataclasses
 
     from cfl_bench.cli import run_folder, stopped_run_line
-    from cfl_bench.config import make_config
+    from cfl_bench.runner.config import make_config
 
     cfg = make_config({"stream": "rot-digits", "strategy": "fedavg", "seed": 3})
     assert cfg.out is None

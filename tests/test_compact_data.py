@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from cfl_bench.engine.evaluation import predict_logits
+from cfl_bench.core.evaluation import predict_logits
 from cfl_bench.engine.loop import RunOutcome
-from streams.augment import normalize
-from streams.base import Stream, TaskData, TaskTest, TaskTrain
-from streams.class_il import CIFAR10_MEAN, CIFAR10_STD
-from streams.domain_il import DomainILStream, PermutedStream, RotatedStream
-from streams.registry import build_stream
-from streams.transforms import permute_pixels, rotate_batch
+from cfl_bench.streams.augment import normalize
+from cfl_bench.streams.base import Stream, TaskData, TaskTest, TaskTrain
+from cfl_bench.streams.class_il import CIFAR10_MEAN, CIFAR10_STD
+from cfl_bench.streams.domain_il import DomainILStream, PermutedStream, RotatedStream
+from cfl_bench.streams.registry import build_stream
+from cfl_bench.streams.transforms import permute_pixels, rotate_batch
 from tests.helpers import digits_federation, end_task, enter_task
 from tests.synthetic_data import write_tiny_cifar10, write_tiny_mnist
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from cfl_bench.errors import UserError
-from strategies import declarations, roles
-from strategies.base import Component, Learner, Role, option, options_of, positive_int
-from strategies.compose import build_strategy, validate_strategy
-from strategies.declarations import FedGPOptions, IFAOptions
-from strategies.registry import component_class, component_classes, component_table
+from cfl_bench.core.errors import UserError
+from cfl_bench.strategies import declarations, roles
+from cfl_bench.strategies.base import Component, Learner, Role, option, options_of, positive_int
+from cfl_bench.strategies.compose import build_strategy, validate_strategy
+from cfl_bench.strategies.declarations import FedGPOptions, IFAOptions
+from cfl_bench.strategies.registry import component_class, component_classes, component_table
 from tests.helpers import env
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cfl_bench.errors import UserError
-from strategies.base import Role
-from strategies.compose import build_strategy, parse_strategy
+from cfl_bench.core.errors import UserError
+from cfl_bench.strategies.base import Role
+from cfl_bench.strategies.compose import build_strategy, parse_strategy
 
 
 def test_parses_components_and_typed_options() -> None:
@@ -89,7 +89,7 @@ def test_quiet_default_options_stay_out_of_the_recorded_config() -> None:
     from dataclasses import dataclass
     from typing import ClassVar
 
-    from strategies.base import Component, option, positive_int
+    from cfl_bench.strategies.base import Component, option, positive_int
 
     @dataclass(frozen=True)
     class ProbeOptions:

@@ -1,4 +1,4 @@
-"""Honest cost up front (cfl_bench/cost.py): the run's size and workload counts on
+"""Honest cost up front (cfl_bench/runner/cost.py): the run's size and workload counts on
 hand-made splits, the probe leaving every result untouched, the messages, and the estimate
 of a small real run against its actual time."""
 
@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 import torch
 
-from cfl_bench import cost
-from cfl_bench.config import make_config
 from cfl_bench.engine.loop import Schedule
-from cfl_bench.run import RunPlan, execute, plan_run
-from cfl_bench.threads import usable_cores
-from strategies.base import Component, ExtraWork
-from strategies.compose import build_strategy
-from strategies.registry import component_classes
+from cfl_bench.runner import cost
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.run import RunPlan, execute, plan_run
+from cfl_bench.runner.threads import usable_cores
+from cfl_bench.strategies.base import Component, ExtraWork
+from cfl_bench.strategies.compose import build_strategy
+from cfl_bench.strategies.registry import component_classes
 
 SHARDS = [[25, 10, 0], [5, 30, 11]]  # task × client
 SMALL = {"tasks": 2, "rounds_per_task": 1, "clients": 3, "epochs": 1, "threads": 1}

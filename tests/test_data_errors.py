@@ -2,7 +2,7 @@
 
 Why a table: each row builds one bad layout in ``tmp_path`` (a folder where a file should
 be, a --data-root that is a file, a corrupt or empty file of each format, too many --tasks,
-...), calls ``streams.registry.build_stream`` exactly as ``cfl_bench/plan.py`` does, and
+...), calls ``streams.registry.build_stream`` exactly as ``cfl_bench/runner/plan.py`` does, and
 checks three things: the message carries the key words, it is a single line, and nothing
 was left behind under ``tmp_path``. No row touches the network, torchvision's downloader or
 the MiniLM encoder: an autouse fixture makes each of them fail loudly, which also proves
@@ -32,9 +32,9 @@ import numpy as np
 import pytest
 import torch
 
-from cfl_bench.errors import UserError
-from streams import cifar, mnist, text
-from streams.registry import build_stream, stream_info
+from cfl_bench.core.errors import UserError
+from cfl_bench.streams import cifar, mnist, text
+from cfl_bench.streams.registry import build_stream, stream_info
 from tests.test_cifar_loader import dump, tiny_batch, write_tiny_cifar10, write_tiny_cifar100
 from tests.test_mnist_loader import STEMS, images_bytes, labels_bytes, write_tiny_mnist
 from tests.test_text import write_json, write_yahoo_csv
@@ -69,7 +69,7 @@ def build(
     download: bool = False,
     train_size: int | None = None,
 ) -> object:
-    """build_stream with the arguments cfl_bench/plan.py passes (the stream's default number
+    """build_stream with the arguments cfl_bench/runner/plan.py passes (the stream's default number
     of tasks when ``tasks`` is None, as run.py fills it in)."""
     return build_stream(
         stream,
@@ -534,7 +534,7 @@ def no_network_no_encoder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     monkeypatch.setattr(text, "encode_texts", forbidden)
     monkeypatch.setattr(text, "encoder_fingerprint", forbidden)
     monkeypatch.setattr(text, "_hf_load_dataset", forbidden)
-    monkeypatch.setattr("streams.avalanche._require_avalanche", forbidden)
+    monkeypatch.setattr("cfl_bench.streams.avalanche._require_avalanche", forbidden)
     monkeypatch.setenv("CFL_BENCH_CACHE", str(tmp_path / "cache"))
 
 
@@ -736,7 +736,7 @@ def test_avalanche_factory_offline_cleans_its_leftovers(
     data_root = empty_folder(tmp_path / "data")
     (data_root / "kept").write_text("x")
     before = tree(tmp_path)
-    monkeypatch.setattr("streams.avalanche._require_avalanche", lambda: None)
+    monkeypatch.setattr("cfl_bench.streams.avalanche._require_avalanche", lambda: None)
     with pytest.raises(UserError) as info:
         build("avalanche:tests.test_data_errors:offline_factory", data_root, tasks=2)
     assert_one_line(
@@ -822,8 +822,8 @@ def test_cli_in_process_data_root_is_a_file(
 def test_encoder_is_untouched_when_tasks_are_refused(tmp_path: Path) -> None:
     """The text stream itself refuses too many tasks before it embeds (direct callers skip
     the registry); the autouse fixture makes any encoder call fail."""
-    from streams.text import load_agnews
-    from streams.text_stream import EmbeddedTextStream
+    from cfl_bench.streams.text import load_agnews
+    from cfl_bench.streams.text_stream import EmbeddedTextStream
 
     splits = load_agnews(agnews_root(tmp_path / "data"))
     with pytest.raises(UserError, match="so --tasks 3 is too many"):
@@ -875,7 +875,7 @@ GOOD = [(torch.zeros(2), 0), (torch.ones(2), 1)]
     ids=["unsized", "shape-changes"],
 )
 def test_avalanche_experience_data_errors(train: object, expect: str) -> None:
-    from streams.avalanche import AvalancheStream
+    from cfl_bench.streams.avalanche import AvalancheStream
 
     with pytest.raises(UserError) as info:
         AvalancheStream(_Benchmark(train, GOOD), device=CPU)

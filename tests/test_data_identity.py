@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from cfl_bench.config import make_config
-from cfl_bench.run import execute
-from streams.base import data_identity
-from streams.registry import build_stream
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.run import execute
+from cfl_bench.streams.base import data_identity
+from cfl_bench.streams.registry import build_stream
 
 CPU = torch.device("cpu")
 

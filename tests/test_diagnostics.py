@@ -98,7 +98,7 @@ def test_diagnostics_need_per_round_evaluation(tmp_path: Path) -> None:
 
 
 def test_the_report_draws_the_per_round_curves(tmp_path: Path) -> None:
-    from leaderboard.report_curves import accuracy_by_round, diagnostics_by_round
+    from cfl_bench.leaderboard.report_curves import accuracy_by_round, diagnostics_by_round
 
     _run(tmp_path / "diag", "--diagnostics")
     records = pd.read_csv(tmp_path / "diag" / "records.csv")

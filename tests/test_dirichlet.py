@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from cfl_bench.errors import UserError
-from streams.partition import (
+from cfl_bench.core.errors import UserError
+from cfl_bench.streams.partition import (
     PARTITIONERS,
     DirichletPartitioner,
     build_partitioner,

@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 import torch
 
-from cfl_bench.config import make_config
+from cfl_bench.core.errors import UserError
 from cfl_bench.engine.loop import Federation, RunOutcome
 from cfl_bench.engine.splits import holdout_split
-from cfl_bench.errors import UserError
-from cfl_bench.run import execute
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.run import execute
 from tests.helpers import digits_federation as federation
 from tests.helpers import end_task, enter_task
 
@@ -231,8 +231,8 @@ def test_config_records_what_each_client_holds(tmp_path: Path) -> None:
 
 def test_task_independent_splits_are_drawn_once_and_shared() -> None:
     from cfl_bench.engine.splits import plan_splits
-    from strategies.compose import build_strategy
-    from streams.partition import DirichletPartitioner, ShardPartitioner
+    from cfl_bench.strategies.compose import build_strategy
+    from cfl_bench.streams.partition import DirichletPartitioner, ShardPartitioner
 
     fed = federation("fedavg")
     stream, strategy = fed.stream, fed.strategy

@@ -1,5 +1,5 @@
 """The engine and the cost estimate know no strategy component: no module under
-``cfl_bench/engine/`` nor ``cfl_bench/cost.py`` names one in its code (docstrings may cite
+``cfl_bench/engine/`` nor ``cfl_bench/runner/cost.py`` names one in its code (docstrings may cite
 methods) or imports a component's module, so nothing there can dispatch on a component's
 name or type — a new method is one module plus its declaration row.
 """
@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 
 import cfl_bench
-from strategies.registry import component_classes
+from cfl_bench.strategies.registry import component_classes
 
 ROOT = Path(cfl_bench.__file__).parent
-CHECKED = sorted([*ROOT.joinpath("engine").glob("*.py"), ROOT / "cost.py"])
+CHECKED = sorted([*ROOT.joinpath("engine").glob("*.py"), ROOT / "runner" / "cost.py"])
 # The strategy modules that define the contract, not a component: what the engine may import.
 CONTRACT = {
-    "strategies.base",
-    "strategies.compose",
-    "strategies.replay",
-    "strategies.projection",
-    "strategies.roles",
+    "cfl_bench.strategies.base",
+    "cfl_bench.strategies.compose",
+    "cfl_bench.strategies.replay",
+    "cfl_bench.strategies.projection",
+    "cfl_bench.strategies.roles",
 }
 
 
@@ -66,7 +66,7 @@ def imported_modules(path: Path) -> set[str]:
 @pytest.mark.parametrize("path", CHECKED, ids=lambda p: p.name)
 def test_names_no_component_and_imports_none(path: Path) -> None:
     assert named_components(path) == set(), path
-    strategy_modules = {m for m in imported_modules(path) if m.startswith("strategies.")}
+    strategy_modules = {m for m in imported_modules(path) if m.startswith("cfl_bench.strategies.")}
     assert strategy_modules <= CONTRACT, strategy_modules - CONTRACT
 
 
@@ -74,9 +74,9 @@ def test_the_check_sees_a_name_and_an_import(tmp_path: Path) -> None:
     # The same reading finds a name where one is written, so the test above can fail.
     sample = tmp_path / "sample.py"
     sample.write_text(
-        'from strategies.der import DER\nKIND = "fedgp+x"\nMODEL = "fedavg-cnn"\n'
+        'from cfl_bench.strategies.der import DER\nKIND = "fedgp+x"\nMODEL = "fedavg-cnn"\n'
         "if type(learner) is DER:\n    pass\n",
         encoding="utf-8",
     )
     assert named_components(sample) == {"fedgp", "der"}
-    assert "strategies.der" in imported_modules(sample)
+    assert "cfl_bench.strategies.der" in imported_modules(sample)

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from cfl_bench.core.payloads import Payload
 from cfl_bench.engine.client_update import ClientJob
 from cfl_bench.engine.executor import ResultSink, SequentialExecutor
 from cfl_bench.engine.loop import RunOutcome
-from cfl_bench.engine.payloads import Payload
-from strategies.base import Component, Role
-from strategies.compose import SERVER_HOOK_ORDER, TRANSFORM_CHAIN, build_strategy
-from strategies.registry import component_classes
+from cfl_bench.strategies.base import Component, Role
+from cfl_bench.strategies.compose import SERVER_HOOK_ORDER, TRANSFORM_CHAIN, build_strategy
+from cfl_bench.strategies.registry import component_classes
 from tests.helpers import digits_federation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,7 +175,7 @@ def test_dropout_masks_depend_only_on_seed_round_and_client() -> None:
     Flower simulation (a process per client) draw the sequential executor's masks."""
     from torch.nn import functional as F
 
-    from cfl_bench.seeding import seed_torch_default
+    from cfl_bench.core.seeding import seed_torch_default
 
     ones = torch.ones(64)
     seed_torch_default(3, "dropout", 2, 5)

@@ -1,4 +1,4 @@
-"""The executor registry (cfl_bench/executors.py): one entry per ``--executor`` name, the
+"""The executor registry (cfl_bench/runner/executors.py): one entry per ``--executor`` name, the
 engine given the executor built from it, and nothing that dispatches on the name.
 
 Why these checks: the names used to be compared as strings across the run, the sweep and
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from cfl_bench.config import EXECUTORS
+from cfl_bench.core.errors import UserError
 from cfl_bench.engine.executor import SequentialExecutor
-from cfl_bench.errors import UserError
-from cfl_bench.executors import EXECUTOR_KINDS, executor_kind
+from cfl_bench.runner.config import EXECUTORS
+from cfl_bench.runner.executors import EXECUTOR_KINDS, executor_kind
 from tests.helpers import digits_federation
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +29,7 @@ def test_every_configurable_executor_has_an_entry() -> None:
 
 
 def test_importing_the_registry_imports_no_torch() -> None:
-    code = "import sys, cfl_bench.executors; print('torch' in sys.modules)"
+    code = "import sys, cfl_bench.runner.executors; print('torch' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
@@ -58,8 +58,8 @@ def test_a_hosted_executor_without_its_host_is_refused() -> None:
     "path",
     [
         "cfl_bench/engine/loop.py",
-        "cfl_bench/plan.py",
-        "cfl_bench/run.py",
+        "cfl_bench/runner/plan.py",
+        "cfl_bench/runner/run.py",
         "cfl_bench/sweep/grid.py",
     ],
 )

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from strategies.base import Learner
-from strategies.registry import component_classes
+from cfl_bench.strategies.base import Learner
+from cfl_bench.strategies.registry import component_classes
 from tests.helpers import digits_federation
 from tests.test_vectorized import assert_same, one_thread  # noqa: F401 - the fixture
 from tests.test_vectorized_replay import REPLAY

@@ -11,16 +11,16 @@ import pytest
 import torch
 from torch import nn
 
-from cfl_bench.engine.context import ServerState, Upload
-from cfl_bench.errors import UserError
-from cfl_bench.flat import FlatModel
-from strategies import public_set
-from strategies.compose import Strategy, build_strategy
-from strategies.distillation import clip_grad_norm_, cosine_lr, distill, teacher_log_probs
-from strategies.fedavg import FedAvg
-from strategies.feddf import FedDF
-from streams import public_data
-from streams.augment import normalize
+from cfl_bench.core.context import ServerState, Upload
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.flat import FlatModel
+from cfl_bench.strategies import public_set
+from cfl_bench.strategies.compose import Strategy, build_strategy
+from cfl_bench.strategies.distillation import clip_grad_norm_, cosine_lr, distill, teacher_log_probs
+from cfl_bench.strategies.fedavg import FedAvg
+from cfl_bench.strategies.feddf import FedDF
+from cfl_bench.streams import public_data
+from cfl_bench.streams.augment import normalize
 from tests.helpers import digits_federation, env, server
 from tests.synthetic_data import write_tiny_cifar100
 
@@ -132,7 +132,7 @@ def test_distill_steps_with_the_cosine_rates() -> None:
 
 def test_steps_cycle_through_reshuffled_passes() -> None:
     """5 examples, batch 2, 7 steps: passes of 3 batches (2, 2, 1), so 3 passes are begun."""
-    from strategies.distillation import batch_indices
+    from cfl_bench.strategies.distillation import batch_indices
 
     batches = list(batch_indices(5, 2, torch.Generator().manual_seed(0), steps=7))
     assert [len(b) for b in batches] == [2, 2, 1, 2, 2, 1, 2]

@@ -8,10 +8,10 @@ from typing import cast
 import pytest
 import torch
 
-from cfl_bench.engine.context import Upload
-from cfl_bench.errors import UserError
-from strategies.compose import build_strategy
-from strategies.feddyn import FedDyn, dynamic_penalty
+from cfl_bench.core.context import Upload
+from cfl_bench.core.errors import UserError
+from cfl_bench.strategies.compose import build_strategy
+from cfl_bench.strategies.feddyn import FedDyn, dynamic_penalty
 from tests.helpers import client, env, inputs_for, linear_model, local_round, server
 from tests.test_resume import assert_resumes_after_crash, uninterrupted
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from cfl_bench.engine.context import LocalRound
-from cfl_bench.errors import UserError
-from strategies.fedgp import FedGP
+from cfl_bench.core.context import LocalRound
+from cfl_bench.core.errors import UserError
+from cfl_bench.strategies.fedgp import FedGP
 from tests.helpers import (
     buffer_with,
     client,

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from cfl_bench.config import make_config
-from cfl_bench.engine.context import LocalRound, Upload
+from cfl_bench.core.context import LocalRound, Upload
+from cfl_bench.core.errors import UserError
 from cfl_bench.engine.optim import FlatSGD
-from cfl_bench.errors import UserError
-from cfl_bench.run import execute
-from strategies.compose import build_strategy
-from strategies.fednova import TAU, FedNova, momentum_steps
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.run import execute
+from cfl_bench.strategies.compose import build_strategy
+from cfl_bench.strategies.fednova import TAU, FedNova, momentum_steps
 from tests.helpers import broadcast, client, env, linear_model, server
 from tests.test_resume import assert_resumes_after_crash, options, uninterrupted
 from tests.test_zoo_cli import CLIENTS, per_round, run

@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from cfl_bench.errors import UserError
-from cfl_bench.objective import Classification
-from strategies.compose import build_strategy
-from strategies.fedntd import FedNTD, drop_true_class, not_true_distillation
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.objective import Classification
+from cfl_bench.strategies.compose import build_strategy
+from cfl_bench.strategies.fedntd import FedNTD, drop_true_class, not_true_distillation
 from tests.helpers import client, env, linear_model, local_round, sequential_term, server, step
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from cfl_bench.engine.context import Upload
-from cfl_bench.errors import UserError
-from strategies.base import Component
-from strategies.compose import build_strategy
-from strategies.fedopt import FedAvgM, FedOpt
+from cfl_bench.core.context import Upload
+from cfl_bench.core.errors import UserError
+from cfl_bench.strategies.base import Component
+from cfl_bench.strategies.compose import build_strategy
+from cfl_bench.strategies.fedopt import FedAvgM, FedOpt
 from tests.helpers import client, env, linear_model, server
 from tests.test_resume import assert_resumes_after_crash, uninterrupted
 from tests.test_zoo_cli import run

@@ -11,13 +11,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from cfl_bench.engine.context import ClientState, ServerState, Upload
+from cfl_bench.core.context import ClientState, ServerState, Upload
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.flat import FlatModel
 from cfl_bench.engine.one_client import OneClientStep
-from cfl_bench.errors import UserError
-from cfl_bench.flat import FlatModel
-from strategies.compose import Strategy
-from strategies.fedavg import FedAvg
-from strategies.fedproj import FedProj, distill, memory_batch, teacher_log_probs
+from cfl_bench.strategies.compose import Strategy
+from cfl_bench.strategies.fedavg import FedAvg
+from cfl_bench.strategies.fedproj import FedProj, distill, memory_batch, teacher_log_probs
 from tests.helpers import (
     client,
     digits_federation,

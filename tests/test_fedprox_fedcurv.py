@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from cfl_bench.engine.context import ClientState, ServerState, Upload
-from strategies.fedcurv import FedCurv, curvature_penalty, diagonal_fisher
-from strategies.fedprox import FedProx, proximal_penalty
+from cfl_bench.core.context import ClientState, ServerState, Upload
+from cfl_bench.strategies.fedcurv import FedCurv, curvature_penalty, diagonal_fisher
+from cfl_bench.strategies.fedprox import FedProx, proximal_penalty
 from tests.helpers import client, env, inputs_for, linear_model, local_round, server
 
 

@@ -20,11 +20,11 @@ import psutil
 import pytest
 import torch
 
-from cfl_bench.buffer import ReservoirBuffer
-from cfl_bench.config import RunConfig
-from cfl_bench.engine.context import Broadcast, ClientState, Upload
-from cfl_bench.errors import UserError
-from cfl_bench.run import execute, plan_run
+from cfl_bench.core.buffer import ReservoirBuffer
+from cfl_bench.core.context import Broadcast, ClientState, Upload
+from cfl_bench.core.errors import UserError
+from cfl_bench.runner.config import RunConfig
+from cfl_bench.runner.run import execute, plan_run
 from cfl_bench.sweep import ledger
 from tests.sweep_helpers import in_process
 

@@ -43,8 +43,14 @@ TINY = ["--stream", "rot-digits", "--tasks", "1", "--rounds-per-task", "1", "--c
 ANSWER_SECONDS = 60  # every refusal must answer in seconds; a hang fails here
 
 
-def cli(args: list[str], cwd: Path, timeout: float = ANSWER_SECONDS) -> subprocess.CompletedProcess:
+def cli(
+    args: list[str], cwd: Path, timeout: float = ANSWER_SECONDS, tmpdir: Path | None = None
+) -> subprocess.CompletedProcess:
+    """``cfl-bench ARGS``; ``tmpdir``: its temporary folder (where Flower homes are made), so
+    a test can look for its own without seeing other tests' running in parallel."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
     return subprocess.run(
         [sys.executable, "-m", "cfl_bench.cli", *args],
         cwd=cwd,
@@ -237,7 +243,7 @@ def test_root_certificates_that_raise_a_value_error_are_refused_in_one_line(
     its type (reading ``exc.strerror`` raised an AttributeError instead)."""
     import ssl
 
-    from cfl_bench.errors import UserError
+    from cfl_bench.core.errors import UserError
     from cfl_bench.flower.node import check_root_certificates
 
     def refuse(**_: object) -> ssl.SSLContext:
@@ -254,17 +260,23 @@ def test_root_certificates_that_raise_a_value_error_are_refused_in_one_line(
 # -- a finished run rerun with --executor flower ----------------------------------------------
 
 
-def test_a_finished_run_rerun_with_flower_is_refused_at_once(finished_run: Path) -> None:
+def test_a_finished_run_rerun_with_flower_is_refused_at_once(
+    finished_run: Path, tmp_path: Path
+) -> None:
     """The same refusal as every executor's, before Flower starts (it took 32 s to start
-    Flower and then said "the run failed inside Flower")."""
+    Flower and then said "the run failed inside Flower"). The command gets a temporary
+    folder of its own: another test's simulation, running in parallel, makes its Flower
+    home in the shared one."""
     before = digest(finished_run)
-    homes = set(Path(tempfile.gettempdir()).glob("cfl-flower-*"))
+    private = tmp_path / "tmp"
+    private.mkdir()
     started = time.monotonic()
-    result = cli(["run", *TINY, "--executor", "flower", "--out", str(finished_run)], REPO)
+    args = ["run", *TINY, "--executor", "flower", "--out", str(finished_run)]
+    result = cli(args, REPO, tmpdir=private)
     seconds = time.monotonic() - started
     refused(result, "already holds a finished run; pass --overwrite")
     assert seconds < 20, f"{seconds:.0f} s: Flower was started"
-    assert set(Path(tempfile.gettempdir()).glob("cfl-flower-*")) == homes
+    assert list(private.glob("cfl-flower-*")) == []
     assert digest(finished_run) == before
 
 
@@ -280,9 +292,9 @@ def test_a_serverapp_whose_launcher_is_gone_writes_nothing(tmp_path: Path) -> No
     """Not the command line: the ServerApp as Flower calls it, with the files its launcher
     wrote but no launcher serving the run directory's lock (it was killed): it must not
     claim the directory itself (it did, and wrote summary.json after the launcher died)."""
-    from cfl_bench.config import RunConfig
     from cfl_bench.flower.launch import write_app
     from cfl_bench.flower.server_app import main
+    from cfl_bench.runner.config import RunConfig
 
     out = tmp_path / "run"
     config = RunConfig(stream="rot-digits", tasks=1, rounds_per_task=1, clients=2, threads=1,

@@ -51,7 +51,7 @@ def test_list_strategies_keeps_wrapped_help_under_its_option() -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80
-    from strategies.registry import describe_components
+    from cfl_bench.strategies.registry import describe_components
 
     names = {str(row["name"]) for row in describe_components()}
     # Only a component's own line starts at column 0 (and the closing composition hint).

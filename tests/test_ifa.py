@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from cfl_bench.engine.context import ServerState
-from cfl_bench.errors import UserError
-from cfl_bench.flat import FlatModel
-from cfl_bench.models import build_model
-from strategies.ifa import (
+from cfl_bench.core.context import ServerState
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.flat import FlatModel
+from cfl_bench.runner.models import build_model
+from cfl_bench.strategies.ifa import (
     IFA,
     later_layers_start,
     later_weight_layers_start,

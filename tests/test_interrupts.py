@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cfl_bench.cli import app
-from cfl_bench.round_keeper import RoundKeeper, interruption
+from cfl_bench.runner.round_keeper import RoundKeeper, interruption
 from cfl_bench.sweep import ledger
 from tests.conftest import requires_shared_data
 from tests.sweep_helpers import summaries, sweep_command
@@ -92,10 +92,10 @@ def test_the_line_says_what_the_checkpoint_keeps() -> None:
 
 
 def test_an_interrupt_inside_a_round_names_that_round_and_its_clients(tmp_path: Path) -> None:
-    from cfl_bench.config import make_config
-    from cfl_bench.errors import RunInterruptedError
-    from cfl_bench.progress import ClientsReport, RoundReport
-    from cfl_bench.run import execute
+    from cfl_bench.core.errors import RunInterruptedError
+    from cfl_bench.engine.progress import ClientsReport, RoundReport
+    from cfl_bench.runner.config import make_config
+    from cfl_bench.runner.run import execute
 
     class Display:
         def __call__(self, report: RoundReport) -> None:
@@ -125,12 +125,12 @@ def in_process(*args: str) -> Any:
 def test_run_interrupted_while_loading_data_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import cfl_bench.plan
+    import cfl_bench.runner.plan
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cfl_bench.plan, "build_stream", interrupted)
+    monkeypatch.setattr(cfl_bench.runner.plan, "build_stream", interrupted)
     result = in_process("run", *RUN, "--out", str(tmp_path / "r"))
     assert result.exit_code == 130
     assert result.output.strip().splitlines() == [
@@ -143,20 +143,20 @@ def test_run_interrupted_while_loading_data_writes_nothing(
 def test_run_interrupted_in_the_cost_probe_keeps_nothing_then_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import cfl_bench.cost
+    import cfl_bench.runner.cost
 
-    real = cfl_bench.cost.announce
+    real = cfl_bench.runner.cost.announce
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cfl_bench.cost, "announce", interrupted)
+    monkeypatch.setattr(cfl_bench.runner.cost, "announce", interrupted)
     out = tmp_path / "r"
     result = in_process("run", *RUN, "--out", str(out))
     assert result.exit_code == 130
     assert "interrupted at round 1 of 30; kept nothing" in result.output
     assert list(out.iterdir()) == []  # nothing half-written
-    monkeypatch.setattr(cfl_bench.cost, "announce", real)
+    monkeypatch.setattr(cfl_bench.runner.cost, "announce", real)
     result = in_process("run", *RUN, "--out", str(out))
     assert result.exit_code == 0, result.output
     assert json.loads((out / "summary.json").read_text())["status"] == "finished"

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 from cfl_bench.sweep import ray_backend
 from tests.test_bad_inputs_classes import HANG_SECONDS, REPO, TINY, cli, digest, listing
 

@@ -1,5 +1,7 @@
-"""The project's layers point one way: a small core, then streams / strategies / leaderboard
-side by side, then the engine, run, sweep and CLI on top.
+"""The project's layers are folders, and imports point one way between them.
+
+    core  ←  streams · strategies · leaderboard · carla_bridge  ←  engine  ←  runner
+          ←  sweep · flower · pilot  ←  reproduce  ←  the command line (cfl_bench/*.py)
 
 Why a test: an import in the wrong direction is one line in a review and then a knot that
 every later change (a vectorized executor, a Flower client, a CARLA stream) has to cut. The
@@ -7,15 +9,18 @@ check reads every module's imports with ``ast`` — top-level, inside functions 
 ``TYPE_CHECKING`` alike, relative ones resolved — so it needs no import of the project and
 cannot be fooled by lazy imports.
 
-The rules:
+The rules (``MAY_IMPORT``): each layer package imports only itself and the layers listed for
+it. In particular the core imports nothing of the project outside itself; ``streams``,
+``strategies``, ``leaderboard`` and ``carla_bridge`` import the core and never one another
+(a strategy gets stream data, FedProj's public set, through ``StrategyEnv``), except that
+``carla_bridge`` implements the stream interface ``cfl_bench.streams.base``; the engine never
+imports the run, and the run never imports an application (Flower's executor entry is
+named by string in ``runner.executors``). No import circle exists between modules, nor between
+layer packages.
 
-1. A core module imports nothing of the project outside the core.
-2. ``streams``, ``strategies``, ``leaderboard`` and ``carla_bridge`` import from
-   ``cfl_bench`` only core modules (never the engine, run, sweep or CLI).
-3. Those four never import one another: a strategy gets stream data (FedProj's public set)
-   through ``StrategyEnv``, bound by the run. One exception: ``carla_bridge`` builds the
-   CARLA detection streams, so it may import the stream interface ``streams.base`` (and
-   nothing else of ``streams``; the catalogue names its builder by string).
+The repository keeps ``streams/``, ``strategies/``, ``leaderboard/`` and ``carla_bridge/`` at
+its top, installed as ``cfl_bench.streams`` & co. (``pyproject.toml``'s ``package-dir``);
+``FOLDERS`` maps each source folder to its package.
 """
 
 from __future__ import annotations
@@ -27,53 +32,66 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("cfl_bench", "streams", "strategies", "leaderboard", "carla_bridge")
+# Source folder → the dotted package it installs as.
+FOLDERS = {
+    "cfl_bench": "cfl_bench",
+    "streams": "cfl_bench.streams",
+    "strategies": "cfl_bench.strategies",
+    "leaderboard": "cfl_bench.leaderboard",
+    "carla_bridge": "cfl_bench.carla_bridge",
+}
 SIDE_BY_SIDE = ("streams", "strategies", "leaderboard", "carla_bridge")
-# (package, module) pairs rule 3 allows: the CARLA streams implement the stream interface.
-ALLOWED_ACROSS = frozenset({("carla_bridge", "streams.base")})
-
-# The core: errors, parsing of user numbers, seeding, atomic writes, the flat model, the
-# replay buffer, the state types and traffic counter that components see, evaluation
-# primitives, the metric definitions and the run-directory format the leaderboard reads.
-CORE = frozenset(
-    {
-        "cfl_bench",
-        "cfl_bench.errors",
-        "cfl_bench.text_values",
-        "cfl_bench.seeding",
-        "cfl_bench.atomic",
-        "cfl_bench.flat",
-        "cfl_bench.buffer",
-        "cfl_bench.metrics",
-        "cfl_bench.metric_registry",
-        "cfl_bench.records",
-        "cfl_bench.run_dir",
-        "cfl_bench.run_reader",
-        "cfl_bench.run_agreement",
-        "cfl_bench.engine",
-        "cfl_bench.engine.context",
-        "cfl_bench.engine.comm",
-        "cfl_bench.engine.payloads",
-        "cfl_bench.objective",
-        "cfl_bench.engine.evaluation",
-    }
-)
+BELOW_ENGINE = ("core", *SIDE_BY_SIDE)
+BELOW_RUNNER = (*BELOW_ENGINE, "engine")
+BELOW_APPS = (*BELOW_RUNNER, "runner")
+# Layer → the other layers it may import. "cli" is the command line: the modules at the
+# root of cfl_bench (cli, carla_cli, carla_demo, __main__), which may import anything.
+MAY_IMPORT: dict[str, tuple[str, ...]] = {
+    "core": (),
+    "streams": ("core",),
+    "strategies": ("core",),
+    "leaderboard": ("core",),
+    "carla_bridge": ("core",),
+    "engine": BELOW_ENGINE,
+    "runner": BELOW_RUNNER,
+    "sweep": BELOW_APPS,
+    "flower": BELOW_APPS,
+    "pilot": BELOW_APPS,
+    "reproduce": (*BELOW_APPS, "sweep"),
+    "cli": (*BELOW_APPS, "sweep", "flower", "pilot", "reproduce"),
+}
+# Single modules a layer may import beyond its rule: the CARLA streams implement the
+# stream interface.
+ALLOWED_ACROSS = frozenset({("carla_bridge", "cfl_bench.streams.base")})
 
 
 def module_name(path: Path) -> str:
+    """The dotted name ``path`` (a file under one of ``FOLDERS``) installs as."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join([FOLDERS[parts[0]], *parts[1:]])
 
 
 def modules() -> dict[str, Path]:
-    """Every module of the five packages, by dotted name."""
+    """Every module of the project's packages, by dotted name."""
     found = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
+    for folder in FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
             found[module_name(path)] = path
     return found
+
+
+def layer(name: str) -> str | None:
+    """The layer of module ``name``: the package under ``cfl_bench`` it lies in, "cli" for
+    the modules at the root of ``cfl_bench``, None for the root package itself (its
+    ``__init__`` holds only the version and imports nothing)."""
+    parts = name.split(".")
+    if len(parts) == 1:
+        return None
+    if len(parts) == 2 and parts[1] not in MAY_IMPORT:
+        return "cli"
+    return parts[1]
 
 
 def imported(path: Path, name: str, type_checking: bool = True) -> Iterator[str]:
@@ -97,7 +115,7 @@ def imported(path: Path, name: str, type_checking: bool = True) -> Iterator[str]
             # ``from pkg import mod`` imports the module pkg.mod when it is one.
             targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
         for target in targets:
-            if target.split(".")[0] in PACKAGES:
+            if target.split(".")[0] == "cfl_bench":
                 yield target
 
 
@@ -125,18 +143,15 @@ def violations() -> list[str]:
     known = modules()
     found = []
     for name, path in known.items():
-        top = name.split(".")[0]
+        here = layer(name)
         targets = {owning_module(target, known) for target in imported(path, name)}
         for module in sorted(m for m in targets if m is not None and m != name):
-            other = module.split(".")[0]
-            if name in CORE and module not in CORE:
-                found.append(f"core {name} imports {module}")
-            elif top in SIDE_BY_SIDE and other == "cfl_bench" and module not in CORE:
-                found.append(f"{name} imports {module}, which is above it")
-            elif (top, module) in ALLOWED_ACROSS:
+            there = layer(module)
+            if here is None or there is None or there == here or there in MAY_IMPORT[here]:
                 continue
-            elif top in SIDE_BY_SIDE and other in SIDE_BY_SIDE and other != top:
-                found.append(f"{name} imports {module}, a side-by-side package")
+            if (here, module) in ALLOWED_ACROSS:
+                continue
+            found.append(f"{name} ({here}) imports {module} ({there})")
     return found
 
 
@@ -144,19 +159,34 @@ def test_layers_point_one_way() -> None:
     assert violations() == []
 
 
-def test_the_core_exists() -> None:
-    """Every module named as core is a real module: a rename cannot silently empty a rule."""
-    assert set(modules()) >= CORE
+def test_every_folder_is_a_layer_with_a_rule() -> None:
+    """A new package under cfl_bench must be given its place: a folder without a rule would
+    be read as the command line and allowed everything."""
+    packages = {p.parent.name for p in (ROOT / "cfl_bench").glob("*/__init__.py")}
+    assert packages <= set(MAY_IMPORT)
+    assert set(MAY_IMPORT) == {*packages, *SIDE_BY_SIDE, "cli"}
+
+
+def test_the_core_is_a_folder_of_real_modules() -> None:
+    """The core holds the shared maths and records; a rename cannot silently empty it."""
+    core = {n for n in modules() if layer(n) == "core"}
+    assert {
+        "cfl_bench.core.errors",
+        "cfl_bench.core.metrics",
+        "cfl_bench.core.run_dir",
+        "cfl_bench.core.context",
+        "cfl_bench.core.flat",
+    } <= core
 
 
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
-        ("from streams.mnist import load_idx_split", ["streams.mnist"]),
+        ("from cfl_bench.streams.mnist import load_idx_split", ["cfl_bench.streams.mnist"]),
         ("import cfl_bench.engine.loop as loop", ["cfl_bench.engine.loop"]),
-        ("from . import compose", ["strategies", "strategies.compose"]),
-        ("from .base import Component", ["strategies.base"]),
-        ("def f():\n    from cfl_bench.run import execute", ["cfl_bench.run"]),
+        ("from . import compose", ["cfl_bench.strategies", "cfl_bench.strategies.compose"]),
+        ("from .base import Component", ["cfl_bench.strategies.base"]),
+        ("def f():\n    from cfl_bench.runner.run import execute", ["cfl_bench.runner.run"]),
         ("import numpy", []),
     ],
 )
@@ -166,22 +196,49 @@ def test_the_reader_sees_every_form_of_import(
     path = tmp_path / "fedx.py"
     path.write_text(source, encoding="utf-8")
     known = modules()
-    got = sorted({owning_module(t, known) or t for t in imported(path, "strategies.fedx")})
+    got = sorted(
+        {owning_module(t, known) or t for t in imported(path, "cfl_bench.strategies.fedx")}
+    )
     assert got == sorted(expected)
 
 
-def test_a_wrong_direction_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The check fails on the import this issue removed (FedProj reading streams.mnist)."""
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        (
+            "cfl_bench.strategies.fedx",
+            "from cfl_bench.streams.mnist import load_idx_split\n",
+            "cfl_bench.strategies.fedx (strategies) imports cfl_bench.streams.mnist (streams)",
+        ),
+        (
+            "cfl_bench.engine.fedx",
+            "def f():\n    from cfl_bench.runner.plan import plan_run\n",
+            "cfl_bench.engine.fedx (engine) imports cfl_bench.runner.plan (runner)",
+        ),
+        (
+            "cfl_bench.core.fedx",
+            "from cfl_bench.engine.loop import Federation\n",
+            "cfl_bench.core.fedx (core) imports cfl_bench.engine.loop (engine)",
+        ),
+        (
+            "cfl_bench.runner.fedx",
+            "from cfl_bench.sweep.grid import expand\n",
+            "cfl_bench.runner.fedx (runner) imports cfl_bench.sweep.grid (sweep)",
+        ),
+    ],
+)
+def test_a_wrong_direction_is_reported(
+    module: str, source: str, expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check fails on imports against the arrows (FedProj reading streams.mnist was
+    one; the run importing the sweep was another)."""
     real = modules()
-    fake = tmp_path / "strategies" / "fedx.py"
-    fake.parent.mkdir()
-    fake.write_text("from streams.mnist import load_idx_split\n", encoding="utf-8")
+    fake = tmp_path / "fedx.py"
+    fake.write_text(source, encoding="utf-8")
     monkeypatch.setattr(
-        __import__(__name__, fromlist=["modules"]),
-        "modules",
-        lambda: {**real, "strategies.fedx": fake},
+        __import__(__name__, fromlist=["modules"]), "modules", lambda: {**real, module: fake}
     )
-    assert violations() == ["strategies.fedx imports streams.mnist, a side-by-side package"]
+    assert violations() == [expected]
 
 
 # -- import cycles -------------------------------------------------------------------------------
@@ -204,8 +261,25 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
+def package_graph() -> dict[str, set[str]]:
+    """Layer → the layers its modules import (annotations included: a package-level
+    circle through types is still a knot for a reader)."""
+    known = modules()
+    graph: dict[str, set[str]] = {layer_name: set() for layer_name in MAY_IMPORT}
+    for name, path in known.items():
+        here = layer(name)
+        if here is None:
+            continue
+        for target in imported(path, name):
+            module = owning_module(target, known)
+            there = None if module is None else layer(module)
+            if there is not None and there != here:
+                graph[here].add(there)
+    return graph
+
+
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    """The strongly connected groups of more than one node (Tarjan), each sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -246,6 +320,12 @@ def test_no_module_imports_itself_back() -> None:
     assert import_cycles(import_graph()) == []
 
 
+def test_no_layer_package_imports_another_back() -> None:
+    """No circle between layer packages either (the run used to import the sweep's naming
+    and Flower's launcher, both of which import the run)."""
+    assert import_cycles(package_graph()) == []
+
+
 def test_a_cycle_is_found_through_a_function_level_import() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_cycles(graph) == [["a", "b", "c"]]
@@ -256,10 +336,10 @@ def test_imports_for_annotations_only_are_not_dependencies(tmp_path: Path) -> No
     path = tmp_path / "fedx.py"
     path.write_text(
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from cfl_bench.run import RunPlan\n"
-        "def f():\n    from cfl_bench.plan import plan_run\n",
+        "if TYPE_CHECKING:\n    from cfl_bench.runner.run import RunPlan\n"
+        "def f():\n    from cfl_bench.runner.plan import plan_run\n",
         encoding="utf-8",
     )
     known = modules()
-    runs = {owning_module(t, known) for t in imported(path, "strategies.fedx", False)}
-    assert runs == {"cfl_bench.plan"}
+    runs = {owning_module(t, known) for t in imported(path, "cfl_bench.strategies.fedx", False)}
+    assert runs == {"cfl_bench.runner.plan"}

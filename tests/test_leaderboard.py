@@ -12,14 +12,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cfl_bench.config import canonical_hash
-from cfl_bench.errors import UserError
-from cfl_bench.metrics import summarize
-from leaderboard.aggregate import BOARD_COLUMNS, aggregate, mean_std
-from leaderboard.check import check_targets, read_targets
-from leaderboard.protocol import describe_protocol
-from leaderboard.runs import load_runs
-from leaderboard.table import board_csv
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.metrics import summarize
+from cfl_bench.leaderboard.aggregate import BOARD_COLUMNS, aggregate, mean_std
+from cfl_bench.leaderboard.check import check_targets, read_targets
+from cfl_bench.leaderboard.protocol import describe_protocol
+from cfl_bench.leaderboard.runs import load_runs
+from cfl_bench.leaderboard.table import board_csv
+from cfl_bench.runner.config import canonical_hash
 from tests.leaderboard_fixtures import (
     IMG_INJECTION,
     PACKAGES,

@@ -14,10 +14,10 @@ import matplotlib
 import numpy as np
 import pytest
 
-from cfl_bench.errors import UserError
-from leaderboard.aggregate import StrategySeries, aggregate, strategy_series
-from leaderboard.html import render_html
-from leaderboard.plots import (
+from cfl_bench.core.errors import UserError
+from cfl_bench.leaderboard.aggregate import StrategySeries, aggregate, strategy_series
+from cfl_bench.leaderboard.html import render_html
+from cfl_bench.leaderboard.plots import (
     curves_svg,
     dodge,
     drift_svg,
@@ -26,7 +26,7 @@ from leaderboard.plots import (
     scatter_svg,
     series_style,
 )
-from leaderboard.runs import load_runs
+from cfl_bench.leaderboard.runs import load_runs
 from tests.leaderboard_fixtures import IMG_INJECTION, standard_runs
 
 INJECTION = "<script>alert(1)</script>"

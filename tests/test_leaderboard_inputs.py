@@ -31,7 +31,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cfl_bench.cli import app
-from leaderboard.runs import load_runs
+from cfl_bench.leaderboard.runs import load_runs
 from tests.leaderboard_fixtures import write_run
 
 GOOD_ACC = {0: 50.0, 1: 70.0}  # the good seeds: mean 60, sample std sqrt(200)

@@ -7,8 +7,8 @@ from torch.nn import functional as F
 
 from cfl_bench.engine.aggregation import RunningAverage, client_weight
 from cfl_bench.engine.one_client import OneClientStep, plan_loss
-from strategies.agem import AGEM
-from strategies.der import DER
+from cfl_bench.strategies.agem import AGEM
+from cfl_bench.strategies.der import DER
 from tests.helpers import buffer_with, client, env, linear_model, server, step
 
 ENV = env("rot-mnist", "domain-il", 2, 5)

@@ -12,8 +12,8 @@ from typing import cast
 import pytest
 import torch
 
-from strategies.ewc import OnlineEWC, elastic_penalty
-from strategies.lwf import LwF, softened_cross_entropy
+from cfl_bench.strategies.ewc import OnlineEWC, elastic_penalty
+from cfl_bench.strategies.lwf import LwF, softened_cross_entropy
 from tests.helpers import client, digits_federation, env
 from tests.test_vectorized import one_thread  # noqa: F401 - the fixture
 from tests.test_vectorized_fl import assert_same_client_state

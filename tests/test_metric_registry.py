@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from cfl_bench import metric_registry as registry
-from cfl_bench import metrics
-from cfl_bench.metric_registry import METRICS, MetricSpec
+from cfl_bench.core import metric_registry as registry
+from cfl_bench.core import metrics
+from cfl_bench.core.metric_registry import METRICS, MetricSpec
 from tests.leaderboard_fixtures import recorded_rows, standard_runs
 
 
@@ -77,9 +77,9 @@ def test_task_il_metrics_exist_for_class_il_only() -> None:
 
 
 def test_leaderboard_columns_come_from_the_registry() -> None:
-    from leaderboard.aggregate import BOARD_COLUMNS
-    from leaderboard.runs import CURVES, MATRICES, RANGES
-    from leaderboard.runs import METRICS as BOARD_METRICS
+    from cfl_bench.leaderboard.aggregate import BOARD_COLUMNS
+    from cfl_bench.leaderboard.runs import CURVES, MATRICES, RANGES
+    from cfl_bench.leaderboard.runs import METRICS as BOARD_METRICS
 
     board = [s.column for s in registry.board_columns()]
     assert list(BOARD_METRICS) == board
@@ -104,7 +104,7 @@ def test_a_renamed_label_reaches_the_cli_table(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_a_new_view_entry_reaches_the_html_and_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
-    from leaderboard.html import table_columns
+    from cfl_bench.leaderboard.html import table_columns
 
     _replaced(monkeypatch, "Fgt_T_clipped", views=frozenset({"board", "report"}))
     headers = [c[0] for c in table_columns(task_il=False, scenario_label="domain-IL")]
@@ -120,9 +120,9 @@ def test_a_new_view_entry_reaches_the_html_and_the_report(monkeypatch: pytest.Mo
 def test_the_terminal_table_follows_the_registry(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from leaderboard.aggregate import aggregate
-    from leaderboard.command import summary_tables
-    from leaderboard.runs import load_runs
+    from cfl_bench.leaderboard.aggregate import aggregate
+    from cfl_bench.leaderboard.command import summary_tables
+    from cfl_bench.leaderboard.runs import load_runs
 
     board = aggregate(load_runs([standard_runs(tmp_path)]))
     _replaced(monkeypatch, "BWT", views=frozenset({"terminal"}))
@@ -134,8 +134,8 @@ def test_the_terminal_table_follows_the_registry(
 def test_ranking_uses_the_registered_direction(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direction: str
 ) -> None:
-    from leaderboard.aggregate import aggregate
-    from leaderboard.runs import load_runs
+    from cfl_bench.leaderboard.aggregate import aggregate
+    from cfl_bench.leaderboard.runs import load_runs
 
     runs = load_runs([standard_runs(tmp_path)])
     _replaced(monkeypatch, registry.RANK_BY, direction=direction)
@@ -156,8 +156,8 @@ def test_display_order_puts_each_metric_beside_its_task_il_twin() -> None:
 
 
 def test_recorded_metrics_feed_the_report_checks() -> None:
-    from cfl_bench.trackers import scalars
-    from leaderboard.run_data import TASK_END_METRICS, VALUE_RANGES
+    from cfl_bench.leaderboard.run_data import TASK_END_METRICS, VALUE_RANGES
+    from cfl_bench.runner.trackers import scalars
 
     assert {r.name: r.range for r in registry.RECORDED} == VALUE_RANGES
     assert set(TASK_END_METRICS) == {"acc", "acc_task_il", "map50", "map", "kl_drift"}

@@ -1,4 +1,4 @@
-"""Tests for cfl_bench.metrics against hand-computed values.
+"""Tests for cfl_bench.core.metrics against hand-computed values.
 
 Why hand-computed: the metrics define what the leaderboard means, so each test pins a number
 worked out on paper from the definitions (docs/metrics.md) rather than re-deriving it with the
@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cfl_bench.metrics import (
+from cfl_bench.core.metrics import (
     average_accuracy,
     backward_transfer,
     client_spread,

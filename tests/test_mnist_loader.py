@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from cfl_bench.errors import UserError
-from streams import mnist
-from streams.mnist import load_idx_split, load_mnist
+from cfl_bench.core.errors import UserError
+from cfl_bench.streams import mnist
+from cfl_bench.streams.mnist import load_idx_split, load_mnist
 from tests.synthetic_data import IDX_STEMS as STEMS
 from tests.synthetic_data import images_bytes, labels_bytes, write_tiny_mnist
 

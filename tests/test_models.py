@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.flat import FlatModel
 from cfl_bench.engine.aggregation import RunningAverage
-from cfl_bench.errors import UserError
-from cfl_bench.flat import FlatModel
-from cfl_bench.models import build_model
+from cfl_bench.runner.models import build_model
 
 
 def test_cifar_resnet18_is_the_fedgp_architecture() -> None:

@@ -11,19 +11,19 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from cfl_bench.config import make_config
-from cfl_bench.engine.context import Upload
+from cfl_bench.core.context import Upload
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.flat import FlatModel
 from cfl_bench.engine.one_client import plan_loss
-from cfl_bench.errors import UserError
-from cfl_bench.flat import FlatModel
-from cfl_bench.model_catalogue import MODEL_CAPABILITIES, model_capabilities, models_offering
-from cfl_bench.models import build_model
-from cfl_bench.run import execute
-from strategies.base import MODEL_CAPABILITIES as BASE_MODEL_CAPABILITIES
-from strategies.base import ModelFacts
-from strategies.compose import build_strategy
-from strategies.fedavg import FedAvg
-from strategies.moon import MOON, model_contrastive_loss
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.model_catalogue import MODEL_CAPABILITIES, model_capabilities, models_offering
+from cfl_bench.runner.models import build_model
+from cfl_bench.runner.run import execute
+from cfl_bench.strategies.base import MODEL_CAPABILITIES as BASE_MODEL_CAPABILITIES
+from cfl_bench.strategies.base import ModelFacts
+from cfl_bench.strategies.compose import build_strategy
+from cfl_bench.strategies.fedavg import FedAvg
+from cfl_bench.strategies.moon import MOON, model_contrastive_loss
 from tests.helpers import client, env, inputs_for, local_round, sequential_term, server, step
 from tests.test_resume import assert_resumes_after_crash, uninterrupted
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from cfl_bench.errors import UserError
-from cfl_bench.objective import Classification
-from strategies.compose import build_strategy
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.objective import Classification
+from cfl_bench.strategies.compose import build_strategy
 from tests.helpers import digits_federation, env
 
 
@@ -69,7 +69,7 @@ def test_components_take_their_loss_from_the_objective() -> None:
 
 def test_every_metric_an_objective_records_is_registered() -> None:
     """A metric the engine records must be in the registry, or no table would show it."""
-    from cfl_bench.metric_registry import recorded
+    from cfl_bench.core.metric_registry import recorded
 
     for objective in (Classification(), Classification(task_il=True)):
         for name in objective.metrics:

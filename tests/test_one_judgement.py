@@ -6,7 +6,7 @@ reason in every command. One test drives all five readers of a run directory ove
 of damage: ``leaderboard`` (lists it as damaged, ranks nothing), ``report`` and ``clients``
 (refuse it, exit 2), ``reproduce --compare`` (does not count it) and a sweep's skip rule (runs
 the point again, saying why, and ends with a finished run). The expected reason is the one
-:func:`cfl_bench.run_reader.read_run` gives, so the five must print exactly that text.
+:func:`cfl_bench.core.run_reader.read_run` gives, so the five must print exactly that text.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cfl_bench.run_reader import DAMAGED, read_run
+from cfl_bench.core.run_reader import DAMAGED, read_run
 from tests.cli_helpers import cli
 
 GRID = [
@@ -109,7 +109,7 @@ def test_five_commands_give_one_status_and_reason(
         assert f"{run.name}: damaged ({reason}); running it again" in rerun.stdout
         assert read_run(run).status == "finished"  # the rerun replaced it
         return
-    # Without config.json the folder is no run (cfl_bench.run_dir), so the sweep replaces
+    # Without config.json the folder is no run (cfl_bench.core.run_dir), so the sweep replaces
     # nothing in it: the point fails and says what to do; every file is left as it was.
     assert rerun.returncode == 1, rerun.stdout + rerun.stderr
     assert f"{run.name}: damaged ({reason}); without a run's config.json" in rerun.stdout

@@ -3,7 +3,7 @@
 The old run stays byte-identical (every file, nothing added) when the replacement fails at
 any point — a refused input found late, an exception from the cost probe, Ctrl-C, SIGKILL —
 and a replacement that finishes leaves none of the old run's files behind (``model.pt``,
-``report.html``). See the module docstring of ``cfl_bench.run_dir`` for the design.
+``report.html``). See the module docstring of ``cfl_bench.core.run_dir`` for the design.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from cfl_bench import cost
-from cfl_bench.config import make_config
-from cfl_bench.errors import UserError
-from cfl_bench.round_keeper import RunInterruptedError
-from cfl_bench.run import execute
-from cfl_bench.run_dir import ASIDE, MOVED, STAGING, RunDirectory
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.run_dir import ASIDE, MOVED, STAGING, RunDirectory
+from cfl_bench.runner import cost
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.round_keeper import RunInterruptedError
+from cfl_bench.runner.run import execute
 from tests.test_resume import KILLER
 
 BASE: dict[str, Any] = {

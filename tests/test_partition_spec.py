@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cfl_bench.errors import UserError
-from streams.partition import (
+from cfl_bench.core.errors import UserError
+from cfl_bench.streams.partition import (
     _PARTITIONER_TYPES,
     OPTION_PARSERS,
     DirichletPartitioner,

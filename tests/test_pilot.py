@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from cfl_bench.cli import main
-from cfl_bench.flat import FlatModel
+from cfl_bench.core.flat import FlatModel
 from cfl_bench.pilot import boundary, strategy_list
 from cfl_bench.pilot.iris import (
     DominantClassPartitioner,
@@ -21,8 +21,8 @@ from cfl_bench.pilot.iris import (
     plan_pilot_split,
 )
 from cfl_bench.pilot.measure import Box, disagreement, grid_points, plot_box, predict_labels
-from strategies.registry import component_classes
-from streams.partition import client_class_counts
+from cfl_bench.strategies.registry import component_classes
+from cfl_bench.streams.partition import client_class_counts
 from tests.test_startup import probe
 
 FEDDF_REGISTERED = "feddf" in component_classes()

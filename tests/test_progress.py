@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from cfl_bench.progress import RoundLog, RoundReport, clock
+from cfl_bench.engine.progress import RoundLog, RoundReport, clock
 
 
 def test_clock_formats_hours_minutes_seconds() -> None:
@@ -16,7 +16,7 @@ def test_clock_formats_hours_minutes_seconds() -> None:
 
 def test_one_line_per_round_with_eta_from_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
     now = iter([100.0, 130.0, 160.0])  # start, after round 9, after round 10
-    monkeypatch.setattr("cfl_bench.progress.time.monotonic", lambda: next(now))
+    monkeypatch.setattr("cfl_bench.engine.progress.time.monotonic", lambda: next(now))
     sink = io.StringIO()
     log = RoundLog(sink)
     log(RoundReport(9, 25, 1, 5, 71.234))  # a resumed run: its first round here is 9
@@ -32,10 +32,10 @@ def test_one_line_per_round_with_eta_from_this_process(monkeypatch: pytest.Monke
 def test_a_long_round_says_how_many_clients_are_done(monkeypatch: pytest.MonkeyPatch) -> None:
     """Inside a round, a line at most every QUIET_ROUND_SECONDS, never for the last client
     (the round's own line follows)."""
-    from cfl_bench.progress import QUIET_ROUND_SECONDS, ClientsReport
+    from cfl_bench.engine.progress import QUIET_ROUND_SECONDS, ClientsReport
 
     now = [100.0]
-    monkeypatch.setattr("cfl_bench.progress.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("cfl_bench.engine.progress.time.monotonic", lambda: now[0])
     sink = io.StringIO()
     log = RoundLog(sink)
     for done, at in ((1, 110.0), (2, 100.0 + QUIET_ROUND_SECONDS), (3, 140.0), (4, 200.0)):
@@ -45,9 +45,9 @@ def test_a_long_round_says_how_many_clients_are_done(monkeypatch: pytest.MonkeyP
 
 
 def test_the_engine_reports_every_client_of_every_round(tmp_path: object) -> None:
-    from cfl_bench.config import make_config
-    from cfl_bench.progress import ClientsReport
-    from cfl_bench.run import execute
+    from cfl_bench.engine.progress import ClientsReport
+    from cfl_bench.runner.config import make_config
+    from cfl_bench.runner.run import execute
 
     seen: list[ClientsReport] = []
 
@@ -71,7 +71,7 @@ def test_the_live_bar_shows_the_clients_of_the_round_in_progress() -> None:
     from rich.console import Console
 
     from cfl_bench.cli import round_display
-    from cfl_bench.progress import ClientsReport
+    from cfl_bench.engine.progress import ClientsReport
 
     console = Console(file=io.StringIO(), force_terminal=True, width=80)
     with round_display(console, "rot-digits · fedavg") as on_round:

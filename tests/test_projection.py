@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from strategies.projection import conflict_coefficients, projected, row_dot
+from cfl_bench.strategies.projection import conflict_coefficients, projected, row_dot
 
 
 def test_projection_formula_by_hand() -> None:

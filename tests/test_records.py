@@ -9,7 +9,7 @@ from typing import BinaryIO
 
 import pytest
 
-from cfl_bench.atomic import atomic_write, atomic_write_json, atomic_write_text
+from cfl_bench.core.atomic import atomic_write, atomic_write_json, atomic_write_text
 
 
 def test_atomic_files_get_the_umask_mode_not_mkstemps_private_one(tmp_path: Path) -> None:

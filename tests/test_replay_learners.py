@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from cfl_bench.buffer import BufferDraw
+from cfl_bench.core.buffer import BufferDraw
+from cfl_bench.core.flat import FlatModel
 from cfl_bench.engine.one_client import plan_loss
-from cfl_bench.flat import FlatModel
-from strategies.derpp import DERPP
-from strategies.er import ER
+from cfl_bench.strategies.derpp import DERPP
+from cfl_bench.strategies.er import ER
 from tests.helpers import buffer_with, client, env, linear_model, server, step
 
 BX = torch.tensor([[1.0, 2.0, 0.0], [0.0, 1.0, 1.0]])

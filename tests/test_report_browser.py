@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from leaderboard.build import build_leaderboard
+from cfl_bench.leaderboard.build import build_leaderboard
 from tests.leaderboard_fixtures import (
     IMG_INJECTION,
     protocol,
@@ -104,7 +104,7 @@ def test_report_in_headless_chromium(browser: Any, report: Path) -> None:
     from selenium.common.exceptions import NoAlertPresentException
     from selenium.webdriver.common.by import By
 
-    from cfl_bench.config import canonical_hash
+    from cfl_bench.runner.config import canonical_hash
 
     url = report.as_uri()
     browser.get(url)
@@ -304,7 +304,7 @@ def test_leaderboard_layout_at_1280(browser: Any, report: Path, finished_board: 
 def run_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Single-run reports: a finished class-IL run with 10 clients, and an unfinished
     domain-IL run stopped after round 3 of 6."""
-    from leaderboard.report import build_report
+    from cfl_bench.leaderboard.report import build_report
 
     root = tmp_path_factory.mktemp("single")
     cls = write_recorded_run(

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from cfl_bench.errors import UserError
-from leaderboard.plots import padded_limits
-from leaderboard.report import build_report, render_report
-from leaderboard.run_data import load_run_data
+from cfl_bench.core.errors import UserError
+from cfl_bench.leaderboard.plots import padded_limits
+from cfl_bench.leaderboard.report import build_report, render_report
+from cfl_bench.leaderboard.run_data import load_run_data
 from tests.leaderboard_fixtures import resummarize, write_recorded_run, write_run
 from tests.sweep_helpers import TINY
 from tests.test_cli import in_process

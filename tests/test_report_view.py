@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from cfl_bench.config import make_config
-from cfl_bench.run import execute
-from leaderboard.report import report_command
+from cfl_bench.leaderboard.report import report_command
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.run import execute
 
 TINY = {"tasks": 2, "rounds_per_task": 1, "clients": 2, "train_size": 300, "test_size": 100}
 
@@ -38,7 +38,7 @@ def test_diagnostic_rows_only_for_runs_that_recorded_them(tmp_path: Path) -> Non
 def test_the_bytes_curve_has_headroom_under_the_top_edge() -> None:
     from matplotlib.figure import Figure
 
-    from leaderboard.report_plots import _bytes_panel
+    from cfl_bench.leaderboard.report_plots import _bytes_panel
 
     ax = Figure().subplots()
     flat = pd.Series([7e5] * 10, index=range(1, 11))

@@ -15,14 +15,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.run_reader import RunReading
 from cfl_bench.reproduce.command import Request, reproduce, reproductions_root
 from cfl_bench.reproduce.figure_command import select_figure, sweep_document
 from cfl_bench.reproduce.figure_runs import Windows, windows_of
 from cfl_bench.reproduce.figure_verdict import RowHeadlines, close, judge
 from cfl_bench.reproduce.figures import find_figure, load_figure
 from cfl_bench.reproduce.verdict import Ours
-from cfl_bench.run_reader import RunReading
 
 ROOT = reproductions_root()
 NAME = "fedgp-fig4-carla"
@@ -39,8 +39,7 @@ def reading(curve: dict[int, float], shift: int, total: int) -> RunReading:
         rows, columns=["round", "trained_task", "eval_task", "scope", "metric", "value"]
     )
     clock = {"task_clock": {"total_rounds": total, "eval_rounds": [shift, total]}}
-    return RunReading(Path("run"), "finished", "", clock, {"num_tasks": 2}, row={},
-                      records=records)
+    return RunReading(Path("run"), "finished", "", clock, {"num_tasks": 2}, row={}, records=records)
 
 
 def test_the_windows_are_the_k_rounds_up_to_the_shift_and_the_last_k() -> None:
@@ -91,8 +90,10 @@ def test_a_rise_is_reversed_one_seed_is_not_judged_and_no_run_is_missing() -> No
 
 
 def test_close_pairs_are_reported_with_their_standard_error() -> None:
-    rows = {"DER+FedGP": headlines((5, 5, 5), (8, 9, 10)), "Ideal": headlines((5, 5, 5),
-                                                                               (9, 10, 12))}
+    rows = {
+        "DER+FedGP": headlines((5, 5, 5), (8, 9, 10)),
+        "Ideal": headlines((5, 5, 5), (9, 10, 12)),
+    }
     (result,) = close(rows, (("DER+FedGP", "Ideal"),))
     assert result.difference == pytest.approx(4 / 3) and result.seeds == 3
     assert result.se == pytest.approx(0.3333333, abs=1e-6)
@@ -105,13 +106,22 @@ def test_the_carla_figure_runs_every_row_and_seed_at_its_scale() -> None:
     assert doc["grid"] == {"seed": [0, 1, 2], "strategy": ["ideal", "fedavg", "der", "der+fedgp"]}
     base = doc["base"]
     assert (base["stream"], base["tasks"], base["clients"], base["data_root"]) == (
-        "carla-highway", 2, 2, "D")
+        "carla-highway",
+        2,
+        2,
+        "D",
+    )
     assert (base["lead_rounds"], base["rounds_per_task"], base["eval_every_round"]) == (
-        20, 10, True)
+        20,
+        10,
+        True,
+    )
     assert figure.window("cpu") == 5 and figure.window("smoke") == 1
     chosen = select_figure(figure, "cpu", Request(NAME, rows=("DER",), seeds=(1,)))
     assert sweep_document(chosen, "cpu", Path("o"), {}, 1)["grid"] == {
-        "seed": [1], "strategy": ["der"]}
+        "seed": [1],
+        "strategy": ["der"],
+    }
     with pytest.raises(UserError, match="is a figure and has no columns"):
         select_figure(figure, "cpu", Request(NAME, columns=("x",)))
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from cfl_bench.core.run_reader import RunReading
 from cfl_bench.reproduce.collect import accuracy_at_round, column_value
 from cfl_bench.reproduce.tables import Column
-from cfl_bench.run_reader import RunReading
 
 
 def reading(total: int, accuracies: dict[int, float], num_tasks: int = 1) -> RunReading:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 from cfl_bench.reproduce.command import Request, reproduce, reproductions_root
 from cfl_bench.reproduce.provenance import cost_text
 from cfl_bench.reproduce.tables import find_table

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 from cfl_bench.reproduce.collect import collect
 from cfl_bench.reproduce.command import Request, reproduce, reproductions_root
 from cfl_bench.reproduce.figures import find_figure

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from cfl_bench.config import RunConfig
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 from cfl_bench.reproduce.command import Request, reproductions_root, select, sweep_documents
 from cfl_bench.reproduce.tables import find_table, load_all, load_table
 from cfl_bench.reproduce.targets import COLUMNS, CellKey, load_targets
-from streams.catalogue import STREAMS
+from cfl_bench.runner.config import RunConfig
+from cfl_bench.streams.catalogue import STREAMS
 
 ROOT = reproductions_root()
 PAPER_CELLS = {"fedgp": 400, "fedntd": 559, "fedproj-arxiv": 104, "fedproj-anon": 149, "ifa": 78}
@@ -204,8 +204,11 @@ ROT_OPTIONS = "    options: {stream: rot-mnist}"
     ("old", "new", "fragment"),
     [
         ("metric: Acc_T", "metric: Acc_T\nnonsense: 1", "unknown key"),
-        ("variant: w/ FedGP, strategy: der+fedgp", "variant: w/ FedGQ, strategy: der+fedgp",
-         "matches 0 printed cells"),
+        (
+            "variant: w/ FedGP, strategy: der+fedgp",
+            "variant: w/ FedGQ, strategy: der+fedgp",
+            "matches 0 printed cells",
+        ),
         ("strategy: der+fedgp}", "strategy: der+nosuch}", "unknown strategy component"),
         ("  lr: 0.01\n", "  lr: 0.01\n  seed: 3\n", "fixes 'seed'"),
         ("  lr: 0.01\n", "  lr: 0.01\n  speed: 3\n", "not a run option"),

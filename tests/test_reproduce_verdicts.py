@@ -51,7 +51,8 @@ def test_combined_spread_is_the_root_sum_of_squares() -> None:
 
 
 def two_row_table(
-    paper: tuple[float, float], ours: tuple[tuple[float, ...], tuple[float, ...]],
+    paper: tuple[float, float],
+    ours: tuple[tuple[float, ...], tuple[float, ...]],
     pm: float = 1.0,
 ) -> tuple[list[Cell], list[Claim]]:
     """Rows 'A w/o' and 'A w/' in one column 'c', with one pair claim between them."""
@@ -157,7 +158,10 @@ def test_upper_bound_claims_cover_every_other_row_of_every_column() -> None:
     claims = table_claims(["x", "y"], ["A", "B", "Ideal"], [("A", "B")], "Ideal")
     bound = [c for c in claims if c.kind == "upper bound"]
     assert [(c.column, c.lower, c.upper) for c in bound] == [
-        ("x", "A", "Ideal"), ("x", "B", "Ideal"), ("y", "A", "Ideal"), ("y", "B", "Ideal"),
+        ("x", "A", "Ideal"),
+        ("x", "B", "Ideal"),
+        ("y", "A", "Ideal"),
+        ("y", "B", "Ideal"),
     ]
     assert len(claims) == 6
 

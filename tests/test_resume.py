@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import torch
 
-from cfl_bench.config import make_config
+from cfl_bench.core.errors import UserError
 from cfl_bench.engine import checkpoint
-from cfl_bench.errors import UserError
-from cfl_bench.run import execute
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.run import execute
 from tests.golden_runs import VOLATILE
 
 # rot-digits, 3 tasks × 2 rounds: task boundaries after rounds 2 and 4.
@@ -39,8 +39,8 @@ BASE: dict[str, Any] = {
 KILLER = textwrap.dedent(
     """
     import json, os, signal, sys
-    from cfl_bench.config import make_config
-    from cfl_bench.run import execute
+    from cfl_bench.runner.config import make_config
+    from cfl_bench.runner.run import execute
     values, k = json.loads(sys.argv[1]), int(sys.argv[2])
 
     def on_round(report):

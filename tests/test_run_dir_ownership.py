@@ -3,7 +3,7 @@
 Four classes, each through the real command line in a fresh process (see
 tests/test_bad_inputs_classes.py): a non-empty folder that is not a run (whatever the names
 in it) is refused; ``--overwrite``/``--restart`` replace the run's own entries
-(``cfl_bench.run_dir.RUN_OUTPUTS``) and keep every other entry byte-identical; an --out
+(``cfl_bench.core.run_dir.RUN_OUTPUTS``) and keep every other entry byte-identical; an --out
 inside a run directory is refused; a checkpoint.pt that is not a regular file is refused
 (``--restart`` starts over). Refusals: exit 2, one line naming the problem, nothing created
 or changed. A crash inside the swap, simulated through the ``RunDirectory`` API as in
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from cfl_bench.errors import UserError
-from cfl_bench.run_dir import ASIDE, MOVED, RUN_OUTPUTS, STAGING, RunDirectory
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.run_dir import ASIDE, MOVED, RUN_OUTPUTS, STAGING, RunDirectory
 from cfl_bench.sweep import ledger
 from tests.test_bad_inputs_classes import TINY, cli, digest, listing
 

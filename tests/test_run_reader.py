@@ -15,10 +15,10 @@ import pytest
 from rich.console import Console
 
 from cfl_bench.cli import main
-from cfl_bench.run_reader import DAMAGED, read_run
+from cfl_bench.core.run_reader import DAMAGED, read_run
+from cfl_bench.leaderboard.command import leaderboard_command
+from cfl_bench.leaderboard.runs import load_runs
 from cfl_bench.sweep import ledger
-from leaderboard.command import leaderboard_command
-from leaderboard.runs import load_runs
 from tests.leaderboard_fixtures import write_recorded_run
 
 REQUEST = "request-abc"

@@ -11,10 +11,10 @@ from typing import cast
 import pytest
 import torch
 
-from cfl_bench.engine.context import LocalRound, Upload
-from cfl_bench.errors import UserError
-from strategies.compose import build_strategy
-from strategies.scaffold import DC, C, Scaffold, local_gradient
+from cfl_bench.core.context import LocalRound, Upload
+from cfl_bench.core.errors import UserError
+from cfl_bench.strategies.compose import build_strategy
+from cfl_bench.strategies.scaffold import DC, C, Scaffold, local_gradient
 from tests.helpers import broadcast, client, env, inputs_for, linear_model, server
 from tests.test_resume import assert_resumes_after_crash, uninterrupted
 from tests.test_zoo_cli import CLIENTS, MODEL, per_round, run

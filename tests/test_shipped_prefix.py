@@ -8,7 +8,7 @@ below reruns one shipped run per row family, from its own ``config.json`` (the f
 resolved configuration), for its first ``rounds`` rounds, and compares the records of those
 rounds with the shipped ``records.csv``.
 
-How the prefix stays the full run's prefix: the run goes through ``cfl_bench.run.execute``
+How the prefix stays the full run's prefix: the run goes through ``cfl_bench.runner.run.execute``
 exactly as ``cfl-bench run --config`` would, and an ``on_round`` callback raises
 ``KeyboardInterrupt`` after round ``rounds`` — the path of a Ctrl-C, which keeps the
 records of every ended round (``round_keeper``: a round's rows are appended before
@@ -60,11 +60,11 @@ from pathlib import Path
 
 import pytest
 
-from cfl_bench.config import make_config
-from cfl_bench.errors import RunInterruptedError
-from cfl_bench.progress import RoundReport
+from cfl_bench.core.errors import RunInterruptedError
+from cfl_bench.engine.progress import RoundReport
 from cfl_bench.reproduce.provenance import _torch_build, cpu_model
-from cfl_bench.run import execute
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.run import execute
 from tests import golden_runs
 
 RESULTS = golden_runs.ROOT / "reproductions" / "results"
@@ -194,7 +194,7 @@ CASES: dict[str, Case] = {
     # formula itself is pinned by test_carla_detection's CenterNet reference test. The resolved
     # configuration records the stream's default partition (iid), which HEAD refuses when
     # given, because a CARLA client brings its own frames every round
-    # (cfl_bench.plan.check_stream_fits).
+    # (cfl_bench.runner.plan.check_stream_fits).
     "carla-detector": Case(
         "fedgp-fig4-carla",
         "carla-highway_fedavg_s0-4b2a1ce8",

@@ -109,8 +109,8 @@ def test_bad_yaml_file_is_refused_without_heavy_packages(tmp_path: Path) -> None
 
 # -- the catalogues agree with what they describe ---------------------------------------------
 def test_model_catalogue_lists_exactly_the_builders() -> None:
-    from cfl_bench import models
-    from cfl_bench.model_catalogue import MODEL_DESCRIPTIONS
+    from cfl_bench.runner import models
+    from cfl_bench.runner.model_catalogue import MODEL_DESCRIPTIONS
 
     assert list(models.MODELS) == list(MODEL_DESCRIPTIONS)
     assert set(models._BUILDERS) == set(MODEL_DESCRIPTIONS)
@@ -121,7 +121,7 @@ def test_model_catalogue_lists_exactly_the_builders() -> None:
 def test_stream_catalogue_says_what_the_loaders_read() -> None:
     """The data hints of `list streams` are the loaders' own wording, and the registry
     re-exports the catalogue rather than keeping a second one."""
-    from streams import avalanche, catalogue, cifar, mnist, registry
+    from cfl_bench.streams import avalanche, catalogue, cifar, mnist, registry
 
     loaders_say = {
         "MNIST": mnist.layout_hint("MNIST"),
@@ -143,13 +143,15 @@ def test_every_stream_entry_names_a_builder() -> None:
     CARLA streams (the bridge implements the stream interface; streams never import it)."""
     import importlib
 
-    from streams import catalogue, registry
+    from cfl_bench.streams import catalogue, registry
 
     spec = "avalanche:avalanche.benchmarks.classic:SplitMNIST"
     for info in [*catalogue.STREAMS.values(), catalogue.stream_info(spec)]:
         module, _, function = info.builder.partition(":")
         carla = info.name.startswith("carla-")
-        assert module == ("carla_bridge.stream" if carla else "streams.builders"), info.name
+        assert module == (
+            "cfl_bench.carla_bridge.stream" if carla else "cfl_bench.streams.builders"
+        ), info.name
         found = getattr(importlib.import_module(module), function)
         assert registry.builder_of(info) is found, info.name
     class_il = [i for i in catalogue.STREAMS.values() if i.builder.endswith(":build_class_il")]

@@ -12,12 +12,12 @@ import torch
 from typer.testing import CliRunner
 
 from cfl_bench.cli import app
-from cfl_bench.errors import UserError
-from cfl_bench.models import build_model
-from streams.augment import cutout
-from streams.cinic import CLASSES, load_cinic10
-from streams.partition import ClassShardPartitioner, partitioner_from_spec
-from streams.registry import build_stream
+from cfl_bench.core.errors import UserError
+from cfl_bench.runner.models import build_model
+from cfl_bench.streams.augment import cutout
+from cfl_bench.streams.cinic import CLASSES, load_cinic10
+from cfl_bench.streams.partition import ClassShardPartitioner, partitioner_from_spec
+from cfl_bench.streams.registry import build_stream
 
 CPU = torch.device("cpu")
 
@@ -140,7 +140,7 @@ def _write_cinic(root: Path, cifar: Path, per_class: int) -> None:
     """A small CINIC-10 folder from real CIFAR-10 test images, written as PNG files."""
     from PIL import Image
 
-    from streams.cifar import load_cifar10
+    from cfl_bench.streams.cifar import load_cifar10
 
     images = load_cifar10(cifar, download=False)
     for split, offset in (("train", 0), ("valid", per_class), ("test", 2 * per_class)):
@@ -158,7 +158,7 @@ def test_cinic10_reads_its_layout(tmp_path: Path, shared_data: Path) -> None:
     splits = load_cinic10(tmp_path)
     assert splits.train_x.shape == (60, 3, 32, 32) and splits.test_x.shape == (60, 3, 32, 32)
     assert splits.train_y.tolist() == [c for c in range(10) for _ in range(6)]
-    from streams.cifar import load_cifar10
+    from cfl_bench.streams.cifar import load_cifar10
 
     cifar = load_cifar10(shared_data, download=False)
     first_cat = torch.nonzero(cifar.test_y == 3).flatten()[0]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cfl_bench.config import RunConfig
-from cfl_bench.errors import UserError
-from cfl_bench.run import plan_run
+from cfl_bench.core.errors import UserError
+from cfl_bench.runner.config import RunConfig
+from cfl_bench.runner.run import plan_run
 
 ALLOWED = [
     "der+fedgp",
@@ -79,8 +79,8 @@ def test_nonsense_is_refused_with_its_reason(
 
 def test_moon_is_refused_for_a_model_without_features(shared_data: Path, tmp_path: Path) -> None:
     """``features`` is a model capability: a model outside the table is refused by name."""
-    from strategies.base import ModelFacts, StrategyEnv
-    from strategies.compose import build_strategy, requirement_refusal
+    from cfl_bench.strategies.base import ModelFacts, StrategyEnv
+    from cfl_bench.strategies.compose import build_strategy, requirement_refusal
 
     moon = build_strategy("moon").components[0]
     env = StrategyEnv("mnist", "static", 10, 1, None, 0, 32, (1, 28, 28), None)  # type: ignore[arg-type]

@@ -22,8 +22,8 @@ from cfl_bench.engine import step_driver
 from cfl_bench.engine.one_client import OneClientBackend
 from cfl_bench.engine.step_driver import StepBackend, StepDriver
 from cfl_bench.engine.vectorized_step import ChunkBackend
-from strategies.base import ClientInputs, Component, Learner, Role
-from strategies.registry import component_classes
+from cfl_bench.strategies.base import ClientInputs, Component, Learner, Role
+from cfl_bench.strategies.registry import component_classes
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("cfl_bench", "strategies", "streams", "carla_bridge", "leaderboard")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cfl_bench.errors import UserError
-from strategies.base import (
+from cfl_bench.core.errors import UserError
+from cfl_bench.strategies.base import (
     Option,
     boolean,
     non_negative_float,
@@ -24,8 +24,8 @@ from strategies.base import (
     text,
     unit_fraction,
 )
-from strategies.compose import ComponentSpec, build_strategy, parse_strategy
-from strategies.declarations import generation_length, gref_samples
+from cfl_bench.strategies.compose import ComponentSpec, build_strategy, parse_strategy
+from cfl_bench.strategies.declarations import generation_length, gref_samples
 
 # (strategy, phrase the one-line refusal must contain)
 REFUSALS: list[tuple[str, str]] = [

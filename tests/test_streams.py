@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from cfl_bench.errors import UserError
-from streams.base import Stream
-from streams.digits import digits_images, load_digits
-from streams.domain_il import PermutedStream, RotatedStream
-from streams.mnist import load_mnist
-from streams.registry import STREAMS, build_stream
-from streams.transforms import permute_pixels, rotate_batch
+from cfl_bench.core.errors import UserError
+from cfl_bench.streams.base import Stream
+from cfl_bench.streams.digits import digits_images, load_digits
+from cfl_bench.streams.domain_il import PermutedStream, RotatedStream
+from cfl_bench.streams.mnist import load_mnist
+from cfl_bench.streams.registry import STREAMS, build_stream
+from cfl_bench.streams.transforms import permute_pixels, rotate_batch
 from tests.synthetic_data import write_tiny_mnist
 
 CPU = torch.device("cpu")

@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cfl_bench.config import canonical_hash
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
+from cfl_bench.runner.config import canonical_hash
 from cfl_bench.sweep import ledger, worker
 from cfl_bench.sweep.grid import build_spec, expand, parse_cli
 from cfl_bench.sweep.launcher import threads_per_run, usable_cores

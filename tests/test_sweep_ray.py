@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from bench.ray_cluster import loopback_cluster, ray_env
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 from cfl_bench.sweep import ledger
 from cfl_bench.sweep.command import Placement
 from cfl_bench.sweep.grid import build_spec, expand

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from cfl_bench.core.errors import UserError
 from cfl_bench.engine.loop import RunOutcome
 from cfl_bench.engine.task_clock import TaskClock
-from cfl_bench.errors import UserError
 from tests.helpers import digits_federation as federation
 
 

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import torch
 
-from cfl_bench.errors import UserError
-from streams import text
-from streams.text import (
+from cfl_bench.core.errors import UserError
+from cfl_bench.streams import text
+from cfl_bench.streams.text import (
     AGNEWS_CLASSES,
     DBPEDIA_CLASSES,
     YAHOO_CLASSES,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.registry import STREAMS
-from streams.text_stream import embedding_cache_dir
+from cfl_bench.streams.registry import STREAMS
+from cfl_bench.streams.text_stream import embedding_cache_dir
 from tests.synthetic_data import agnews_csv_rows, write_tiny_agnews
 from tests.test_cli import in_process
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from cfl_bench.config import make_config
-from cfl_bench.models import build_model
-from cfl_bench.run import configure_cpu, execute
-from cfl_bench.threads import SMALL_FLOPS, choose_threads, forward_flops
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.models import build_model
+from cfl_bench.runner.run import configure_cpu, execute
+from cfl_bench.runner.threads import SMALL_FLOPS, choose_threads, forward_flops
 from tests.test_resume import kill_after, options
 
 MLP_FLOPS = 0.03e6  # the digits MLP (bench/threads.py)

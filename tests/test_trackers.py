@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cfl_bench.records import read_rows
-from cfl_bench.trackers import parse_trackers, scalars
+from cfl_bench.core.records import read_rows
+from cfl_bench.runner.trackers import parse_trackers, scalars
 from tests.test_bad_inputs import TINY, run_main
 
 

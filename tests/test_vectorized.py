@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cfl_bench.config import make_config
+from cfl_bench.core.errors import UserError
 from cfl_bench.engine.batches import ClientBatches
 from cfl_bench.engine.loop import Federation, RunOutcome
 from cfl_bench.engine.optim import FlatAdam, FlatSGD
@@ -20,11 +20,11 @@ from cfl_bench.engine.vectorized import (
     check_model,
     check_vectorizable,
 )
-from cfl_bench.errors import UserError
-from cfl_bench.models import build_model
-from cfl_bench.run import plan_run, run_identity
-from strategies.compose import build_strategy
-from streams.partition import DirichletPartitioner, Partitioner
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.models import build_model
+from cfl_bench.runner.run import plan_run, run_identity
+from cfl_bench.strategies.compose import build_strategy
+from cfl_bench.streams.partition import DirichletPartitioner, Partitioner
 from tests.helpers import client, digits_federation
 
 

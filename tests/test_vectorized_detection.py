@@ -14,17 +14,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from carla_bridge.detection import Detection, pack_targets
-from carla_bridge.detector import build_detector
-from cfl_bench.buffer import ReservoirBuffer
-from cfl_bench.buffer_stack import ReservoirStack
+from cfl_bench.carla_bridge.detection import Detection, pack_targets
+from cfl_bench.carla_bridge.detector import build_detector
+from cfl_bench.core.buffer import ReservoirBuffer
+from cfl_bench.core.context import Broadcast, ClientState
+from cfl_bench.core.flat import FlatModel
+from cfl_bench.engine.buffer_stack import ReservoirStack
 from cfl_bench.engine.client_update import ClientJob, ClientResult, LocalTrainer, StepSchedule
-from cfl_bench.engine.context import Broadcast, ClientState
 from cfl_bench.engine.executor import SequentialExecutor
 from cfl_bench.engine.optim import FlatSGD
 from cfl_bench.engine.vectorized import VectorizedExecutor
-from cfl_bench.flat import FlatModel
-from strategies.compose import build_strategy
+from cfl_bench.strategies.compose import build_strategy
 from tests.helpers import env
 from tests.test_vectorized import one_thread  # noqa: F401 - the fixture
 

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.flat import FlatModel
 from cfl_bench.engine.loop import Federation
 from cfl_bench.engine.vectorized import VectorizedExecutor, check_model, check_vectorizable
 from cfl_bench.engine.vectorized_dropout import (
@@ -24,11 +26,9 @@ from cfl_bench.engine.vectorized_dropout import (
     stack_masks,
 )
 from cfl_bench.engine.vectorized_grad import ClientGradients
-from cfl_bench.errors import UserError
-from cfl_bench.flat import FlatModel
-from cfl_bench.models import build_model
-from strategies.compose import build_strategy
-from strategies.replay import ReplayPlan
+from cfl_bench.runner.models import build_model
+from cfl_bench.strategies.compose import build_strategy
+from cfl_bench.strategies.replay import ReplayPlan
 from tests.helpers import CPU, digits_federation
 from tests.test_vectorized import assert_same, one_thread  # noqa: F401 - the fixture
 from tests.test_vectorized_replay import REPLAY, assert_same_buffers

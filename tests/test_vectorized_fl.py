@@ -13,15 +13,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import strategies.projection
+import cfl_bench.strategies.projection as projection
+from cfl_bench.core.errors import UserError
 from cfl_bench.engine import vectorized
 from cfl_bench.engine.executor import SequentialExecutor
 from cfl_bench.engine.loop import Federation
 from cfl_bench.engine.vectorized import check_strategy
 from cfl_bench.engine.vectorized_grad import ChunkTerm
-from cfl_bench.errors import UserError
-from strategies import compose, fedproj
-from strategies.base import (
+from cfl_bench.strategies import compose, fedproj
+from cfl_bench.strategies.base import (
     ClientInputs,
     Component,
     Declaration,
@@ -30,10 +30,10 @@ from strategies.base import (
     non_negative_float,
     option,
 )
-from strategies.compose import build_strategy
-from strategies.fedntd import not_true_distillation
-from strategies.projection import conflict_coefficients, row_dot
-from strategies.registry import component_classes
+from cfl_bench.strategies.compose import build_strategy
+from cfl_bench.strategies.fedntd import not_true_distillation
+from cfl_bench.strategies.projection import conflict_coefficients, row_dot
+from cfl_bench.strategies.registry import component_classes
 from tests.helpers import client, env
 from tests.test_vectorized import Skewed, assert_same, both, one_thread  # noqa: F401 - the fixture
 from tests.test_vectorized_replay import REPLAY, assert_same_buffers, run_both
@@ -63,7 +63,7 @@ def assert_same_client_state(seq: Federation, vec: Federation, component: str) -
 def test_der_fedgp_equals_and_projects(monkeypatch: pytest.MonkeyPatch) -> None:
     # The FedGP protocol: g_ref from each client's buffer after every round, projection at
     # every step of rounds 2 to 4. Count the conflicting rows the batched projection met.
-    conflicts = count_conflicts(monkeypatch, strategies.projection)
+    conflicts = count_conflicts(monkeypatch, projection)
     answered = spy_sequential_answers(monkeypatch)
     seq, vec = run_both("der+fedgp")
     assert_same_buffers(seq, vec)
@@ -240,7 +240,7 @@ def test_agem_equals_and_projects(monkeypatch: pytest.MonkeyPatch) -> None:
     # A-GEM's reference draw per step (buffer generator, then the replay augmentation from
     # the client's generator), its batched gradient and the per-client projection: one
     # ``refine`` for both, called on one client's (P,) gradient and on a chunk's (C, P).
-    conflicts = count_conflicts(monkeypatch, strategies.projection)
+    conflicts = count_conflicts(monkeypatch, projection)
     seq, vec = run_both("agem", augment=True, momentum=0.5)
     assert_same_buffers(seq, vec)
     chunk_rows = [c for c, rows in conflicts if rows > 1]

@@ -9,7 +9,7 @@ import torch
 
 from cfl_bench.engine.vectorized import VectorizedExecutor
 from cfl_bench.engine.vectorized_memory import PROBE_CLIENTS, ChunkPlanner, planner_for
-from streams.partition import DirichletPartitioner
+from cfl_bench.streams.partition import DirichletPartitioner
 from tests.helpers import digits_federation
 from tests.test_vectorized import assert_same, one_thread  # noqa: F401 - the fixture
 

@@ -13,16 +13,16 @@ import math
 import pytest
 import torch
 
-from cfl_bench.buffer import ReservoirBuffer
-from cfl_bench.buffer_stack import ReservoirStack
+from cfl_bench.core.buffer import ReservoirBuffer
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.objective import Classification
+from cfl_bench.engine.buffer_stack import ReservoirStack
 from cfl_bench.engine.loop import Federation
 from cfl_bench.engine.vectorized import VectorizedExecutor, check_strategy
 from cfl_bench.engine.vectorized_replay import ReplayBatch, draw_replay, replay_loss
-from cfl_bench.errors import UserError
-from cfl_bench.objective import Classification
-from strategies.compose import build_strategy
-from strategies.replay import ReplayPlan, ReplayTerm
-from streams.partition import DirichletPartitioner
+from cfl_bench.strategies.compose import build_strategy
+from cfl_bench.strategies.replay import ReplayPlan, ReplayTerm
+from cfl_bench.streams.partition import DirichletPartitioner
 from tests.helpers import client, digits_federation, env
 from tests.test_vectorized import assert_same, one_thread  # noqa: F401 - the fixture
 
@@ -166,7 +166,7 @@ def test_draw_replay_takes_the_sequential_samples_and_pads() -> None:
 def test_learners_are_recognised_by_their_declarations() -> None:
     # A learner states its step only by its declared plan (no loss method to override);
     # the one refused is the learner declaring that its data grows with the history.
-    from strategies.base import Learner
+    from cfl_bench.strategies.base import Learner
 
     for hook in ("loss", "batch_loss", "observe"):
         assert not hasattr(Learner, hook), hook  # the plan is the only form of the loss

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from cfl_bench.engine.context import ClientState
+    from cfl_bench.core.context import ClientState
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # torch.amp.GradScaler's defaults.
@@ -103,8 +103,13 @@ class LossScaler:
         scales, goods = [], []
         for client in clients:
             state = client.extras.get(STATE_KEY, {})
-            scales.append(state.get("scale", torch.tensor(INIT_SCALE)))
-            goods.append(state.get("good", torch.tensor(0)))
+            scale, good = (
+                state.get("scale", torch.tensor(INIT_SCALE)),
+                state.get("good", torch.tensor(0)),
+            )
+            assert isinstance(scale, torch.Tensor) and isinstance(good, torch.Tensor)  # ``save``'s
+            scales.append(scale)
+            goods.append(good)
         scale = torch.stack(scales).to(device=device, dtype=torch.float32)
         return cls(scale, torch.stack(goods).to(device=device, dtype=torch.int64))
 

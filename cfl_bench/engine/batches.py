@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from cfl_bench.engine.context import ClientState
+from cfl_bench.core.context import ClientState
 
 
 def start_visit(client: ClientState) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from cfl_bench.atomic import atomic_write
+from cfl_bench.core.atomic import atomic_write
 
 FORMAT = 1
 TAG = "__cfl_kind__"

@@ -13,12 +13,12 @@ from collections.abc import Callable
 
 import torch
 
-from cfl_bench.engine.context import ClientState
+from cfl_bench.core.context import ClientState
 from cfl_bench.engine.splits import TaskSplit, plan_task_split
 from cfl_bench.engine.task_clock import TaskClock
-from strategies.compose import Strategy
-from streams.base import Stream, TaskTrain
-from streams.partition import Partitioner
+from cfl_bench.strategies.compose import Strategy
+from cfl_bench.streams.base import Stream, TaskTrain
+from cfl_bench.streams.partition import Partitioner
 
 # Called once per task, when its first client enters it, with the public holdout inputs.
 TaskStart = Callable[[int, "torch.Tensor | None"], None]

@@ -1,4 +1,5 @@
-"""One client's update for one round: the unit an executor runs (DESIGN.md §3, client side).
+"""One client's update for one round: the unit an executor runs (the client side of
+docs/architecture.md, "One round").
 
     (θ_g + broadcast payloads, client state, client data, step schedule, client generator)
         → (upload: parameters and declared payloads, new client state, step losses)
@@ -29,18 +30,18 @@ from dataclasses import dataclass, field
 
 import torch
 
+from cfl_bench.core.context import Broadcast, ClientState, LocalRound, Upload
+from cfl_bench.core.evaluation import EvalSet
+from cfl_bench.core.flat import FlatModel
+from cfl_bench.core.objective import Objective
+from cfl_bench.core.seeding import seed_torch_default
 from cfl_bench.engine.amp import Precision, install
-from cfl_bench.engine.context import Broadcast, ClientState, LocalRound, Upload
-from cfl_bench.engine.evaluation import EvalSet
 from cfl_bench.engine.one_client import ClientStepFunctions, OneClientBackend, local_steps
 from cfl_bench.engine.optim import LocalOptimizer
 from cfl_bench.engine.step_driver import StepDriver
-from cfl_bench.flat import FlatModel
-from cfl_bench.objective import Objective
-from cfl_bench.seeding import seed_torch_default
-from strategies.base import ClientInputs
-from strategies.compose import Strategy
-from strategies.roles import GradientTransform, LossTerm
+from cfl_bench.strategies.base import ClientInputs
+from cfl_bench.strategies.compose import Strategy
+from cfl_bench.strategies.roles import GradientTransform, LossTerm
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,10 @@ from typing import Protocol
 
 import torch
 
+from cfl_bench.core.context import ClientState
+from cfl_bench.core.payloads import ClientRequest
+from cfl_bench.core.seeding import seed_torch_default
 from cfl_bench.engine.client_update import ClientJob, ClientResult, LocalTrainer
-from cfl_bench.engine.context import ClientState
-from cfl_bench.engine.payloads import ClientRequest
-from cfl_bench.seeding import seed_torch_default
 
 ResultSink = Callable[[ClientResult], None]
 AnswerSink = Callable[[ClientState, torch.Tensor], None]
@@ -95,7 +95,7 @@ class SequentialExecutor:
 @dataclass(frozen=True)
 class ExecutorBuild:
     """How a ``Federation`` gets its executor, injected by whoever chose it (the run's
-    executor registry, ``cfl_bench.executors``), so the engine never dispatches on an
+    executor registry, ``cfl_bench.runner.executors``), so the engine never dispatches on an
     executor's name.
 
     ``make`` turns the federation's trainer into the executor (the trainer exists only once

@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from strategies.base import ClientInputs
+from cfl_bench.strategies.base import ClientInputs
 
 if TYPE_CHECKING:
-    from cfl_bench.engine.context import ClientState
+    from cfl_bench.core.context import ClientState
 
 # Every client's flat gradient (C, P) of loss(outputs, *per-client inputs) at its row of
 # (C, P) parameters, the model forwarding the first input: (loss, params, x, *inputs).

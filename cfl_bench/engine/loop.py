@@ -1,4 +1,4 @@
-"""The continual-federated round conductor (DESIGN.md §3; docs/architecture.md).
+"""The continual-federated round conductor (docs/architecture.md, "One round").
 
     for round g: ClientData      clients entering a task get its data (task start hooks)
                  RoundServer     sample participants, broadcast θ_g + declared payloads
@@ -27,25 +27,25 @@ from typing import Any
 
 import torch
 
-from cfl_bench.buffer import ReservoirBuffer, StoredInputs
-from cfl_bench.buffer_stack import ReservoirStack
+from cfl_bench.core.buffer import ReservoirBuffer, StoredInputs
+from cfl_bench.core.context import ClientState, ServerState
+from cfl_bench.core.evaluation import EvalSet
+from cfl_bench.core.flat import FlatModel
+from cfl_bench.core.seeding import generator
+from cfl_bench.engine.buffer_stack import ReservoirStack
 from cfl_bench.engine.client_data import ClientData
 from cfl_bench.engine.client_update import ClientResult, LocalTrainer, StepSchedule
-from cfl_bench.engine.context import ClientState, ServerState
-from cfl_bench.engine.evaluation import EvalSet
 from cfl_bench.engine.executor import SEQUENTIAL, Executor, ExecutorBuild
 from cfl_bench.engine.federation_state import federation_state, load_federation_state
 from cfl_bench.engine.measurement import Measurement, Record
 from cfl_bench.engine.optim import local_optimizer
+from cfl_bench.engine.progress import ClientsReport, RoundReport
 from cfl_bench.engine.round_server import RoundServer
 from cfl_bench.engine.splits import TaskSplit
 from cfl_bench.engine.task_clock import TaskClock
-from cfl_bench.flat import FlatModel
-from cfl_bench.progress import ClientsReport, RoundReport
-from cfl_bench.seeding import generator
-from strategies.compose import Strategy
-from streams.base import Stream
-from streams.partition import Partitioner
+from cfl_bench.strategies.compose import Strategy
+from cfl_bench.streams.base import Stream
+from cfl_bench.streams.partition import Partitioner
 
 __all__ = ["EvalSet", "Federation", "Record", "RunOutcome", "Schedule"]
 
@@ -73,7 +73,7 @@ class Schedule:
     optimizer: str = "sgd"
     diagnostics: bool = False
     # Which executor runs the client side, and its options (results are the same up to
-    # float rounding): its name in ``cfl_bench.executors``, which builds it and injects it
+    # float rounding): its name in ``cfl_bench.runner.executors``, which builds it and injects it
     # into the ``Federation`` (the engine itself never reads the name); the vectorized one
     # takes ``clients_per_chunk`` clients at a time (None: all of a round's participants).
     executor: str = "sequential"
@@ -123,8 +123,9 @@ class RunOutcome:
 class Federation:
     """One run: a stream, a partitioner, a validated strategy and a model, on one device.
 
-    The conductor of DESIGN.md §3: it owns the units and calls them in the round's order;
-    the work is in ``ClientData``, ``RoundServer``, the ``Executor`` and ``Measurement``.
+    The conductor of docs/architecture.md, "One round": it owns the units and calls them in
+    the round's order; the work is in ``ClientData``, ``RoundServer``, the ``Executor`` and
+    ``Measurement``.
     """
 
     def __init__(
@@ -222,8 +223,8 @@ class Federation:
         )
 
     def _play_round(self, g: int, out: RunOutcome) -> bool:
-        """Round ``g`` (0-based) in the order of DESIGN.md §3, its records and costs added to
-        ``out``; False when the training loss diverged (``out`` then says so)."""
+        """Round ``g`` (0-based) in the order of docs/architecture.md, "One round", its records
+        and costs added to ``out``; False when the training loss diverged (``out`` then says so)."""
         s, clock, server = self.schedule, self.clock, self.server
         started = time.perf_counter()
         t = clock.global_task(g)

@@ -1,4 +1,4 @@
-"""What a run measures besides training (DESIGN.md §5): the global model on every task's
+"""What a run measures besides training (docs/metrics.md): the global model on every task's
 test set, memory drift on probes, the buffer drift of every client, the client spread.
 
 Why a unit of its own: measurements read the model and the data but never change training,
@@ -14,17 +14,17 @@ from typing import Any
 
 import torch
 
+from cfl_bench.core.context import ClientState
+from cfl_bench.core.evaluation import EvalSet, mean_kl
+from cfl_bench.core.flat import FlatModel
+from cfl_bench.core.objective import Objective
 from cfl_bench.engine.client_update import ClientResult
-from cfl_bench.engine.context import ClientState
 from cfl_bench.engine.diagnostics import (
     ClassForgetting,
     class_accuracy,
     class_shares,
     local_split_accuracy,
 )
-from cfl_bench.engine.evaluation import EvalSet, mean_kl
-from cfl_bench.flat import FlatModel
-from cfl_bench.objective import Objective
 
 # (round, trained_task, eval_task, scope, metric, value); value may be a 0-d tensor until flushed.
 Record = tuple[int, int, int, str, str, object]
@@ -184,7 +184,10 @@ class Measurement:
 
     # -- state (checkpoints) ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        state = {"reference_log_probs": self.reference_log_probs, "latest_acc": self.latest_acc}
+        state: dict[str, Any] = {
+            "reference_log_probs": self.reference_log_probs,
+            "latest_acc": self.latest_acc,
+        }
         if self.forgetting is not None:
             state["class_forgetting"] = self.forgetting.state_dict()
         return state

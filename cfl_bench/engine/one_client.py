@@ -15,22 +15,32 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
+from cfl_bench.core.context import ClientState, LocalRound, StepContext
+from cfl_bench.core.flat import FlatModel
+from cfl_bench.core.objective import Objective
 from cfl_bench.engine.amp import LossScaler, Precision
 from cfl_bench.engine.batches import ClientBatches, offers, start_visit
-from cfl_bench.engine.context import ClientState, LocalRound, StepContext
 from cfl_bench.engine.optim import LocalOptimizer
-from cfl_bench.flat import FlatModel
-from cfl_bench.objective import Objective
-from strategies.base import ClientInputs, Learner
-from strategies.replay import replay_term_loss
-from strategies.roles import LossTerm
+from cfl_bench.strategies.base import ClientInputs, Learner
+from cfl_bench.strategies.replay import replay_term_loss
+from cfl_bench.strategies.roles import LossTerm
 
 if TYPE_CHECKING:
     from cfl_bench.engine.client_update import LocalTrainer
+
+
+class FeatureModel(Protocol):
+    """A model with the ``features`` capability (``runner.models``; MOON requires it):
+    ``forward(x) == classify(representation(x))``. Why a protocol: ``nn.Module``'s
+    ``__getattr__`` types these methods as tensors or modules."""
+
+    def representation(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def classify(self, z: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -118,7 +128,7 @@ class ClientStepFunctions:
         frozen.load(params, buffers)
         with torch.no_grad():
             if output == "representation":
-                return frozen.module.representation(x).float()
+                return cast(FeatureModel, frozen.module).representation(x).float()
             return frozen.module(x).float()
 
 
@@ -129,8 +139,9 @@ def batch_loss(learner: Learner, step: StepContext) -> torch.Tensor:
     if step.keep_representation:  # the same operations as module(x), z kept on the way
         # ``.float()``: fp32 z and outputs under ``--amp`` autocast (``engine.amp``); the
         # identity on fp32 tensors.
-        step.representation = module.representation(step.x).float()
-        step.outputs = module.classify(step.representation).float()
+        features = cast(FeatureModel, module)
+        step.representation = features.representation(step.x).float()
+        step.outputs = features.classify(step.representation).float()
     else:
         step.outputs = module(step.x)
     return learner.objective.loss(step.outputs, step.y)

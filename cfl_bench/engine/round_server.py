@@ -1,8 +1,9 @@
-"""The server side of a round (DESIGN.md §3): sample, broadcast, receive, aggregate, hooks.
+"""The server side of a round (docs/architecture.md, "One round"): sample, broadcast,
+receive, aggregate, hooks.
 
 Why one unit that owns the traffic counter and the model versions: every byte that crosses
 the network passes through ``send`` / ``receive`` / ``ask`` here, counted from the real
-tensors, and components only declare what they send (``engine.payloads``). The client side
+tensors, and components only declare what they send (``core.payloads``). The client side
 of the round is an executor's business; this unit never trains.
 """
 
@@ -13,15 +14,15 @@ from typing import Any
 
 import torch
 
+from cfl_bench.core.comm import CommCounter
+from cfl_bench.core.context import Broadcast, ClientState, ServerState, tensor_bytes
+from cfl_bench.core.evaluation import EvalSet
+from cfl_bench.core.payloads import ClientRequest, Producer, Reply, undeclared
+from cfl_bench.core.seeding import generator
 from cfl_bench.engine.aggregation import RunningAverage, client_weight
 from cfl_bench.engine.client_update import ClientJob, ClientResult
-from cfl_bench.engine.comm import CommCounter
-from cfl_bench.engine.context import Broadcast, ClientState, ServerState, tensor_bytes
-from cfl_bench.engine.evaluation import EvalSet
 from cfl_bench.engine.executor import Executor
-from cfl_bench.engine.payloads import ClientRequest, Producer, Reply, undeclared
-from cfl_bench.seeding import generator
-from strategies.compose import Strategy
+from cfl_bench.strategies.compose import Strategy
 
 
 class RoundServer:

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl_bench.errors import UserError
-from cfl_bench.seeding import generator
-from strategies.compose import Strategy
-from streams.base import Stream
-from streams.partition import Partitioner
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.seeding import generator
+from cfl_bench.strategies.compose import Strategy
+from cfl_bench.streams.base import Stream
+from cfl_bench.streams.partition import Partitioner
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from strategies.base import ClientInputs, Learner, StepView
-    from strategies.roles import GradientTransform, LossTerm
+    from cfl_bench.strategies.base import ClientInputs, Learner, StepView
+    from cfl_bench.strategies.roles import GradientTransform, LossTerm
 
 
 class StepBackend(Protocol):

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl_bench.errors import UserError
-from cfl_bench.seeding import generator
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.seeding import generator
 
 
 @dataclass(frozen=True)

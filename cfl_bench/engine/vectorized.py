@@ -92,13 +92,14 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from cfl_bench.core.context import ClientState, LocalRound, Upload
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.payloads import ClientRequest
 from cfl_bench.engine.amp import LossScaler
 from cfl_bench.engine.batches import ClientBatches, offers, start_visit
 from cfl_bench.engine.client_update import ClientJob, ClientResult, LocalTrainer
-from cfl_bench.engine.context import ClientState, LocalRound, Upload
 from cfl_bench.engine.executor import AnswerSink, ResultSink, SequentialExecutor
 from cfl_bench.engine.lock_step import chunk_inputs
-from cfl_bench.engine.payloads import ClientRequest
 from cfl_bench.engine.vectorized_dropout import ChunkDropout
 from cfl_bench.engine.vectorized_grad import ChunkTerm, ClientGradients
 from cfl_bench.engine.vectorized_memory import planner_for
@@ -111,8 +112,7 @@ from cfl_bench.engine.vectorized_step import (
     Drawn,
     pad_lock_step,
 )
-from cfl_bench.errors import UserError
-from strategies.compose import Strategy
+from cfl_bench.strategies.compose import Strategy
 
 __all__ = [  # ``BatchedOptimizer`` and ``pad_lock_step`` live in ``vectorized_step``
     "BatchedOptimizer",
@@ -343,9 +343,9 @@ class VectorizedExecutor:
             if common is not None
         }
         terms = [
-            ChunkTerm(c, inputs[c.name], frozenset(inputs[c.name].keys() - shared[c.name].keys()))
+            ChunkTerm(c, inputs[c.name], frozenset(inputs[c.name].keys() - common.keys()))
             for c in trainer.loss_terms
-            if c.name in inputs
+            if (common := shared.get(c.name)) is not None
         ]
         return locals_, ChunkRound(inputs, terms)
 

@@ -48,8 +48,8 @@ import torch
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
+from cfl_bench.core.errors import UserError
 from cfl_bench.engine.vectorized_replay import ReplayBatch
-from cfl_bench.errors import UserError
 
 # Dropout entry points by kind, and the input rank feature dropout needs (batch, channels
 # and the spatial dimensions; 0: any rank ≥ 2).
@@ -130,7 +130,7 @@ class _Recorder(TorchFunctionMode):
         self.layers: list[DropoutLayer] = []
         self.seen = False
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         call = dropout_call(func, args, kwargs or {})
         if call is None:
             return func(*args, **(kwargs or {}))
@@ -167,7 +167,7 @@ class _Masks(TorchFunctionMode):
         self.masks = masks
         self.used = 0
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         call = dropout_call(func, args, kwargs or {})
         if call is None:
             return func(*args, **(kwargs or {}))

@@ -24,18 +24,20 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
 
+from cfl_bench.core.flat import FlatModel
+from cfl_bench.core.objective import Objective
 from cfl_bench.engine.amp import Precision
+from cfl_bench.engine.one_client import FeatureModel
 from cfl_bench.engine.vectorized_dropout import DropoutLayer, apply_masks, probe
 from cfl_bench.engine.vectorized_replay import ReplayBatch, replay_loss
-from cfl_bench.flat import FlatModel
-from cfl_bench.objective import Objective
-from strategies.base import ClientInputs
-from strategies.replay import ReplayPlan
-from strategies.roles import LossTerm
+from cfl_bench.strategies.base import ClientInputs
+from cfl_bench.strategies.replay import ReplayPlan
+from cfl_bench.strategies.roles import LossTerm
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,9 @@ class Representation(nn.Module):
         self.inner = module
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        z = self.inner.representation(x)  # type: ignore[operator]
-        return z, self.inner.classify(z)  # type: ignore[operator]
+        features = cast(FeatureModel, self.inner)
+        z = features.representation(x)
+        return z, features.classify(z)
 
 
 def scaled(loss: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
@@ -144,7 +147,7 @@ class ClientGradients:
     ) -> None:
         from torch.func import grad_and_value, vmap
 
-        from cfl_bench.objective import Classification
+        from cfl_bench.core.objective import Classification
 
         self.model = model
         self.plan = plan
@@ -180,7 +183,7 @@ class ClientGradients:
         x: torch.Tensor,
         y: torch.Tensor,
         mask: torch.Tensor,
-        aux: tuple[torch.Tensor, ...] = (),
+        aux: tuple[dict[str, torch.Tensor], ...] = (),
         masks: tuple[torch.Tensor, ...] = (),
         scale: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,7 +243,7 @@ class ClientGradients:
         z: torch.Tensor | None,
         y: torch.Tensor,
         mask: torch.Tensor,
-        aux: tuple,
+        aux: tuple[dict[str, torch.Tensor], ...],
     ) -> torch.Tensor | float:
         """The components' loss terms on one client's batch outputs and representation
         (FedNTD's, MOON's), in order: each component's own ``loss_term`` on this client's
@@ -259,7 +262,7 @@ class ClientGradients:
         y: torch.Tensor,
         mask: torch.Tensor,
         replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-        aux: tuple[torch.Tensor, ...] = (),
+        aux: tuple[dict[str, torch.Tensor], ...] = (),
         masks: tuple[torch.Tensor, ...] = (),
         scale: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -45,13 +45,13 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl_bench.buffer import ReservoirBuffer
-from cfl_bench.buffer_stack import ReservoirStack
-from cfl_bench.engine.context import ClientState
-from cfl_bench.host_values import device_tensor
-from cfl_bench.objective import Objective
-from strategies.base import Learner
-from strategies.replay import ReplayPlan, ReplayTerm, replay_term_loss
+from cfl_bench.core.buffer import ReservoirBuffer
+from cfl_bench.core.context import ClientState
+from cfl_bench.core.objective import Objective
+from cfl_bench.engine.buffer_stack import ReservoirStack
+from cfl_bench.engine.host_values import device_tensor
+from cfl_bench.strategies.base import Learner
+from cfl_bench.strategies.replay import ReplayPlan, ReplayTerm, replay_term_loss
 
 Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 
@@ -99,8 +99,10 @@ def draw_replay(
     rows = tuple(0 if c is None or b is None else min(size, b.filled) for c, b in pairs)
     if augment is not None:
         for i, client in enumerate(clients):
-            for t in range(len(plan.terms) if rows[i] else 0):
-                x[i, t, : rows[i]] = augment(x[i, t, : rows[i]], client.generator)  # type: ignore[union-attr]
+            if client is None or not rows[i]:  # a padding row, or nothing drawn
+                continue
+            for t in range(len(plan.terms)):
+                x[i, t, : rows[i]] = augment(x[i, t, : rows[i]], client.generator)
     return ReplayBatch(x, y, logits, mask, rows)
 
 
@@ -150,13 +152,13 @@ def observe_all(
     chosen = [i for i, n in enumerate(counts) if n and clients[i].buffer is not None]
     if not chosen:
         return
-    buffers = [clients[i].buffer for i in chosen]
+    buffers = [b for i in chosen if (b := clients[i].buffer) is not None]  # all, by ``chosen``
     stack = stack_of(buffers)
     assert stack is not None
     rows = device_tensor(chosen, raw.device)
     kept = learner.objective.buffer_outputs(outputs)
     stack.add(
-        buffers,  # type: ignore[arg-type]
+        buffers,
         [counts[i] for i in chosen],
         raw[rows],
         labels[rows],

@@ -1,7 +1,7 @@
 """Gradient requests under the vectorized executor: FedGP's reference gradients g_ref_k of
 every requested client in one vmapped backward per chunk.
 
-A request that declares ``gradient_data`` (``engine.payloads.ClientRequest``: the examples
+A request that declares ``gradient_data`` (``core.payloads.ClientRequest``: the examples
 whose mean-loss gradient it asks for, FedGP's buffer draws) is answered by drawing each
 requested client's examples in request order (its own generators, as sequentially),
 padding them with a row mask (``gref_samples=all`` on unequal buffers) and taking every
@@ -15,14 +15,14 @@ from collections.abc import Sequence
 
 import torch
 
+from cfl_bench.core.context import ClientState
+from cfl_bench.core.payloads import ClientRequest
+from cfl_bench.core.seeding import seed_torch_default
 from cfl_bench.engine.client_update import LocalTrainer
-from cfl_bench.engine.context import ClientState
 from cfl_bench.engine.executor import AnswerSink, SequentialExecutor
-from cfl_bench.engine.payloads import ClientRequest
 from cfl_bench.engine.vectorized_dropout import draw_masks, stack_masks
 from cfl_bench.engine.vectorized_grad import ClientGradients
 from cfl_bench.engine.vectorized_memory import ChunkPlanner
-from cfl_bench.seeding import seed_torch_default
 
 
 def pad_examples(

@@ -16,17 +16,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from cfl_bench.core.context import ClientState
 from cfl_bench.engine.amp import LossScaler
 from cfl_bench.engine.client_update import Augment, StepSchedule
-from cfl_bench.engine.context import ClientState
+from cfl_bench.engine.host_values import device_tensor
 from cfl_bench.engine.lock_step import LockStep
 from cfl_bench.engine.optim import FlatAdam, FlatSGD, adam_update, sgd_update, with_weight_decay
 from cfl_bench.engine.vectorized_dropout import ChunkDropout
 from cfl_bench.engine.vectorized_grad import ChunkTerm, ClientGradients
 from cfl_bench.engine.vectorized_replay import draw_replay, observe_all
-from cfl_bench.host_values import device_tensor
-from strategies.base import ClientInputs, Learner
-from strategies.replay import ReplayPlan, ReplayTerm
+from cfl_bench.strategies.base import ClientInputs, Learner
+from cfl_bench.strategies.replay import ReplayPlan, ReplayTerm
 
 # The one buffer draw ``LockStep.buffer_gradient`` takes per stepping client (its term: the
 # objective's loss on the stored labels).

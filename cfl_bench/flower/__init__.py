@@ -7,7 +7,7 @@ executor when it is not installed.
 
 from __future__ import annotations
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 
 #: The file beside the run's configuration where the ServerApp writes the run's lines for
 #: the user (round progress, notes), which the launcher passes on (``launch.relay``).

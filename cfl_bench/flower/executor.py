@@ -23,13 +23,13 @@ import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
+from cfl_bench.core.context import ClientState
+from cfl_bench.core.payloads import ClientRequest
 from cfl_bench.engine.client_update import ClientJob, ClientResult
-from cfl_bench.engine.context import ClientState
 from cfl_bench.engine.executor import AnswerSink, ResultSink
-from cfl_bench.engine.payloads import ClientRequest
 from cfl_bench.flower import records
 from cfl_bench.flower.records import STALE, STATE, TOKEN_KEY
-from strategies.base import Learner
+from cfl_bench.strategies.base import Learner
 
 #: Seconds between pulls of a phase's replies: a simulation's grid is in this process (a pull
 #: is a lookup); a deployment's is HTTP to the SuperLink (each pull costs it CPU).

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 from cfl_bench.flower.sockets import MAX_SOCKET_PATH
 
 #: The socket's file name, beside the run configuration in the simulation's folder.

@@ -1,4 +1,4 @@
-"""The Flower executor's entry in the executor registry (``cfl_bench.executors``): what it
+"""The Flower executor's entry in the executor registry (``cfl_bench.runner.executors``): what it
 refuses, how it is built inside a ServerApp, and how a run started outside Flower launches
 the simulation that hosts it.
 
@@ -13,14 +13,14 @@ import dataclasses
 import json
 from collections.abc import Callable, Mapping
 
+from cfl_bench.core.errors import UserError
 from cfl_bench.engine.client_update import LocalTrainer
 from cfl_bench.engine.executor import Executor
 from cfl_bench.engine.loop import Schedule
-from cfl_bench.errors import UserError
-from cfl_bench.executors import ExecutorKind, PlannedRun, refuse_vectorized_options
-from cfl_bench.plan import RunPlan
-from cfl_bench.round_keeper import RunInterruptedError
-from cfl_bench.run import RunResult, claim_run_directory
+from cfl_bench.runner.executors import ExecutorKind, PlannedRun, refuse_vectorized_options
+from cfl_bench.runner.plan import RunPlan
+from cfl_bench.runner.round_keeper import RunInterruptedError
+from cfl_bench.runner.run import RunResult, claim_run_directory
 
 
 def check_flower(run: PlannedRun) -> None:

@@ -37,12 +37,12 @@ import psutil
 import torch
 
 import cfl_bench
-from cfl_bench.config import RunConfig
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.run_dir import RunDirectory
 from cfl_bench.flower import SAID_FILE, handover, require_flwr
 from cfl_bench.flower.node import free_port, stop
 from cfl_bench.flower.reaper import flower_pids
-from cfl_bench.run_dir import RunDirectory
+from cfl_bench.runner.config import RunConfig
 
 APP_PYPROJECT = """\
 [build-system]
@@ -129,7 +129,7 @@ def write_deploy_app(config: RunConfig, app: Path) -> Path:
     ``cfl-bench run`` would check it. Returns the app folder."""
     import dataclasses
 
-    from cfl_bench.plan import plan_run
+    from cfl_bench.runner.plan import plan_run
 
     if app.exists() and any(app.iterdir()):
         raise UserError(f"'{app}' is not empty; choose a new folder for the Flower app.")

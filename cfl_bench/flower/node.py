@@ -35,7 +35,7 @@ from types import FrameType
 
 import psutil
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 from cfl_bench.flower import sockets
 
 #: SuperExec's poll for ClientApp tasks (s) unless the environment sets it.

@@ -38,14 +38,14 @@ from typing import Any, Protocol
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
+from cfl_bench.core.context import ClientState
+from cfl_bench.core.flat import FlatModel
+from cfl_bench.core.seeding import seed_torch_default
 from cfl_bench.engine.client_data import ClientData
 from cfl_bench.engine.client_update import ClientJob, LocalTrainer
-from cfl_bench.engine.context import ClientState
 from cfl_bench.engine.loop import build_trainer, new_clients
-from cfl_bench.flat import FlatModel
 from cfl_bench.flower import records
 from cfl_bench.flower.records import STALE, STATE, TOKEN_KEY
-from cfl_bench.seeding import seed_torch_default
 
 
 class StateHolder(Protocol):
@@ -203,8 +203,8 @@ def config_text(run_config: Mapping[str, Any]) -> str:
 def runtime(text: str) -> ClientRuntime:
     """Build the run's client side from its configuration (once per process and run; the
     two latest runs are kept, so a worker serving run after run does not grow)."""
-    from cfl_bench.config import RunConfig
-    from cfl_bench.plan import plan_run
+    from cfl_bench.runner.config import RunConfig
+    from cfl_bench.runner.plan import plan_run
 
     config = RunConfig(**json.loads(text))
     plan = plan_run(config)

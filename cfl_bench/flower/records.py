@@ -36,8 +36,8 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
-from cfl_bench.engine.context import Broadcast, ClientState, Upload
-from cfl_bench.engine.evaluation import EvalSet
+from cfl_bench.core.context import Broadcast, ClientState, Upload
+from cfl_bench.core.evaluation import EvalSet
 
 PAYLOAD = "payload."
 

@@ -1,5 +1,5 @@
 """The ServerApp: the engine's whole run (``run.execute``) with its grid passed as the run's
-host, so the executor registry builds a ``FlowerExecutor`` on it (``cfl_bench.executors``).
+host, so the executor registry builds a ``FlowerExecutor`` on it (``cfl_bench.runner.executors``).
 
 Why the engine's loop inside ``main`` rather than Flower's strategies: the round order,
 the server hooks, the declared payloads, measurement and checkpoints are the engine's; only
@@ -29,9 +29,9 @@ from typing import TextIO
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.run_dir import RunDirectory
 from cfl_bench.flower import SAID_FILE, handover
-from cfl_bench.run_dir import RunDirectory
 
 app = ServerApp()
 
@@ -39,9 +39,9 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Run the configured run with this grid; record the outcome for the launcher."""
-    from cfl_bench.config import RunConfig
-    from cfl_bench.progress import RoundLog
-    from cfl_bench.run import execute
+    from cfl_bench.engine.progress import RoundLog
+    from cfl_bench.runner.config import RunConfig
+    from cfl_bench.runner.run import execute
 
     if not str(context.run_config.get("cfl-config", "")):
         config = RunConfig(**json.loads(str(context.run_config["cfl-config-json"])))

@@ -32,14 +32,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from cfl_bench.core.context import ClientState
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.flat import FlatModel
+from cfl_bench.core.payloads import ClientRequest
+from cfl_bench.core.seeding import derive_seed
 from cfl_bench.engine.client_update import ClientJob, ClientResult, StepSchedule
-from cfl_bench.engine.context import ClientState
 from cfl_bench.engine.executor import Executor, ResultSink
 from cfl_bench.engine.loop import Federation, Schedule
-from cfl_bench.engine.payloads import ClientRequest
 from cfl_bench.engine.splits import TaskSplit
-from cfl_bench.errors import UserError
-from cfl_bench.flat import FlatModel
 from cfl_bench.pilot.iris import (
     DominantClassPartitioner,
     IrisPCAStream,
@@ -49,9 +50,8 @@ from cfl_bench.pilot.iris import (
 )
 from cfl_bench.pilot.measure import Box, disagreement, grid_points, plot_box, predict_labels
 from cfl_bench.pilot.strategy_list import check_strategies
-from cfl_bench.seeding import derive_seed
-from strategies.base import ModelFacts, StrategyEnv
-from strategies.compose import Strategy, build_strategy
+from cfl_bench.strategies.base import ModelFacts, StrategyEnv
+from cfl_bench.strategies.compose import Strategy, build_strategy
 
 CPU = torch.device("cpu")
 INITS = ("random", "pretrained")

@@ -16,8 +16,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cfl_bench.errors import UserError
-from cfl_bench.plain_help import PlainTyper
+from cfl_bench.core.errors import UserError
+from cfl_bench.runner.plain_help import PlainTyper
 
 DEFAULT_OUT = "runs/pilot-boundary"
 DEFAULT_ROUNDS = 5
@@ -53,7 +53,7 @@ def boundary_cmd(
     """Decision boundaries of the global model and of each client after local training, on
     Iris (2-D PCA) with 3 non-IID clients, from a random and a pretrained model; writes
     boundary.png/.svg, pilot.json and index.html with the forgetting numbers."""
-    from cfl_bench.run_dir import refuse_run_directory
+    from cfl_bench.core.run_dir import refuse_run_directory
 
     refuse_run_directory(Path(out), "--out", "the pilot's figure, pilot.json and index.html")
     if rounds < 1:
@@ -99,8 +99,8 @@ def boundary_cmd(
 
 def check_pilot_out(out: str) -> None:
     """Refuse an --out the four files cannot go into, before the pilot trains for minutes."""
-    from cfl_bench.config import check_folder_text
-    from cfl_bench.run_dir import check_out_path
+    from cfl_bench.core.run_dir import check_out_path
+    from cfl_bench.runner.config import check_folder_text
 
     check_folder_text("--out", out, "the pilot's files")
     check_out_path(Path(out))

@@ -29,12 +29,12 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.seeding import generator
 from cfl_bench.engine.splits import TaskSplit, holdout_split
-from cfl_bench.errors import UserError
-from cfl_bench.seeding import generator
-from streams.class_il import ClassSplitStream
-from streams.partition import Partitioner
-from streams.static import STATIC
+from cfl_bench.streams.class_il import ClassSplitStream
+from cfl_bench.streams.partition import Partitioner
+from cfl_bench.streams.static import STATIC
 
 NUM_CLASSES = 3
 DEFAULT_SHARE = 0.8

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cfl_bench.flat import FlatModel
+from cfl_bench.core.flat import FlatModel
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The boundary pilot's files: boundary.png, boundary.svg, pilot.json and index.html.
 
-Every file is written atomically (``cfl_bench.atomic``: temporary file, fsync, rename), the
+Every file is written atomically (``cfl_bench.core.atomic``: temporary file, fsync, rename), the
 page last, so a page on disk always shows a complete set. pilot.json holds every number and
 the whole configuration; index.html embeds the figure (base64 PNG) and the table of
 forgetting numbers, so it can be mailed or opened anywhere on its own.
@@ -12,11 +12,11 @@ import base64
 import html
 from pathlib import Path
 
-from cfl_bench import provenance
-from cfl_bench.atomic import atomic_write, atomic_write_json, atomic_write_text
+from cfl_bench.core.atomic import atomic_write, atomic_write_json, atomic_write_text
 from cfl_bench.pilot.boundary import NUM_CLIENTS, Measured, PilotResult, mean_of
 from cfl_bench.pilot.iris import DominantClassPartitioner
-from streams.partition import client_class_counts
+from cfl_bench.runner import provenance
+from cfl_bench.streams.partition import client_class_counts
 
 PAPER = "Chunduru, Morafah et al. 2025 (FedProj), Fig. 1"
 MEASURE = (

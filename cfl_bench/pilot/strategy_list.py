@@ -6,9 +6,9 @@ before the pilot pays for importing torch, scikit-learn and matplotlib.
 
 from __future__ import annotations
 
-from cfl_bench.errors import UserError
-from strategies.compose import build_strategy
-from strategies.registry import component_classes
+from cfl_bench.core.errors import UserError
+from cfl_bench.strategies.compose import build_strategy
+from cfl_bench.strategies.registry import component_classes
 
 #: FedProj's Fig. 1 compares FedAvg, FedDF and FedProj (each on the FedAvg learner).
 DEFAULT_STRATEGIES = ("fedavg", "fedavg+feddf", "fedavg+fedproj")

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.run_reader import RUN_MARKERS, RunReading, read_run
 from cfl_bench.reproduce.tables import Column, ReproTable, Row
-from cfl_bench.run_reader import RUN_MARKERS, RunReading, read_run
 
 SKIPPED_FOLDERS = frozenset({".sweep", ".replacement", "leaderboard", "reproduction"})
 

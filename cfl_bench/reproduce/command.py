@@ -22,8 +22,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from cfl_bench.atomic import atomic_write_json, atomic_write_text
-from cfl_bench.errors import UserError
+from cfl_bench.core.atomic import atomic_write_json, atomic_write_text
+from cfl_bench.core.errors import UserError
 from cfl_bench.reproduce import provenance, safety, shipping
 from cfl_bench.reproduce.collect import Collected, collect
 from cfl_bench.reproduce.figure_command import figure_cost_text, reproduce_figure

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from rich.console import Console
 
-from cfl_bench.atomic import atomic_write_json, atomic_write_text
-from cfl_bench.errors import UserError
+from cfl_bench.core.atomic import atomic_write_json, atomic_write_text
+from cfl_bench.core.errors import UserError
 from cfl_bench.reproduce import provenance, safety, shipping
 from cfl_bench.reproduce.figure_report import build_figure, print_terminal, write
 from cfl_bench.reproduce.figure_runs import FigureRuns, collect_figure

@@ -21,7 +21,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from cfl_bench.atomic import atomic_write_text
+from cfl_bench.core.atomic import atomic_write_text
 from cfl_bench.reproduce.figure_runs import FigureRuns
 from cfl_bench.reproduce.figure_verdict import CloseResult, RowHeadlines, close, judge
 from cfl_bench.reproduce.figures import BEFORE, END, FALL, ReproFigure

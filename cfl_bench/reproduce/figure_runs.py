@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from cfl_bench.core.run_reader import RunReading, read_run
 from cfl_bench.reproduce.collect import (
     Collected,
     RunValue,
@@ -26,7 +27,6 @@ from cfl_bench.reproduce.collect import (
 )
 from cfl_bench.reproduce.figures import HEADLINES, ReproFigure
 from cfl_bench.reproduce.tables import Row
-from cfl_bench.run_reader import RunReading, read_run
 
 
 @dataclass(frozen=True)

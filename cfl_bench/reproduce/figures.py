@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 from cfl_bench.reproduce.tables import (
     Row,
     Scale,
@@ -161,7 +161,7 @@ def _windows(
 def load_figure(path: Path) -> ReproFigure:
     """The figure file ``path``, checked: keys, rows that build, run options, three scales,
     claims naming rows, and a window that fits every scale."""
-    from cfl_bench.config import read_yaml_mapping
+    from cfl_bench.runner.config import read_yaml_mapping
 
     where = path.name
     raw = read_yaml_mapping(path, "figure file", "a reproducible figure")

@@ -128,7 +128,7 @@ def _jobs(folder: Path) -> int | None:
 def local_steps(repro: ReproTable, scale: str) -> float:
     """A relative count of a scale's local training work (see the module docstring), summed
     over the column groups (a column may set its own stream and tasks)."""
-    from streams.catalogue import STREAMS
+    from cfl_bench.streams.catalogue import STREAMS
 
     total = 0.0
     for group in repro.column_groups():

@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from cfl_bench.atomic import atomic_write_text
+from cfl_bench.core.atomic import atomic_write_text
 from cfl_bench.reproduce.outcome import Reproduction
 from cfl_bench.reproduce.targets import Target
 from cfl_bench.reproduce.verdict import (

@@ -17,7 +17,7 @@ or costs an hour of runs that fail point by point.
   and the options that differ.
 * **What every point would refuse at its start.** ``cfl-bench run`` refuses ``--device cuda``
   without a GPU, a ``--data-root`` that does not exist and an executor that cannot run the
-  strategy or model before it writes anything (``cfl_bench.plan.plan_run``). A sweep meets
+  strategy or model before it writes anything (``cfl_bench.runner.plan.plan_run``). A sweep meets
   these only inside each point, so the reproduction failed point by point (exit 1, folders
   written). Here ``plan_run`` is called on one point of every distinct configuration still
   to run (the seed changes only the data split), before anything is written.
@@ -34,13 +34,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from cfl_bench.atomic import path_kind
-from cfl_bench.config import RunConfig, check_value
-from cfl_bench.errors import UserError
+from cfl_bench.core.atomic import path_kind
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.run_dir import is_run_directory, os_problem
 from cfl_bench.reproduce.collect import Collected
 from cfl_bench.reproduce.tables import ReproTable
-from cfl_bench.run_dir import is_run_directory, os_problem
-from cfl_bench.run_names import SWEEP_OWNED
+from cfl_bench.runner.config import RunConfig, check_value
+from cfl_bench.runner.run_names import SWEEP_OWNED
 from cfl_bench.sweep import ledger
 from cfl_bench.sweep.grid import GridPoint, SweepSpec, expand
 
@@ -232,7 +232,7 @@ def preflight(name: str, todo: list[GridPoint]) -> None:
 def plan_points(requests: list[tuple[str, dict[str, Any]]], conn: Connection) -> None:
     """Child entry point: ``plan_run`` each request; sends (name, refusal) of the first
     refused one, or None."""
-    from cfl_bench.plan import plan_run
+    from cfl_bench.runner.plan import plan_run
     from cfl_bench.sweep.worker import die_with_sweep
 
     die_with_sweep()

@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 from cfl_bench.reproduce import provenance
 from cfl_bench.reproduce.collect import Collected, RunValue, collect
 from cfl_bench.reproduce.tables import SCALES, ReproTable

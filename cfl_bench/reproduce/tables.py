@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 from cfl_bench.reproduce.targets import CellKey, Target, load_targets
 
 SCALES = ("smoke", "cpu", "paper")
@@ -171,7 +171,7 @@ def _text(value: object, what: str, where: str) -> str:
 
 
 def _check_options(options: dict[str, Any], what: str, where: str) -> dict[str, Any]:
-    from cfl_bench.config import field_names
+    from cfl_bench.runner.config import field_names
 
     for key in options:
         if key not in field_names():
@@ -218,7 +218,7 @@ def _round_fraction(raw: object, label: str, where: str) -> float | None:
 
 
 def _rows(raw: object, where: str) -> tuple[Row, ...]:
-    from strategies.compose import validate_strategy
+    from cfl_bench.strategies.compose import validate_strategy
 
     if not isinstance(raw, list) or not raw:
         raise UserError(f"{where}: rows must be a non-empty list; fix the table file.")
@@ -240,7 +240,7 @@ def _rows(raw: object, where: str) -> tuple[Row, ...]:
 
 
 def _scales(raw: object, rows: tuple[Row, ...], where: str) -> dict[str, Scale]:
-    from strategies.compose import validate_strategy
+    from cfl_bench.strategies.compose import validate_strategy
 
     entries = _mapping(raw, "scales", where)
     if sorted(entries) != sorted(SCALES):
@@ -293,7 +293,7 @@ def _scale_strategies(raw: object, rows: tuple[Row, ...], what: str, where: str)
 
 
 def _component_names(strategy: str) -> list[str]:
-    from strategies.compose import parse_strategy
+    from cfl_bench.strategies.compose import parse_strategy
 
     return [spec.name for spec in parse_strategy(strategy)]
 
@@ -342,7 +342,7 @@ def load_table(path: Path, root: Path) -> ReproTable:
     """The table file ``path``, checked: known keys, run options, three scales, and one
     printed cell with a number for every row × column. A table with ``runs_of`` takes the
     protocol, scales and run folders of that table, and may only ask for its runs."""
-    from cfl_bench.config import read_yaml_mapping
+    from cfl_bench.runner.config import read_yaml_mapping
 
     where = path.name
     raw = read_yaml_mapping(path, "table file", "a reproducible table")

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 
 COLUMNS = (
     "paper",

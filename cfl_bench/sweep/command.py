@@ -19,9 +19,9 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from cfl_bench.atomic import atomic_write_text
-from cfl_bench.errors import RunInterruptedError, UserError
-from cfl_bench.run_dir import refuse_run_directory
+from cfl_bench.core.atomic import atomic_write_text
+from cfl_bench.core.errors import RunInterruptedError, UserError
+from cfl_bench.core.run_dir import refuse_run_directory
 from cfl_bench.sweep import ledger
 from cfl_bench.sweep.display import SweepProgress, announce_skipped, results_table
 from cfl_bench.sweep.grid import SweepSpec, build_spec, expand
@@ -164,7 +164,7 @@ def run_sweep(
     console.print(results_table(states))
     code = report(console, spec.out, states)
     if leaderboard and any(s.status in ("finished", "diverged") for s in states):
-        from leaderboard.command import leaderboard_command
+        from cfl_bench.leaderboard.command import leaderboard_command
 
         board = leaderboard_command([str(spec.out)], str(spec.out / LEADERBOARD), None, console)
         code = max(code, board)

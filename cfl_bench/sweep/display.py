@@ -27,7 +27,7 @@ from rich.progress import (
 from rich.table import Column, Table
 from rich.text import Text
 
-from cfl_bench.progress import clock
+from cfl_bench.engine.progress import clock
 from cfl_bench.sweep.scheduler import TERMINAL, PointState
 
 STYLE = {

@@ -41,7 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cfl_bench.config import (
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.text_values import quoted
+from cfl_bench.runner.config import (
     RunConfig,
     canonical_hash,
     check_path_text,
@@ -52,14 +54,12 @@ from cfl_bench.config import (
     read_yaml_mapping,
     validate,
 )
-from cfl_bench.errors import UserError
-from cfl_bench.run_names import (
+from cfl_bench.runner.run_names import (
     NAME_KEYS,
     SWEEP_OWNED,
     point_name,
     point_request,
 )
-from cfl_bench.text_values import quoted
 
 SWEEP_FILE_KEYS = ("out", "jobs", "base", "grid")
 # Their values contain commas by grammar (der:alpha=0.5,..., dirichlet:alpha=1,min_size=5).
@@ -118,7 +118,7 @@ def _check_key(raw: object, where: str) -> str:
 
 def coerce(key: str, raw: str) -> Any:
     """A command-line string turned into the option's type by the one strict parser of
-    ``cfl_bench.config`` (``none``/``null`` unset an optional option)."""
+    ``cfl_bench.runner.config`` (``none``/``null`` unset an optional option)."""
     return parse_text(key, raw, allow_null=True)
 
 
@@ -324,7 +324,7 @@ def check_grid_size(axes: Axes) -> None:
 
 def check_sweep_point(config: RunConfig) -> None:
     """What `cfl-bench run` refuses from options alone, and what a sweep cannot run."""
-    from cfl_bench.run_checks import check_diagnostics, check_run_length
+    from cfl_bench.runner.run_checks import check_diagnostics, check_run_length
 
     check_diagnostics(config)
     check_run_length(config)
@@ -333,8 +333,8 @@ def check_sweep_point(config: RunConfig) -> None:
 def resolved_request(config: RunConfig) -> dict[str, Any]:
     """A point's request with the stream's defaults filled in and the strategy in canonical
     form: equal exactly when two points would run the same configuration."""
-    from strategies.compose import validate_strategy
-    from streams.catalogue import stream_info
+    from cfl_bench.strategies.compose import validate_strategy
+    from cfl_bench.streams.catalogue import stream_info
 
     info = stream_info(config.stream)
     request = point_request(config)

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from cfl_bench.sweep import worker
 
-PRELOAD = ["cfl_bench.sweep.worker", "cfl_bench.run"]
+PRELOAD = ["cfl_bench.sweep.worker", "cfl_bench.runner.run"]
 
 
 def usable_cores() -> int:

@@ -17,13 +17,13 @@ The bookkeeping files live outside the run directories because ``RunDirectory.cl
 refuses a non-empty directory without a run's ``config.json``, and a restarted point
 replaces the run's own files. **Skip rule**: a point is done exactly when its directory
 holds a ``summary.json`` with status "finished" or "diverged" whose ``request_hash``
-equals the point's, and the reader of run directories (:mod:`cfl_bench.run_reader`) finds
+equals the point's, and the reader of run directories (:mod:`cfl_bench.core.run_reader`) finds
 none of its files damaged; anything else (no summary, a failed one, another hash, a damaged
 ``records.csv``) is run again — resumed from its checkpoint when an interrupted attempt of
 the same configuration left one, from scratch otherwise (a damaged finished run is replaced
 only once its replacement has finished, as ``--overwrite`` does).
 
-Files are written with ``cfl_bench.atomic`` (temp + fsync + rename), which imports no torch:
+Files are written with ``cfl_bench.core.atomic`` (temp + fsync + rename), which imports no torch:
 the sweep process stays light, the engine lives in the children.
 """
 
@@ -38,9 +38,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from cfl_bench import run_dir as run_directory
-from cfl_bench.atomic import atomic_write_json as write_json
-from cfl_bench.errors import UserError
+from cfl_bench.core import run_dir as run_directory
+from cfl_bench.core.atomic import atomic_write_json as write_json
+from cfl_bench.core.errors import UserError
 
 BOOKKEEPING = ".sweep"
 MANIFEST = "sweep.json"
@@ -67,9 +67,9 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
 def is_done(run_dir: Path, request_hash: str) -> bool:
     """The skip rule: a run the engine ended (finished or diverged) for this very request,
     with every file intact. The run directory is read by the reader that ``report`` and
-    ``leaderboard`` use (:func:`cfl_bench.run_reader.read_run`), so a point whose
+    ``leaderboard`` use (:func:`cfl_bench.core.run_reader.read_run`), so a point whose
     ``records.csv`` is damaged runs again instead of being skipped as done."""
-    from cfl_bench.run_reader import read_run
+    from cfl_bench.core.run_reader import read_run
 
     reading = read_run(run_dir)
     return reading.done and (reading.summary or {}).get("request_hash") == request_hash
@@ -80,7 +80,7 @@ def damage(run_dir: Path) -> str:
     ``clients`` and ``reproduce --compare`` use for it; empty when it is not damaged (or
     there is no run yet). A damaged point is never skipped: it runs again, and the sweep says
     why (replacing the damaged run only once the new one has finished)."""
-    from cfl_bench.run_reader import DAMAGED, read_run
+    from cfl_bench.core.run_reader import DAMAGED, read_run
 
     if not (run_dir / "config.json").exists() and not (run_dir / "summary.json").exists():
         return ""
@@ -92,7 +92,7 @@ def damage_line(run_dir: Path) -> str:
     """What the sweep says of a point whose run is damaged (empty when it is not): the
     reason every command gives, and what happens to it. A damaged run with its config.json
     runs again and is replaced once the new run finishes; without one the folder is no run
-    the sweep may replace (``cfl_bench.run_dir``: only a config.json makes a folder a run),
+    the sweep may replace (``cfl_bench.core.run_dir``: only a config.json makes a folder a run),
     so the point fails until the folder is moved away."""
     reason = damage(run_dir)
     if not reason:
@@ -111,7 +111,7 @@ def check_run_dir(run_dir: Path) -> None:
 
     The run itself replaces or resumes what it wrote; anything else is refused rather than
     run into, because the sweep folder may be one the user shares with other work. The
-    second check is ``cfl-bench run``'s own (:func:`cfl_bench.run_dir.refuse_foreign_folder`):
+    second check is ``cfl-bench run``'s own (:func:`cfl_bench.core.run_dir.refuse_foreign_folder`):
     a folder whose run-named files (a user's ``records.csv``) come with no run's config.json
     is not a run, whatever the names.
     """

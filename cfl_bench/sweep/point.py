@@ -22,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-from cfl_bench.interrupts import stop_on_sigterm
+from cfl_bench.runner.interrupts import stop_on_sigterm
 from cfl_bench.sweep.worker import RunJob, run_point
 
 PATH_FIELDS = ("run_dir", "lock_path", "log_path")

@@ -36,7 +36,7 @@ import sys
 import warnings
 from typing import Any
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 from cfl_bench.sweep import worker
 from cfl_bench.sweep.point import job_from_json, job_json
 

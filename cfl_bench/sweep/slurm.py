@@ -29,10 +29,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from cfl_bench.atomic import atomic_write_text
-from cfl_bench.config import check_path_text
-from cfl_bench.errors import UserError
-from cfl_bench.run_names import slug
+from cfl_bench.core.atomic import atomic_write_text
+from cfl_bench.core.errors import UserError
+from cfl_bench.runner.config import check_path_text
+from cfl_bench.runner.run_names import slug
 from cfl_bench.sweep import ledger
 from cfl_bench.sweep.point import job_json
 from cfl_bench.sweep.scheduler import PointState, run_job

@@ -39,7 +39,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import IO, Any
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 from cfl_bench.sweep import ledger
 
 EXIT_USER_ERROR = 2  # the run refused its input (as `cfl-bench run` exits 2)
@@ -133,9 +133,9 @@ def run_point(job: RunJob) -> None:
 
 
 def _execute(job: RunJob) -> dict[str, object]:
-    from cfl_bench.config import RunConfig
-    from cfl_bench.progress import RoundLog
-    from cfl_bench.run import execute
+    from cfl_bench.engine.progress import RoundLog
+    from cfl_bench.runner.config import RunConfig
+    from cfl_bench.runner.run import execute
 
     # overwrite: a leftover of another request (e.g. a renamed protocol) is replaced; a run
     # of this very configuration resumes from its checkpoint.
@@ -165,11 +165,11 @@ def check_names(requests: list[dict[str, Any]], conn: Connection) -> None:
 
 def name_error(request: dict[str, Any]) -> str | None:
     """The first name-level refusal `cfl-bench run` would give this request, if any."""
-    from cfl_bench.models import MODELS
-    from strategies.compose import validate_strategy
-    from streams.catalogue import require_data_root
-    from streams.partition import partitioner_from_spec
-    from streams.registry import stream_info
+    from cfl_bench.runner.models import MODELS
+    from cfl_bench.strategies.compose import validate_strategy
+    from cfl_bench.streams.catalogue import require_data_root
+    from cfl_bench.streams.partition import partitioner_from_spec
+    from cfl_bench.streams.registry import stream_info
 
     try:
         validate_strategy(str(request["strategy"]))

@@ -1,15 +1,15 @@
 """The model names and what each one is, without the models.
 
-Why apart from ``cfl_bench.models``: `cfl-bench list models` and the refusal of a
+Why apart from ``cfl_bench.runner.models``: `cfl-bench list models` and the refusal of a
 misspelled ``--model`` must answer at once, and the builders import torch. The builders in
-``cfl_bench.models`` take their names and descriptions from here (a test pins the two).
+``cfl_bench.runner.models`` take their names and descriptions from here (a test pins the two).
 """
 
 from __future__ import annotations
 
 import difflib
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 
 MODEL_DESCRIPTIONS: dict[str, str] = {
     "mnist-cnn": "FedGP MNIST CNN: 2 conv + 2 fc, ~22k params (1×28×28 inputs)",

@@ -3,7 +3,7 @@
 Order matters for users: everything that can be refused from names and numbers alone
 (strategy grammar, model and stream names) is checked before data is loaded, every task's
 split is drawn before the run directory exists, and the checks that need the plan (memory,
-disk) run before the run directory is claimed (``cfl_bench.run``). Why a module of its
+disk) run before the run directory is claimed (``cfl_bench.runner.run``). Why a module of its
 own: the Flower ClientApp and the deployment app plan the run too, and so must be able to
 import the plan without the code that executes it (which launches Flower).
 """
@@ -20,31 +20,31 @@ from pathlib import Path
 
 import torch
 
-from cfl_bench import provenance
-from cfl_bench.config import RunConfig, canonical_hash
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.run_dir import free_bytes
+from cfl_bench.core.seeding import derive_seed
 from cfl_bench.engine.client_update import StepSchedule
 from cfl_bench.engine.loop import Federation, Schedule
 from cfl_bench.engine.splits import TaskSplit, plan_splits
-from cfl_bench.errors import UserError
-from cfl_bench.executors import PlannedRun, executor_kind
-from cfl_bench.model_catalogue import DETECTION_MODELS, model_capabilities, models_offering
-from cfl_bench.models import MODELS, build_model, use_channels_last
-from cfl_bench.run_checks import check_diagnostics, check_run_length
-from cfl_bench.run_dir import free_bytes
-from cfl_bench.seeding import derive_seed
-from cfl_bench.threads import (
+from cfl_bench.runner import provenance
+from cfl_bench.runner.config import RunConfig, canonical_hash
+from cfl_bench.runner.executors import PlannedRun, executor_kind
+from cfl_bench.runner.model_catalogue import DETECTION_MODELS, model_capabilities, models_offering
+from cfl_bench.runner.models import MODELS, build_model, use_channels_last
+from cfl_bench.runner.run_checks import check_diagnostics, check_run_length
+from cfl_bench.runner.threads import (
     ThreadsChoice,
     choose_threads,
     current_load,
     forward_flops,
     usable_cores,
 )
-from strategies.base import ModelFacts, StrategyEnv
-from strategies.compose import Strategy, build_strategy
-from streams.base import Stream
-from streams.partition import Partitioner, client_class_counts, partitioner_from_spec
-from streams.public_data import public_images
-from streams.registry import build_stream, stream_info
+from cfl_bench.strategies.base import ModelFacts, StrategyEnv
+from cfl_bench.strategies.compose import Strategy, build_strategy
+from cfl_bench.streams.base import Stream
+from cfl_bench.streams.partition import Partitioner, client_class_counts, partitioner_from_spec
+from cfl_bench.streams.public_data import public_images
+from cfl_bench.streams.registry import build_stream, stream_info
 
 
 def resolve_device(name: str) -> torch.device:
@@ -69,7 +69,7 @@ def configure_cpu(
     reaches the calling thread; torch's OpenMP workers keep denormals.
 
     Threads: ``threads`` when given; otherwise, with the model known, the measured rule of
-    ``cfl_bench.threads`` (1 thread for small models or a busy machine — torch's default of
+    ``cfl_bench.runner.threads`` (1 thread for small models or a busy machine — torch's default of
     one per core made small runs several times slower; bench/threads.py). Without a model
     torch's default is left alone (benchmarks that set their own).
     """
@@ -105,7 +105,7 @@ def default_out(config: RunConfig) -> Path:
     """``runs/<stream>_<strategy>_s<seed>-<hash8>``: named exactly as `cfl-bench sweep` names
     the folder of the same request (its grid point), so a run and its sweep twin are found
     under the same name; the hash is of the options as asked, before the stream's defaults."""
-    from cfl_bench.run_names import point_name, point_request
+    from cfl_bench.runner.run_names import point_name, point_request
 
     request = point_request(config)
     return Path("runs") / point_name(request, {}, canonical_hash(request))
@@ -130,7 +130,7 @@ class RunPlan:
 
     def federation(self, host: object = None) -> Federation:
         """The engine's federation for this plan (clients, data, executor, server), its
-        executor built by the registry (``cfl_bench.executors``); ``host``: what a hosted
+        executor built by the registry (``cfl_bench.runner.executors``); ``host``: what a hosted
         executor runs in (Flower's grid)."""
         kind = executor_kind(self.schedule.executor)
         return Federation(
@@ -289,7 +289,7 @@ def plan_run(config: RunConfig) -> RunPlan:
 def check_amp(config: RunConfig, device: torch.device, objective: object) -> None:
     """Refuse the ``--amp`` settings whose local step is not safe or not useful
     (``engine.amp``)."""
-    from cfl_bench.objective import Classification
+    from cfl_bench.core.objective import Classification
 
     if config.amp == "off":
         return

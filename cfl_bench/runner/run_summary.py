@@ -2,8 +2,8 @@
 record files, so a resumed run's summary covers the whole run, not the last process.
 
 Why a module of its own: the summary is a pure function of the records, the outcome and
-the plan — the third seam of a run, after planning (``cfl_bench.plan``) and executing
-(``cfl_bench.run``).
+the plan — the third seam of a run, after planning (``cfl_bench.runner.plan``) and executing
+(``cfl_bench.runner.run``).
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from cfl_bench.core.metrics import summarize
 from cfl_bench.engine.loop import RunOutcome
-from cfl_bench.metrics import summarize
-from cfl_bench.resources import cuda_peak_bytes, peak_rss_bytes
-from cfl_bench.round_keeper import RoundKeeper
+from cfl_bench.runner.resources import cuda_peak_bytes, peak_rss_bytes
+from cfl_bench.runner.round_keeper import RoundKeeper
 
 if TYPE_CHECKING:
-    from cfl_bench.plan import RunPlan
+    from cfl_bench.runner.plan import RunPlan
 
 
 def cost_mean(costs: pd.DataFrame, metric: str) -> float | None:

@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from cfl_bench.errors import UserError
-from cfl_bench.metric_registry import ACCURACY_METRICS
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.metric_registry import ACCURACY_METRICS
 
 TRACKERS = ("tensorboard", "mlflow")
 EXTRA = "pip install -e '.[trackers]'"

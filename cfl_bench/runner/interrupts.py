@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from cfl_bench.errors import RunInterruptedError
+from cfl_bench.core.errors import RunInterruptedError
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -6,8 +6,8 @@ the same checks again with what only the built stream knows.
 
 from __future__ import annotations
 
-from cfl_bench.config import MAX_CLIENT_ROUNDS, MAX_TOTAL_ROUNDS, RunConfig
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
+from cfl_bench.runner.config import MAX_CLIENT_ROUNDS, MAX_TOTAL_ROUNDS, RunConfig
 
 
 def check_diagnostics(config: RunConfig, capabilities: frozenset[str] | None = None) -> None:
@@ -30,11 +30,11 @@ def check_option_pairs(config: RunConfig) -> None:
     """Refuse options the rest of the configuration makes meaningless, instead of silently
     ignoring them: ``--data-root``/``--download`` on an embedded stream, ``--momentum``
     under Adam, ``--keep-checkpoint`` when no checkpoint is written; and a run longer than
-    the bounds in ``cfl_bench.config``.
+    the bounds in ``cfl_bench.runner.config``.
 
     For `cfl-bench run` (and `flower app`) only: a sweep's base options are shared by all
     its points, so a --data-root for the MNIST points must not refuse the digits points."""
-    from streams.catalogue import stream_info
+    from cfl_bench.streams.catalogue import stream_info
 
     info = stream_info(config.stream)
     if info.base == "digits":  # embedded: no stream or public set reads a data folder
@@ -63,7 +63,7 @@ def check_run_length(config: RunConfig, tasks: int | None = None) -> None:
     """A run of ``tasks`` tasks stays within ``MAX_TOTAL_ROUNDS`` rounds and
     ``MAX_CLIENT_ROUNDS`` client-rounds (bounded by --async-shift, the largest lag it can
     draw), so a slip is refused at once rather than hanging in the planning."""
-    from streams.catalogue import stream_info
+    from cfl_bench.streams.catalogue import stream_info
 
     info = stream_info(config.stream)
     tasks = tasks or config.tasks or info.default_tasks or 1  # Avalanche: known once built

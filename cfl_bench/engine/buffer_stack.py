@@ -24,8 +24,8 @@ from collections.abc import Sequence
 
 import torch
 
-from cfl_bench.buffer import ReservoirBuffer
-from cfl_bench.host_values import device_tensor
+from cfl_bench.core.buffer import ReservoirBuffer
+from cfl_bench.engine.host_values import device_tensor
 
 
 class ReservoirStack:

@@ -4,7 +4,7 @@ Why one registry: a summary metric used to be spelled out, by string literal, in
 summary, the CLI table, the leaderboard's loader, CSV columns, ranges, HTML and terminal
 tables and the report page. Adding one meant touching all of them, and forgetting one gave
 a column that silently stayed empty. Now every consumer reads the entries below, so a new
-summary metric is one function in :mod:`cfl_bench.metrics` plus one :class:`MetricSpec`
+summary metric is one function in :mod:`cfl_bench.core.metrics` plus one :class:`MetricSpec`
 line here (docs/metrics.md, "Adding a metric").
 
 Two kinds of entries:
@@ -12,7 +12,7 @@ Two kinds of entries:
 * :class:`RecordedMetric` — a ``metric`` value of ``records.csv`` (what the engine
   measures): its possible range, and whether it feeds the task-end matrices;
 * :class:`MetricSpec` — a key of ``summary.json`` (what is reported): how it is computed
-  (the name of a function of :mod:`cfl_bench.metrics`), its label, unit, format, direction,
+  (the name of a function of :mod:`cfl_bench.core.metrics`), its label, unit, format, direction,
   scenarios, plausible range, its leaderboard column and the tables that show it.
 
 Order matters: :data:`METRICS` is in leaderboard column order (``leaderboard.csv``), and
@@ -60,7 +60,7 @@ Direction = Literal["higher", "lower"] | None
 Unit = Literal["percent", "nats", "bytes", "seconds", "count", "norm"]
 #: ``scalar``: one number; ``curve``: one value per task; ``matrix``: T × T.
 Shape = Literal["scalar", "curve", "matrix"]
-#: ``summary``: computed by :func:`cfl_bench.metrics.summarize` from records.csv; ``run``:
+#: ``summary``: computed by :func:`cfl_bench.core.metrics.summarize` from records.csv; ``run``:
 #: written into summary.json by the run itself (time, memory); ``leaderboard``: derived per
 #: run by the leaderboard as the sum of its ``parts``.
 Origin = Literal["summary", "run", "leaderboard"]
@@ -69,7 +69,7 @@ Origin = Literal["summary", "run", "leaderboard"]
 #: ``cli`` the table after ``cfl-bench run``; ``board`` the leaderboard.html tables;
 #: ``terminal`` the leaderboard's terminal tables; ``report`` the results table of
 #: ``cfl-bench report``. (Every summary value is compared with the records by the reader of
-#: run directories: :mod:`cfl_bench.run_agreement`.)
+#: run directories: :mod:`cfl_bench.core.run_agreement`.)
 VIEWS: tuple[str, ...] = ("cli", "board", "terminal", "report")
 
 #: Plausible ranges, checked when the leaderboard reads a summary (a value outside means a
@@ -124,7 +124,7 @@ ACCURACY_METRICS: tuple[str, ...] = tuple(r.name for r in RECORDED if r.accuracy
 class MetricSpec:
     """One key of summary.json and everything the tables need to show it.
 
-    ``compute`` names a function of :mod:`cfl_bench.metrics` called as
+    ``compute`` names a function of :mod:`cfl_bench.core.metrics` called as
     ``fn(inputs, source)``; ``source`` is the recorded metric it reads. With
     ``when_recorded`` the key exists only if ``source`` has global rows (a domain-IL run
     has no task-IL keys); otherwise it is always present, None when unknown, so the
@@ -439,7 +439,7 @@ def recorded(name: str) -> RecordedMetric | None:
 
 
 def summary_metrics() -> tuple[MetricSpec, ...]:
-    """The entries :func:`cfl_bench.metrics.summarize` computes, in order."""
+    """The entries :func:`cfl_bench.core.metrics.summarize` computes, in order."""
     return tuple(s for s in METRICS if s.origin == "summary")
 
 

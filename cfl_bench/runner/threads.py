@@ -3,7 +3,7 @@
 Why not torch's default (one thread per core): every op of a multi-threaded local step ends
 at an OpenMP barrier, and on a shared machine the cores the other threads need are often
 busy, so the step waits for them to be scheduled again (torch's worker threads also keep
-denormal floats; only the main thread flushes them, see ``cfl_bench.plan.configure_cpu``).
+denormal floats; only the main thread flushes them, see ``cfl_bench.runner.plan.configure_cpu``).
 Measured with ``bench/threads.py`` on 2 cores (README, Performance), a local step with 2
 threads instead of 1 took:
 
@@ -20,7 +20,7 @@ below ``SMALL_FLOPS`` forward FLOPs a sample (nothing to gain), else the *free* 
 usable cores minus the 1-minute load average, rounded, at least 1 — so a busy machine gets
 1 thread, two idle cores get 2. The thread count is outside the protocol hash (records are
 byte-identical only for the same count), so a resumed run keeps its checkpoint's count
-(``cfl_bench.round_keeper``) and a sweep sets its own (usable cores / jobs).
+(``cfl_bench.runner.round_keeper``) and a sweep sets its own (usable cores / jobs).
 """
 
 from __future__ import annotations

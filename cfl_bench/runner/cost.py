@@ -62,13 +62,13 @@ from cfl_bench.engine.executor import SequentialExecutor
 from cfl_bench.engine.loop import Federation, RunOutcome, Schedule
 from cfl_bench.engine.splits import TaskSplit
 from cfl_bench.engine.task_clock import TaskClock
-from strategies.base import ExtraWork
-from strategies.compose import Strategy
-from streams.base import Stream, TaskTest, TaskTrain
-from streams.partition import Partitioner
+from cfl_bench.strategies.base import ExtraWork
+from cfl_bench.strategies.compose import Strategy
+from cfl_bench.streams.base import Stream, TaskTest, TaskTrain
+from cfl_bench.streams.partition import Partitioner
 
 if TYPE_CHECKING:
-    from cfl_bench.plan import RunPlan
+    from cfl_bench.runner.plan import RunPlan
 
 # An estimate above this many seconds on CPU says so and names the faster choices.
 LONG_RUN_SECONDS = 600.0
@@ -425,7 +425,7 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def predict(module: torch.nn.Module, x: torch.Tensor) -> None:
-    from cfl_bench.engine.evaluation import predict_logits
+    from cfl_bench.core.evaluation import predict_logits
 
     predict_logits(module, x)
 

@@ -24,9 +24,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from cfl_bench.atomic import atomic_write_text
-from cfl_bench.metrics import RECORD_COLUMNS
-from cfl_bench.run_reader import read_rows
+from cfl_bench.core.atomic import atomic_write_text
+from cfl_bench.core.metrics import RECORD_COLUMNS
+from cfl_bench.core.run_reader import read_rows
 
 # The tidy long-format columns are defined once, beside the metrics that read them.
 COLUMNS = RECORD_COLUMNS

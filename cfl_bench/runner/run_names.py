@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from cfl_bench.config import RunConfig, option_specs
+from cfl_bench.runner.config import RunConfig, option_specs
 
 # Keys the sweep owns: every point writes to its own directory, never overwrites others and
 # resumes an interrupted point from its checkpoint.

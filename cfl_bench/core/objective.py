@@ -105,14 +105,14 @@ class Classification:
     def predict(
         self, module: nn.Module, x: torch.Tensor, decode: Decode | None = None
     ) -> torch.Tensor:
-        from cfl_bench.engine.evaluation import predict_logits
+        from cfl_bench.core.evaluation import predict_logits
 
         return predict_logits(module, x, decode=decode)
 
     def score(
         self, outputs: torch.Tensor, targets: torch.Tensor, classes: tuple[int, ...]
     ) -> dict[str, torch.Tensor]:
-        from cfl_bench.engine.evaluation import accuracy
+        from cfl_bench.core.evaluation import accuracy
 
         scores = {"acc": accuracy(outputs, targets)}
         if self.task_il:
@@ -120,7 +120,7 @@ class Classification:
         return scores
 
     def log_probs(self, outputs: torch.Tensor) -> torch.Tensor:
-        from cfl_bench.engine.evaluation import log_probs
+        from cfl_bench.core.evaluation import log_probs
 
         return log_probs(outputs)
 

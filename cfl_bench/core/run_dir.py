@@ -3,7 +3,7 @@
 Files of a run directory, in the order they are written::
 
     config.json      first, atomically: the resolved configuration and its hashes
-    records.csv      appended as rounds finish (see ``cfl_bench.records``)
+    records.csv      appended as rounds finish (see ``cfl_bench.core.records``)
     costs.csv        appended as rounds finish
     checkpoint.pt    replaced atomically at round ends; removed when the run finishes
     summary.json     last, atomically: a run is complete exactly when it exists with
@@ -71,17 +71,17 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from cfl_bench.atomic import atomic_write_json, path_kind
-from cfl_bench.errors import UserError
+from cfl_bench.core.atomic import atomic_write_json, path_kind
+from cfl_bench.core.errors import UserError
 
 CONFIG = "config.json"
 SUMMARY = "summary.json"
 CHECKPOINT = "checkpoint.pt"
 RUN_FILES = ("config.json", "records.csv", "costs.csv", "checkpoint.pt", "summary.json")
-# What --log trackers write into a run directory (cfl_bench.trackers): kept when a run
+# What --log trackers write into a run directory (cfl_bench.runner.trackers): kept when a run
 # resumes, removed with the run files when it starts over.
 TRACKER_OUTPUTS = ("tensorboard", "mlflow.db", "mlruns")
-# Written into the run directory beside them: the final model (--save-model, cfl_bench.run),
+# Written into the run directory beside them: the final model (--save-model, cfl_bench.runner.run),
 # `cfl-bench report`'s default page and `carla demo`'s page (carla_bridge.demo_page), which
 # describe this run (stale once it is replaced).
 RUN_EXTRAS = ("model.pt", "report.html", "carla_demo.html")
@@ -153,7 +153,7 @@ def nearest_existing(path: Path) -> Path:
 
 
 def is_temporary(name: str) -> bool:
-    """A file ``cfl_bench.atomic`` writes before renaming it (``.<name>.<random>.tmp``)."""
+    """A file ``cfl_bench.core.atomic`` writes before renaming it (``.<name>.<random>.tmp``)."""
     return name.startswith(".") and name.endswith(".tmp")
 
 

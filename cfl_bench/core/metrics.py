@@ -1,6 +1,6 @@
 """Continual-learning metrics as pure functions of the accuracy matrix and of the records table.
 
-Why pure functions: DESIGN.md §5 makes every reported number (Acc_t, forgetting, BWT, FWT,
+Why pure functions: docs/metrics.md makes every reported number (Acc_t, forgetting, BWT, FWT,
 memory drift, client spread, bytes) a function of the tidy ``records`` table alone, so a
 summary can be recomputed, audited or re-derived under another convention from
 ``records.csv`` without re-running anything. Definitions, with the exact matrix entries each
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from cfl_bench.metric_registry import ACCURACY_METRICS, summary_metrics
+from cfl_bench.core.metric_registry import ACCURACY_METRICS, summary_metrics
 
 __all__ = [
     "ACCURACY_METRICS",
@@ -50,7 +50,7 @@ __all__ = [
     "summarize",
 ]
 
-#: Columns every records table must have (tidy long format, DESIGN.md §5).
+#: Columns every records table must have (tidy long format, docs/metrics.md).
 RECORD_COLUMNS: tuple[str, ...] = (
     "round",
     "trained_task",
@@ -379,7 +379,7 @@ class SummaryInputs:
 
 
 # --------------------------------------------------------------------------------------------
-# Summary entries: the ``compute`` functions named in cfl_bench.metric_registry.METRICS, each
+# Summary entries: the ``compute`` functions named in cfl_bench.core.metric_registry.METRICS, each
 # called as fn(inputs, source) with ``source`` the entry's recorded metric.
 # --------------------------------------------------------------------------------------------
 
@@ -519,7 +519,7 @@ def summarize(records: pd.DataFrame, num_tasks: int) -> dict[str, object]:
 
     A pure function of ``records`` so ``summary.json`` can always be regenerated from
     ``records.csv``. The keys are the entries of
-    :func:`cfl_bench.metric_registry.summary_metrics`, each computed by the function its
+    :func:`cfl_bench.core.metric_registry.summary_metrics`, each computed by the function its
     ``compute`` names in this module. Among them:
 
     * for each accuracy metric ``m`` in :data:`ACCURACY_METRICS` that has global

@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
+from cfl_bench.core.errors import RunInterruptedError
+from cfl_bench.core.records import RecordLog, Row, plain_rows
+from cfl_bench.core.run_dir import RunDirectory
 from cfl_bench.engine import checkpoint
 from cfl_bench.engine.loop import Federation, RunOutcome
-from cfl_bench.errors import RunInterruptedError
-from cfl_bench.records import RecordLog, Row, plain_rows
-from cfl_bench.run_dir import RunDirectory
 
 AUTO_RATIO = 20.0
 

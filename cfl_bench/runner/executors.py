@@ -20,19 +20,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.config import RunConfig
     from cfl_bench.engine.client_update import LocalTrainer
     from cfl_bench.engine.executor import Executor, ExecutorBuild
     from cfl_bench.engine.loop import Schedule
-    from cfl_bench.plan import RunPlan
-    from cfl_bench.run import RunResult
-    from strategies.compose import Strategy
-    from streams.base import Stream
+    from cfl_bench.runner.config import RunConfig
+    from cfl_bench.runner.plan import RunPlan
+    from cfl_bench.runner.run import RunResult
+    from cfl_bench.strategies.compose import Strategy
+    from cfl_bench.streams.base import Stream
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     import torch
 
-    from cfl_bench.engine.context import ClientState
-    from cfl_bench.flat import FlatModel
+    from cfl_bench.core.context import ClientState
+    from cfl_bench.core.flat import FlatModel
 
 Producer = Literal["broadcast", "upload", "request"]
 

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from cfl_bench.errors import UserError
-from cfl_bench.model_catalogue import MODEL_DESCRIPTIONS, check_model_name
+from cfl_bench.core.errors import UserError
+from cfl_bench.runner.model_catalogue import MODEL_DESCRIPTIONS, check_model_name
 
 
 class MnistCNN(nn.Module):
@@ -159,14 +159,14 @@ def _cifar_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 
 
 def _resnet18(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    from cfl_bench.resnet import CifarResNet18
+    from cfl_bench.runner.resnet import CifarResNet18
 
     _require_cifar_shape("resnet18", input_shape)
     return CifarResNet18(num_classes, in_channels=int(input_shape[0]))
 
 
 def _resnet8(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    from cfl_bench.resnet import CifarResNet8
+    from cfl_bench.runner.resnet import CifarResNet8
 
     _require_cifar_shape("resnet8", input_shape)
     return CifarResNet8(num_classes, in_channels=int(input_shape[0]))
@@ -205,7 +205,7 @@ def _mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 
 
 def _centernet(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    from carla_bridge.detector import build_detector  # only detection runs pay for it
+    from cfl_bench.carla_bridge.detector import build_detector  # only detection runs pay for it
 
     return build_detector(tuple(input_shape), num_classes)
 
@@ -240,7 +240,7 @@ def use_channels_last(model: nn.Module, name: str) -> None:
     (``--channels-last``).
 
     Why the input and not the weights: the parameters are views into one flat vector
-    (``cfl_bench.flat``) and must stay contiguous; oneDNN and cuDNN pick their channels-last
+    (``cfl_bench.core.flat``) and must stay contiguous; oneDNN and cuDNN pick their channels-last
     kernels when the input is channels-last, the output stays channels-last through ReLU,
     pooling and dropout, and ``flatten`` reads it back in logical order. On a single CPU
     thread those kernels (the max-pool's above all) took the FedGP MNIST-CNN protocol

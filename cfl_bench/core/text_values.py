@@ -16,7 +16,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 
-from cfl_bench.errors import UserError
+from cfl_bench.core.errors import UserError
 
 FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 INT_TEXT = re.compile(r"[+-]?[0-9]+", re.ASCII)

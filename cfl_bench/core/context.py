@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from cfl_bench.buffer import ReservoirBuffer
-from cfl_bench.flat import FlatModel
+from cfl_bench.core.buffer import ReservoirBuffer
+from cfl_bench.core.flat import FlatModel
 
 
 def stored_as_is(stored: torch.Tensor) -> torch.Tensor:

@@ -2,12 +2,12 @@
 gives.
 
 Why: the engine computes every metric of ``summary.json`` with
-:func:`cfl_bench.metrics.summarize` from the records it has just written (see
-``cfl_bench.run_summary``), so in a run cfl-bench wrote the two agree exactly. A summary edited
-by hand (an Acc_T of 99 where the records give 20), or one copied next to another run's
+:func:`cfl_bench.core.metrics.summarize` from the records it has just written (see
+``cfl_bench.runner.run_summary``), so in a run cfl-bench wrote the two agree exactly. A summary
+edited by hand (an Acc_T of 99 where the records give 20), or one copied next to another run's
 records, does not — and before this check the leaderboard ranked the edited number while
 ``report``, which recomputes from the records, showed the real one. A run whose files disagree
-is damaged in every command (:func:`cfl_bench.run_reader.read_run`).
+is damaged in every command (:func:`cfl_bench.core.run_reader.read_run`).
 
 The forgetting keys are left out: the reader re-derives them from the accuracy matrices
 (which are compared), so a summary written before the forgetting fix, whose stored
@@ -20,7 +20,7 @@ relative tolerance of 1e-9, so a summary computed on another machine's numpy (a 
 summation order in the last bit) still agrees; any edit a person makes does not. All 177
 shipped reproduction runs agree exactly.
 
-Only numpy and pandas are used (through :mod:`cfl_bench.metrics`), never torch.
+Only numpy and pandas are used (through :mod:`cfl_bench.core.metrics`), never torch.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from cfl_bench import metric_registry as registry
+from cfl_bench.core import metric_registry as registry
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -38,7 +38,7 @@ TOLERANCE = 1e-9
 
 
 def summary_keys() -> frozenset[str]:
-    """Every key :func:`cfl_bench.metrics.summarize` may write."""
+    """Every key :func:`cfl_bench.core.metrics.summarize` may write."""
     return frozenset(s.key for s in registry.summary_metrics())
 
 
@@ -53,7 +53,7 @@ def disagreement(
     records.csv gives 20.0``. ``exempt``: keys no reader takes from the summary (forgetting,
     which the reader re-derives from the checked matrices: summaries written before the
     forgetting fix hold other values there, and their runs are still sound)."""
-    from cfl_bench.metrics import summarize
+    from cfl_bench.core.metrics import summarize
 
     try:
         computed = summarize(records, num_tasks)

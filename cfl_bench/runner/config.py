@@ -31,10 +31,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from cfl_bench.atomic import path_kind
-from cfl_bench.errors import UserError
-from cfl_bench.text_values import FLOAT_TEXT, INT_TEXT, quoted, utf8_text
-from cfl_bench.trackers import parse_trackers
+from cfl_bench.core.atomic import path_kind
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.text_values import FLOAT_TEXT, INT_TEXT, quoted, utf8_text
+from cfl_bench.runner.trackers import parse_trackers
 
 BUFFER_OFFER = ("first_pass", "every_step")
 WEIGHTING = ("samples", "uniform")

@@ -1,5 +1,5 @@
 """One run from a validated ``RunConfig`` to a complete run directory: the plan
-(``cfl_bench.plan``: everything resolved and refused before anything is written) executed
+(``cfl_bench.runner.plan``: everything resolved and refused before anything is written) executed
 into its run directory, resumed from its checkpoint when it holds an unfinished run, and
 summarised.
 
@@ -17,13 +17,15 @@ from pathlib import Path
 
 import torch
 
-from cfl_bench import cost
-from cfl_bench.atomic import atomic_write
-from cfl_bench.config import RunConfig
+from cfl_bench.core.atomic import atomic_write
+from cfl_bench.core.errors import UserError
+from cfl_bench.core.run_dir import RunDirectory, os_problem
 from cfl_bench.engine.loop import Federation
-from cfl_bench.errors import UserError
-from cfl_bench.executors import executor_kind
-from cfl_bench.plan import (
+from cfl_bench.engine.progress import RoundReport
+from cfl_bench.runner import cost
+from cfl_bench.runner.config import RunConfig
+from cfl_bench.runner.executors import executor_kind
+from cfl_bench.runner.plan import (
     RunPlan,
     check_amp,
     check_disk,
@@ -33,11 +35,9 @@ from cfl_bench.plan import (
     plan_run,
     run_identity,
 )
-from cfl_bench.progress import RoundReport
-from cfl_bench.round_keeper import RoundKeeper, RunInterruptedError, interruption
-from cfl_bench.run_dir import RunDirectory, os_problem
-from cfl_bench.run_summary import run_summary
-from cfl_bench.trackers import Tracker, check_available, open_trackers, parse_trackers
+from cfl_bench.runner.round_keeper import RoundKeeper, RunInterruptedError, interruption
+from cfl_bench.runner.run_summary import run_summary
+from cfl_bench.runner.trackers import Tracker, check_available, open_trackers, parse_trackers
 
 # The plan's public names, re-exported for the callers that import them from here.
 __all__ = [
@@ -145,7 +145,7 @@ def run_in(
                 plan.resolved["cost_estimate"] = cost.announce(plan, say)
             federation = plan.federation(host)
             # config.json first: a folder holding a tracker's output without it would not
-            # be a run (cfl_bench.run_dir), and a rerun would refuse it.
+            # be a run (cfl_bench.core.run_dir), and a rerun would refuse it.
             keeper = start_keeper(run_dir, plan, federation, resume, say)
             trackers = open_run_trackers(plan, run_dir)
             keeper.observers.extend(tracker.log for tracker in trackers)

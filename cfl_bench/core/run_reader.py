@@ -32,7 +32,7 @@ What counts as damage:
 
 * the files of a run the engine ended (``finished`` / ``diverged``) that are missing or
   disagree: no ``config.json`` or no ``records.csv`` beside the summary, or a summary whose
-  numbers are not what the records give (:mod:`cfl_bench.run_agreement`: an edited Acc_T).
+  numbers are not what the records give (:mod:`cfl_bench.core.run_agreement`: an edited Acc_T).
   A run is finished only when its files exist and agree.
 * an ``--overwrite`` stopped inside its swap (a ``.replaced/`` folder is left): old and new
   files are mixed until the next run into the folder rolls the swap forward.
@@ -45,7 +45,7 @@ uses pandas and numpy only, never torch, so the sweep process stays light.
 
 Forgetting (``Fgt_T``, ``Fgt_T_clipped``, their task-IL versions and the Fgt_t curves) is
 re-derived from the accuracy matrices stored in ``summary.json`` with
-:func:`cfl_bench.metrics.forgetting`, not copied. Why: summaries written before the
+:func:`cfl_bench.core.metrics.forgetting`, not copied. Why: summaries written before the
 forgetting fix let ``a[i-1][i]`` (task i evaluated *before* it was trained, kept for FWT)
 into the max, and a sweep never rewrites a finished run, so their stored values would stay
 wrong forever. The matrices are stored at full precision, so for a current summary the
@@ -65,9 +65,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from cfl_bench import metric_registry as registry
-from cfl_bench.run_agreement import disagreement
-from cfl_bench.run_dir import ASIDE, os_problem
+from cfl_bench.core import metric_registry as registry
+from cfl_bench.core.run_agreement import disagreement
+from cfl_bench.core.run_dir import ASIDE, os_problem
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -87,7 +87,7 @@ UNFINISHED = "unfinished"
 DONE: tuple[str, ...] = ("finished", "diverged")
 
 #: Leaderboard metric name → ``summary.json`` key, from the registry
-#: (:mod:`cfl_bench.metric_registry`). The plain names are the headline accuracy of the
+#: (:mod:`cfl_bench.core.metric_registry`). The plain names are the headline accuracy of the
 #: stream's own scenario (class-IL or domain-IL); ``*_task_il`` exist only for class-IL
 #: streams (same run, logits masked to the task's classes).
 SUMMARY_METRICS: dict[str, str] = {
@@ -113,7 +113,7 @@ _REDERIVED: dict[str, bool] = {
     "forgetting_curve": False,
 }
 #: Summary keys whose stored values no reader uses (re-derived from the matrices), so
-#: the agreement check leaves them out (:mod:`cfl_bench.run_agreement`).
+#: the agreement check leaves them out (:mod:`cfl_bench.core.run_agreement`).
 REDERIVED_KEYS: frozenset[str] = frozenset(
     s.key for s in registry.METRICS if s.compute in _REDERIVED
 )
@@ -493,7 +493,7 @@ def rederive_forgetting(row: dict[str, Any]) -> None:
     module docstring for why); values whose matrix is absent or empty are left alone."""
     import numpy as np
 
-    from cfl_bench.metrics import forgetting
+    from cfl_bench.core.metrics import forgetting
 
     for name, (matrix_name, include_current) in FORGETTING_FROM_MATRIX.items():
         matrix = row[matrix_name]
@@ -551,7 +551,7 @@ def read_records(
     ``diverged``: non-finite values are where divergence put them in the last round."""
     import io
 
-    from cfl_bench.metrics import RECORD_COLUMNS
+    from cfl_bench.core.metrics import RECORD_COLUMNS
 
     text = _records_text(path)
     header = ",".join(RECORD_COLUMNS)
@@ -583,7 +583,7 @@ def check_records(
     """Refuse a records table cfl-bench cannot have written (the first bad line is named)."""
     from pandas.api.types import is_integer_dtype
 
-    from cfl_bench.metrics import RECORD_COLUMNS
+    from cfl_bench.core.metrics import RECORD_COLUMNS
 
     if list(frame.columns) != list(RECORD_COLUMNS):
         raise DamagedRunError(f"{RECORDS} has the columns {list(frame.columns)}")
@@ -739,7 +739,7 @@ def read_run(folder: Path, shown: str | None = None, *, records: bool = True) ->
 
 
 def swap_pending(folder: Path) -> bool:
-    """Whether an ``--overwrite`` was stopped inside its swap (``cfl_bench.run_dir``): the
+    """Whether an ``--overwrite`` was stopped inside its swap (``cfl_bench.core.run_dir``): the
     folder then mixes old and new entries until the next run into it rolls the swap forward."""
     aside = folder / ASIDE
     return aside.is_dir() and not aside.is_symlink()
@@ -748,7 +748,7 @@ def swap_pending(folder: Path) -> bool:
 def _check_done(folder: Path, reading: RunReading) -> None:
     """A run the engine ended is finished only when its files exist and agree: config.json
     and records.csv present, records.csv intact, and summary.json holding exactly what the
-    records give (:mod:`cfl_bench.run_agreement`). Records are always read here, because
+    records give (:mod:`cfl_bench.core.run_agreement`). Records are always read here, because
     a summary is only as good as the records behind it."""
     for name in (CONFIG, RECORDS):
         if not os.path.lexists(folder / name):
