@@ -190,11 +190,14 @@ def test_sigterm_before_round_1_exits_130_in_one_line_and_the_rerun_runs(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "r"
-    # 40 local epochs: round 1 takes seconds, so the signal lands before it ends.
+    # 100 local epochs: round 1 takes seconds, so the signal lands before it ends.
     argv = ["run", "--tasks", "2", "--rounds-per-task", "1", "--clients", "4", "--threads", "1"]
-    argv += ["--train-size", "300", "--test-size", "100", "--epochs", "40", "--out", str(out)]
+    argv += ["--train-size", "300", "--test-size", "100", "--epochs", "100", "--out", str(out)]
     proc = start(argv)
-    wait_for(out.exists, proc, "the run directory")  # data loaded, directory claimed
+    # config.json is written once the directory is claimed and the federation built: waiting
+    # for the directory alone raced the claim itself (CI, stop 45), whose interruption is
+    # the "before round 1" line of the test above.
+    wait_for((out / "config.json").exists, proc, "the run's config.json")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert_one_line(proc.returncode, err, "interrupted at round 1 of 2; kept nothing")
