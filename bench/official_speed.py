@@ -26,8 +26,9 @@ child is reaped with ``os.wait4``, which gives that process's own user + system 
 and its peak resident set (``ru_maxrss``); wall time is taken around spawn and reap. Both run
 single-threaded: ``OMP_NUM_THREADS=1`` and ``MKL_NUM_THREADS=1`` in their environment (the
 official code has no thread option; torch reads these at start), and ``--threads 1`` for
-cfl-bench. cfl-bench runs twice per repeat: as is, and with ``--channels-last`` (the
-convolutions' channels-last kernels, which round differently; ``cfl_bench.runner.models``). The
+cfl-bench. cfl-bench runs twice per repeat: as is (its defaults: channels-last convolutions
+and the batch and replay forwards joined, docs/executors.md "The CPU fast path"), and with
+``--no-channels-last`` (contiguous convolutions, which round differently). The
 table gives medians over the repeats and the ratios official / cfl-bench for each variant
 (above 1: cfl-bench is cheaper). Each run's final average accuracy over the two tasks is
 printed too, so a fast run that learned nothing would show.
@@ -83,8 +84,8 @@ THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 SANE_ACCURACY = 20.0
 OFFICIAL_ACCURACY = re.compile(r"Domain-il accuracy: ([0-9.]+)")
 MIB = 1024 * 1024
-# The second cfl-bench side: the same run with ``--channels-last`` (cfl_bench.runner.models).
-CHANNELS_LAST = "cfl-bench --channels-last"
+# The second cfl-bench side: the same run with contiguous convolutions (cfl_bench.runner.models).
+CONTIGUOUS = "cfl-bench --no-channels-last"
 
 
 @dataclass(frozen=True)
@@ -322,13 +323,13 @@ def build_programs(args: argparse.Namespace, scratch: Path) -> dict[str, list[Pr
             cfl_program(args.python, args.data_root, scratch / f"cfl-run-{i}")
             for i in range(args.repeats)
         ],
-        CHANNELS_LAST: [
+        CONTIGUOUS: [
             cfl_program(
                 args.python,
                 args.data_root,
-                scratch / f"cfl-cl-run-{i}",
-                CHANNELS_LAST,
-                ("--channels-last",),
+                scratch / f"cfl-nchw-run-{i}",
+                CONTIGUOUS,
+                ("--no-channels-last",),
             )
             for i in range(args.repeats)
         ],

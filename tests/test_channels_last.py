@@ -102,3 +102,56 @@ def test_the_plan_installs_it() -> None:
     seen = conv_inputs(plan.model)
     plan.model(torch.rand(2, *plan.stream.input_shape))
     assert seen and all(t.stride(1) == 1 for t in seen)
+
+
+# --- the default: on where it was measured cheaper ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "device", "expected"),
+    [
+        ({"model": "mnist-cnn"}, "cpu", True),
+        ({"model": "cifar-cnn"}, "cpu", True),
+        ({"model": "resnet8"}, "cpu", True),
+        ({"model": "resnet18"}, "cpu", False),  # measured even: 0.95x AVX2, 1.04x AVX-512
+        ({"model": "centernet"}, "cpu", False),  # 6-8 % only, and its mAP is too chaotic
+        ({"model": "mlp"}, "cpu", False),  # no convolutions
+        ({"model": "mnist-cnn"}, "cuda", False),  # not measured on GPUs: the user's choice
+        ({"model": "mnist-cnn", "executor": "vectorized"}, "cpu", False),  # vmap cannot
+        ({"model": "mnist-cnn", "channels_last": False}, "cpu", False),
+        ({"model": "resnet18", "channels_last": True}, "cpu", True),
+        ({"model": "resnet18", "channels_last": True}, "cuda", True),
+    ],
+)
+def test_the_default_resolves_where_it_was_measured_cheaper(
+    values: dict[str, object], device: str, expected: bool
+) -> None:
+    from cfl_bench.runner.plan import resolve_channels_last
+
+    config = make_config({"strategy": "fedavg", **values})
+    assert config.channels_last == values.get("channels_last")  # None: the default
+    resolved = resolve_channels_last(config, torch.device(device), str(config.model))
+    assert resolved.channels_last is expected
+
+
+def test_a_default_run_records_what_it_resolved_and_keeps_its_identity() -> None:
+    # config.json's configuration says which memory format ran; the configuration hash and
+    # the sweep point's name are those of a run that names it (it changes only rounding).
+    from cfl_bench.runner.run_names import point_request
+
+    base = {"strategy": "fedavg", "model": "fedavg-cnn", "tasks": 1}
+    plans = {v: plan_run(make_config({**base, "channels_last": v})) for v in (None, True, False)}
+    assert plans[None].resolved["config"]["channels_last"] is True
+    assert plans[None].config.channels_last is True
+    assert len({p.config_hash for p in plans.values()}) == 1
+    assert "channels_last" not in point_request(make_config(base))
+    seen = conv_inputs(plans[None].model)
+    plans[None].model(torch.rand(2, *plans[None].stream.input_shape))
+    assert seen and all(t.stride(1) == 1 for t in seen)
+
+
+def test_the_vectorized_default_is_contiguous_and_not_refused() -> None:
+    config = make_config(
+        {"strategy": "fedavg", "model": "fedavg-cnn", "executor": "vectorized", "tasks": 1}
+    )
+    assert plan_run(config).config.channels_last is False

@@ -36,6 +36,7 @@ from cfl_bench.core.flat import FlatModel
 from cfl_bench.core.objective import Objective
 from cfl_bench.core.seeding import seed_torch_default
 from cfl_bench.engine.amp import Precision, install
+from cfl_bench.engine.fused_forward import FusedForward
 from cfl_bench.engine.one_client import ClientStepFunctions, OneClientBackend, local_steps
 from cfl_bench.engine.optim import LocalOptimizer
 from cfl_bench.engine.step_driver import StepDriver
@@ -61,6 +62,9 @@ class StepSchedule:
     seed: int = 0
     # ``--amp``: off, bf16 or fp16 autocast of the local steps' forwards (``engine.amp``).
     amp: str = "off"
+    # Join a step's batch and replay forwards into one (``engine.fused_forward``): the plan
+    # sets it for models that never mix examples, on CPU, without --amp.
+    fused_forwards: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,8 @@ class LocalTrainer:
         self.backend = OneClientBackend(
             self.model, self.optimizer, learner, self.loss_terms, functions, self.precision
         )
+        if self.steps.fused_forwards and self.steps.amp == "off":
+            self.backend.fused = FusedForward(self.model.module)
 
     def update(self, job: ClientJob) -> ClientResult:
         """The whole client update: start, local steps (timed), probes, upload."""

@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
+from cfl_bench.core.buffer import BufferDraw
 from cfl_bench.core.context import ClientState, LocalRound, StepContext
 from cfl_bench.core.flat import FlatModel
 from cfl_bench.core.objective import Objective
 from cfl_bench.engine.amp import LossScaler, Precision
 from cfl_bench.engine.batches import ClientBatches, offers, start_visit
+from cfl_bench.engine.fused_forward import FusedForward
 from cfl_bench.engine.optim import LocalOptimizer
 from cfl_bench.strategies.base import ClientInputs, Learner
 from cfl_bench.strategies.replay import replay_term_loss
@@ -147,23 +149,46 @@ def batch_loss(learner: Learner, step: StepContext) -> torch.Tensor:
     return learner.objective.loss(step.outputs, step.y)
 
 
-def plan_loss(learner: Learner, step: StepContext) -> torch.Tensor:
+def plan_loss(
+    learner: Learner, step: StepContext, fused: FusedForward | None = None
+) -> torch.Tensor:
     """The learner's loss as its ``replay_plan`` declares it: the batch loss plus each
     replay term, each draw sampled from the buffer (when it holds anything), each term its
-    own forward of its draw's (augmented) inputs, as in Mammoth."""
-    loss = batch_loss(learner, step)
+    own forward of its draw's (augmented) inputs, as in Mammoth.
+
+    ``fused``: the batch's and the terms' forwards as one (``engine.fused_forward``), where
+    the plan allows it and no component needs the batch's representation. The order of
+    every generator's draws is the same either way: the buffer's and the client's
+    generators serve the draws and their augmentation, torch's default one the forwards'
+    dropout, each in the order of the separate forwards.
+    """
     plan = learner.replay_plan()
     buffer = step.client.buffer
     if not plan.draws or buffer is None or buffer.filled == 0:
-        return loss
-    draws = [buffer.sample(step.buffer_batch_size) for _ in range(plan.draws)]
-    for term in plan.terms:
-        draw = draws[term.draw]
-        assert draw is not None  # filled > 0
-        replay = step.model.module(step.replay_input(draw.x))
+        return batch_loss(learner, step)
+    if fused is None or step.keep_representation:
+        loss = batch_loss(learner, step)
+        draws = [buffer.sample(step.buffer_batch_size) for _ in range(plan.draws)]
+        replays = [
+            step.model.module(step.replay_input(replay_draw(draws, t.draw).x)) for t in plan.terms
+        ]
+    else:
+        draws = [buffer.sample(step.buffer_batch_size) for _ in range(plan.draws)]
+        parts = [step.replay_input(replay_draw(draws, t.draw).x) for t in plan.terms]
+        step.outputs, *replays = fused([step.x, *parts])
+        loss = learner.objective.loss(step.outputs, step.y)
+    for term, replay in zip(plan.terms, replays, strict=True):
+        draw = replay_draw(draws, term.draw)
         value = replay_term_loss(term, replay, draw.y, draw.logits, learner.objective)
         loss = loss + term.weight * value
     return loss
+
+
+def replay_draw(draws: list[BufferDraw | None], index: int) -> BufferDraw:
+    """Draw ``index`` of a step (never None: the buffer holds something)."""
+    draw = draws[index]
+    assert draw is not None  # filled > 0
+    return draw
 
 
 def offer_batch(learner: Learner, step: StepContext) -> None:
@@ -192,6 +217,9 @@ class OneClientBackend:
     precision: Precision
     scaler: LossScaler | None = None
     current: StepContext | None = None
+    # The batch's and replay draws' forwards as one (``engine.fused_forward``), when the
+    # plan allows it (``StepSchedule.fused_forwards``).
+    fused: FusedForward | None = None
 
     @property
     def step(self) -> StepContext:
@@ -210,7 +238,7 @@ class OneClientBackend:
         back fp32)."""
         step = self.step
         with self.precision.autocast():
-            loss = plan_loss(self.learner, step)
+            loss = plan_loss(self.learner, step, self.fused)
             for term in self.loss_terms:
                 extra = self.functions.loss_term(term, step)
                 if extra is not None:

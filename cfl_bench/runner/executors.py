@@ -61,13 +61,16 @@ class ExecutorKind:
     ``build``: the executor itself. ``stacked_buffers``: the clients' buffers are rows of
     one stack (``engine.loop.new_clients``). ``hosted``: the client side runs inside a host
     process that passes itself to ``run.execute`` (Flower's ServerApp passes its grid);
-    ``execute`` without one starts that host.
+    ``execute`` without one starts that host. ``channels_last``: the executor can run the
+    model's convolutions on channels-last inputs (``--channels-last`` auto turns them on
+    only where it can; the vectorized executor's ``vmap`` cannot).
     """
 
     check: Callable[[PlannedRun], None]
     build: Builder
     stacked_buffers: bool = False
     hosted: bool = False
+    channels_last: bool = True
     # A hosted executor's start: ``launch(plan, annotations, say)`` runs the plan inside
     # its host (Flower's simulation) when ``run.execute`` is called without one.
     launch: Launcher | None = None
@@ -100,8 +103,9 @@ def check_vectorized(run: PlannedRun) -> None:
     check_vectorizable(run.strategy, run.model, str(run.config.model))
     if run.config.channels_last:
         raise UserError(
-            "--channels-last is not supported with --executor vectorized (torch cannot choose "
-            "memory formats inside vmap); drop --channels-last or use --executor sequential."
+            "--channels-last is not supported with --executor vectorized (vmap refuses "
+            "channels-last inputs: 'required rank 4 tensor to use channels_last format'); drop "
+            "--channels-last or use --executor sequential."
         )
 
 
@@ -124,7 +128,9 @@ def build_vectorized(schedule: Schedule, trainer: LocalTrainer, host: object) ->
 #: launches runs), so the run names it here and loads it only when asked.
 EXECUTOR_KINDS: dict[str, ExecutorKind | str] = {
     "sequential": ExecutorKind(refuse_vectorized_options, build_sequential),
-    "vectorized": ExecutorKind(check_vectorized, build_vectorized, stacked_buffers=True),
+    "vectorized": ExecutorKind(
+        check_vectorized, build_vectorized, stacked_buffers=True, channels_last=False
+    ),
     "flower": "cfl_bench.flower.kind",
 }
 

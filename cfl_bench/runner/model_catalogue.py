@@ -35,6 +35,22 @@ MODEL_CAPABILITIES: dict[str, frozenset[str]] = {
     for name in ("mnist-cnn", "mlp", "cifar-cnn", "resnet18", "resnet8", "fedavg-cnn")
 }
 
+#: The convolutional models whose one-thread CPU step channels-last inputs made at least
+#: 10 % cheaper on both an AVX2 and an AVX-512 CPU (``bench/memory_format.py``; the table in
+#: docs/executors.md): ``--channels-last``'s default turns it on for these on CPU. Not
+#: ResNet-18 (0.95x on AVX2, 1.04x on AVX-512) nor the CARLA detector (0.94x, 0.92x; its
+#: first rounds' mAP moves by a sixth under other rounding, which would leave the shipped
+#: CARLA figure without a numeric check, ``tests/test_shipped_prefix.py``).
+CHANNELS_LAST_ON_CPU: frozenset[str] = frozenset(
+    {"mnist-cnn", "fedavg-cnn", "cifar-cnn", "resnet8"}
+)
+
+#: The models whose layers treat each example alone in training mode (no BatchNorm): a
+#: step may forward its batch and replay draws as one (``engine.fused_forward``).
+PER_EXAMPLE_MODELS: frozenset[str] = frozenset(
+    {"mnist-cnn", "mlp", "linear", "fedavg-cnn", "centernet"}
+)
+
 
 def model_capabilities(name: str) -> frozenset[str]:
     """The capabilities of model ``name`` (none for a model the table does not list)."""

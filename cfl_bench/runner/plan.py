@@ -29,7 +29,13 @@ from cfl_bench.engine.splits import TaskSplit, plan_splits
 from cfl_bench.runner import provenance
 from cfl_bench.runner.config import RunConfig, canonical_hash
 from cfl_bench.runner.executors import PlannedRun, executor_kind
-from cfl_bench.runner.model_catalogue import DETECTION_MODELS, model_capabilities, models_offering
+from cfl_bench.runner.model_catalogue import (
+    CHANNELS_LAST_ON_CPU,
+    DETECTION_MODELS,
+    PER_EXAMPLE_MODELS,
+    model_capabilities,
+    models_offering,
+)
 from cfl_bench.runner.models import MODELS, build_model, use_channels_last
 from cfl_bench.runner.run_checks import check_diagnostics, check_run_length
 from cfl_bench.runner.threads import (
@@ -161,7 +167,9 @@ def resolve_defaults(config: RunConfig) -> RunConfig:
     )
 
 
-def make_schedule(config: RunConfig, strategy: Strategy, num_tasks: int) -> Schedule:
+def make_schedule(
+    config: RunConfig, strategy: Strategy, num_tasks: int, device: torch.device
+) -> Schedule:
     rounds, epochs = resolved_int(config.rounds_per_task), resolved_int(config.epochs)
     for component in strategy.all:
         rounds, epochs = component.adjust_schedule(rounds, epochs)
@@ -174,6 +182,7 @@ def make_schedule(config: RunConfig, strategy: Strategy, num_tasks: int) -> Sche
         lr_decay=config.lr_decay,
         seed=config.seed,
         amp=config.amp,
+        fused_forwards=fuses_forwards(config, device),
     )
     return Schedule(
         num_tasks=num_tasks,
@@ -249,9 +258,10 @@ def plan_run(config: RunConfig) -> RunPlan:
     check_diagnostics(config, stream.objective.capabilities)
     num_tasks = resolved_int(config.tasks)
     strategy.setup(strategy_env(config, stream, device))
-    schedule = make_schedule(config, strategy, num_tasks)
+    schedule = make_schedule(config, strategy, num_tasks, device)
     torch.manual_seed(derive_seed(config.seed, "model-init"))
     model = build_model(model_name, stream.input_shape, stream.num_classes)
+    config = resolve_channels_last(config, device, model_name)
     if config.channels_last:
         use_channels_last(model, model_name)
     executor_kind(config.executor).check(PlannedRun(config, stream, strategy, model))
@@ -375,6 +385,31 @@ def load_stream(config: RunConfig, device: torch.device) -> tuple[Stream, RunCon
     if config.replay_augment is None:
         config = dataclasses.replace(config, replay_augment=stream.augments)
     return stream, config
+
+
+def fuses_forwards(config: RunConfig, device: torch.device) -> bool:
+    """Whether a step forwards its batch and replay draws as one (``engine.fused_forward``):
+    for the models that never mix examples (``PER_EXAMPLE_MODELS``), on CPU (where the
+    joined forward's dropout masks are the separate forwards' bit for bit), without --amp.
+    Always on where it applies: it changes records in float rounding only, as
+    ``--channels-last`` does."""
+    per_example = str(config.model) in PER_EXAMPLE_MODELS
+    return per_example and device.type == "cpu" and config.amp == "off"
+
+
+def resolve_channels_last(config: RunConfig, device: torch.device, model_name: str) -> RunConfig:
+    """``--channels-last``'s default (None): on where it was measured cheaper — a model of
+    ``CHANNELS_LAST_ON_CPU``, on CPU, with an executor that can feed it (not vectorized).
+
+    Why not on CUDA: cuDNN's choice depends on the GPU and precision and nobody has
+    measured it here; there the flag stays the user's. The resolved value is what config.json
+    records; the configuration hash leaves it out (it changes records at most in rounding).
+    """
+    if config.channels_last is not None:
+        return config
+    usable = executor_kind(config.executor).channels_last
+    on = device.type == "cpu" and model_name in CHANNELS_LAST_ON_CPU and usable
+    return dataclasses.replace(config, channels_last=on)
 
 
 def strategy_env(config: RunConfig, stream: Stream, device: torch.device) -> StrategyEnv:
