@@ -194,9 +194,21 @@ VOLATILE = frozenset(
 
 
 def cpu_capability() -> str:
+    """The vector unit torch's own kernels use; marked when ``ATEN_CPU_CAPABILITY`` forced it.
+
+    Why the mark: the variable switches ATen's kernels only; MKL and oneDNN still pick theirs
+    from the CPU itself, so AVX2 forced on an AVX-512 CPU is not a real AVX2 machine's
+    arithmetic (measured: the fedavg case differs in the last bits from round 4 on). A
+    store made under the variable is then compared by sha256 only under it again.
+    """
     import torch
 
-    return str(torch.backends.cpu.get_cpu_capability())
+    capability = str(torch.backends.cpu.get_cpu_capability())
+    return (
+        f"{capability} (ATEN_CPU_CAPABILITY)"
+        if os.environ.get("ATEN_CPU_CAPABILITY")
+        else capability
+    )
 
 
 def current_build() -> dict[str, str]:
