@@ -578,17 +578,62 @@ def clients_cmd(
     counts = tables[str(task)]
     delays = offsets if any(offsets) else []  # only shown for asynchronous boundaries
     classes = [c for c in range(len(counts[0])) if any(row[c] for row in counts)]
-    table = Table(title=f"task {task}: samples per client and class", show_footer=True)
-    table.add_column("client", footer="total")
-    if delays:
-        table.add_column("delay (rounds)", justify="right")
+    console = Console()
+    blocks = class_blocks(console, classes, counts, delays)
+    for block in blocks:
+        part = f" (classes {block[0]}-{block[-1]})" if len(blocks) > 1 else ""
+        title = f"task {task}: samples per client and class{part}"
+        console.print(class_table(title, block, counts, delays))
+
+
+def class_blocks(
+    console: Console, classes: list[int], counts: list[list[int]], delays: list[int]
+) -> list[list[int]]:
+    """``classes`` in consecutive blocks whose tables fit the console's width, so no count
+    is ever cut (at 80 columns the ten MNIST classes fit one table; CIFAR-100's take
+    several); the client, delay and total columns repeat in every block."""
+    from rich.measure import Measurement
+
+    unbounded = console.options.update(width=1_000_000)  # measure, do not clamp to the width
+
+    def fits(block: list[int]) -> bool:
+        table = class_table("", block, counts, delays)
+        return Measurement.get(console, unbounded, table).maximum <= console.width
+
+    blocks: list[list[int]] = [[]]
     for c in classes:
-        table.add_column(str(c), justify="right", footer=str(sum(row[c] for row in counts)))
-    table.add_column("total", justify="right", footer=str(sum(map(sum, counts))))
+        if blocks[-1] and not fits([*blocks[-1], c]):
+            blocks.append([])
+        blocks[-1].append(c)
+    return blocks
+
+
+def class_table(
+    title: str, classes: list[int], counts: list[list[int]], delays: list[int]
+) -> Table:
+    """One block of the clients × classes table: borderless, one space between columns,
+    numbers never wrapped or cut."""
+    from rich import box
+
+    table = Table(
+        title=title,
+        show_footer=True,
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0, 0, 1),
+        pad_edge=False,
+        show_edge=False,
+    )
+    table.add_column("client", footer="total", no_wrap=True)
+    if delays:
+        table.add_column("delay", justify="right", no_wrap=True)
+    for c in classes:
+        total = str(sum(row[c] for row in counts))
+        table.add_column(str(c), justify="right", footer=total, no_wrap=True)
+    table.add_column("total", justify="right", footer=str(sum(map(sum, counts))), no_wrap=True)
     for k, row in enumerate(counts):
         delay = [str(delays[k])] if delays else []
         table.add_row(str(k), *delay, *(str(row[c]) for c in classes), str(sum(row)))
-    Console().print(table)
+    return table
 
 
 def read_class_tables(run_dir: str) -> tuple[dict[str, list[list[int]]], list[int]]:

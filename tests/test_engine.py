@@ -244,3 +244,29 @@ def test_task_independent_splits_are_drawn_once_and_shared() -> None:
     held = plan_splits(stream, holdout, ShardPartitioner(), 4, 2, seed=0)
     assert held[0].held is not None and held[1].held is not None
     assert not torch.equal(held[0].held, held[1].held)  # per-task holdout: never shared
+
+
+def test_the_clients_table_never_cuts_a_count(tmp_path: Path) -> None:
+    # At 80 columns the ten classes fit one table; narrower, the classes split into blocks
+    # that each repeat the client and total columns. Either way every count is whole.
+    from typer.testing import CliRunner
+
+    from cfl_bench.cli import app
+
+    cfg = make_config({"tasks": 1, "rounds_per_task": 1, "clients": 5, "out": str(tmp_path / "r")})
+    execute(cfg)
+    counts = json.loads((tmp_path / "r" / "config.json").read_text())["client_class_counts"]["1"]
+    held = [str(c) for c in range(len(counts[0])) if any(row[c] for row in counts)]
+    for columns, one_table in (("80", True), ("30", False)):
+        result = CliRunner().invoke(app, ["clients", str(tmp_path / "r")], env={"COLUMNS": columns})
+        assert result.exit_code == 0, result.output
+        lines = result.output.splitlines()
+        assert "…" not in result.output
+        assert all(len(line) <= int(columns) for line in lines)
+        headers = [line.split() for line in lines if line.startswith("client")]
+        assert (len(headers) == 1) is one_table
+        assert [c for h in headers for c in h[1:-1]] == held  # every class once, in order
+        totals = [line.split() for line in lines if line.startswith("total")]
+        assert [int(t[-1]) for t in totals] == [sum(map(sum, counts))] * len(headers)
+        rows = [line.split() for line in lines if line[:1].isdigit()]
+        assert [int(r[-1]) for r in rows[:5]] == [sum(row) for row in counts]
