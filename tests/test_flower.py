@@ -152,7 +152,7 @@ def test_a_launcher_killed_mid_run_leaves_no_simulation_behind_and_resumes(
     assert {f: f.stat().st_mtime_ns for f in out.rglob("*") if f.is_file()} == written
     again = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "resuming from round" in again.stdout, again.stdout
+    assert "resuming after round" in again.stdout, again.stdout
     code, output = in_process("run", *run, "--out", str(tmp_path / "seq"))
     assert code == 0, output
     assert (out / "records.csv").read_bytes() == (tmp_path / "seq" / "records.csv").read_bytes()

@@ -220,7 +220,7 @@ def test_sigterm_mid_run_keeps_the_checkpoint_and_the_rerun_resumes(tmp_path: Pa
         [sys.executable, "-m", "cfl_bench.cli", *argv], capture_output=True, text=True, env=ENV
     )
     assert rerun.returncode == 0, rerun.stderr
-    assert "resuming from round" in rerun.stdout
+    assert "resuming after round" in rerun.stdout
 
 
 # --- `sweep` --------------------------------------------------------------------------------
@@ -262,7 +262,7 @@ def test_sweep_stops_in_one_line_leaves_no_process_and_resumes(
         sweep_command(out, *SWEEP, "--no-leaderboard"), capture_output=True, text=True, env=ENV
     )
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    assert round_logged(out, "resuming from round")
+    assert round_logged(out, "resuming after round")
     assert [s["status"] for s in summaries(out).values()] == ["finished"] * 2
 
 
@@ -292,7 +292,7 @@ def test_carla_demo_sigterm_keeps_its_rounds_and_resumes(tmp_path: Path) -> None
         [sys.executable, "-m", "cfl_bench.cli", *argv], capture_output=True, text=True, env=ENV
     )
     assert rerun.returncode == 0, rerun.stderr + rerun.stdout
-    assert "resuming from round" in rerun.stdout
+    assert "resuming after round" in rerun.stdout
     assert (out / "carla_demo.html").exists()
 
 

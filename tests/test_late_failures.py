@@ -300,7 +300,7 @@ def test_a_run_whose_reader_exits_says_so_and_the_rerun_resumes(tmp_path: Path) 
     again = cli(args, tmp_path, timeout=300)
     assert again.returncode == 0, again.stderr
     # round 1's line may still have fit in the pipe before the reader exited
-    assert re.search(rb"resuming from round [12] of 3", again.stdout), again.stdout
+    assert re.search(rb"resuming after round [12] of 3", again.stdout), again.stdout
 
 
 def test_a_run_whose_reader_exits_at_once_says_to_rerun(tmp_path: Path) -> None:

@@ -168,7 +168,7 @@ def test_ctrl_c_after_a_checkpoint_keeps_the_old_run_and_the_rerun_resumes(
     assert visible == before
     notes: list[str] = []
     execute(make_config(values), notify=notes.append)
-    assert any(n.startswith("resuming from round 3") for n in notes), notes
+    assert any(n.startswith("resuming after round 3") for n in notes), notes
     whole = tmp_path / "whole"
     execute(make_config({**values, "out": str(whole), "overwrite": False}))
     assert (out / "records.csv").read_bytes() == (whole / "records.csv").read_bytes()
@@ -190,7 +190,7 @@ def test_kill_9_during_the_replacement_leaves_the_old_run_in_place(
     assert visible == before  # what leaderboard and report read is the old run
     notes: list[str] = []
     execute(make_config(values), notify=notes.append)
-    assert any(n.startswith("resuming from round 2") for n in notes), notes
+    assert any(n.startswith("resuming after round 2") for n in notes), notes
     assert json.loads((out / "summary.json").read_text())["seed"] == 1
     assert not (out / STAGING).exists() and not (out / "model.pt").exists()
 

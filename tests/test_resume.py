@@ -130,7 +130,8 @@ def test_sigkilled_run_resumes_to_identical_records(
     assert {int(line.split(",")[0]) for line in rows[1:]} == set(range(k + 1))  # progress shown
     notes: list[str] = []
     execute(make_config(values), notify=notes.append)
-    assert notes == [f"resuming from round {k - (k % every)} of 6"]
+    saved = k - (k % every)
+    assert notes == [f"resuming after round {saved} of 6 (next: round {saved + 1})"]
     assert_same_run(killed, whole)
 
 
@@ -238,7 +239,7 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(tmp_path: Path) -> None:
     assert "Traceback" not in err
     resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
-    assert "resuming from round" in resumed.stdout
+    assert "resuming after round" in resumed.stdout
 
 
 def test_a_second_process_in_the_same_out_is_refused(tmp_path: Path) -> None:

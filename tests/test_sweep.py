@@ -468,7 +468,7 @@ def test_a_point_killed_mid_run_resumes_from_its_checkpoint(tmp_path: Path) -> N
     assert (out / point.name / "checkpoint.pt").exists()
     second = subprocess.run(sweep_command(out, *args), capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stdout + second.stderr
-    assert "resuming from round" in log.read_text()
+    assert "resuming after round" in log.read_text()
     reference = tmp_path / "reference"
     code, output = in_process("sweep", "--out", str(reference), *args)
     assert code == 0, output

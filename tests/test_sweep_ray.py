@@ -122,7 +122,7 @@ class LongPoint:
         return found
 
     def assert_resumed_to_the_uninterrupted_run(self, reference: Path) -> None:
-        assert "resuming from round" in self.log.read_text()
+        assert "resuming after round" in self.log.read_text()
         code, text = in_process("sweep", "--out", str(reference), *self.args)
         assert code == 0, text
         name = self.point.name

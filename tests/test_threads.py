@@ -114,7 +114,7 @@ def test_a_resumed_run_keeps_the_checkpoints_thread_count(
     assert notes == [
         "note: using the checkpoint's 2 thread(s) instead of the automatic choice of 1, so "
         "the records match an uninterrupted run (--threads N sets the count).",
-        "resuming from round 3 of 6",
+        "resuming after round 3 of 6 (next: round 4)",
     ]
     assert torch.get_num_threads() == 2
     resumed = (tmp_path / "killed" / "records.csv").read_bytes()

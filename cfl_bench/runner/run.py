@@ -166,6 +166,12 @@ def run_in(
     return run_summary(keeper, outcome, plan)
 
 
+def resuming_line(saved: int, total: int) -> str:
+    """What a resumed run says first: the round its checkpoint ends and the one that comes
+    next ("resuming from round 2" after "kept rounds 1-2" read as if round 2 ran again)."""
+    return f"resuming after round {saved} of {total} (next: round {saved + 1})"
+
+
 def start_keeper(
     run_dir: RunDirectory,
     plan: RunPlan,
@@ -190,7 +196,7 @@ def start_keeper(
             raise UserError(
                 f"cannot resume the run in '{plan.out}': {exc}; pass --restart to start it over."
             ) from None
-        say(f"resuming from round {keeper.saved_round} of {plan.schedule.clock().total_rounds}")
+        say(resuming_line(keeper.saved_round, plan.schedule.clock().total_rounds))
     else:
         run_dir.write_config(plan.resolved)
         keeper.start_fresh()
