@@ -13,15 +13,15 @@ import functools
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar, cast
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cfl_bench.core.errors import RunInterruptedError, UserError
+from cfl_bench.run_display import round_display
 from cfl_bench.runner.interrupts import print_interrupt, stop_on_sigterm
 from cfl_bench.runner.plain_help import PlainTyper
 
@@ -376,56 +376,6 @@ def flower_node_cmd(
 _install_flower_commands()
 
 
-@contextlib.contextmanager
-def round_display(console: Console, title: str) -> Iterator[Callable[[Any], None]]:
-    """A live progress bar on a terminal; one plain line per round otherwise. Both also
-    show the clients done inside a long round (``clients_done``)."""
-    from cfl_bench.engine.progress import RoundLog
-
-    if not console.is_terminal:
-        yield RoundLog()
-        return
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("rounds"),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[acc]}"),
-        console=console,
-        transient=False,
-    ) as progress:
-        yield LiveRounds(progress, progress.add_task(title, total=None, acc=""))
-
-
-class LiveRounds:
-    """The live bar's callbacks: a round ended (``__call__``), a client of the round in
-    progress is done (``clients_done``: "clients 3/10" beside the bar until the round ends)."""
-
-    def __init__(self, progress: Progress, bar: Any) -> None:
-        from cfl_bench.engine.progress import RoundLog
-
-        self.progress, self.bar = progress, bar
-        self.log = RoundLog()  # keeps the ETA clock consistent with the plain form
-        self.acc = ""
-
-    def __call__(self, report: Any) -> None:
-        self.log.line(report)
-        self.acc = "" if report.latest_acc is None else f"Acc {report.latest_acc:.2f}%"
-        self.progress.update(
-            self.bar,
-            total=report.total_rounds,
-            completed=report.round_index,
-            description=f"task {report.task + 1}/{report.num_tasks}",
-            acc=self.acc,
-        )
-
-    def clients_done(self, report: Any) -> None:
-        clients = f"clients {report.done}/{report.clients}"
-        shown = clients if report.done < report.clients else ""
-        self.progress.update(self.bar, total=report.total_rounds, acc=f"{self.acc} {shown}".strip())
-
-
 def _fmt(value: object, spec: str = ".2f") -> str:
     return "—" if value is None else format(value, spec)
 
@@ -551,8 +501,8 @@ def sweep(
     With --slurm-script FILE, writes a Slurm job array of the points still to run instead;
     after it ran, the same command without --slurm-script skips them and writes the
     summary."""
-    from cfl_bench.sweep.command import Placement
-    from cfl_bench.sweep.command import sweep as run_sweep
+    from cfl_bench.sweeps.command import Placement
+    from cfl_bench.sweeps.command import sweep as run_sweep
 
     placement = Placement(backend, address, cpus_per_run, gpus_per_run, slurm_script)
     code = run_sweep(
@@ -928,7 +878,9 @@ def print_components(console: Console) -> None:
         head = Table.grid(padding=(0, 2))
         head.add_column(no_wrap=True)
         head.add_column(overflow="fold")
-        head.add_row(f"[bold]{row['name']}[/]  [cyan]{roles}[/]", f"— {escape(str(row['paper']))}")
+        origin = f" · plugin {row['plugin']}" if row["plugin"] else ""
+        paper = escape(f"{row['paper'] or 'no paper given'}{origin}")
+        head.add_row(f"[bold]{row['name']}[/]  [cyan]{roles}[/]", f"— {paper}")
         console.print(head)
         console.print(
             Padding(escape(str(row["summary"])), (0, 0, 0, 4), expand=False), highlight=False

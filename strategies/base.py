@@ -398,9 +398,11 @@ class Declaration:
     (``Component.__init_subclass__``), so they are written once."""
 
     name: str
-    target: str  # "module:Class", imported only when a run builds the strategy
-    summary: str
-    paper: str
+    # "module:Class", imported only when a run builds the strategy; a plugin's is filled in
+    # from its class (``strategies.plugins``), so a plugin leaves it empty.
+    target: str = ""
+    summary: str = ""
+    paper: str = ""
     roles: frozenset[Role] = frozenset()
     options: type[Any] = NoOptions
     # What it sends besides the model (see ``cfl_bench.core.payloads``).
@@ -459,6 +461,11 @@ class Component:
     # the vectorized executor then loads each client's trained row into the working model
     # to run it. Declared by every component overriding ``after_local`` (a test checks).
     uses_after_local: ClassVar[bool] = False
+    # The key of this component's random draws (``core.seeding.generator``): the name of the
+    # first declared class of its line, so a subclass (a user's plugin, under any name)
+    # draws what its parent draws and, unchanged, gives its parent's records exactly. A
+    # subclass wanting draws of its own sets it.
+    random_stream: ClassVar[str] = ""
 
     # The typed option values (each component narrows the annotation to its ``Options``).
     opts: Any
@@ -476,6 +483,8 @@ class Component:
             cls.server_schedule = declared.server_schedule
             cls.transform_order = declared.transform_order
             cls.server_hook_order = declared.server_hook_order
+            if not cls.random_stream:
+                cls.random_stream = declared.name
         cls.options = options_of(cls.Options)
 
     @classmethod

@@ -6,14 +6,16 @@ Syntax (documented in the README)::
     component := name [":" option ("," option)*]
     option    := key "=" value
 
-e.g. ``der:alpha=0.5+fedgp:gref_samples=all,gref_mode=eval``. Names are case-insensitive
-(``DER`` ≡ ``der``); keys and choice values are not. Whitespace around every token is
-ignored. A ``+`` is a sign, not a separator, where a number needs one: right after ``=``
-(``der:alpha=+0.5``) or in an exponent (``fedproj:distill_lr=1e+3``), followed by a digit or
-``.`` — component names never start with one, so this is unambiguous, and canonical names
-such as ``fedprox:mu=1e+20`` parse back. Numbers are plain decimals (see
-``strategies.base.finite_float``). Without a learner the default ``fedavg`` learner is implied
-(``fedgp`` ≡ ``fedavg+fedgp``).
+e.g. ``der:alpha=0.5+fedgp:gref_samples=all,gref_mode=eval``. Names, keys and choice values are
+case-sensitive (``DER`` is refused, naming ``der``). A component outside the package is named
+by its entry point's name, or by its import path (``my_methods.WeightedER:weight=2``: a name
+holding a ``.``, which no built-in name does; see ``strategies.plugins``). Whitespace around
+every token is ignored. A ``+`` is a sign, not a separator, where a number needs one: right
+after ``=`` (``der:alpha=+0.5``) or in an exponent (``fedproj:distill_lr=1e+3``), followed
+by a digit or ``.`` — component names (and import paths) never start with one, so this is
+unambiguous, and canonical names such as ``fedprox:mu=1e+20`` parse back. Numbers are plain
+decimals (see ``strategies.base.finite_float``). Without a learner the default ``fedavg``
+learner is implied (``fedgp`` ≡ ``fedavg+fedgp``).
 
 Validation refuses, each with one sentence naming the fix: empty pieces (``der+``, ``+der``,
 ``der++fedgp``, ``der:``, ``der:alpha=1,``), a second ``:`` or ``=``, unknown names and
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.text_values import split_options
@@ -42,7 +44,7 @@ from cfl_bench.strategies.base import (
     StrategyEnv,
     quoted,
 )
-from cfl_bench.strategies.registry import component_class, component_table
+from cfl_bench.strategies.registry import Catalogue, catalogue, component_table
 from cfl_bench.strategies.roles import Aggregator, GradientTransform, LossTerm, ServerHook
 
 # "+" separates components unless it is a number's sign: directly after "=" or after a digit
@@ -86,11 +88,19 @@ SERVER_HOOK_ORDER: tuple[str, ...] = server_hook_order()
 class ComponentSpec:
     name: str
     options: dict[str, object]
+    # The declaration the name resolved to (a plugin's is bound to the name written).
+    declaration: Declaration | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def row(self) -> Declaration:
+        if self.declaration is None:
+            raise TypeError(f"component spec {self.name!r} was not resolved")
+        return self.declaration
 
 
-def parse_strategy(text: str) -> list[ComponentSpec]:
+def parse_strategy(text: str, components: Catalogue | None = None) -> list[ComponentSpec]:
     """Parse the strategy string into component names and converted option values."""
-    classes = component_table()
+    classes = components or catalogue()
     if not text or not text.strip():
         raise UserError(
             "the strategy is empty; give one like 'der+fedgp' (see `cfl-bench list strategies`)."
@@ -127,7 +137,7 @@ def _empty_component(text: str, index: int, count: int) -> str:
     )
 
 
-def _parse_component(part: str, classes: dict[str, Declaration]) -> ComponentSpec:
+def _parse_component(part: str, classes: Catalogue) -> ComponentSpec:
     """One ``name[:key=value,...]`` piece (already stripped, never empty)."""
     raw_name, colon, opt_text = part.partition(":")
     # Case-sensitive, never folded: "DER" accepted as "der" made a second run folder (and
@@ -138,26 +148,26 @@ def _parse_component(part: str, classes: dict[str, Declaration]) -> ComponentSpe
             f"component {quoted(part)} has no name before ':'; write the component first, "
             f"e.g. der:alpha=0.5."
         )
-    cls = classes.get(name)
-    if cls is None:
-        raise UserError(_unknown_component(raw_name.strip(), bool(colon), classes))
+    row = classes.declaration(name)
+    if row is None:
+        raise UserError(_unknown_component(raw_name.strip(), bool(colon), classes.names()))
     if not colon:
-        return ComponentSpec(name, {})
-    by_name = {o.name: o for o in cls.option_list}
+        return ComponentSpec(name, {}, row)
+    by_name = {o.name: o for o in row.option_list}
     raw_values = split_options(
         "component",
         name,
         opt_text,
         list(by_name),
-        lambda key, has_value: _unknown_option(name, key, has_value, classes),
+        lambda key, has_value: _unknown_option(row, key, has_value, classes.builtin),
     )
     values = {key: by_name[key].convert(name, raw) for key, raw in raw_values.items()}
-    return ComponentSpec(name, values)
+    return ComponentSpec(name, values, row)
 
 
-def _unknown_component(raw_name: str, has_colon: bool, classes: dict[str, Declaration]) -> str:
+def _unknown_component(raw_name: str, has_colon: bool, classes: list[str]) -> str:
     """The refusal for a name that is no component, with the likely slip when there is one."""
-    choose = f"choose from: {', '.join(sorted(classes))}"
+    choose = f"choose from: {', '.join(classes)}"
     if "=" in raw_name and not has_colon:  # der:alpha=1+beta=2 → the piece "beta=2"
         return (
             f"{quoted(raw_name)} is not a strategy component; options follow their component's "
@@ -178,14 +188,17 @@ def _unknown_component(raw_name: str, has_colon: bool, classes: dict[str, Declar
     return f"unknown strategy component {quoted(raw_name)}; {choose}{hint}."
 
 
-def _unknown_option(name: str, key: str, has_value: bool, classes: dict[str, Declaration]) -> str:
+def _unknown_option(
+    row: Declaration, key: str, has_value: bool, classes: dict[str, Declaration]
+) -> str:
     """The refusal for a key the component lacks, pointing at its owner when it has one."""
+    name = row.name
     if not has_value and key.lower() in classes:  # der:fedgp — a component, not an option
         return (
             f"'{key.lower()}' is a strategy component, not an option of '{name}'; join "
             f"components with '+', e.g. {name}+{key.lower()}."
         )
-    known = ", ".join(o.name for o in classes[name].option_list)
+    known = ", ".join(o.name for o in row.option_list) or "none"
     message = f"unknown option {quoted(key)} for '{name}'; its options are: {known}"
     owners = [n for n, c in classes.items() if n != name and key in {o.name for o in c.option_list}]
     if owners:  # stated, not prescribed: adding the owner may itself be refused (two learners)
@@ -328,21 +341,20 @@ class StrategySpec:
     @property
     def name(self) -> str:
         """The canonical name ``Strategy.name`` gives the built strategy before set-up."""
-        table = component_table()
-        return "+".join(written(s.name, table[s.name].option_list, s.options) for s in self.all)
+        return "+".join(written(s.name, s.row.option_list, s.options) for s in self.all)
 
 
-def validate_strategy(text: str) -> StrategySpec:
+def validate_strategy(text: str, components: Catalogue | None = None) -> StrategySpec:
     """Parse and validate a composition (stream-independent checks) without building it:
     what ``cfl-bench run`` refuses at once and a sweep names its points by."""
-    specs = parse_strategy(text)
-    classes = component_table()
+    specs = parse_strategy(text, components)
     seen: set[str] = set()
     for spec in specs:
         if spec.name in seen:
             raise UserError(f"'{spec.name}' appears twice in strategy {quoted(text)}; use it once.")
         seen.add(spec.name)
-    learners = [s for s in specs if classes[s.name].is_learner]
+    check_payload_names(text, specs)
+    learners = [s for s in specs if s.row.is_learner]
     if len(learners) > 1:
         count = _COUNT_WORDS.get(len(learners), str(len(learners)))
         names = ", ".join(s.name for s in learners[:-1]) + f" and {learners[-1].name}"
@@ -350,9 +362,9 @@ def validate_strategy(text: str) -> StrategySpec:
             f"strategy {quoted(text)} has {count} local learners ({names}); keep exactly one "
             f"learner and add components such as fedgp."
         )
-    learner = learners[0] if learners else ComponentSpec("fedavg", {})
+    learner = learners[0] if learners else ComponentSpec("fedavg", {}, component_table()["fedavg"])
     others = tuple(s for s in specs if s is not learner)
-    aggregators = [s.name for s in others if Role.AGGREGATOR in classes[s.name].roles]
+    aggregators = [s.name for s in others if Role.AGGREGATOR in s.row.roles]
     if len(aggregators) > 1:
         raise UserError(
             f"strategy {quoted(text)} overrides aggregation twice ({' and '.join(aggregators)}); "
@@ -361,13 +373,27 @@ def validate_strategy(text: str) -> StrategySpec:
     return StrategySpec(learner, others)
 
 
+def check_payload_names(text: str, specs: list[ComponentSpec]) -> None:
+    """Refuse two components declaring one payload (a plugin subclassing a built-in one,
+    composed with it): their tensors would overwrite each other in the broadcast or upload."""
+    owners: dict[str, str] = {}
+    for spec in specs:
+        for payload in spec.row.payloads:
+            first = owners.setdefault(payload.name, spec.name)
+            if first != spec.name:
+                raise UserError(
+                    f"'{first}' and '{spec.name}' in strategy {quoted(text)} both send payload "
+                    f"'{payload.name}'; keep one of them."
+                )
+
+
 def build_strategy(text: str) -> Strategy:
     """Parse, validate and build a composition: each component's class from its
     declaration (this imports the component modules, and so torch)."""
-    spec = validate_strategy(text)
-    table = component_table()
-    learner = component_class(table[spec.learner.name])(spec.learner.options)
+    components = catalogue()
+    spec = validate_strategy(text, components)
+    learner = components.component_class(spec.learner.row)(spec.learner.options)
     if not isinstance(learner, Learner):  # the table guarantees this; keep mypy honest
         raise TypeError(f"{spec.learner.name} is not a learner")
-    others = [component_class(table[s.name])(s.options) for s in spec.components]
+    others = [components.component_class(s.row)(s.options) for s in spec.components]
     return Strategy(learner, others)

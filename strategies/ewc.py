@@ -102,7 +102,9 @@ class OnlineEWC(Component):
         if self.lam == 0 or client.train_y is None or client.num_samples == 0:
             return
         state = client.state_for(self.name)
-        rng = client_generator(state, self.seed, self.name, client.index, local.broadcast.device)
+        rng = client_generator(
+            state, self.seed, self.random_stream, client.index, local.broadcast.device
+        )
         fisher = sampled_fisher(
             client, local.model, rng, self.samples, self.batch_size, self.objective
         )

@@ -169,7 +169,9 @@ class FedCurv(Component):
         if client.train_x is None or client.train_y is None or client.num_samples == 0:
             return
         state = client.state_for(self.name)
-        rng = client_generator(state, self.seed, self.name, client.index, local.broadcast.device)
+        rng = client_generator(
+            state, self.seed, self.random_stream, client.index, local.broadcast.device
+        )
         model = local.model
         u = sampled_fisher(client, model, rng, self.samples, self.batch_size, self.objective)
         v = u * model.params

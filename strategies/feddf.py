@@ -88,7 +88,7 @@ class FedDF(PublicSetUser, Component):
         self.distill_lr = self.opts.distill_lr
         self.batch_size = env.batch_size
         self.load_named_public(env, self.name)
-        self._distill_gen = generator(env.seed, self.name, "distill", device=env.device)
+        self._distill_gen = generator(env.seed, self.random_stream, "distill", device=env.device)
         self._logit_sum: torch.Tensor | None = None
         self._logit_count = 0
         self._scratch: FlatModel | None = None

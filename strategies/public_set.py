@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -61,10 +61,13 @@ def _shape_text(shape: tuple[int, ...]) -> str:
     return "×".join(str(d) for d in shape)
 
 
-def load_public(env: StrategyEnv, owner: str, name: str, size: int, seed: int) -> torch.Tensor:
+def load_public(
+    env: StrategyEnv, owner: str, name: str, size: int, seed: int, stream: str = ""
+) -> torch.Tensor:
     """Model inputs of a seeded random subset of ``size`` images of the named set ``name``
     (all of them when ``size`` is larger), on ``env.device``; ``owner`` names the component
-    in refusals and seeds the subset's draw.
+    in refusals and, unless ``stream`` is given (its ``random_stream``), seeds the subset's
+    draw.
 
     Refused: a set whose image shape differs from the stream's inputs, or a data root that
     lacks the set's files.
@@ -91,7 +94,7 @@ def load_public(env: StrategyEnv, owner: str, name: str, size: int, seed: int) -
         )
     count = images.shape[0]
     if size < count:
-        pick = torch.randperm(count, generator=generator(seed, owner, "public"))[:size]
+        pick = torch.randperm(count, generator=generator(seed, stream or owner, "public"))[:size]
         images = images[torch.sort(pick).values]
     return as_inputs(env, images.to(device=env.device))
 
@@ -148,6 +151,7 @@ class PublicSetUser:
     public_size: int | None
     public_x: torch.Tensor | None
     device: torch.device
+    random_stream: ClassVar[str]  # the component's (``Component.random_stream``)
 
     def setup_public(self, env: StrategyEnv) -> str:
         """Resolve option ``public`` (``auto`` → by input shape; the run's config records
@@ -165,7 +169,9 @@ class PublicSetUser:
         images (default 1000), as model inputs; a holdout arrives task by task instead."""
         if self.public in PUBLIC_SHAPES:
             count = self.public_size or AUTO_PUBLIC_SIZE
-            self.public_x = load_public(env, owner, self.public, count, env.seed)
+            self.public_x = load_public(
+                env, owner, self.public, count, env.seed, self.random_stream
+            )
 
     def fixed_public_size(self) -> int:
         """Examples of the public set before any task's holdout joins it: a named set's

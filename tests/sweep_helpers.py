@@ -11,7 +11,7 @@ from typing import Any
 from typer.testing import CliRunner
 
 from cfl_bench.cli import app
-from cfl_bench.sweep import ledger
+from cfl_bench.sweeps import ledger
 from tests.golden_runs import VOLATILE
 
 # Tiny runs on the embedded rot-digits stream: ~0.3 s each once the engine is imported.

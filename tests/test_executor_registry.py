@@ -60,7 +60,7 @@ def test_a_hosted_executor_without_its_host_is_refused() -> None:
         "cfl_bench/engine/loop.py",
         "cfl_bench/runner/plan.py",
         "cfl_bench/runner/run.py",
-        "cfl_bench/sweep/grid.py",
+        "cfl_bench/sweeps/grid.py",
     ],
 )
 def test_no_executor_name_is_compared(path: str) -> None:

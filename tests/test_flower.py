@@ -25,7 +25,7 @@ from cfl_bench.core.context import Broadcast, ClientState, Upload
 from cfl_bench.core.errors import UserError
 from cfl_bench.runner.config import RunConfig
 from cfl_bench.runner.run import execute, plan_run
-from cfl_bench.sweep import ledger
+from cfl_bench.sweeps import ledger
 from tests.sweep_helpers import in_process
 
 pytest.importorskip("flwr")

@@ -67,9 +67,9 @@ def test_sweep_line_keeps_bar_counts_and_eta_at_80_columns(tmp_path: Path) -> No
 
     from rich.console import Console
 
-    from cfl_bench.sweep.display import SweepProgress
-    from cfl_bench.sweep.grid import build_spec, expand
-    from cfl_bench.sweep.scheduler import PointState
+    from cfl_bench.sweeps.display import SweepProgress
+    from cfl_bench.sweeps.grid import build_spec, expand
+    from cfl_bench.sweeps.scheduler import PointState
 
     args = ["--strategy", "der+fedgp", "--strategy", "fedavg", "--seed", "0", "--seed", "1"]
     states = [PointState(p, tmp_path) for p in expand(build_spec(None, args, str(tmp_path)))]
@@ -94,7 +94,7 @@ def test_run_names_its_default_folder_as_the_sweep_names_the_same_run(tmp_path: 
         capture_output=True, text=True, env={**ENV80, "PYTHONPATH": str(ROOT)}, cwd=tmp_path,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    from cfl_bench.sweep.grid import build_spec, expand
+    from cfl_bench.sweeps.grid import build_spec, expand
 
     (point,) = expand(build_spec(None, args, str(tmp_path / "runs")))
     assert [p.name for p in (tmp_path / "runs").iterdir()] == [point.name]

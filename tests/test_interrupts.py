@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from cfl_bench.cli import app
 from cfl_bench.runner.round_keeper import RoundKeeper, interruption
-from cfl_bench.sweep import ledger
+from cfl_bench.sweeps import ledger
 from tests.conftest import requires_shared_data
 from tests.sweep_helpers import summaries, sweep_command
 

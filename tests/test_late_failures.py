@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from cfl_bench.core.errors import UserError
-from cfl_bench.sweep import ray_backend
+from cfl_bench.sweeps import ray_backend
 from tests.test_bad_inputs_classes import HANG_SECONDS, REPO, TINY, cli, digest, listing
 
 OUTPUT_CLOSED = 141  # cfl_bench.cli.OUTPUT_CLOSED: 128 + SIGPIPE

@@ -54,11 +54,11 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "carla_bridge": ("core",),
     "engine": BELOW_ENGINE,
     "runner": BELOW_RUNNER,
-    "sweep": BELOW_APPS,
+    "sweeps": BELOW_APPS,
     "flower": BELOW_APPS,
     "pilot": BELOW_APPS,
-    "reproduce": (*BELOW_APPS, "sweep"),
-    "cli": (*BELOW_APPS, "sweep", "flower", "pilot", "reproduce"),
+    "reproduce": (*BELOW_APPS, "sweeps"),
+    "cli": (*BELOW_APPS, "sweeps", "flower", "pilot", "reproduce"),
 }
 # Single modules a layer may import beyond its rule: the CARLA streams implement the
 # stream interface.
@@ -222,8 +222,8 @@ def test_the_reader_sees_every_form_of_import(
         ),
         (
             "cfl_bench.runner.fedx",
-            "from cfl_bench.sweep.grid import expand\n",
-            "cfl_bench.runner.fedx (runner) imports cfl_bench.sweep.grid (sweep)",
+            "from cfl_bench.sweeps.grid import expand\n",
+            "cfl_bench.runner.fedx (runner) imports cfl_bench.sweeps.grid (sweeps)",
         ),
     ],
 )

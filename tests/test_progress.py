@@ -70,8 +70,8 @@ def test_the_engine_reports_every_client_of_every_round(tmp_path: object) -> Non
 def test_the_live_bar_shows_the_clients_of_the_round_in_progress() -> None:
     from rich.console import Console
 
-    from cfl_bench.cli import round_display
     from cfl_bench.engine.progress import ClientsReport
+    from cfl_bench.run_display import round_display
 
     console = Console(file=io.StringIO(), force_terminal=True, width=80)
     with round_display(console, "rot-digits · fedavg") as on_round:
@@ -80,3 +80,17 @@ def test_the_live_bar_shows_the_clients_of_the_round_in_progress() -> None:
         on_round(RoundReport(1, 40, 0, 2, 50.0))
         after = on_round.progress.tasks[0].fields["acc"]  # type: ignore[attr-defined]
     assert (during, after) == ("clients 2/4", "Acc 50.00%")
+
+
+def test_the_live_bar_keeps_the_run_name_and_shows_an_eta() -> None:
+    from rich.console import Console
+
+    from cfl_bench.run_display import round_display
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    with round_display(console, "rot-digits · fedavg") as on_round:
+        on_round(RoundReport(1, 4, 0, 2, 50.0))
+        task = on_round.progress.tasks[0]  # type: ignore[attr-defined]
+    assert task.description == "rot-digits · fedavg · task 1/2"
+    # One round of four took t seconds here, so three are left: ETA 3t (t < 1 s: 0:00:0x).
+    assert task.fields["eta"].startswith("ETA 0:00:0")

@@ -12,7 +12,7 @@ import pytest
 
 from cfl_bench.runner.config import RunConfig
 from cfl_bench.runner.run import plan_run
-from cfl_bench.sweep.grid import build_spec, expand
+from cfl_bench.sweeps.grid import build_spec, expand
 
 PROTOCOLS = sorted((Path(__file__).parent.parent / "docs" / "protocols").glob("*.yaml"))
 

@@ -22,7 +22,7 @@ import pytest
 
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.run_dir import ASIDE, MOVED, RUN_OUTPUTS, STAGING, RunDirectory
-from cfl_bench.sweep import ledger
+from cfl_bench.sweeps import ledger
 from tests.test_bad_inputs_classes import TINY, cli, digest, listing
 
 

@@ -82,7 +82,7 @@ def test_a_report_may_go_below_its_own_run(runs: Path, tmp_path: Path) -> None:
 def test_a_failed_sweep_point_writes_nothing_among_the_users_files(tmp_path: Path) -> None:
     """A point refused because its folder holds the user's files is recorded as failed in
     sweep.json, but its summary.json is not written among those files (it was)."""
-    from cfl_bench.sweep.grid import build_spec, expand
+    from cfl_bench.sweeps.grid import build_spec, expand
 
     out = tmp_path / "sweep"
     args = ["--threads", "1", *TINY]

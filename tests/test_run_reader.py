@@ -18,7 +18,7 @@ from cfl_bench.cli import main
 from cfl_bench.core.run_reader import DAMAGED, read_run
 from cfl_bench.leaderboard.command import leaderboard_command
 from cfl_bench.leaderboard.runs import load_runs
-from cfl_bench.sweep import ledger
+from cfl_bench.sweeps import ledger
 from tests.leaderboard_fixtures import write_recorded_run
 
 REQUEST = "request-abc"

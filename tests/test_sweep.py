@@ -21,10 +21,10 @@ import pytest
 
 from cfl_bench.core.errors import UserError
 from cfl_bench.runner.config import canonical_hash
-from cfl_bench.sweep import ledger, worker
-from cfl_bench.sweep.grid import build_spec, expand, parse_cli
-from cfl_bench.sweep.launcher import threads_per_run, usable_cores
-from cfl_bench.sweep.scheduler import PointState, settle
+from cfl_bench.sweeps import ledger, worker
+from cfl_bench.sweeps.grid import build_spec, expand, parse_cli
+from cfl_bench.sweeps.launcher import threads_per_run, usable_cores
+from cfl_bench.sweeps.scheduler import PointState, settle
 from tests.leaderboard_fixtures import write_recorded_run
 from tests.sweep_helpers import (
     TINY,

@@ -25,12 +25,12 @@ import pytest
 
 from bench.ray_cluster import loopback_cluster, ray_env
 from cfl_bench.core.errors import UserError
-from cfl_bench.sweep import ledger
-from cfl_bench.sweep.command import Placement
-from cfl_bench.sweep.grid import build_spec, expand
-from cfl_bench.sweep.point import job_from_json, job_json
-from cfl_bench.sweep.ray_backend import SERVING, check_placeable, check_reachable, point_env
-from cfl_bench.sweep.worker import RunJob
+from cfl_bench.sweeps import ledger
+from cfl_bench.sweeps.command import Placement
+from cfl_bench.sweeps.grid import build_spec, expand
+from cfl_bench.sweeps.point import job_from_json, job_json
+from cfl_bench.sweeps.ray_backend import SERVING, check_placeable, check_reachable, point_env
+from cfl_bench.sweeps.worker import RunJob
 from tests.sweep_helpers import TINY, comparable, events, in_process, summaries, sweep_command
 from tests.test_late_failures import grpc_server
 
@@ -117,7 +117,7 @@ class LongPoint:
         return sweep
 
     def process(self) -> psutil.Process:
-        """The point's ``cfl_bench.sweep.point`` process."""
+        """The point's ``cfl_bench.sweeps.point`` process."""
         (found,) = [p for p in psutil.process_iter(["cmdline"]) if _runs(p, self.point.name)]
         return found
 
@@ -183,9 +183,9 @@ def test_ctrl_c_of_a_ray_sweep_stops_its_point_and_the_rerun_resumes(
 
 
 def _runs(process: psutil.Process, name: str) -> bool:
-    """Whether ``process`` is the ``cfl_bench.sweep.point`` process of point ``name``."""
+    """Whether ``process`` is the ``cfl_bench.sweeps.point`` process of point ``name``."""
     command = " ".join(process.info["cmdline"] or [])
-    return "cfl_bench.sweep.point" in command and name in command
+    return "cfl_bench.sweeps.point" in command and name in command
 
 
 def test_the_job_travels_as_json_with_absolute_paths(

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from cfl_bench.sweep.grid import build_spec, expand
-from cfl_bench.sweep.point import job_json, parse_job
-from cfl_bench.sweep.worker import RunJob
+from cfl_bench.sweeps.grid import build_spec, expand
+from cfl_bench.sweeps.point import job_json, parse_job
+from cfl_bench.sweeps.worker import RunJob
 from tests.sweep_helpers import TINY, events, in_process
 
 BASE = ["--stream", "rot-digits", "--strategy", "fedavg", "--model", "mlp", *TINY]

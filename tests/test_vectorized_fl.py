@@ -20,7 +20,7 @@ from cfl_bench.engine.executor import SequentialExecutor
 from cfl_bench.engine.loop import Federation
 from cfl_bench.engine.vectorized import check_strategy
 from cfl_bench.engine.vectorized_grad import ChunkTerm
-from cfl_bench.strategies import compose, fedproj
+from cfl_bench.strategies import fedproj
 from cfl_bench.strategies.base import (
     ClientInputs,
     Component,
@@ -165,7 +165,6 @@ class PullOptions:
 
 PULL = Declaration(
     name="pull-test",
-    target=f"{__name__}:PullToLastLocal",
     summary="pull towards the client's last local model",
     paper="(this test)",
     roles=frozenset({Role.LOSS_TERM}),
@@ -200,13 +199,13 @@ class PullToLastLocal(Component):
         state["last"] = local.model.params.detach().clone()  # type: ignore[attr-defined]
 
 
-def test_a_new_method_runs_vectorized_by_construction(monkeypatch: pytest.MonkeyPatch) -> None:
-    # One module-level class and its declaration row: both executors run its penalty, the
-    # first round with one shared target, later rounds with a stacked target per client.
-    table = {**compose.component_table(), PULL.name: PULL}
-    monkeypatch.setattr(compose, "component_table", lambda: table)
-    seq, vec = run_both("der+pull-test:mu=0.3+fedgp")
-    assert_same_client_state(seq, vec, "pull-test")
+def test_a_new_method_runs_vectorized_by_construction() -> None:
+    # One module-level class outside the package, named by its import path (a plugin): both
+    # executors run its penalty, the first round with one shared target, later rounds with a
+    # stacked target per client; its state is kept under the name the strategy wrote.
+    path = f"{__name__}.PullToLastLocal"
+    seq, vec = run_both(f"der+{path}:mu=0.3+fedgp")
+    assert_same_client_state(seq, vec, path)
 
 
 def test_the_ideal_learner_is_refused() -> None:

@@ -19,7 +19,7 @@ cfl-bench run only when its config.json says so** (a JSON object with a string
 nested in a subfolder) is kept where it is; a non-empty folder that is not a run is refused
 with nothing changed, whatever the names in it (a user's ``records.csv`` or ``mlruns/``
 are theirs). The one exception is the record a sweep writes for a point that failed before
-its config.json (``cfl_bench.sweep.ledger.failed_summary``): a folder holding only that
+its config.json (``cfl_bench.sweeps.ledger.failed_summary``): a folder holding only that
 summary.json is the sweep's, and the point's rerun replaces it.
 
 Why a lock on the directory itself (``flock`` on its file descriptor): two identical
@@ -188,7 +188,7 @@ def folder_config_hash(folder: Path) -> str | None:
 
 def is_sweep_record(folder: Path) -> bool:
     """Whether ``folder``'s summary.json is the record a sweep writes for a point whose run
-    failed (``cfl_bench.sweep.ledger.failed_summary``: status "failed", its point's name)."""
+    failed (``cfl_bench.sweeps.ledger.failed_summary``: status "failed", its point's name)."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         summary = json.loads((folder / SUMMARY).read_text())
         return summary.get("status") == "failed" and isinstance(summary.get("sweep_point"), str)

@@ -75,14 +75,19 @@ class RoundLog:
 
     def timing(self, report: RoundReport) -> str:
         """``0:01:12 elapsed · ETA 0:02:10`` after ``report``'s round."""
+        elapsed, eta = self.estimate(report)
+        return f"{clock(elapsed)} elapsed · ETA {clock(eta)}"
+
+    def estimate(self, report: RoundReport) -> tuple[float, float]:
+        """Seconds elapsed and left after ``report``'s round, from the rounds this process
+        ran (a resumed run's earlier rounds took time this clock never saw)."""
         if self.first_round is None:
             self.first_round = report.round_index
         self.last_line = time.monotonic()
         elapsed = self.last_line - self.started
         done_here = report.round_index - self.first_round + 1
         left = report.total_rounds - report.round_index
-        eta = elapsed / done_here * left
-        return f"{clock(elapsed)} elapsed · ETA {clock(eta)}"
+        return elapsed, elapsed / done_here * left
 
     def clients_line(self, report: ClientsReport) -> str:
         """``round 3/40 · clients 4/10 done · 0:12:00 elapsed`` (a round in progress)."""

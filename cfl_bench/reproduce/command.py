@@ -100,7 +100,7 @@ def sweep_documents(
 
 def run_table(documents: list[dict[str, Any]], out: Path, console: Console) -> int:
     """Run (or resume) every sweep of the table (``sweep_documents``); the worst exit code."""
-    from cfl_bench.sweep.command import sweep
+    from cfl_bench.sweeps.command import sweep
 
     code = 0
     for index, document in enumerate(documents):

@@ -112,7 +112,7 @@ def _run(
     root: Path,
     reference: FigureRuns | None,
 ) -> int:
-    from cfl_bench.sweep.command import sweep
+    from cfl_bench.sweeps.command import sweep
 
     folder = Path(request.out or Path("runs") / "reproduce" / figure.name / scale)
     safety.check_folder(folder, "the reproduction's runs and report", _named(request))

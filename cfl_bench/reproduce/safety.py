@@ -41,8 +41,8 @@ from cfl_bench.reproduce.collect import Collected
 from cfl_bench.reproduce.tables import ReproTable
 from cfl_bench.runner.config import RunConfig, check_value
 from cfl_bench.runner.run_names import SWEEP_OWNED
-from cfl_bench.sweep import ledger
-from cfl_bench.sweep.grid import GridPoint, SweepSpec, expand
+from cfl_bench.sweeps import ledger
+from cfl_bench.sweeps.grid import GridPoint, SweepSpec, expand
 
 # The cells (row, column) a sweep point's request fills.
 CellsOf = Callable[[dict[str, Any]], list[tuple[str, str]]]
@@ -203,7 +203,7 @@ def preflight(name: str, todo: list[GridPoint]) -> None:
     for the whole reproduction."""
     if not todo:
         return
-    from cfl_bench.sweep.launcher import Launcher
+    from cfl_bench.sweeps.launcher import Launcher
 
     distinct: dict[str, GridPoint] = {}
     for point in todo:
@@ -233,7 +233,7 @@ def plan_points(requests: list[tuple[str, dict[str, Any]]], conn: Connection) ->
     """Child entry point: ``plan_run`` each request; sends (name, refusal) of the first
     refused one, or None."""
     from cfl_bench.runner.plan import plan_run
-    from cfl_bench.sweep.worker import die_with_sweep
+    from cfl_bench.sweeps.worker import die_with_sweep
 
     die_with_sweep()
     with contextlib.closing(conn):

@@ -137,6 +137,7 @@ def run_in(
     """
     config = plan.config
     check_resumable(plan, resume)
+    say(f"run folder: {run_dir.out}")  # first, so a long first round can be found and followed
     total = plan.schedule.clock().total_rounds
     trackers: list[Tracker] = []
     try:

@@ -246,6 +246,27 @@ def load_sweep_file(path: str | Path) -> tuple[Axes, str | None, int | None]:
     return axes, out, None if jobs is None else coerce_jobs(jobs)
 
 
+def spec_from_options(out: str, jobs: int | None, options: dict[str, Any]) -> SweepSpec:
+    """A sweep from Python values (``cfl_bench.sweep``): a list or tuple is an axis, any other
+    value a one-value axis, checked as a sweep file's ``grid`` is."""
+    axes: Axes = {}
+    for raw_key, raw in options.items():
+        key = _check_key(raw_key, "cfl_bench.sweep")
+        values = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+        if not values:
+            raise UserError(f"sweep option '{key}' has no values; give at least one.")
+        checked = [check_value(key, v, "cfl_bench.sweep: ") for v in values]
+        _add(axes, key, checked, "cfl_bench.sweep")
+    if not axes:
+        raise UserError("the sweep grid is empty; give run options, e.g. strategy=['der', 'er'].")
+    try:
+        check_path_text(str(out))
+    except ValueError as exc:
+        raise UserError(f"the sweep folder {quoted(str(out))} {exc}; give a plain path.") from None
+    chosen = 1 if jobs is None else jobs
+    return SweepSpec(Path(out), coerce_jobs(chosen), axes, jobs is not None)
+
+
 def build_spec(
     sweep_file: str | None, args: list[str], out: str | None = None, jobs: int | None = None
 ) -> SweepSpec:

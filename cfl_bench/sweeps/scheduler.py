@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cfl_bench.sweep import ledger, worker
-from cfl_bench.sweep.grid import GridPoint
-from cfl_bench.sweep.launcher import Backend
+from cfl_bench.sweeps import ledger, worker
+from cfl_bench.sweeps.grid import GridPoint
+from cfl_bench.sweeps.launcher import Backend
 
 TERMINAL = ("finished", "diverged", "failed", "busy")
 

@@ -1,4 +1,4 @@
-"""``python -m cfl_bench.sweep.point JOB``: one grid point in a fresh interpreter.
+"""``python -m cfl_bench.sweeps.point JOB``: one grid point in a fresh interpreter.
 
 Why: on a Ray cluster (``sweep.ray_backend``) a point runs as a Ray task on whichever node
 has the CPUs, and the task starts this module as a subprocess. The point then runs exactly
@@ -8,7 +8,7 @@ torch threads, and no Ray of its own (a Flower simulation inside the run starts 
 instead of joining the sweep's cluster, because ``RAY_ADDRESS`` is removed from its
 environment). ``JOB`` is the ``RunJob`` as JSON (``job_json``).
 
-``python -m cfl_bench.sweep.point --jobs-file FILE --index I`` runs line ``I`` (from 0) of a
+``python -m cfl_bench.sweeps.point --jobs-file FILE --index I`` runs line ``I`` (from 0) of a
 file of such lines instead: a Slurm array task (``sweep.slurm``) knows only its index, and a
 whole grid's JSON would not fit on one command line of an ``#SBATCH`` script. SIGTERM (a
 batch scheduler's stop, Slurm's time limit or ``scancel``) ends the point like Ctrl-C: exit
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from cfl_bench.runner.interrupts import stop_on_sigterm
-from cfl_bench.sweep.worker import RunJob, run_point
+from cfl_bench.sweeps.worker import RunJob, run_point
 
 PATH_FIELDS = ("run_dir", "lock_path", "log_path")
 
@@ -65,7 +65,7 @@ def job_at(jobs_file: Path, index: int) -> RunJob:
 def parse_job(argv: list[str]) -> RunJob:
     """The job of ``JOB_JSON`` or of ``--jobs-file FILE --index I``."""
     parser = argparse.ArgumentParser(
-        prog="python -m cfl_bench.sweep.point",
+        prog="python -m cfl_bench.sweeps.point",
         description="Run one sweep point (a RunJob) as a local sweep would.",
     )
     parser.add_argument("job", nargs="?", help="the RunJob as JSON (sweep.point.job_json)")

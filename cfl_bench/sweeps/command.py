@@ -22,11 +22,11 @@ from rich.console import Console
 from cfl_bench.core.atomic import atomic_write_text
 from cfl_bench.core.errors import RunInterruptedError, UserError
 from cfl_bench.core.run_dir import refuse_run_directory
-from cfl_bench.sweep import ledger
-from cfl_bench.sweep.display import SweepProgress, announce_skipped, results_table
-from cfl_bench.sweep.grid import SweepSpec, build_spec, expand
-from cfl_bench.sweep.launcher import Backend, Launcher
-from cfl_bench.sweep.scheduler import PointState, run_points
+from cfl_bench.sweeps import ledger
+from cfl_bench.sweeps.display import SweepProgress, announce_skipped, results_table
+from cfl_bench.sweeps.grid import SweepSpec, build_spec, expand
+from cfl_bench.sweeps.launcher import Backend, Launcher
+from cfl_bench.sweeps.scheduler import PointState, run_points
 
 # Where a sweep's points can run (``--backend``).
 BACKENDS = ("local", "ray")
@@ -78,11 +78,11 @@ class Placement:
         if self.gpus_per_run is not None and not 0 <= self.gpus_per_run <= 64:
             raise UserError(f"--gpus-per-run must be between 0 and 64, got {self.gpus_per_run}.")
         if self.slurm_script is not None:
-            from cfl_bench.sweep.slurm import check_script_path
+            from cfl_bench.sweeps.slurm import check_script_path
 
             check_script_path(self.slurm_script)
         if self.backend == "ray":  # before the sweep folder is touched
-            from cfl_bench.sweep.ray_backend import check_reachable, require_ray
+            from cfl_bench.sweeps.ray_backend import check_reachable, require_ray
 
             require_ray()
             check_reachable(self.address)
@@ -90,7 +90,7 @@ class Placement:
     def backend_for(self, launcher: Launcher) -> Backend:
         if self.backend == "local":
             return launcher
-        from cfl_bench.sweep.ray_backend import RayBackend
+        from cfl_bench.sweeps.ray_backend import RayBackend
 
         return RayBackend(self.address, self.cpus_per_run or 1, self.gpus_per_run or 0.0)
 
@@ -106,10 +106,20 @@ def sweep(
 ) -> int:
     """Run (or resume) a sweep; returns the exit code. With ``leaderboard`` the sweep ends
     by writing ``<out>/leaderboard/`` (CSV + HTML) over every run folder in ``<out>``."""
+    return sweep_spec(build_spec(sweep_file, args, out, jobs), console, leaderboard, placement)
+
+
+def sweep_spec(
+    spec: SweepSpec,
+    console: Console | None = None,
+    leaderboard: bool = True,
+    placement: Placement | None = None,
+) -> int:
+    """Run (or resume) the sweep ``spec`` describes (from a file and the command line, or
+    from ``cfl_bench.sweep``'s arguments); returns the exit code."""
     console = console or Console()
     placement = placement or Placement()
     placement.check()
-    spec = build_spec(sweep_file, args, out, jobs)
     states = [PointState(p, spec.out) for p in expand(spec)]
     if spec.out.exists() and not spec.out.is_dir():
         raise UserError(f"--out '{spec.out}' is a file; give a folder for the sweep.")
@@ -200,7 +210,7 @@ def write_slurm_array(
     """The Slurm route: check and prepare the folder as a run would, then write the pending
     points as a job array (``sweep.slurm``) instead of running them; no script when every
     point is already done. ``--jobs`` (or ``jobs:``) caps the array tasks running at once."""
-    from cfl_bench.sweep import slurm
+    from cfl_bench.sweeps import slurm
 
     assert placement.slurm_script is not None
     slurm.check_sweep_folder(spec.out)

@@ -10,7 +10,7 @@ would (``sweep.command.prepare``), then writes
   with absolute paths (``sweep.point.job_json``); named by its content, so an array still
   running from an earlier script keeps reading its own lines;
 - the script: an ``sbatch --array=0-(N-1)[%M]`` job whose task ``i`` runs line ``i`` through
-  ``python -m cfl_bench.sweep.point --jobs-file F --index i``, the same ``worker.run_point``
+  ``python -m cfl_bench.sweeps.point --jobs-file F --index i``, the same ``worker.run_point``
   as a local or Ray sweep (the point's lock, the skip rule, resume from its checkpoint, its
   log), so the records are the same.
 
@@ -33,9 +33,9 @@ from cfl_bench.core.atomic import atomic_write_text
 from cfl_bench.core.errors import UserError
 from cfl_bench.runner.config import check_path_text
 from cfl_bench.runner.run_names import slug
-from cfl_bench.sweep import ledger
-from cfl_bench.sweep.point import job_json
-from cfl_bench.sweep.scheduler import PointState, run_job
+from cfl_bench.sweeps import ledger
+from cfl_bench.sweeps.point import job_json
+from cfl_bench.sweeps.scheduler import PointState, run_job
 
 # The sweep folder's sub-folder for the jobs files and the array tasks' output.
 SLURM_FOLDER = "slurm"
@@ -110,7 +110,7 @@ def script_text(out: Path, jobs_file: Path, count: int, throttle: int | None, cp
     bash, so ``SLURM_ARRAY_TASK_ID=i bash SCRIPT`` runs task ``i`` by hand)."""
     folder = out.resolve()
     array = f"0-{count - 1}" + (f"%{throttle}" if throttle else "")
-    command = [sys.executable, "-m", "cfl_bench.sweep.point", "--jobs-file", str(jobs_file)]
+    command = [sys.executable, "-m", "cfl_bench.sweeps.point", "--jobs-file", str(jobs_file)]
     index = '"${SLURM_ARRAY_TASK_ID:?unset; sbatch --array sets it (by hand: a line, from 0)}"'
     return "\n".join(
         [

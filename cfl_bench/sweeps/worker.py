@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from cfl_bench.core.errors import UserError
-from cfl_bench.sweep import ledger
+from cfl_bench.sweeps import ledger
 
 EXIT_USER_ERROR = 2  # the run refused its input (as `cfl-bench run` exits 2)
 EXIT_INTERRUPTED = 130  # Ctrl-C (the sweep stops its children itself)

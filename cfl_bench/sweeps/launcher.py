@@ -16,16 +16,19 @@ are gone: killing the sweep with SIGKILL leaves no run behind writing into a run
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import sys
+from collections.abc import Iterator
 from multiprocessing.connection import wait
 from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
-from cfl_bench.sweep import worker
+from cfl_bench.sweeps import worker
 
-PRELOAD = ["cfl_bench.sweep.worker", "cfl_bench.runner.run"]
+PRELOAD = ["cfl_bench.sweeps.worker", "cfl_bench.runner.run"]
 
 
 def usable_cores() -> int:
@@ -80,6 +83,29 @@ class Backend(Protocol):
         ...
 
 
+@contextlib.contextmanager
+def main_script_hidden() -> Iterator[None]:
+    """Start children without re-running the caller's script in them.
+
+    ``multiprocessing`` re-imports a script run as ``python script.py`` in every child it
+    starts (the reason scripts need ``if __name__ == "__main__":``); a script calling
+    ``cfl_bench.sweep(...)`` at its top would then start the sweep again inside each point.
+    The children run only cfl-bench's own code (``worker``), so the script's path is hidden
+    while a child starts, as a notebook (which has none) always is. Module mains
+    (``python -m cfl_bench``) are imported by name as before.
+    """
+    main = sys.modules.get("__main__")
+    path = None if main is None or main.__spec__ is not None else main.__dict__.get("__file__")
+    if path is None:
+        yield
+        return
+    del main.__file__  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        main.__file__ = path  # type: ignore[union-attr]
+
+
 class Launcher:
     """Starts run children (and the one-off name check) from the preloaded fork server:
     the local ``Backend``."""
@@ -99,7 +125,8 @@ class Launcher:
         process = self.context.Process(
             target=worker.run_point, args=(job,), name=f"cfl-bench sweep {job.name}"
         )
-        process.start()
+        with main_script_hidden():
+            process.start()
         return process
 
     def wait(self, handles: list[BaseProcess], timeout: float) -> list[BaseProcess]:
@@ -125,7 +152,8 @@ class Launcher:
         """One error message (or None) per request, from ``worker.check_names``."""
         receiver, sender = self.context.Pipe(duplex=False)
         process = self.context.Process(target=worker.check_names, args=(requests, sender))
-        process.start()
+        with main_script_hidden():
+            process.start()
         sender.close()
         try:
             errors: list[str | None] | None = receiver.recv()

@@ -9,7 +9,7 @@ local sweep does (``sweep.scheduler``); only where a point runs changes.
 
 Each point is one Ray task declaring ``--cpus-per-run`` CPUs (its torch threads, also its
 ``OMP_NUM_THREADS``) and ``--gpus-per-run`` GPUs. The task starts
-``python -m cfl_bench.sweep.point`` (``sweep.point``) in the sweep's working directory and
+``python -m cfl_bench.sweeps.point`` (``sweep.point``) in the sweep's working directory and
 returns its exit code: the point runs through the same ``worker.run_point`` as locally, so
 its records are the same, it takes the point's lock on the shared sweep folder, and an
 interrupted attempt resumes from its checkpoint. The sweep folder must therefore be on a
@@ -37,8 +37,8 @@ import warnings
 from typing import Any
 
 from cfl_bench.core.errors import UserError
-from cfl_bench.sweep import worker
-from cfl_bench.sweep.point import job_from_json, job_json
+from cfl_bench.sweeps import worker
+from cfl_bench.sweeps.point import job_from_json, job_json
 
 # How many times Ray re-runs a point whose worker or node was lost.
 RETRIES = 3
@@ -239,7 +239,7 @@ def point_env(threads: int) -> dict[str, str]:
 def run_point_process(job_text: str, cwd: str) -> int:
     """The body of a point's Ray task: the point in its own interpreter; its exit code."""
     job = job_from_json(job_text)
-    command = [sys.executable, "-m", "cfl_bench.sweep.point", job_text]
+    command = [sys.executable, "-m", "cfl_bench.sweeps.point", job_text]
     return subprocess.run(command, cwd=cwd, env=point_env(job.threads), check=False).returncode
 
 

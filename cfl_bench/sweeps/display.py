@@ -28,7 +28,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from cfl_bench.engine.progress import clock
-from cfl_bench.sweep.scheduler import TERMINAL, PointState
+from cfl_bench.sweeps.scheduler import TERMINAL, PointState
 
 STYLE = {
     "finished": "green",
