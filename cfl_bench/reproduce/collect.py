@@ -7,6 +7,11 @@ task is never counted as a 20-round run). Runs of the folder that match no cell 
 listed with the reason, never silently averaged in. Seeds of one cell must share one
 protocol hash (same data); anything else is reported.
 
+**Other methods.** A run whose strategy is no row of the table but whose options are a
+column's at one of its scales — your own method, or a built-in one the paper did not run —
+is kept apart (``Collected.others``, by strategy and column): ``reproduce --compare`` shows
+it beside the table, on the table's protocol, and never judges it against the paper.
+
 **One run per cell and seed.** Two finished runs of the same cell and seed (a rerun with
 another ``--executor``, ``--device`` or ``--data-root`` lands in a second folder, since a
 sweep names a point by every option it was given) are refused, naming both folders, rather
@@ -48,17 +53,23 @@ class Collected:
 
     cells: dict[tuple[str, str], list[RunValue]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # Runs of strategies that are no row, by (strategy, column): see "Other methods".
+    others: dict[tuple[str, str], list[RunValue]] = field(default_factory=dict)
+
+    def every_cell(self) -> list[tuple[tuple[str, str], list[RunValue]]]:
+        """The table's cells, then the other methods' (each sorted)."""
+        return sorted(self.cells.items()) + sorted(self.others.items())
 
     def values(self, row: str, column: str) -> list[RunValue]:
         return self.cells.get((row, column), [])
 
     def scales(self) -> list[str]:
-        return sorted({v.scale for values in self.cells.values() for v in values})
+        return sorted({v.scale for _, values in self.every_cell() for v in values})
 
     def runs(self) -> list[RunValue]:
         """Every counted run once (a run read by two columns through two metrics once)."""
         seen: dict[Path, RunValue] = {}
-        for values in self.cells.values():
+        for _, values in self.every_cell():
             for value in values:
                 seen.setdefault(value.path, value)
         return list(seen.values())
@@ -106,6 +117,20 @@ def _place(
     return [], None, "its options and strategy are no cell of the table at any of its scales"
 
 
+def _is_no_row(table: ReproTable, strategy: str) -> bool:
+    return not any(table.canonical_at(r, s) == strategy for r in table.rows for s in table.scales)
+
+
+def _other_place(table: ReproTable, options: dict[str, Any]) -> tuple[str | None, list[Column]]:
+    """The scale and the columns whose protocol a run of another method follows (the
+    first scale that has any)."""
+    for name in table.scales:
+        columns = [c for c in table.columns if scale_of(table, options, c) == name]
+        if columns:
+            return name, columns
+    return None, []
+
+
 def collect(table: ReproTable, folder: Path, scale: str | None = None) -> Collected:
     """Sort the finished runs under ``folder`` into the table's cells (with ``scale``, only
     the runs at that scale; the others are listed as not counted)."""
@@ -120,19 +145,25 @@ def collect(table: ReproTable, folder: Path, scale: str | None = None) -> Collec
             continue
         row = reading.row
         options = reading.config.get("config", {})
-        places, found_scale, why = _place(table, options, str(row["strategy"]))
-        if not places or found_scale is None:
+        strategy = str(row["strategy"])
+        places, found_scale, why = _place(table, options, strategy)
+        keys: list[tuple[str, Column]] = [(r.label, c) for r, c in places]
+        target = collected.cells
+        if not places and _is_no_row(table, strategy):
+            found_scale, columns = _other_place(table, options)
+            keys, target = [(strategy, c) for c in columns], collected.others
+        if not keys or found_scale is None:
             collected.notes.append(f"{shown}: not counted ({why})")
             continue
         if scale is not None and found_scale != scale:
             collected.notes.append(f"{shown}: not counted (a run at scale {found_scale})")
             continue
-        for table_row, column in places:
+        for label, column in keys:
             value, missing = column_value(column, reading)
             if value is None or value != value:
                 collected.notes.append(f"{shown}: not counted (no {missing})")
                 continue
-            collected.cells.setdefault((table_row.label, column.label), []).append(
+            target.setdefault((label, column.label), []).append(
                 RunValue(
                     seed=int(row["seed"]),
                     value=float(value),
@@ -152,7 +183,7 @@ def collect(table: ReproTable, folder: Path, scale: str | None = None) -> Collec
 def refuse_duplicates(collected: Collected, folder: Path) -> None:
     """Refuse two finished runs of one cell and seed, naming both (see the module
     docstring): a seed counted twice would fake the cell's n and spread."""
-    for (row, column), values in sorted(collected.cells.items()):
+    for (row, column), values in collected.every_cell():
         first: dict[int, Path] = {}
         for value in values:
             other = first.setdefault(value.seed, value.path)
@@ -202,7 +233,7 @@ def _consistency_notes(collected: Collected) -> list[str]:
     """Cells whose seeds are at two scales or read different data (a repeated seed is
     refused by :func:`refuse_duplicates`)."""
     notes = []
-    for (row, column), values in sorted(collected.cells.items()):
+    for (row, column), values in collected.every_cell():
         scales = {v.scale for v in values}
         hashes = {v.protocol_hash for v in values}
         if len(scales) > 1:

@@ -37,6 +37,9 @@ class Reproduction:
     # Shipped reference results by (row, column), when the user's runs are compared to them.
     reference: dict[tuple[str, str], Ours | None] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
+    # Methods that are no row of the table, run on its protocol: strategy → column → values
+    # (``collect``, "Other methods"); shown beside the table, never judged.
+    others: dict[str, dict[str, Ours]] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         return counts(self.verdicts)
@@ -107,4 +110,16 @@ def build(
         notes=list(collected.notes),
         reference=shipped,
         provenance=provenance or {},
+        others=other_methods(collected),
     )
+
+
+def other_methods(collected: Collected) -> dict[str, dict[str, Ours]]:
+    """The other methods' values by strategy and column, seeds in order."""
+    found: dict[str, dict[str, Ours]] = {}
+    for (strategy, column), values in sorted(collected.others.items()):
+        ordered = sorted(values, key=lambda v: v.seed)
+        found.setdefault(strategy, {})[column] = Ours(
+            tuple(v.value for v in ordered), tuple(v.seed for v in ordered)
+        )
+    return found

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cfl_bench.core.atomic import atomic_write_text
+from cfl_bench.reproduce.other_methods import cell_text, html_others, markdown_others, print_others
 from cfl_bench.reproduce.outcome import Reproduction
 from cfl_bench.reproduce.targets import Target
 from cfl_bench.reproduce.verdict import (
@@ -63,10 +64,8 @@ def _num(value: float | None, digits: int = 2) -> str:
 
 
 def ours_text(ours: Ours | None) -> str:
-    if ours is None:
-        return "—"
-    spread = f" ± {ours.sd:.2f}" if ours.sd is not None else ""
-    return f"{ours.mean:.2f}{spread} (n={ours.n})"
+    """``mean ± sd (n=k)``, as every section of the report writes our values."""
+    return cell_text(ours)
 
 
 def paper_text(target: Target) -> str:
@@ -171,6 +170,7 @@ def markdown(rep: Reproduction) -> str:
                 f"| {_signed(v.difference)} | {v.verdict} |"
             )
         lines.append("")
+    lines += markdown_others(rep)
     lines += [
         "#### The paper's claims",
         "",
@@ -233,6 +233,7 @@ def html_page(rep: Reproduction) -> str:
         )
         parts += [_html_cell(v, rep, shipped) for v in rep.column_verdicts(column.label)]
         parts.append("</table>")
+    parts.append(html_others(rep))
     parts.append(
         "<h2>The paper's claims</h2><table><tr><th>column</th><th>claim</th>"
         "<th>kind</th><th>paper</th><th>ours</th><th>holds</th></tr>"
@@ -301,4 +302,5 @@ def print_terminal(rep: Reproduction, console: Console) -> None:
                 f"[{COLOURS[v.verdict]}]{v.verdict}[/]",
             )
         console.print(table)
+    print_others(rep, console)
     console.print(counts_line(rep), highlight=False)
