@@ -261,3 +261,21 @@ def test_end_to_end_real_runs_share_splits_and_get_marked(tmp_path: Path) -> Non
     other = csv[csv.Acc_T_test != BEST].iloc[0]
     assert other.Acc_T_tied_best in ("true", "false") and 0.0 <= float(other.Acc_T_p_vs_best) <= 1.0
     assert "▲ best" in output and "to 20%" in output
+
+
+def test_check_reads_the_new_columns(tmp_path: Path) -> None:
+    """``--check`` targets may name the CI, the adjusted p and the target columns."""
+    from cfl_bench.leaderboard.check import check_targets, read_targets
+
+    for seed in (0, 1):
+        write_recorded_run(tmp_path / "runs", f"s{seed}", seed=seed)
+    board = aggregate(load_runs([tmp_path / "runs"]), target=45.0)
+    targets = tmp_path / "t.csv"
+    targets.write_text(
+        "strategy,metric,target,tolerance\n"
+        "der,rounds_to_target_mean,4,0\n"  # both seeds: round 4 (Acc_t 48.5 ≥ 45)
+        "der,n_target_not_reached,0,0\n"
+        "der,Acc_T_ci95,0,0\n"  # identical seeds: s = 0, so the interval is 0 wide
+    )
+    outcomes = check_targets(board, read_targets(targets))
+    assert [o.met for o in outcomes] == [True, True, True], outcomes
