@@ -70,6 +70,8 @@ def significance_legend(rows: pd.DataFrame, metric: str) -> str:
 def _table_columns(
     table: Table, specs: tuple[MetricSpec, ...], rank: str, target: str, notes: bool
 ) -> None:
+    """The columns of one protocol's table: ``vs best`` right after the ranked metric (the
+    mark belongs to that number), the target's rounds and the notes last."""
     table.add_column("strategy", overflow="fold", min_width=10)
     table.add_column("seeds", justify="right")
     for spec in specs:
@@ -90,6 +92,7 @@ def _row_cells(
     note: str,
     notes: bool,
 ) -> list[Text]:
+    """One row's cells, in :func:`_table_columns`' order (all ``Text``: never markup)."""
     from cfl_bench.leaderboard.significance import comparison_mark
     from cfl_bench.leaderboard.targets import target_text
 

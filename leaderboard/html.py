@@ -171,11 +171,17 @@ def comparison_columns(metric: str) -> list[tuple[str, str, Callable[..., Any]]]
             "vs best",
             f"{metric} against the best row: two-sided t-test paired by seed (Welch's without "
             f"2 shared seeds), Holm-corrected, α = 0.05",
-            lambda r: _cell(
-                vs_best_text(r, metric), _sort_key(float(r[f"{metric}_p_vs_best"])), "flag"
-            ),
+            lambda r: _cell(vs_best_text(r, metric), _vs_best_sort(r, metric), "flag"),
         ),
     ]
+
+
+def _vs_best_sort(row: Any, metric: str) -> str | None:
+    """Sorting by ``vs best`` puts the best first (-1), then rows by adjusted p, untested
+    rows last."""
+    from cfl_bench.leaderboard.significance import BEST
+
+    return "-1.0" if row[f"{metric}_test"] == BEST else _sort_key(row[f"{metric}_p_vs_best"])
 
 
 def _target_cell(row: Any) -> dict[str, str | None]:
@@ -288,7 +294,7 @@ def significance_legend(rows: pd.DataFrame) -> str:
 
     rank = registry.RANK_BY
     tested = int(rows[f"{rank}_p_vs_best"].notna().sum())
-    others = ", ".join(m for m in registry.COMPARED if m != rank)
+    others = ", ".join(registry.metric(m).label for m in registry.COMPARED if m != rank)
     return (
         f"{BEST_MARK} best {rank}; {TIED_MARK} statistically indistinguishable from the best: "
         f"two-sided t-test of the difference, paired by seed when the two rows share at least "

@@ -86,6 +86,13 @@ class TTest:
     p: float
 
 
+def _no_spread(se: float, values: Sequence[float]) -> bool:
+    """A standard error that is float noise on the values' scale (1e-12 relative): equal
+    per-seed gaps computed in floating point may differ in the last bit, which would turn
+    "no spread" into a t statistic of 10¹⁵."""
+    return se <= 1e-12 * max(1.0, *(abs(v) for v in values))
+
+
 def _degenerate(difference: float) -> tuple[float, float]:
     """(t, p) when the standard error is 0: no spread, so equal means are p = 1 and any
     difference is certain (p = 0)."""
@@ -103,7 +110,7 @@ def paired_t(best: Mapping[int, float], other: Mapping[int, float]) -> TTest:
     n = len(differences)
     mean = math.fsum(differences) / n
     se = statistics.stdev(differences) / math.sqrt(n)
-    if se == 0.0:
+    if _no_spread(se, [*best.values(), *other.values()]):
         statistic, p = _degenerate(mean)
     else:
         statistic = mean / se
@@ -119,7 +126,7 @@ def welch_t(best: Sequence[float], other: Sequence[float]) -> TTest:
     va = statistics.variance(best) / len(best)
     vb = statistics.variance(other) / len(other)
     difference = statistics.fmean(other) - statistics.fmean(best)
-    if va + vb == 0.0:
+    if _no_spread(math.sqrt(va + vb), [*best, *other]):
         statistic, p = _degenerate(difference)
         return TTest(WELCH, statistic, float(len(best) + len(other) - 2), p)
     df = (va + vb) ** 2 / (va**2 / (len(best) - 1) + vb**2 / (len(other) - 1))

@@ -66,6 +66,9 @@ def test_paired_t_of_three_seeds() -> None:
     # no spread in the differences: a constant gap is certain, no gap is p = 1
     assert paired_t({0: 1.0, 1: 2.0}, {0: 3.0, 1: 4.0}).p == 0.0
     assert paired_t({0: 1.0, 1: 2.0}, {0: 1.0, 1: 2.0}).p == 1.0
+    # the same gap of 0.1 computed in floats (0.10000000000000009, 0.09999999999999998) is
+    # still "no spread", not a t of 10¹⁵ with a p of 1e-16
+    assert paired_t({0: 0.7, 1: 0.1 + 0.2}, {0: 0.8, 1: 0.4}).p == 0.0
     with pytest.raises(ValueError, match="two shared seeds"):
         paired_t({0: 1.0, 1: 2.0}, {0: 1.0, 5: 2.0})
 
