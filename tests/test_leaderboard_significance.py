@@ -218,6 +218,10 @@ def test_target_on_the_command_line(tmp_path: Path) -> None:
     assert "not reached" in (out / "leaderboard.html").read_text()
     csv = pd.read_csv(out / "leaderboard.csv", keep_default_na=False)
     assert csv.n_target_not_reached[0] == 2 and csv.rounds_to_target_mean[0] == ""
+    # a fraction is a legal (tiny) percentage, but the command says how it was read
+    code, output = in_process("leaderboard", str(tmp_path / "runs"), "--out", str(out),
+                              "--target", "0.8")  # fmt: skip
+    assert code == 0 and "--target 0.8 means 0.8 %; accuracies are percentages" in flat(output)
 
 
 # --- end to end ---------------------------------------------------------------------------
