@@ -680,14 +680,23 @@ def leaderboard_cmd(
             help="std shown after ±: sample (ddof=1) or population (ddof=0, np.std as in FedGP)"
         ),
     ] = "sample",
+    target: Annotated[
+        float | None,
+        typer.Option(
+            help="accuracy in % (0-100]: add the rounds and bytes each run needed to reach it "
+            "(average accuracy over the tasks seen so far, evaluated rounds only)"
+        ),
+    ] = None,
 ) -> None:
     """Aggregate runs into leaderboard.csv and leaderboard.html.
 
     One row per (protocol, strategy): mean ± std over seeds (sample by default, --std
-    population for ddof=0). Without --out the files go to <first RUN_DIR>/leaderboard/."""
+    population for ddof=0), a 95 % confidence interval, and which rows are statistically
+    indistinguishable from the best (t-test by seed, Holm-corrected). Without --out the
+    files go to <first RUN_DIR>/leaderboard/."""
     from cfl_bench.leaderboard.command import leaderboard_command
 
-    code = leaderboard_command(run_dirs, out, check, std=std)
+    code = leaderboard_command(run_dirs, out, check, std=std, target=target)
     if code:
         raise typer.Exit(code)
 

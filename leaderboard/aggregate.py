@@ -40,6 +40,8 @@ from cfl_bench.core import metric_registry as registry
 from cfl_bench.core.errors import UserError
 from cfl_bench.leaderboard.protocol import describe_protocol
 from cfl_bench.leaderboard.runs import COUNTED_STATUSES, CURVES, MATRICES, METRICS
+from cfl_bench.leaderboard.significance import Comparison, ci95_half_width, compare_with_best
+from cfl_bench.leaderboard.targets import PROGRESS, check_target, target_hits
 
 if TYPE_CHECKING:
     import numpy as np
@@ -55,6 +57,24 @@ DEFAULT_STD = "sample"
 
 #: Columns identifying a leaderboard row (targets files select rows with these).
 KEY_COLUMNS: tuple[str, ...] = ("protocol_hash", "stream", "scenario", "strategy")
+#: Per compared metric (registry.COMPARED): the 95 % CI half-width, the test against the
+#: best row, its Holm-adjusted p and whether the row is tied with the best
+#: (:mod:`leaderboard.significance`).
+COMPARISON_STATS: tuple[str, ...] = ("ci95", "test", "p_vs_best", "tied_best")
+COMPARISON_COLUMNS: tuple[str, ...] = tuple(
+    f"{m}_{stat}" for m in registry.COMPARED for stat in COMPARISON_STATS
+)
+#: ``--target``: the target (%), rounds and bytes until a run's average accuracy reached
+#: it (means over the finished seeds; empty unless every seed reached it) and how many
+#: seeds never did (:mod:`leaderboard.targets`). All empty without ``--target``.
+TARGET_COLUMNS: tuple[str, ...] = (
+    "target",
+    "rounds_to_target_mean",
+    "rounds_to_target_std",
+    "bytes_to_target_mean",
+    "bytes_to_target_std",
+    "n_target_not_reached",
+)
 #: Columns of leaderboard.csv, in order.
 BOARD_COLUMNS: tuple[str, ...] = (
     *KEY_COLUMNS,
@@ -62,6 +82,8 @@ BOARD_COLUMNS: tuple[str, ...] = (
     "seeds",
     "std_kind",
     *(f"{m}_{stat}" for m in METRICS for stat in ("mean", "std")),
+    *COMPARISON_COLUMNS,
+    *TARGET_COLUMNS,
     *(f"n_{status}" for status in COUNTED_STATUSES),
     "protocol",
     "packages",
@@ -72,6 +94,8 @@ BOARD_COLUMNS: tuple[str, ...] = (
 NUMERIC_COLUMNS: tuple[str, ...] = (
     "n_seeds",
     *(f"{m}_{stat}" for m in METRICS for stat in ("mean", "std")),
+    *(f"{m}_{stat}" for m in registry.COMPARED for stat in ("ci95", "p_vs_best")),
+    *(c for c in TARGET_COLUMNS if c != "target"),
     *(f"n_{status}" for status in COUNTED_STATUSES),
 )
 
@@ -142,51 +166,123 @@ def finished_runs(group: pd.DataFrame) -> pd.DataFrame:
     return done.sort_values(["seed", "path"], kind="stable")
 
 
-def aggregate(runs: pd.DataFrame, std: str = DEFAULT_STD) -> pd.DataFrame:
+def aggregate(
+    runs: pd.DataFrame, std: str = DEFAULT_STD, target: float | None = None
+) -> pd.DataFrame:
     """The leaderboard: one row per (protocol hash, strategy), columns :data:`BOARD_COLUMNS`.
 
     ``std`` picks the deviation in the ``*_std`` columns (``sample`` or ``population``, see
     :data:`STD_KINDS`); every row's ``std_kind`` names it, so a CSV read on its own says
-    which convention it holds. Runs without a protocol hash or strategy (a summary.json
-    alone from a crashed sweep member) cannot be placed in a row; they still appear in the
-    report's runs section.
+    which convention it holds. ``target`` (``--target``, %): rounds and bytes until the
+    runs' average accuracy reached it (:mod:`leaderboard.targets`). Runs without a protocol
+    hash or strategy (a summary.json alone from a crashed sweep member) cannot be placed in
+    a row; they still appear in the report's runs section. Each protocol's rows are then
+    compared with its best row (:mod:`leaderboard.significance`).
     """
     import pandas as pd
 
     ddof, kind = std_ddof(std), std_kind(std)
+    target = check_target(target)
     keyed = runs[runs["protocol_hash"].notna() & runs["strategy"].notna()]
     rows: list[dict[str, Any]] = []
     for (protocol_hash, strategy), group in keyed.groupby(["protocol_hash", "strategy"], sort=True):
-        done = finished_runs(group)
-        protocol = _first(group["protocol"].map(lambda p: p or None))
-        scenario = _first(group["scenario"])
-        row: dict[str, Any] = {
-            "protocol_hash": protocol_hash,
-            "stream": _first(group["stream"]),
-            "scenario": scenario,
-            "strategy": strategy,
-            "n_seeds": len(done),
-            "seeds": " ".join(str(int(s)) for s in done["seed"]),
-            "std_kind": kind,
-        }
-        for metric in METRICS:
-            row[f"{metric}_mean"], row[f"{metric}_std"] = mean_std(done[metric], ddof)
-        for status in COUNTED_STATUSES:
-            row[f"n_{status}"] = int((group["status"] == status).sum())
-        row["protocol"] = describe_protocol(protocol or {}, scenario)
-        row.update(provenance(done if len(done) else group))
-        rows.append(row)
-    board = pd.DataFrame(rows, columns=list(BOARD_COLUMNS))
+        rows.append(board_row(str(protocol_hash), str(strategy), group, ddof, kind, target))
+    board = pd.DataFrame(rows, columns=[*BOARD_COLUMNS, "_by_seed"])
     if board.empty:
-        return board
+        return board.drop(columns=["_by_seed"])
     ranked = registry.metric(registry.RANK_BY)
     rank = f"{ranked.column}_mean"
     board["_missing"] = board[rank].isna()
     board["_rank"] = rank_values(board[rank], ranked.direction)
     board = board.sort_values(
         ["stream", "protocol_hash", "_missing", "_rank", "strategy"], kind="stable"
-    )
-    return board.drop(columns=["_missing", "_rank"]).reset_index(drop=True)
+    ).reset_index(drop=True)
+    add_comparisons(board)
+    return board.drop(columns=["_missing", "_rank", "_by_seed"])
+
+
+def board_row(
+    protocol_hash: str,
+    strategy: str,
+    group: pd.DataFrame,
+    ddof: int,
+    kind: str,
+    target: float | None,
+) -> dict[str, Any]:
+    """One leaderboard row from the runs of one (protocol, strategy), plus ``_by_seed``:
+    the compared metrics' values by seed, for :func:`add_comparisons`."""
+    done = finished_runs(group)
+    protocol = _first(group["protocol"].map(lambda p: p or None))
+    scenario = _first(group["scenario"])
+    row: dict[str, Any] = {
+        "protocol_hash": protocol_hash,
+        "stream": _first(group["stream"]),
+        "scenario": scenario,
+        "strategy": strategy,
+        "n_seeds": len(done),
+        "seeds": " ".join(str(int(s)) for s in done["seed"]),
+        "std_kind": kind,
+    }
+    for metric in METRICS:
+        row[f"{metric}_mean"], row[f"{metric}_std"] = mean_std(done[metric], ddof)
+    progress = list(done[PROGRESS]) if PROGRESS in done else [None] * len(done)
+    row.update(target_cells(progress, target, ddof))
+    for status in COUNTED_STATUSES:
+        row[f"n_{status}"] = int((group["status"] == status).sum())
+    row["protocol"] = describe_protocol(protocol or {}, scenario)
+    row.update(provenance(done if len(done) else group))
+    row["_by_seed"] = {
+        m: {int(s): float(v) for s, v in zip(done["seed"], done[m], strict=True)}
+        for m in registry.COMPARED
+    }
+    return row
+
+
+def target_cells(
+    progress: Sequence[Sequence[Any] | None], target: float | None, ddof: int
+) -> dict[str, Any]:
+    """The :data:`TARGET_COLUMNS` cells of one row from its finished runs' progress lists
+    (:mod:`leaderboard.targets`): means empty unless every seed reached the target, and
+    every cell empty without a target."""
+    nan = math.nan
+    if target is None:
+        names = ("rounds_to_target", "bytes_to_target")
+        cells: dict[str, Any] = {f"{n}_{s}": nan for n in names for s in ("mean", "std")}
+        return {"target": nan, **cells, "n_target_not_reached": None}
+    hits = target_hits(progress, target)
+    reached = [h for h in hits if h is not None]
+    missed = len(hits) - len(reached)
+    rounds = mean_std([float(r) for r, _ in reached], ddof) if not missed else (nan, nan)
+    spent = mean_std([b for _, b in reached], ddof) if not missed else (nan, nan)
+    return {
+        "target": target,
+        "rounds_to_target_mean": rounds[0],
+        "rounds_to_target_std": rounds[1],
+        "bytes_to_target_mean": spent[0],
+        "bytes_to_target_std": spent[1],
+        "n_target_not_reached": missed,
+    }
+
+
+def add_comparisons(board: pd.DataFrame) -> None:
+    """Fill the :data:`COMPARISON_COLUMNS` of a ranked board (in place) from its
+    ``_by_seed`` column: per compared metric, each row's 95 % CI half-width and its
+    standing against the best row of its protocol (:mod:`leaderboard.significance`)."""
+    by_seed: list[dict[str, dict[int, float]]] = list(board["_by_seed"])
+    groups = list(board.groupby("protocol_hash", sort=False).indices.values())
+    for metric in registry.COMPARED:
+        direction = str(registry.metric(metric).direction)
+        results = [Comparison("") for _ in by_seed]
+        for rows in groups:
+            found = compare_with_best([by_seed[i][metric] for i in rows], direction)
+            for i, comparison in zip(rows, found, strict=True):
+                results[i] = comparison
+        board[f"{metric}_ci95"] = [ci95_half_width(list(v[metric].values())) for v in by_seed]
+        board[f"{metric}_test"] = [c.test for c in results]
+        board[f"{metric}_p_vs_best"] = [c.p for c in results]
+        board[f"{metric}_tied_best"] = [
+            "" if c.tied is None else ("true" if c.tied else "false") for c in results
+        ]
 
 
 def rank_values(means: pd.Series, direction: str | None) -> pd.Series:

@@ -29,13 +29,17 @@ class Leaderboard:
 
 
 def build_leaderboard(
-    run_dirs: Sequence[str | Path], out_dir: str | Path, std: str = "sample"
+    run_dirs: Sequence[str | Path],
+    out_dir: str | Path,
+    std: str = "sample",
+    target: float | None = None,
 ) -> Leaderboard:
     """Load every run under ``run_dirs``, aggregate, write leaderboard.csv + .html in
-    ``out_dir`` (created if needed) and return both frames.
+    ``out_dir`` (created if needed) and return both frames. ``target`` (``--target``, %):
+    rounds and bytes to that average accuracy (:mod:`leaderboard.targets`).
 
-    Order, and why: ``std`` and ``--out`` are checked first (cheap, and a typo should not
-    wait for thousands of runs to load); then the run directories are found and ``--out``
+    Order, and why: ``std``, ``target`` and ``--out`` are checked first (cheap, and a typo
+    should not wait for thousands of runs to load); then the run directories are found and ``--out``
     is checked against them; both files are rendered in memory and only then written.
     Damaged runs do not stop anything: they are listed (see :mod:`leaderboard.runs`)."""
     from cfl_bench.leaderboard.aggregate import aggregate, std_ddof
@@ -47,13 +51,15 @@ def build_leaderboard(
     )
     from cfl_bench.leaderboard.runs import find_run_dirs, load_found
     from cfl_bench.leaderboard.table import CSV_NAME, board_csv
+    from cfl_bench.leaderboard.targets import check_target
 
     std_ddof(std)
+    check_target(target)
     out = check_board_out(out_dir, (CSV_NAME, HTML_NAME))
     found = find_run_dirs(run_dirs)
     refuse_run_directory(out, found)
     runs = load_found(found)
-    board = aggregate(runs, std)
+    board = aggregate(runs, std, target)
     files = {CSV_NAME: board_csv(board), HTML_NAME: render_html(board, runs, std)}
     csv_path, html_path = write_board_files(out, files)
     return Leaderboard(runs=runs, board=board, csv_path=csv_path, html_path=html_path)

@@ -52,19 +52,80 @@ def terminal_cell(row: pd.Series, spec: MetricSpec) -> str:
     return _compact(row, str(spec.column), spec.fmt, with_std=spec.family == "accuracy")
 
 
-def summary_tables(board: pd.DataFrame, std: str = "sample") -> list[Table]:
+def significance_legend(rows: pd.DataFrame, metric: str) -> str:
+    """The caption line that says what the ``vs best`` column means, naming the test, the
+    correction and how many rows it corrected for."""
+    from cfl_bench.leaderboard.significance import ALPHA, DIFFERS_MARK, TIED_MARK
+
+    tested = int(rows[f"{metric}_p_vs_best"].notna().sum())
+    return (
+        f"vs best: {metric} against the best row; {TIED_MARK} tied = statistically "
+        f"indistinguishable, {DIFFERS_MARK} = significantly different: two-sided t-test "
+        f"paired by seed (Welch's t-test when < 2 seeds are shared), Holm-corrected over the "
+        f"{tested} row{'' if tested == 1 else 's'} tested, α = {ALPHA:g}; one seed: no test "
+        f"(95% CIs: CSV and HTML)"
+    )
+
+
+def _table_columns(
+    table: Table, specs: tuple[MetricSpec, ...], rank: str, target: str, notes: bool
+) -> None:
+    """The columns of one protocol's table: ``vs best`` right after the ranked metric (the
+    mark belongs to that number), the target's rounds and the notes last."""
+    table.add_column("strategy", overflow="fold", min_width=10)
+    table.add_column("seeds", justify="right")
+    for spec in specs:
+        table.add_column(spec.narrow_label, justify="right", overflow="fold")
+        if spec.column == rank:
+            table.add_column("vs best", overflow="fold")
+    if target:
+        table.add_column(target, justify="right", overflow="fold")
+    if notes:  # narrower beside a target column, so the table still fits 80 columns
+        table.add_column("notes", overflow="fold", style="yellow", min_width=8 if target else 12)
+
+
+def _row_cells(
+    row: pd.Series,
+    specs: tuple[MetricSpec, ...],
+    rank: str,
+    target: bool,
+    note: str,
+    notes: bool,
+) -> list[Text]:
+    """One row's cells, in :func:`_table_columns`' order (all ``Text``: never markup)."""
+    from cfl_bench.leaderboard.significance import comparison_mark
+    from cfl_bench.leaderboard.targets import target_text
+
+    cells = [Text(str(row["strategy"])), Text(str(row["n_seeds"]))]
+    for spec in specs:
+        cells.append(Text(terminal_cell(row, spec)))
+        if spec.column == rank:
+            cells.append(Text(comparison_mark(row, rank)))
+    if target:
+        cells.append(Text(target_text(row, rounds_only=True)))
+    if notes:
+        cells.append(Text(note))
+    return cells
+
+
+def summary_tables(
+    board: pd.DataFrame, std: str = "sample", target: float | None = None
+) -> list[Table]:
     """One table per protocol, one line per strategy, narrow enough for an 80-column
     terminal: the registry's ``terminal`` metrics — Acc_T as mean ± std, Fgt_T and bytes as
     means (BWT, FWT, MD_T, wall time and all deviations are in the CSV and HTML).
+    Beside Acc_T, ``vs best`` marks the best row (▲) and the rows indistinguishable from it
+    (≈), and the rounds to ``target`` follow when one was given.
     The caption names the std kind (``std``: sample or population), because "±" alone
-    does not say whether it is ddof=1 or ddof=0.
+    does not say whether it is ddof=1 or ddof=0, and the test behind the marks.
     The task-IL and notes columns appear only when some row has them."""
     from cfl_bench.core import metric_registry as registry
     from cfl_bench.leaderboard.aggregate import row_notes, std_kind
 
     legend = f"mean ± std over the finished seeds, std_kind = {std_kind(std)}; – = one seed"
     marker = registry.metric(registry.TASK_IL_MARKER).column
-
+    rank = str(registry.metric(registry.RANK_BY).column)
+    target_label = "" if target is None else f"to {target:g}%"
     tables = []
     for protocol_hash, rows in board.groupby("protocol_hash", sort=False):
         first = rows.iloc[0]
@@ -72,24 +133,21 @@ def summary_tables(board: pd.DataFrame, std: str = "sample") -> list[Table]:
         shown = registry.metrics_for("class-il" if task_il else None, "terminal")
         specs = registry.display_order(shown)
         notes = [row_notes(row) for _, row in rows.iterrows()]
+        lines = [str(first["protocol"]), legend, significance_legend(rows, rank)]
+        if target_label:
+            lines.append(
+                f"{target_label}: rounds until the average accuracy over the tasks seen "
+                f"reached {target:g}% (first evaluated round, mean over seeds)"
+            )
         table = Table(
             title=Text(f"{first['stream']} · {first['scenario']} · protocol {protocol_hash}"),
-            caption=Text(f"{first['protocol']}\n{legend}"),
+            caption=Text("\n".join(lines)),
             box=box.SIMPLE_HEAD,
             caption_justify="left",
         )
-        table.add_column("strategy", overflow="fold", min_width=10)
-        table.add_column("seeds", justify="right")
-        for spec in specs:
-            table.add_column(spec.narrow_label, justify="right", overflow="fold")
-        if any(notes):
-            table.add_column("notes", overflow="fold", style="yellow", min_width=12)
+        _table_columns(table, specs, rank, target_label, any(notes))
         for (_, row), note in zip(rows.iterrows(), notes, strict=True):
-            cells = [Text(str(row["strategy"])), Text(str(row["n_seeds"]))]
-            cells += [Text(terminal_cell(row, spec)) for spec in specs]
-            if any(notes):
-                cells.append(Text(note))
-            table.add_row(*cells)
+            table.add_row(*_row_cells(row, specs, rank, bool(target_label), note, any(notes)))
         tables.append(table)
     return tables
 
@@ -163,24 +221,33 @@ def leaderboard_command(
     check: str | None,
     console: Console | None = None,
     std: str = "sample",
+    target: float | None = None,
 ) -> int:
     """Build the leaderboard, print it, run ``--check``; returns the exit code (0 or 1).
 
     ``std`` (``--std``) is ``sample`` (ddof=1, default) or ``population`` (ddof=0). It and
     the targets file are checked first, so a bad value or a malformed file is refused
     (exit 2) before any work. ``--check`` compares ``*_std`` targets with the std kind
-    chosen here. ``out`` None means :func:`default_out`.
+    chosen here. ``out`` None means :func:`default_out`. ``target`` (``--target``, an
+    accuracy in %) adds rounds and bytes to reach it; outside (0, 100] it is refused.
     """
     from cfl_bench.leaderboard.aggregate import std_ddof
     from cfl_bench.leaderboard.build import build_leaderboard
     from cfl_bench.leaderboard.check import check_targets, read_targets
+    from cfl_bench.leaderboard.targets import check_target
 
     console = console or Console()
     std_ddof(std)
+    check_target(target)
     targets = read_targets(check) if check is not None else None  # "" is refused there
-    result = build_leaderboard(run_dirs, default_out(run_dirs) if out is None else out, std)
-    for table in summary_tables(result.board, std):
+    where = default_out(run_dirs) if out is None else out
+    result = build_leaderboard(run_dirs, where, std, target)
+    for table in summary_tables(result.board, std, target):
         console.print(table)
+    if target is not None and target <= 1.0:
+        console.print(
+            Text(f"note: --target {target:g} means {target:g} %; accuracies are percentages")
+        )
     if not len(result.board):
         console.print("[yellow]no run could be placed in a leaderboard row[/]")
     problems = problems_table(result.runs)

@@ -112,8 +112,86 @@ def _cell(
 
 
 def _metric_cell(row: Any, metric: str, spec: str = ".2f") -> dict[str, str | None]:
+    """mean ± std; for a compared metric (registry.COMPARED) the tooltip gives its 95 % CI
+    and its standing against the best row."""
     mean, std = float(row[f"{metric}_mean"]), float(row[f"{metric}_std"])
-    return _cell(fmt_mean_std(mean, std, spec), _sort_key(mean), "num")
+    title = comparison_title(row, metric) if metric in registry.COMPARED else ""
+    return _cell(fmt_mean_std(mean, std, spec), _sort_key(mean), "num", title)
+
+
+def comparison_title(row: Any, metric: str) -> str:
+    """``95 % CI ±24.84; paired t, 3 seeds vs the best: Holm p = 0.43, indistinguishable``
+    (the tooltip of a compared metric), or "" without a mean."""
+    from cfl_bench.leaderboard.significance import ci_text
+
+    if not _finite(float(row[f"{metric}_mean"])):
+        return ""
+    ci = ci_text(row, metric)
+    return f"95 % CI {ci}; {vs_best_text(row, metric)}" if ci != "one seed" else ci
+
+
+def vs_best_text(row: Any, metric: str) -> str:
+    """How a row stands against the best of its protocol: ``▲ best``, ``≈ indistinguishable
+    (Holm p = 0.43, paired t, 3 seeds)``, ``differs (...)``, ``one seed``, ``not tested (the
+    best has one seed)`` or "" (no mean)."""
+    from cfl_bench.leaderboard.significance import (
+        BEST,
+        BEST_MARK,
+        BEST_ONE_SEED,
+        ONE_SEED,
+        TIED_MARK,
+    )
+
+    test, p = str(row[f"{metric}_test"]), float(row[f"{metric}_p_vs_best"])
+    untested = {
+        "": "",
+        BEST: f"{BEST_MARK} best",
+        ONE_SEED: "one seed",
+        BEST_ONE_SEED: "not tested (the best has one seed)",
+    }
+    if test in untested:
+        return untested[test]
+    tied = row[f"{metric}_tied_best"] == "true"
+    verdict = f"{TIED_MARK} indistinguishable" if tied else "differs"
+    return f"{verdict} (Holm p = {p:.3g}, {test})"
+
+
+def comparison_columns(metric: str) -> list[tuple[str, str, Callable[..., Any]]]:
+    """The ranked metric's 95 % CI and vs-best columns of the HTML tables."""
+    from cfl_bench.leaderboard.significance import ci_text
+
+    return [
+        (
+            "95 % CI",
+            f"half-width of the 95 % confidence interval of the mean {metric} (Student t, "
+            f"n − 1 degrees of freedom, sample std)",
+            lambda r: _cell(ci_text(r, metric), _sort_key(float(r[f"{metric}_ci95"])), "num"),
+        ),
+        (
+            "vs best",
+            f"{metric} against the best row: two-sided t-test paired by seed (Welch's without "
+            f"2 shared seeds), Holm-corrected, α = 0.05",
+            lambda r: _cell(vs_best_text(r, metric), _vs_best_sort(r, metric), "flag"),
+        ),
+    ]
+
+
+def _vs_best_sort(row: Any, metric: str) -> str | None:
+    """Sorting by ``vs best`` puts the best first (-1), then rows by adjusted p, untested
+    rows last."""
+    from cfl_bench.leaderboard.significance import BEST
+
+    return "-1.0" if row[f"{metric}_test"] == BEST else _sort_key(row[f"{metric}_p_vs_best"])
+
+
+def _target_cell(row: Any) -> dict[str, str | None]:
+    from cfl_bench.leaderboard.targets import target_text
+
+    rounds = float(row["rounds_to_target_mean"])
+    title = ""
+    if _finite(rounds) and _finite(float(row["rounds_to_target_std"])):
+        title = f"std {float(row['rounds_to_target_std']):.3g} rounds"
+    return _cell(target_text(row), _sort_key(rounds), "num", title)
 
 
 def _bytes_cell(row: Any, spec: MetricSpec, kind: str = DEFAULT_STD) -> dict[str, str | None]:
@@ -156,13 +234,18 @@ def metric_column(
 
 
 def table_columns(
-    task_il: bool, scenario_label: str, std: str = DEFAULT_STD, notes: bool = True
+    task_il: bool,
+    scenario_label: str,
+    std: str = DEFAULT_STD,
+    notes: bool = True,
+    target: float | None = None,
 ) -> list[tuple[str, str, Callable[..., Any]]]:
     """(header, tooltip, cell builder) for one protocol's table: strategy, seeds, then the
     registry's ``board`` metrics (task-IL ones when ``task_il``), each beside its task-IL
-    twin; ``std`` names the std kind in the bytes tooltip. ``notes=False`` leaves out the
+    twin, the ranked metric followed by its 95 % CI and its standing against the best row;
+    ``std`` names the std kind in the bytes tooltip. ``notes=False`` leaves out the
     notes column (no row has any): an empty column only took width from the numbers on
-    class-IL streams."""
+    class-IL streams. ``target`` (``--target``) adds the rounds-to-target column."""
     columns: list[tuple[str, str, Callable[..., Any]]] = [
         ("strategy", "strategy composition", lambda r: _cell(str(r["strategy"]), cls="name")),
         (
@@ -174,7 +257,19 @@ def table_columns(
         ),
     ]
     shown = registry.metrics_for("class-il" if task_il else None, "board")
-    columns += [metric_column(s, scenario_label, std) for s in registry.display_order(shown)]
+    for spec in registry.display_order(shown):
+        columns.append(metric_column(spec, scenario_label, std))
+        if spec.key == registry.RANK_BY:
+            columns += comparison_columns(registry.RANK_BY)
+    if target is not None:
+        columns.append(
+            (
+                f"to {target:g} %",
+                f"rounds (and bytes up + down) until the average accuracy over the tasks seen "
+                f"reached {target:g} %, mean over seeds",
+                _target_cell,
+            )
+        )
     if notes:
         columns.append(
             (
@@ -184,6 +279,32 @@ def table_columns(
             )
         )
     return columns
+
+
+def board_target(rows: pd.DataFrame) -> float | None:
+    """The ``--target`` the board was made with (its ``target`` column), None without."""
+    targets = [float(t) for t in rows["target"] if _finite(t)]
+    return targets[0] if targets else None
+
+
+def significance_legend(rows: pd.DataFrame) -> str:
+    """The legend under a protocol's table: what ▲ and ≈ mean, which test, which
+    correction over how many rows, and what the CI is."""
+    from cfl_bench.leaderboard.significance import BEST_MARK, TIED_MARK
+
+    rank = registry.RANK_BY
+    tested = int(rows[f"{rank}_p_vs_best"].notna().sum())
+    others = ", ".join(registry.metric(m).label for m in registry.COMPARED if m != rank)
+    return (
+        f"{BEST_MARK} best {rank}; {TIED_MARK} statistically indistinguishable from the best: "
+        f"two-sided t-test of the difference, paired by seed when the two rows share at least "
+        f"2 seeds (seed k gives every strategy the same tasks and client split), Welch's "
+        f"t-test otherwise, p values Holm–Bonferroni-corrected over the {tested} "
+        f"row{'' if tested == 1 else 's'} compared with the best, α = 0.05. 95 % CI: "
+        f"Student-t half-width of the mean (n − 1 degrees of freedom). One seed: no interval "
+        f"and no test. The tooltips of {others} give the same for those metrics (CSV: "
+        f"<metric>_ci95, _test, _p_vs_best, _tied_best)."
+    )
 
 
 def _anchor(index: int, protocol_hash: str) -> str:
@@ -209,7 +330,7 @@ def protocol_sections(
         marker = registry.metric(registry.TASK_IL_MARKER).column
         task_il = bool(rows[f"{marker}_mean"].notna().any()) or scenario == "class-il"
         notes = any(row_notes(r) for _, r in rows.iterrows())
-        columns = table_columns(task_il, label, std, notes)
+        columns = table_columns(task_il, label, std, notes, board_target(rows))
         protocol: dict[str, Any] = next(
             (p for p in runs.loc[runs["protocol_hash"] == protocol_hash, "protocol"] if p), {}
         )
@@ -238,6 +359,7 @@ def protocol_sections(
                 "scenario_label": label,
                 "summary": str(first["protocol"]),
                 "legend": f"Cells: mean ± {STD_TEXT[std][1]} over the finished seeds.",
+                "significance": significance_legend(rows),
                 "protocol_json": protocol_json(protocol),
                 "columns": [{"label": c[0], "title": c[1]} for c in columns],
                 "rows": [[c[2](r) for c in columns] for _, r in rows.iterrows()],

@@ -157,6 +157,7 @@ strateg{{ "y" if p.rows|length == 1 else "ies" }})</li>
 <p>{{ p.summary }}</p>
 <details><summary>full protocol</summary><pre>{{ p.protocol_json }}</pre></details>
 <p class="legend muted" data-std-kind="{{ std_kind }}">{{ p.legend }}</p>
+<p class="significance muted">{{ p.significance }}</p>
 <div class="table-wrap">
 <table class="sortable leaderboard" data-protocol-hash="{{ p.hash }}">
 <thead><tr>

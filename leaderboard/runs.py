@@ -190,11 +190,17 @@ def load_run(real: Path, shown: str) -> dict[str, Any]:
     Never raises for what is in the directory: a file that cfl-bench cannot have written
     makes the row ``damaged`` (see the module docstring), with every problem found named in
     its message — the same reading, and so the same verdict, as ``cfl-bench report``'s.
+    A run the engine ended also gets its accuracy and bytes by round (``progress``, what
+    ``--target`` reads: :mod:`leaderboard.targets`).
     """
+    from cfl_bench.leaderboard.targets import PROGRESS, progress_of
+
     reading = read_run(real, shown)
     if reading.row is None:
         return damaged_row(shown, reading.problems, reading.config, reading.summary)
-    return reading.row
+    row = dict(reading.row)
+    row[PROGRESS] = progress_of(reading.records, row["num_tasks"]) if reading.done else None
+    return row
 
 
 def mark_duplicates(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -229,8 +235,8 @@ def mark_duplicates(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def load_runs(arguments: Sequence[str | Path]) -> pd.DataFrame:
-    """All run directories under ``arguments`` as a DataFrame with :data:`RUN_COLUMNS`,
-    sorted by shown path (so every later step sees the runs in one fixed order)."""
+    """All run directories under ``arguments`` as a DataFrame with :data:`RUN_COLUMNS` and
+    ``progress``, sorted by shown path (so every later step sees the runs in one fixed order)."""
     return load_found(find_run_dirs(arguments))
 
 
@@ -239,8 +245,10 @@ def load_found(found: Sequence[tuple[Path, str]]) -> pd.DataFrame:
     apart so a caller can check other paths against the run directories first)."""
     import pandas as pd
 
+    from cfl_bench.leaderboard.targets import PROGRESS
+
     rows = [load_run(real, shown) for real, shown in found]
-    frame = pd.DataFrame(mark_duplicates(rows), columns=list(RUN_COLUMNS))
+    frame = pd.DataFrame(mark_duplicates(rows), columns=[*RUN_COLUMNS, PROGRESS])
     frame["seed"] = frame["seed"].astype("Int64")
     frame["num_tasks"] = frame["num_tasks"].astype("Int64")
     return frame

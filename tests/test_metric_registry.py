@@ -83,7 +83,11 @@ def test_leaderboard_columns_come_from_the_registry() -> None:
 
     board = [s.column for s in registry.board_columns()]
     assert list(BOARD_METRICS) == board
-    assert [c for c in BOARD_COLUMNS if c.endswith("_mean")] == [f"{c}_mean" for c in board]
+    # every metric's mean, then the two --target means (not per-run registry metrics: they
+    # depend on the target given to the leaderboard)
+    target_means = ["rounds_to_target_mean", "bytes_to_target_mean"]
+    means = [c for c in BOARD_COLUMNS if c.endswith("_mean")]
+    assert means == [f"{c}_mean" for c in board] + target_means
     assert set(CURVES) | set(MATRICES) == {
         s.column for s in METRICS if s.column and s.shape != "scalar"
     }
@@ -108,12 +112,17 @@ def test_a_new_view_entry_reaches_the_html_and_the_report(monkeypatch: pytest.Mo
 
     _replaced(monkeypatch, "Fgt_T_clipped", views=frozenset({"board", "report"}))
     headers = [c[0] for c in table_columns(task_il=False, scenario_label="domain-IL")]
+    # the ranked metric is followed by its 95 % CI and its standing against the best row
     assert headers == [
-        "strategy", "seeds", "Acc_T domain-IL (%)", "Fgt_T (%)", "Fgt_T clipped (%)",
-        "BWT (%)", "FWT (%)", "MD_T", "bytes", "wall time", "notes",
+        "strategy", "seeds", "Acc_T domain-IL (%)", "95 % CI", "vs best", "AIA (%)",
+        "Fgt_T (%)", "Fgt_T clipped (%)", "BWT (%)", "FWT (%)", "MD_T", "bytes", "wall time",
+        "notes",
     ]  # fmt: skip
     til = [c[0] for c in table_columns(task_il=True, scenario_label="class-IL")]
-    assert til[2:6] == ["Acc_T class-IL (%)", "Acc_T task-IL (%)", "Fgt_T (%)", "Fgt_T clipped (%)"]
+    assert til[2:10] == [
+        "Acc_T class-IL (%)", "95 % CI", "vs best", "AIA (%)", "Acc_T task-IL (%)",
+        "AIA task-IL (%)", "Fgt_T (%)", "Fgt_T clipped (%)",
+    ]  # fmt: skip
     assert "Fgt_T task-IL (%)" in til and "BWT task-IL (%)" not in til
 
 
@@ -127,7 +136,7 @@ def test_the_terminal_table_follows_the_registry(
     board = aggregate(load_runs([standard_runs(tmp_path)]))
     _replaced(monkeypatch, "BWT", views=frozenset({"terminal"}))
     headers = [str(c.header) for c in summary_tables(board)[0].columns]
-    assert headers[:6] == ["strategy", "seeds", "Acc_T %", "Fgt_T %", "BWT %", "bytes"]
+    assert headers[:7] == ["strategy", "seeds", "Acc_T %", "vs best", "Fgt_T %", "BWT %", "bytes"]
 
 
 @pytest.mark.parametrize("direction", ["higher", "lower"])

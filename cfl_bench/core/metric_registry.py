@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; only the type checker reads 
 __all__ = [
     "ACCURACY_METRICS",
     "AMOUNT",
+    "COMPARED",
     "DIFFERENCE",
     "METRICS",
     "PERCENT",
@@ -62,7 +63,7 @@ Unit = Literal["percent", "nats", "bytes", "seconds", "count", "norm"]
 Shape = Literal["scalar", "curve", "matrix"]
 #: ``summary``: computed by :func:`cfl_bench.core.metrics.summarize` from records.csv; ``run``:
 #: written into summary.json by the run itself (time, memory); ``leaderboard``: derived per
-#: run by the leaderboard as the sum of its ``parts``.
+#: run by the leaderboard, as the sum of its ``parts`` or the mean of the curve ``mean_of``.
 Origin = Literal["summary", "run", "leaderboard"]
 
 #: The tables that show chosen metrics (a metric lists the ones it appears in):
@@ -133,6 +134,8 @@ class MetricSpec:
     tables (:func:`display_order`); ``task_il_of`` names that twin. ``short`` is the label
     of narrow terminal tables, ``tooltip`` the board's column tooltip, ``description``
     what the report says it is. ``range`` None means any number (not checked).
+    ``parts`` / ``mean_of`` (``origin="leaderboard"`` only): the columns it is the per-run
+    sum of, or the leaderboard curve it is the per-run mean of.
     """
 
     key: str
@@ -156,6 +159,7 @@ class MetricSpec:
     task_il_of: str | None = None
     label_names_scenario: bool = False
     parts: tuple[str, ...] = ()
+    mean_of: str | None = None
 
     @property
     def short_label(self) -> str:
@@ -340,6 +344,12 @@ METRICS: tuple[MetricSpec, ...] = (
               description="forward transfer (task before its training vs. start)",
               tooltip="forward transfer", direction="higher", family="transfer",
               views=_v("cli", "board", "report")),
+    # Average incremental accuracy: the mean of the Acc_t curve (every Acc_t is in the
+    # summary, so old runs get it too without a new summary key).
+    MetricSpec("AIA", "AIA", "average incremental accuracy: mean of Acc_t over tasks",
+               tooltip="average incremental accuracy: mean over t of Acc_t", unit="percent",
+               direction="higher", family="accuracy", range=PERCENT, origin="leaderboard",
+               source="acc", column="AIA", mean_of="acc_t", views=_v("board")),
     *_accuracy_block("acc", task_il=False),
     # Task-IL: the same class-IL runs with logits masked to the evaluated task's classes.
     _task_il("acc_task_il_T", "Acc_T_task_il", "Acc_T task-IL", "final_accuracy", "Acc_T",
@@ -359,6 +369,11 @@ METRICS: tuple[MetricSpec, ...] = (
     _task_il("fwt_acc_task_il", "FWT_task_il", "FWT task-IL", "forward_transfer_of", "FWT",
              description="task-IL forward transfer", direction="higher", family="transfer",
              views=_v("report")),
+    MetricSpec("AIA_task_il", "AIA task-IL", "task-IL average incremental accuracy",
+               tooltip="same runs, logits masked", unit="percent", direction="higher",
+               family="accuracy", range=PERCENT, origin="leaderboard", source="acc_task_il",
+               column="AIA_task_il", mean_of="acc_task_il_t", scenarios=_CIL, task_il_of="AIA",
+               views=_v("board")),
     # ... and its curves and matrix (its final values are the leaderboard columns above).
     *(s for s in _accuracy_block("acc_task_il", task_il=True) if s.shape != "scalar"),
     # Detection streams: the same keys for mAP@0.5 and mAP@[.5:.95] by name (the accuracy
@@ -417,6 +432,9 @@ METRICS: tuple[MetricSpec, ...] = (
 
 #: The metric that ranks strategies within a protocol (by its ``direction``).
 RANK_BY = "Acc_T"
+#: Metrics whose rows the leaderboard compares with the best row of their protocol (a
+#: 95 % confidence interval, a t-test by seed, Holm's correction): the headline numbers.
+COMPARED: tuple[str, ...] = ("Acc_T", "AIA", "Fgt_T", "BWT", "FWT", "Acc_T_task_il")
 #: The key whose presence marks a run with task-IL evaluations (a class-IL stream).
 TASK_IL_MARKER = "acc_task_il_T"
 

@@ -42,11 +42,13 @@ __all__ = [
     "average_accuracy",
     "backward_transfer",
     "client_spread",
+    "first_reaching",
     "forgetting",
     "forward_transfer",
     "initial_from_records",
     "matrix_from_records",
     "memory_drift",
+    "progress_by_round",
     "summarize",
 ]
 
@@ -512,6 +514,55 @@ def client_p50(inputs: SummaryInputs, source: str) -> float:
 def client_p90(inputs: SummaryInputs, source: str) -> float:
     """90th percentile over clients of local-model accuracy after the final task."""
     return inputs.spread(source)["p90"]
+
+
+# --------------------------------------------------------------------------------------------
+# Progress over rounds (what rounds-to-target and bytes-to-target read)
+# --------------------------------------------------------------------------------------------
+
+
+def progress_by_round(records: pd.DataFrame, num_tasks: int) -> list[tuple[int, float, float]]:
+    """(round, average accuracy, cumulative bytes) for every round with a complete evaluation.
+
+    The average accuracy of round r is the mean of the headline metric (accuracy, mAP@0.5 on
+    a detection stream) of the global model over the tasks trained so far, 0 ≤ i ≤ t, t the
+    round's task: Acc_t measured at round r (the task-t+1 evaluation that exists for FWT is
+    left out, as in Acc_t). A round is listed only when every one of those tasks was
+    evaluated in it, so a partial evaluation never passes for a complete one; without
+    ``--eval-every-round`` only task ends are evaluated. The cumulative bytes are
+    ``bytes_up + bytes_down`` summed over rounds 1..r, NaN when neither was recorded.
+    """
+    _check_records(records)
+    headline = SummaryInputs(records, num_tasks).headline
+    rows = _select(records, headline, "global")
+    rows = rows[(rows["trained_task"] >= 0) & rows["eval_task"].between(0, rows["trained_task"])]
+    rows = rows.drop_duplicates(subset=["round", "eval_task"], keep="last")
+    counters = records[
+        (records["scope"] == "global") & records["metric"].isin(("bytes_up", "bytes_down"))
+    ]
+    per_round = counters.groupby("round")["value"].sum().sort_index()
+    cumulative = per_round.cumsum()
+    out: list[tuple[int, float, float]] = []
+    for round_, group in rows.groupby("round", sort=True):
+        task = int(group["trained_task"].max())
+        if sorted(int(i) for i in group["eval_task"]) != list(range(task + 1)):
+            continue
+        reached = cumulative[cumulative.index <= round_]
+        spent = float(reached.iloc[-1]) if len(reached) else math.nan
+        accuracy = math.fsum(float(v) for v in group["value"]) / (task + 1)
+        out.append((int(round_), accuracy, spent))
+    return out
+
+
+def first_reaching(
+    progress: Sequence[tuple[int, float, float]], target: float
+) -> tuple[int, float] | None:
+    """(round, cumulative bytes) of the first round whose average accuracy is ≥ ``target``
+    (in %); None when no evaluated round reaches it."""
+    for round_, accuracy, spent in progress:
+        if accuracy >= target:
+            return round_, spent
+    return None
 
 
 def summarize(records: pd.DataFrame, num_tasks: int) -> dict[str, object]:

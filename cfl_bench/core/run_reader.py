@@ -91,13 +91,17 @@ DONE: tuple[str, ...] = ("finished", "diverged")
 #: stream's own scenario (class-IL or domain-IL); ``*_task_il`` exist only for class-IL
 #: streams (same run, logits masked to the task's classes).
 SUMMARY_METRICS: dict[str, str] = {
-    s.column: s.key for s in registry.board_columns() if s.column and not s.parts
+    s.column: s.key for s in registry.board_columns() if s.column and s.origin != "leaderboard"
 }
 #: Leaderboard columns summed from other columns per run (``bytes_total`` = up + down).
 SUMMED_METRICS: dict[str, tuple[str, ...]] = {
     s.column: tuple(registry.metric(p).column or p for p in s.parts)
     for s in registry.board_columns()
     if s.column and s.parts
+}
+#: Leaderboard columns that are the per-run mean of a curve (``AIA`` = mean of ``acc_t``).
+CURVE_MEANS: dict[str, str] = {
+    s.column: s.mean_of for s in registry.board_columns() if s.column and s.mean_of
 }
 
 #: Every per-run metric, in leaderboard column order.
@@ -473,6 +477,8 @@ def parse_run(shown: str, config: dict[str, Any], summary: dict[str, Any] | None
     for name, key in MATRICES.items():
         row[name] = _matrix(source.get(key), key, SUMMARY, tasks)
     rederive_forgetting(row)
+    for name, curve in CURVE_MEANS.items():
+        row[name] = curve_mean(row[curve])
     if row["scenario"] is None and row["protocol_hash"] is not None:
         marker = registry.metric(registry.TASK_IL_MARKER).column
         assert marker is not None  # the task-IL marker is a leaderboard column
@@ -486,6 +492,15 @@ def _summed(row: dict[str, Any], parts: Sequence[str]) -> float:
     for part in parts[1:]:
         total = total + row[part]
     return total
+
+
+def curve_mean(curve: Sequence[float] | None) -> float:
+    """The mean of a per-task curve (average incremental accuracy from Acc_t); NaN when the
+    curve is absent or any task's value is (an average over the tasks that happen to have
+    a value would be another, usually flattering, number)."""
+    if not curve or any(math.isnan(v) for v in curve):
+        return math.nan
+    return math.fsum(curve) / len(curve)
 
 
 def rederive_forgetting(row: dict[str, Any]) -> None:
