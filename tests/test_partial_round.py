@@ -388,3 +388,27 @@ def test_sigint_inside_a_round_says_its_clients_were_kept(tmp_path: Path) -> Non
         in (lines[0])
     )
     assert len(kept_files(out)) >= 2
+
+
+def test_the_disk_check_counts_a_round_of_kept_clients(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beside two checkpoints, the disk must hold a round's kept clients: per participant
+    a replay buffer and two models (an upload and its payloads), as for a checkpoint."""
+    from cfl_bench.core.errors import UserError
+    from cfl_bench.runner import plan as planning
+
+    plan = planning.plan_run(make_config(values(tmp_path / "r", strategy="der")))
+    model_bytes = 4 * sum(p.numel() for p in plan.model.parameters())
+    buffer = (plan.config.buffer_size + 1) * (4 * 64 + 4 * 10 + 16)  # 1×8×8 digits, 10 classes
+    two = 2 * (4 * (buffer + 2 * model_bytes) + 8 * model_bytes + 2**20)
+    kept = 4 * (buffer + 2 * model_bytes)
+    monkeypatch.setattr(planning, "free_bytes", lambda folder: two + kept)
+    planning.check_disk(plan, tmp_path)
+    monkeypatch.setattr(planning, "free_bytes", lambda folder: two + kept - 1)
+    with pytest.raises(UserError, match="free but the run needs about"):
+        planning.check_disk(plan, tmp_path)
+    vectorized = planning.plan_run(
+        make_config(values(tmp_path / "v", strategy="der", executor="vectorized"))
+    )
+    planning.check_disk(vectorized, tmp_path)  # it keeps no clients: two checkpoints fit
