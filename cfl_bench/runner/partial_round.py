@@ -26,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from cfl_bench.core.flat import FlatModel
 from cfl_bench.core.run_dir import KEPT_CLIENT_FILES
 from cfl_bench.engine import checkpoint
@@ -133,8 +135,8 @@ class PartialRound:
         stale or not a client file at all."""
         if not path.match(KEPT_CLIENT_FILES) or not path.is_file() or path.is_symlink():
             return None, None
-        try:
-            update = checkpoint.load(path, self.model.params.device)
+        try:  # checked on the CPU: only its replay needs it on the run's device
+            update = checkpoint.load(path, torch.device("cpu"))
         except ValueError:
             return None, "not readable"
         tag, client = update.get("tag"), update.get("client")
