@@ -140,6 +140,25 @@ def test_round_1_keeps_its_clients_without_a_checkpoint(
 
 
 @pytest.mark.usefixtures("keep_every_client")
+def test_a_replacement_stopped_in_round_1_keeps_its_clients_and_the_old_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --overwrite writes into .replacement/ (core/run_dir.py): with kept clients and no
+    # checkpoint yet, that folder must survive the interrupt and resume, the old run stay.
+    want = whole_records(tmp_path, seed=1)
+    out = tmp_path / "r"
+    execute(make_config(values(out)))
+    old = (out / "records.csv").read_bytes()
+    interrupted(out, 1, 2, seed=1, overwrite=True)
+    assert kept_files(out / ".replacement") == ["client-0.pt", "client-1.pt"]
+    assert (out / "records.csv").read_bytes() == old
+    said, _ = resumed(out, monkeypatch, seed=1, overwrite=True)
+    assert said == ["resuming round 1 of 4 with 2 of 4 clients done"]
+    assert (out / "records.csv").read_bytes() == want
+    assert not (out / ".replacement").exists()
+
+
+@pytest.mark.usefixtures("keep_every_client")
 def test_damaged_and_foreign_kept_files_are_ignored_with_a_note(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
