@@ -6,6 +6,8 @@ Files of a run directory, in the order they are written::
     records.csv      appended as rounds finish (see ``cfl_bench.core.records``)
     costs.csv        appended as rounds finish
     checkpoint.pt    replaced atomically at round ends; removed when the run finishes
+    partial-round/   inside a long round: one file per finished client update, written
+                     atomically, removed at the round's end (``runner.round_keeper``)
     summary.json     last, atomically: a run is complete exactly when it exists with
                      status "finished" or "diverged"
 
@@ -77,7 +79,11 @@ from cfl_bench.core.errors import UserError
 CONFIG = "config.json"
 SUMMARY = "summary.json"
 CHECKPOINT = "checkpoint.pt"
-RUN_FILES = ("config.json", "records.csv", "costs.csv", "checkpoint.pt", "summary.json")
+# The finished client updates of the round in progress (``runner.round_keeper``): a run
+# killed inside its first round resumes from them alone (no checkpoint yet).
+PARTIAL_ROUND = "partial-round"
+KEPT_CLIENT_FILES = "client-*.pt"
+RUN_FILES = ("config.json", "records.csv", "costs.csv", CHECKPOINT, PARTIAL_ROUND, SUMMARY)
 # What --log trackers write into a run directory (cfl_bench.runner.trackers): kept when a run
 # resumes, removed with the run files when it starts over.
 TRACKER_OUTPUTS = ("tensorboard", "mlflow.db", "mlruns")
@@ -469,7 +475,14 @@ class RunDirectory:
 
     @staticmethod
     def _resumable(folder: Path) -> bool:
-        return is_regular_file(folder / CHECKPOINT)
+        """A checkpoint, or finished client updates kept inside a round (in the first
+        round there is no checkpoint to resume from, only those)."""
+        if is_regular_file(folder / CHECKPOINT):
+            return True
+        partial = folder / PARTIAL_ROUND
+        return (
+            partial.is_dir() and not partial.is_symlink() and any(partial.glob(KEPT_CLIENT_FILES))
+        )
 
     def _own_entries(self) -> list[str]:
         """The run's own entries in ``out`` (:data:`RUN_OUTPUTS`): the only ones a

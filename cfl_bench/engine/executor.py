@@ -102,11 +102,16 @@ class ExecutorBuild:
     the federation has wrapped the model). ``stacked_buffers``: the clients' replay buffers
     are rows of one ``ReservoirStack`` (batched draws and inserts over clients), which also
     keeps their inputs as float32 rather than a stream's compact stored form.
+    ``keeps_clients``: each client update is computed on its own, from the broadcast and
+    that client's state alone, so an interrupted round's finished clients can be kept and
+    the others trained without them (``engine.kept_clients``); not so for an executor
+    that trains clients together (the vectorized one's chunks).
     """
 
     make: Callable[[LocalTrainer], Executor] = SequentialExecutor
     stacked_buffers: bool = False
+    keeps_clients: bool = False
 
 
 #: The reference executor: clients one after another, per-client buffers.
-SEQUENTIAL = ExecutorBuild()
+SEQUENTIAL = ExecutorBuild(keeps_clients=True)

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cfl_bench.core.flat import FlatModel
+
 if TYPE_CHECKING:
     from cfl_bench.engine.loop import Federation
 
@@ -32,14 +34,35 @@ def federation_state(fed: Federation) -> dict[str, Any]:
         "clients": [c.state_dict() for c in fed.clients],
         "started_tasks": fed.data.started_tasks,
         "measurement": fed.measure.state_dict(),
-        # Integer module buffers (BatchNorm's num_batches_tracked) live outside the flat
-        # vectors and persist across rounds.
+        **process_state(fed.model),
+    }
+
+
+def process_state(model: FlatModel) -> dict[str, Any]:
+    """What lives in the process rather than in the units: the working model's integer
+    buffers (BatchNorm's num_batches_tracked: outside the flat vectors, they run on across
+    clients and rounds) and torch's default generators. A checkpoint holds it at a round
+    end, a kept client update (``engine.kept_clients``) as that client's update left it."""
+    device = model.params.device
+    return {
         "module_int_buffers": {
-            name: b for name, b in fed.model.module.named_buffers() if not b.is_floating_point()
+            name: b for name, b in model.module.named_buffers() if not b.is_floating_point()
         },
         "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state(fed.device) if fed.device.type == "cuda" else None,
+        "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
     }
+
+
+def load_process_state(model: FlatModel, state: dict[str, Any]) -> None:
+    """Put back what :func:`process_state` took."""
+    buffers = dict(model.module.named_buffers())
+    with torch.no_grad():
+        for name, value in state["module_int_buffers"].items():
+            buffers[name].copy_(value)
+    torch.set_rng_state(state["torch_rng"].cpu())
+    device = model.params.device
+    if state["cuda_rng"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device)
 
 
 def load_federation_state(fed: Federation, state: dict[str, Any]) -> None:
@@ -49,10 +72,4 @@ def load_federation_state(fed: Federation, state: dict[str, Any]) -> None:
         client.load_state_dict(saved)
     fed.data.started_tasks = set(state["started_tasks"])
     fed.measure.load_state_dict(state["measurement"])
-    buffers = dict(fed.model.module.named_buffers())
-    with torch.no_grad():
-        for name, value in state["module_int_buffers"].items():
-            buffers[name].copy_(value)
-    torch.set_rng_state(state["torch_rng"].cpu())
-    if state["cuda_rng"] is not None and fed.device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda_rng"].cpu(), fed.device)
+    load_process_state(fed.model, state)

@@ -34,9 +34,10 @@ from cfl_bench.core.flat import FlatModel
 from cfl_bench.core.seeding import generator
 from cfl_bench.engine.buffer_stack import ReservoirStack
 from cfl_bench.engine.client_data import ClientData
-from cfl_bench.engine.client_update import ClientResult, LocalTrainer, StepSchedule
-from cfl_bench.engine.executor import SEQUENTIAL, Executor, ExecutorBuild
+from cfl_bench.engine.client_update import ClientJob, ClientResult, LocalTrainer, StepSchedule
+from cfl_bench.engine.executor import SEQUENTIAL, Executor, ExecutorBuild, ResultSink
 from cfl_bench.engine.federation_state import federation_state, load_federation_state
+from cfl_bench.engine.kept_clients import KeptLoader, RoundWork, kept_update, replay
 from cfl_bench.engine.measurement import Measurement, Record
 from cfl_bench.engine.optim import local_optimizer
 from cfl_bench.engine.progress import ClientsReport, RoundReport
@@ -172,6 +173,10 @@ class Federation:
         # (clients done, participants) of the round in progress; None between rounds. An
         # interrupt's message says it (``round_keeper.interruption``).
         self.round_progress: tuple[int, int] | None = None
+        # Where finished client updates of a round are kept (the runner's round keeper), so
+        # an interrupted round resumes without training them again; None: nowhere.
+        self.round_work: RoundWork | None = None
+        self.keeps_clients = executor.keeps_clients
 
     @property
     def global_state(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -297,12 +302,18 @@ class Federation:
         measured = self.schedule.diagnostics and bool(self.measure.eval_sets)
         diagnose = self.measure.probe(server.task) if measured else None
         jobs = self.round_server.jobs(broadcast, probes, diagnose)
+        work = self.round_work if self.keeps_clients else None
+        kept = {} if work is None else self._kept_updates(work, jobs)
         loss_sum = torch.zeros((), device=self.device)
         totals = {"steps": 0, "seconds": 0.0, "clients": 0}
         self.round_progress = (0, len(jobs))
 
         def receive(result: ClientResult) -> None:
             nonlocal loss_sum
+            if work is not None and result.client.index not in kept:
+                # Offered before the server folds it in: the client's state is then exactly
+                # what its update left (``engine.kept_clients``).
+                work.finished(result.client.index, lambda: kept_update(self.model, result))
             loss_sum += result.loss_sum
             totals["steps"] += result.steps
             totals["seconds"] += result.train_seconds
@@ -326,9 +337,31 @@ class Federation:
                     )
                 )
 
-        self.executor.train(jobs, receive)
+        self._train(jobs, kept, receive)
         self.round_server.close_round(self.executor)
         return loss_sum, int(totals["steps"]), float(totals["seconds"])
+
+    def _kept_updates(self, work: RoundWork, jobs: list[ClientJob]) -> dict[int, KeptLoader]:
+        """The round's client updates an earlier process kept, by client index."""
+        kept = work.opened(self.server.round_index)
+        indices = (job.client.index for job in jobs)
+        return {k: kept[k] for k in indices if k in kept}
+
+    def _train(self, jobs: list[ClientJob], kept: dict[int, KeptLoader], sink: ResultSink) -> None:
+        """The executor trains the jobs; a kept client's update is replayed in its place
+        instead, in the same job order, so the server receives the same sequence."""
+        waiting: list[ClientJob] = []
+        for job in jobs:
+            update = kept.get(job.client.index)
+            if update is None:
+                waiting.append(job)
+                continue
+            if waiting:
+                self.executor.train(waiting, sink)
+                waiting = []
+            sink(replay(self.model, job.client, update()))
+        if waiting:
+            self.executor.train(waiting, sink)
 
     # -- state (checkpoints) ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -74,6 +74,9 @@ class ExecutorKind:
     # A hosted executor's start: ``launch(plan, annotations, say)`` runs the plan inside
     # its host (Flower's simulation) when ``run.execute`` is called without one.
     launch: Launcher | None = None
+    # Its client updates are independent one by one, so an interrupted round keeps its
+    # finished clients (``engine.executor.ExecutorBuild.keeps_clients``).
+    keeps_clients: bool = False
 
     def for_federation(self, schedule: Schedule, host: object = None) -> ExecutorBuild:
         """What a ``Federation`` is given: how to build this executor for its trainer."""
@@ -82,7 +85,7 @@ class ExecutorKind:
         def make(trainer: LocalTrainer) -> Executor:
             return self.build(schedule, trainer, host)
 
-        return ExecutorBuild(make, self.stacked_buffers)
+        return ExecutorBuild(make, self.stacked_buffers, self.keeps_clients)
 
 
 def refuse_vectorized_options(run: PlannedRun) -> None:
@@ -127,7 +130,7 @@ def build_vectorized(schedule: Schedule, trainer: LocalTrainer, host: object) ->
 #: its application package (``cfl_bench.flower.kind``), which stands above the run (it
 #: launches runs), so the run names it here and loads it only when asked.
 EXECUTOR_KINDS: dict[str, ExecutorKind | str] = {
-    "sequential": ExecutorKind(refuse_vectorized_options, build_sequential),
+    "sequential": ExecutorKind(refuse_vectorized_options, build_sequential, keeps_clients=True),
     "vectorized": ExecutorKind(
         check_vectorized, build_vectorized, stacked_buffers=True, channels_last=False
     ),

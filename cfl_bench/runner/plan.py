@@ -468,21 +468,31 @@ def check_memory(plan: RunPlan) -> None:
         )
 
 
-def checkpoint_estimate(plan: RunPlan) -> int:
-    """An upper estimate of one checkpoint's size: buffers, a few models per client."""
+def client_estimate(plan: RunPlan) -> int:
+    """An upper estimate of one client's share of a checkpoint: its buffer, two models."""
     stream, config = plan.stream, plan.config
     model_bytes = 4 * sum(p.numel() for p in plan.model.parameters())
     buffer = 0
     if plan.strategy.needs_buffer:
         row = 4 * math.prod(stream.input_shape) + 4 * stream.num_classes + 16
         buffer = (config.buffer_size + 1) * row
-    return config.clients * (buffer + 2 * model_bytes) + 8 * model_bytes + 2**20
+    return buffer + 2 * model_bytes
+
+
+def checkpoint_estimate(plan: RunPlan) -> int:
+    """An upper estimate of one checkpoint's size: buffers, a few models per client."""
+    model_bytes = 4 * sum(p.numel() for p in plan.model.parameters())
+    return plan.config.clients * client_estimate(plan) + 8 * model_bytes + 2**20
 
 
 def check_disk(plan: RunPlan, folder: Path) -> None:
     """Refuse an --out whose disk cannot hold the run's files (checkpoints are written next
-    to the previous one before it is replaced, hence twice the estimate)."""
+    to the previous one before it is replaced, hence twice the estimate; beside them, the
+    finished clients of a long round: an upload and a client state each)."""
     need = 2**20 if plan.config.checkpoint_every == 0 else 2 * checkpoint_estimate(plan)
+    if plan.config.checkpoint_every != 0 and executor_kind(plan.config.executor).keeps_clients:
+        schedule = plan.schedule
+        need += min(schedule.clients_per_round, schedule.num_clients) * client_estimate(plan)
     free = free_bytes(folder)
     if free < need:
         raise UserError(

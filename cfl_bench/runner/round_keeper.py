@@ -10,6 +10,13 @@ Checkpoint policy (``--checkpoint-every``): ``k`` rounds, ``0`` never, or by def
 round while a checkpoint costs little: after each write the keeper waits until the run has
 spent ``AUTO_RATIO`` times the write's duration on rounds before writing the next, which
 bounds the overhead at about 1 / AUTO_RATIO (5 %). The policy never changes results.
+
+Inside a round the keeper also keeps the finished client updates (``runner.partial_round``:
+``partial-round/``, one file per client), as the engine's ``RoundWork``. They replay only on
+top of the state the round started from, so a round writes them only when it starts at the
+last checkpoint (or in round 1, at the freshly built federation); by default a round that
+ran ``KEEP_AFTER_S`` or longer is always followed by a checkpoint, so the next long round
+starts at one. The folder goes at every round end, after the checkpoint.
 """
 
 from __future__ import annotations
@@ -22,9 +29,11 @@ import torch
 
 from cfl_bench.core.errors import RunInterruptedError
 from cfl_bench.core.records import RecordLog, Row, plain_rows
-from cfl_bench.core.run_dir import RunDirectory
+from cfl_bench.core.run_dir import PARTIAL_ROUND, RunDirectory
 from cfl_bench.engine import checkpoint
+from cfl_bench.engine.kept_clients import KeptLoader, KeptUpdate
 from cfl_bench.engine.loop import Federation, RunOutcome
+from cfl_bench.runner.partial_round import KEEP_AFTER_S, PartialRound
 
 AUTO_RATIO = 20.0
 
@@ -60,6 +69,8 @@ class RoundKeeper:
         self._last_write = 0.0
         self._session_start = time.perf_counter()
         self._since_write = self._session_start
+        self._round_start = self._session_start
+        self.partial = PartialRound(run_dir.path / PARTIAL_ROUND, fingerprint, federation.model)
 
     # -- start --------------------------------------------------------------------------------
     def start_fresh(self) -> None:
@@ -68,12 +79,20 @@ class RoundKeeper:
     def resume(
         self, device: torch.device, notify: Callable[[str], None], *, adopt_threads: bool = False
     ) -> None:
-        """Load the directory's checkpoint into the federation; ValueError if unusable.
+        """Load the directory's checkpoint into the federation, and check the client updates
+        kept inside the round that comes next; ValueError if the checkpoint is unusable.
 
         ``adopt_threads`` (no ``--threads`` given): the thread count was chosen automatically
         from the machine's load, which may have changed since the checkpoint; records are
         byte-identical only for the same count, so the checkpoint's count is used instead.
+        Without a checkpoint the run was stopped inside round 1 with client updates kept:
+        the federation as built is that round's start, and the record files start afresh.
         """
+        if not self.run_dir.checkpoint_path.is_file():
+            self.log.start()
+            if self.federation.keeps_clients and self.partial.load(1, notify):
+                self.match_threads(self.partial.loaded_threads, notify, adopt_threads)
+            return
         state = checkpoint.load(self.run_dir.checkpoint_path, device)
         saved = state.get("fingerprint", {})
         for key in ("config_hash", "git_commit", "torch"):
@@ -82,7 +101,21 @@ class RoundKeeper:
                     f"the checkpoint was written with another {key.replace('_', ' ')} "
                     f"({saved.get(key)} vs {self.fingerprint.get(key)})"
                 )
-        saved_threads, chosen = saved.get("threads"), self.fingerprint.get("threads")
+        self.match_threads(saved.get("threads"), notify, adopt_threads)
+        self.log.truncate(state["records"])
+        self.federation.load_state_dict(state["federation"])
+        self.elapsed_before = float(state["elapsed_s"])
+        self.saved_round = self.ended_round = self.federation.server.round_index
+        if self.federation.keeps_clients:
+            self.partial.load(self.saved_round + 1, notify)
+        else:
+            self.partial.remove()
+
+    def match_threads(
+        self, saved_threads: object, notify: Callable[[str], None], adopt_threads: bool
+    ) -> None:
+        """Use the saved thread count (``adopt_threads``) or note that it differs."""
+        chosen = self.fingerprint.get("threads")
         if adopt_threads and isinstance(saved_threads, int) and saved_threads >= 1:
             if saved_threads != chosen:
                 torch.set_num_threads(saved_threads)
@@ -94,14 +127,21 @@ class RoundKeeper:
                 )
         elif saved_threads != chosen:
             notify(
-                f"note: the checkpoint was written with {saved.get('threads')} thread(s), this "
-                f"process uses {self.fingerprint.get('threads')}; records will differ in the "
-                f"last digits from an uninterrupted run."
+                f"note: the checkpoint was written with {saved_threads} thread(s), this "
+                f"process uses {chosen}; records will differ in the last digits from an "
+                f"uninterrupted run."
             )
-        self.log.truncate(state["records"])
-        self.federation.load_state_dict(state["federation"])
-        self.elapsed_before = float(state["elapsed_s"])
-        self.saved_round = self.ended_round = self.federation.server.round_index
+
+    # -- inside a round (the engine's RoundWork) ------------------------------------------------
+    def opened(self, round_index: int) -> dict[int, KeptLoader]:
+        """The updates of round ``round_index`` kept by an earlier process. Its finished
+        clients are written only when it starts at the last checkpoint (``saved_round`` 0:
+        the federation as built, round 1), the state their replay needs."""
+        usable = self.every != 0 and self.saved_round == round_index - 1
+        return self.partial.open(round_index, usable)
+
+    def finished(self, client: int, keep: Callable[[], KeptUpdate]) -> None:
+        self.partial.finished(client, keep)
 
     # -- every round --------------------------------------------------------------------------
     def round_end(self, out: RunOutcome) -> None:
@@ -110,6 +150,8 @@ class RoundKeeper:
         self.ended_round = self.federation.server.round_index
         if self._due():
             self.save()
+        self.partial.close()  # after the checkpoint: a kill in between finds them stale
+        self._round_start = time.perf_counter()
 
     def flush(self, out: RunOutcome) -> None:
         records, costs = self.flushed
@@ -127,6 +169,11 @@ class RoundKeeper:
         if self.every is not None:
             return round_index % self.every == 0
         if self.checkpoints_written == 0:
+            return True
+        # A long round is likely followed by another: start that one at a checkpoint, so
+        # it can keep its finished clients.
+        round_seconds = time.perf_counter() - self._round_start
+        if self.federation.keeps_clients and round_seconds >= KEEP_AFTER_S:
             return True
         return time.perf_counter() - self._since_write >= AUTO_RATIO * self._last_write
 
@@ -155,6 +202,7 @@ class RoundKeeper:
         """Write the last rows and drop the checkpoint (unless asked to keep the last)."""
         self.flush(out)
         self.log.sync()
+        self.partial.close()  # a diverged round ends without its round end
         if self.keep_last:
             if self.saved_round != self.federation.server.round_index and self.every != 0:
                 self.save()
@@ -166,27 +214,36 @@ class RoundKeeper:
         # A checkpoint already removed (the run was ending) keeps nothing.
         saved = self.saved_round if self.run_dir.checkpoint_path.is_file() else 0
         progress = self.federation.round_progress
-        return interruption(total_rounds, self.ended_round, saved, progress)
+        kept = self.partial.kept if progress is not None else 0
+        return interruption(total_rounds, self.ended_round, saved, progress, kept)
 
 
 def interruption(
-    total: int, done: int, saved: int, progress: tuple[int, int] | None = None
+    total: int, done: int, saved: int, progress: tuple[int, int] | None = None, kept: int = 0
 ) -> RunInterruptedError:
     """What an interrupt keeps, in one line: ``done`` rounds had ended, the checkpoint holds
     ``saved`` of them (records written after it are cut back and run again on resume, so
     the finished records stay identical to an uninterrupted run's). ``progress``: the
-    clients done in the round in progress, which is run again whole (docs/protocols.md,
-    "Partial rounds")."""
+    clients done in the round in progress, of which ``kept`` were kept (``partial-round/``;
+    the others train again on resume: docs/protocols.md, "Partial rounds")."""
     where = f"interrupted at round {min(done + 1, total)} of {total}"
     if progress is not None and progress[0] > 0:
-        where += f" ({progress[0]} of {progress[1]} clients done, the round runs again)"
+        where += f" ({progress[0]} of {progress[1]} clients done"
+        if kept == 0:
+            where += ", the round runs again)"
+        elif kept >= progress[0]:
+            where += " and kept)"
+        else:
+            where += f", {kept} of them kept)"
+    if saved == 0 and kept > 0:
+        return RunInterruptedError(f"{where}; no round ended yet; rerun the same command to resume")
     if saved == 0:
         return RunInterruptedError(
             f"{where}; kept nothing (no checkpoint yet); rerun the same command to start again"
         )
     if saved == done:
-        kept = f"kept round{'s 1-' if saved > 1 else ' '}{saved} (checkpoint)"
+        kept_rounds = f"kept round{'s 1-' if saved > 1 else ' '}{saved} (checkpoint)"
     else:
         again = f"round {done}" if done == saved + 1 else f"rounds {saved + 1}-{done}"
-        kept = f"kept the checkpoint of round {saved} ({again} run again)"
-    return RunInterruptedError(f"{where}; {kept}; rerun the same command to resume")
+        kept_rounds = f"kept the checkpoint of round {saved} ({again} run again)"
+    return RunInterruptedError(f"{where}; {kept_rounds}; rerun the same command to resume")

@@ -141,7 +141,7 @@ def run_in(
     total = plan.schedule.clock().total_rounds
     trackers: list[Tracker] = []
     try:
-        with interrupts_before_rounds(total, resume):
+        with interrupts_before_rounds(total, resume, run_dir.checkpoint_path.is_file()):
             if not resume:  # before the federation touches the model
                 plan.resolved["cost_estimate"] = cost.announce(plan, say)
             federation = plan.federation(host)
@@ -152,6 +152,7 @@ def run_in(
             keeper.observers.extend(tracker.log for tracker in trackers)
         # A display may also follow the clients inside a round (``RoundLog.clients_done``).
         federation.on_client = getattr(on_round, "clients_done", None)
+        federation.round_work = keeper  # finished clients of a long round are kept
         outcome = federation.run(on_round, keeper.round_end)
         keeper.finish(outcome)
         if config.save_model:
@@ -167,9 +168,12 @@ def run_in(
     return run_summary(keeper, outcome, plan)
 
 
-def resuming_line(saved: int, total: int) -> str:
+def resuming_line(saved: int, total: int, kept: int = 0, clients: int = 0) -> str:
     """What a resumed run says first: the round its checkpoint ends and the one that comes
-    next ("resuming from round 2" after "kept rounds 1-2" read as if round 2 ran again)."""
+    next ("resuming from round 2" after "kept rounds 1-2" read as if round 2 ran again),
+    or, when ``kept`` of that round's ``clients`` were kept inside it, that round and them."""
+    if kept:
+        return f"resuming round {saved + 1} of {total} with {kept} of {clients} clients done"
     return f"resuming after round {saved} of {total} (next: round {saved + 1})"
 
 
@@ -197,7 +201,11 @@ def start_keeper(
             raise UserError(
                 f"cannot resume the run in '{plan.out}': {exc}; pass --restart to start it over."
             ) from None
-        say(resuming_line(keeper.saved_round, plan.schedule.clock().total_rounds))
+        schedule = plan.schedule
+        clients = min(schedule.clients_per_round, schedule.num_clients)
+        kept = len(keeper.partial.loaded)
+        if keeper.saved_round or kept:  # else round 1's kept files were all unusable
+            say(resuming_line(keeper.saved_round, schedule.clock().total_rounds, kept, clients))
     else:
         run_dir.write_config(plan.resolved)
         keeper.start_fresh()
@@ -205,16 +213,18 @@ def start_keeper(
 
 
 @contextlib.contextmanager
-def interrupts_before_rounds(total: int, resuming: bool) -> Iterator[None]:
+def interrupts_before_rounds(total: int, resuming: bool, checkpoint: bool = True) -> Iterator[None]:
     """Ctrl-C or SIGTERM before this process's first round (the cost probe, loading the
-    checkpoint): one line saying what is kept — a resumed run's checkpoint, else nothing."""
+    checkpoint): one line saying what is kept — a resumed run's checkpoint (or, stopped in
+    round 1 before any, its kept clients), else nothing."""
     try:
         yield
     except KeyboardInterrupt:
         if resuming:
+            kept = "the checkpoint" if checkpoint else "the finished clients of round 1"
             raise RunInterruptedError(
-                f"interrupted while resuming (before its next round of {total}); kept the "
-                "checkpoint; rerun the same command to resume"
+                f"interrupted while resuming (before its next round of {total}); kept "
+                f"{kept}; rerun the same command to resume"
             ) from None
         raise interruption(total, 0, 0) from None
 
