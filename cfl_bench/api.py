@@ -132,6 +132,7 @@ def run(
             config,
             on_round if progress else None,
             notify=lambda text: shown.print(text, highlight=False),
+            started=lambda path: shown.print(f"run folder: {path}", highlight=False),
         )
     return RunOutcome(result.path, result.summary)
 

@@ -190,7 +190,10 @@ def run(**values: Any) -> None:
 
             with round_display(console, f"{cfg.stream} · {cfg.strategy}") as on_round:
                 result = execute(
-                    cfg, on_round, notify=lambda text: console.print(text, highlight=False)
+                    cfg,
+                    on_round,
+                    notify=lambda text: console.print(text, highlight=False),
+                    started=lambda path: console.print(f"run folder: {path}", highlight=False),
                 )
     except RunInterruptedError:
         raise

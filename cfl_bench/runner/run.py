@@ -81,6 +81,7 @@ def execute(
     notify: Callable[[str], None] | None = None,
     host: object = None,
     claimed: tuple[RunDirectory, bool] | None = None,
+    started: Callable[[Path], None] | None = None,
 ) -> RunResult:
     """Run ``config`` into its run directory, resuming it from its checkpoint when the
     directory holds an unfinished run of the same configuration.
@@ -92,6 +93,8 @@ def execute(
     ServerApp passes its grid); without one, such a run starts its host (``ExecutorKind.launch``).
     ``claimed``: the directory already claimed for this run, and whether it resumes (a
     Flower ServerApp's, handed over by its launcher: ``flower.handover``).
+    ``started`` receives the run directory once it is claimed, before anything is computed
+    (`cfl-bench run` prints it first, so a long first round can be found and followed).
     """
     say = notify or (lambda _text: None)
     plan = plan_run(config)
@@ -106,6 +109,8 @@ def execute(
             run_dir.release()
             raise UserError(f"the directory claimed is '{run_dir.out}', not '{plan.out}'.")
     with run_dir:
+        if started is not None:
+            started(plan.out)
         try:
             ran = run_in(run_dir, plan, resume, on_round, say, host)
             summary = {**(annotations or {}), **ran}
@@ -137,7 +142,6 @@ def run_in(
     """
     config = plan.config
     check_resumable(plan, resume)
-    say(f"run folder: {run_dir.out}")  # first, so a long first round can be found and followed
     total = plan.schedule.clock().total_rounds
     trackers: list[Tracker] = []
     try:
