@@ -155,6 +155,7 @@ def ship_figure(
     rows = {row.label for row in selection.rows}
     seeds = set(selection.scales[scale].seeds)
     mine = shipping.only(runs.collected, lambda cell, seed: cell[0] in rows and seed in seeds)
+    shipping.committed_runs(mine.runs())
     target = shipping.shipped_folder(root, figure.name, scale)
     shipped = collect_figure(figure, target, scale).collected if target.is_dir() else None
     return shipping.ship_collected(
