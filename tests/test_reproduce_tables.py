@@ -108,7 +108,36 @@ def test_table7_reads_table1s_runs() -> None:
     seven, one = find_table("fedgp-table7-mnist", ROOT), find_table("fedgp-table1-mnist", ROOT)
     assert seven.runs_name == "fedgp-table1-mnist"
     assert seven.protocol == one.protocol and seven.scales == one.scales
-    assert seven.columns[0].metric == "Fgt_T"
+    assert [c.metric for c in seven.columns] == ["Fgt_T", "Fgt_T_clipped"] * 2
+    assert seven.runs("cpu") == one.runs("cpu") == 66  # two readings, the same runs
+
+
+# Three tasks; task 1 ends at its best (85 after 80 and 70), task 2 drops from 90 to 60.
+# The paper's formula (max over the earlier task ends): ((80 - 85) + (90 - 60)) / 2 = 12.5.
+# The authors' code (the max also counts the final evaluation): ((85 - 85) + (90 - 60)) / 2
+# = 15.0.
+SMALL_MATRIX = [[80.0, 10.0, 10.0], [70.0, 90.0, 10.0], [85.0, 60.0, 95.0]]
+BY_READING = {"paper's formula": 12.5, "authors' code": 15.0}
+
+
+@pytest.mark.parametrize("name", ["fedgp-table7-mnist", "fedgp-table7-cifar"])
+def test_table7_reports_both_forgetting_readings(name: str) -> None:
+    """Every Table 7 cell is read twice from the same run: once by the paper's formula,
+    once by the authors' code; each column names its reading, and each reads the value its
+    rule gives on a hand-computed matrix (the run reader re-derives forgetting from the
+    stored matrices, as it does for every run)."""
+    from cfl_bench.core.run_reader import MATRICES, rederive_forgetting
+
+    table = find_table(name, ROOT)
+    row: dict[str, object] = dict.fromkeys(MATRICES, SMALL_MATRIX)
+    rederive_forgetting(row)
+    datasets: dict[tuple[str, str], list[str]] = {}
+    for column in table.columns:
+        reading = next(r for r in BY_READING if column.label.endswith(f", {r}"))
+        assert column.reading.startswith(f"the {reading} (")
+        assert row[column.metric] == pytest.approx(BY_READING[reading], abs=1e-12)
+        datasets.setdefault((column.dataset, column.setting), []).append(reading)
+    assert all(sorted(r) == sorted(BY_READING) for r in datasets.values())
 
 
 def test_stream_defaults_are_the_fedgp_mnist_protocol() -> None:

@@ -60,6 +60,11 @@ class Column:
     # round(fraction x total rounds) of a static run (records.csv, --eval-every-round)
     # instead of a summary metric: IFA's "Gen. g" columns are rounds g/10 of one run.
     round_fraction: float | None = None
+    # The reading's name and rule, where the paper's cell can be read from the same runs
+    # more than one way (FedGP's Table 7: the paper's forgetting formula, and the authors'
+    # code, which also counts the final evaluation): one column per reading, each named in
+    # the report, so no reader mistakes one rule's numbers for the other's.
+    reading: str = ""
 
 
 @dataclass(frozen=True)
@@ -199,6 +204,7 @@ def _columns(raw: object, metric: str, where: str) -> tuple[Column, ...]:
                 _check_options(_mapping(entry.get("options"), "options", where), label, where),
                 str(entry.get("metric", metric)),
                 _round_fraction(entry.get("round_fraction"), label, where),
+                str(entry.get("reading", "")),
             )
         )
     return tuple(columns)
