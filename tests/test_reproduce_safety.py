@@ -249,11 +249,28 @@ def test_ship_refuses_a_run_made_in_a_dirty_tree(repo_copy: Path, tmp_path: Path
         reproduce(request, console=quiet(), root=repo_copy, commit=clean)
     assert digest(target) == before
     assert not (mine / "reproduction").exists()  # refused before the report too
+    # The shipped copy of that run names a commit no other shipped run has, as a run from a
+    # dirty tree did; once replaced, provenance.json must stop listing that commit.
+    replaced = target / chosen.name / "config.json"
+    old = json.loads(replaced.read_text(encoding="utf-8"))
+    old["git_commit"] = "feedface" * 5 + "-dirty"
+    replaced.write_text(json.dumps(old), encoding="utf-8")
+    facts = json.loads((target / "provenance.json").read_text(encoding="utf-8"))
+    facts["git_commits"] = sorted([*facts["git_commits"], old["git_commit"]])
+    (target / "provenance.json").write_text(json.dumps(facts), encoding="utf-8")
     config["git_commit"] = COMMIT  # the same run, made at a commit: it ships
     config_path.write_text(json.dumps(config), encoding="utf-8")
     assert reproduce(request, console=quiet(), root=repo_copy, commit=clean) == 0
     shipped = json.loads((target / chosen.name / "config.json").read_text(encoding="utf-8"))
     assert shipped["git_commit"] == COMMIT
+    made = {
+        json.loads((run / "config.json").read_text(encoding="utf-8"))["git_commit"]
+        for run in target.iterdir()
+        if run.is_dir()
+    }
+    facts = json.loads((target / "provenance.json").read_text(encoding="utf-8"))
+    assert facts["git_commits"] == sorted(made) and COMMIT in made
+    assert old["git_commit"] not in facts["git_commits"]
 
 
 def test_the_checkout_commit_is_dirty_exactly_with_uncommitted_changes(tmp_path: Path) -> None:

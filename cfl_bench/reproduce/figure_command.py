@@ -185,7 +185,13 @@ def _work(figure: ReproFigure, scale: str) -> float:
 
 
 def figure_cost_text(figure: ReproFigure, scale: str, root: Path) -> str:
-    """Measured where shipped, else estimated from a shipped scale by the work ratio."""
+    """Measured where shipped or in the figure file (``measured_s``), else estimated from a
+    shipped scale by the work ratio."""
+    own = provenance.table_measured(
+        figure.scales, scale, provenance.shipped_provenance(root, figure.name, scale)
+    )
+    if own:
+        return own
     for other in (scale, *(s for s in SCALES if s != scale)):
         facts = provenance.shipped_provenance(root, figure.name, other)
         if not facts or not facts.get("elapsed_s"):

@@ -41,8 +41,6 @@ from cfl_bench.reproduce.tables import SCALES, ReproTable
 
 SHIPPED_FILES = ("config.json", "records.csv", "summary.json")
 DIRTY = "-dirty"
-# provenance.json facts that are lists of what the runs used: the union over merged parts.
-LISTED_FACTS = ("git_commits", "torch", "devices", "torch_threads_per_run", "scales")
 
 
 def shipped_folder(root: Path, name: str, scale: str) -> Path:
@@ -188,9 +186,10 @@ def kept_runs(new: Collected, shipped: Collected, target: Path) -> list[RunValue
 def merged_facts(
     collected: Collected, folder: Path, kept: list[RunValue], target: Path, expected: int
 ) -> dict[str, Any]:
-    """provenance.json of the merged set: the new runs' facts, with the kept runs' lists
-    joined in, their run time added, and the wall times of the parts added up (each part's
-    sweep time; a replaced run's share of an earlier part stays counted)."""
+    """provenance.json of the merged set: the new runs' facts, with the lists of what made
+    the runs (commits, torch, devices, threads) read again from every run kept or shipped,
+    their run time added, and the wall times of the parts added up (each part's sweep time;
+    a replaced run's share of an earlier part stays counted)."""
     facts: dict[str, Any] = {**provenance.describe(collected, folder), "expected_runs": expected}
     stored = target / provenance.PROVENANCE
     earlier = json.loads(stored.read_text(encoding="utf-8")) if kept and stored.is_file() else None
@@ -200,9 +199,11 @@ def merged_facts(
     facts["run_time_s_total"] = round(
         sum(r.wall_time_s for r in collected.runs()) + sum(r.wall_time_s for r in kept), 1
     )
+    # What made the merged set, read from every run in it: a replaced run's commit (say a
+    # "-dirty" one) must leave the list with the run.
+    facts.update(provenance.run_facts([r.path for r in collected.runs()] + [r.path for r in kept]))
     if earlier:
-        for key in LISTED_FACTS:
-            facts[key] = sorted(set(facts.get(key) or []) | set(earlier.get(key) or []))
+        facts["scales"] = sorted(set(facts.get("scales") or []) | set(earlier.get("scales") or []))
         if facts.get("elapsed_s") is not None and earlier.get("elapsed_s") is not None:
             facts["elapsed_s"] = round(facts["elapsed_s"] + earlier["elapsed_s"], 1)
         for key in ("machine", "torch_build", "jobs"):
