@@ -108,7 +108,8 @@ def test_shipping_then_reporting_the_shipped_results(smoke: Path, tmp_path: Path
     shutil.copytree(ROOT / "targets", root / "targets")
     shutil.copytree(ROOT / "tables", root / "tables")
     table = find_table(TABLE, root)
-    assert cost_text(table, "smoke", root) == "not measured"
+    # Nothing shipped yet: the table file's measured smoke time (its ``measured_s``).
+    assert cost_text(table, "smoke", root).endswith(" measured (jobs 1)")
     from cfl_bench.reproduce.shipping import ship
 
     target = ship(table, smoke, "smoke", root)

@@ -9,6 +9,7 @@ damaged targets or table file is refused with a sentence naming the fix.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -227,6 +228,7 @@ def edited_table(tmp_path: Path, old: str, new: str) -> Path:
 
 
 ROT_OPTIONS = "    options: {stream: rot-mnist}"
+CPU_SEEDS = "    seeds: [0, 1, 2]\n"
 
 
 @pytest.mark.parametrize(
@@ -246,6 +248,9 @@ ROT_OPTIONS = "    options: {stream: rot-mnist}"
         ("[DER w/o FedGP, DER w/ FedGP]", "[DER w/o FedGP, DER]", "must name two rows"),
         ("train_per_task: 60000", "train_per_task: 0", "train_per_task"),
         ("{stream: rot-mnist}", "{stream: rot-mnist, lr: 0.1}", "sets lr, which the protocol"),
+        (CPU_SEEDS, f"{CPU_SEEDS}    measured_s: 0\n", "measured_s must"),
+        (CPU_SEEDS, f"{CPU_SEEDS}    measured_s: true\n", "measured_s must"),
+        (CPU_SEEDS, f"{CPU_SEEDS}    measured_s: .inf\n", "measured_s must"),
         (ROT_OPTIONS, f"    round_fraction: 0\n{ROT_OPTIONS}", "round_fraction must be"),
         (ROT_OPTIONS, f"    round_fraction: half\n{ROT_OPTIONS}", "round_fraction must be"),
         (ROT_OPTIONS, f"    round_fraction: 1.5\n{ROT_OPTIONS}", "round_fraction must be"),
@@ -272,6 +277,50 @@ def test_a_runs_of_table_may_not_set_its_own_protocol(tmp_path: Path) -> None:
 def test_an_unknown_table_names_the_known_ones() -> None:
     with pytest.raises(UserError, match=r"choose one of .*fedgp-table1-mnist"):
         find_table("fedgp-table99", ROOT)
+
+
+SMOKE_LIMIT_S = 120  # issue 41: a smoke scale checks the pipeline in at most 2 minutes
+
+
+def test_every_smoke_scale_is_measured_within_two_minutes() -> None:
+    """Each table's and figure's smoke scale carries its measured wall time
+    (``measured_s``, docs/reproductions.md says where and when), at most 2 minutes, and
+    that measurement is what ``reproduce list`` shows, not an estimate from the cpu scale
+    (which leaves out the fixed costs per run: '~6 s' for a smoke that took a minute)."""
+    from cfl_bench.reproduce.figure_command import figure_cost_text
+    from cfl_bench.reproduce.figures import load_all_figures
+    from cfl_bench.reproduce.provenance import _hours, cost_text
+
+    for table in load_all(ROOT):
+        seconds = table.scales["smoke"].measured_s
+        assert seconds is not None and seconds <= SMOKE_LIMIT_S, table.name
+        assert cost_text(table, "smoke", ROOT) == f"{_hours(seconds)} measured (jobs 1)"
+    for figure in load_all_figures(ROOT):
+        seconds = figure.scales["smoke"].measured_s
+        assert seconds is not None and seconds <= SMOKE_LIMIT_S, figure.name
+        assert figure_cost_text(figure, "smoke", ROOT) == f"{_hours(seconds)} measured (jobs 1)"
+
+
+def test_shipped_results_of_a_whole_scale_outrank_the_table_files_measurement(
+    tmp_path: Path,
+) -> None:
+    """A scale whose every run is shipped is measured by its provenance (the sweep's
+    elapsed time, jobs as run); ``measured_s`` is for the scales nobody ships."""
+    from cfl_bench.reproduce.provenance import _hours, cost_text
+
+    root = copy_root(tmp_path)
+    table = find_table("fedgp-table1-mnist", root)
+    measured = table.scales["smoke"].measured_s
+    assert measured is not None
+    assert cost_text(table, "smoke", root) == f"{_hours(measured)} measured (jobs 1)"
+    folder = root / "results" / "fedgp-table1-mnist" / "smoke"
+    folder.mkdir(parents=True)
+    facts = {"runs": 22, "expected_runs": 22, "elapsed_s": 75.0, "jobs": 2}
+    (folder / "provenance.json").write_text(json.dumps(facts), encoding="utf-8")
+    assert cost_text(table, "smoke", root) == "75 s measured (jobs 2)"
+    facts["runs"] = 11  # half shipped: the table file's whole-scale measurement again
+    (folder / "provenance.json").write_text(json.dumps(facts), encoding="utf-8")
+    assert cost_text(table, "smoke", root).endswith("measured (jobs 1)")
 
 
 def test_the_list_command_shows_every_table_and_scale() -> None:
