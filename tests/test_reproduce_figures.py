@@ -148,7 +148,7 @@ def edited_figure(tmp_path: Path, old: str, new: str) -> Path:
         ("- [DER+FedGP, Ideal]", "- [DER+FedGP]", "claims.close pair"),
         ("strategy: der+fedgp}", "strategy: der+nosuch}", "unknown strategy component"),
         ("  batch_size: 8\n", "  batch_size: 8\n  seed: 1\n", "fixes 'seed'"),
-        ("  epochs: 2\n", "", "scale cpu sets epochs, which the protocol does not"),
+        ("  epochs: 2\n", "", "scale smoke sets epochs, which the protocol does not"),
     ],
 )
 def test_damaged_figure_files_are_refused(

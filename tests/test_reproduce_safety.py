@@ -9,6 +9,9 @@ pre-existing file byte-identical):
 * ``--ship`` of part of a table replaced the whole shipped set: it now merges, keeping every
   shipped run it does not replace byte for byte (through the Python API, which takes the
   ``reproductions/`` folder as a parameter, so a copy in a temporary folder is shipped to);
+* ``--ship`` from a working tree with uncommitted changes, or of a run made in one: shipped
+  runs must name a commit that holds their code (the checkout's commit is injected, so the
+  test does not depend on the state of the tree it runs in);
 * a cell and seed counted twice (a rerun with another executor into the same folder), and a
   damaged records.csv scored;
 * tracebacks for a file as ``--out`` and for a working folder that cannot be written;
@@ -51,6 +54,16 @@ IDEAL = "Ideal (upper bound)"
 # with it finds the shipped runs' folders done.
 SHIPPED_DATA_ROOT = "../shared/data"
 SECONDS = 120
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def clean() -> str:
+    """A clean checkout's commit, for ``reproduce(..., commit=clean)``."""
+    return COMMIT
+
+
+def dirty() -> str:
+    return COMMIT + "-dirty"
 
 
 def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -150,7 +163,7 @@ def test_shipping_part_of_a_table_keeps_every_other_shipped_run(
         TABLE, scale="cpu", out=str(mine), data_root=SHIPPED_DATA_ROOT, ship=True,
         rows=(ROW,), columns=(COLUMN,), seeds=(0,),
     )  # fmt: skip
-    assert reproduce(request, console=quiet(), root=repo_copy) == 0
+    assert reproduce(request, console=quiet(), root=repo_copy, commit=clean) == 0
     after = digest(target)
     assert "another-name/summary.json" not in after
     kept = {k: v for k, v in before.items() if not k.startswith(chosen.name)}
@@ -183,10 +196,109 @@ def test_shipping_part_of_a_figure_keeps_every_other_shipped_run(tmp_path: Path)
         name, scale="cpu", out=str(mine), data_root=made["data_root"], ship=True,
         rows=(row,), seeds=(made["seed"],),
     )  # fmt: skip
-    assert reproduce(request, console=quiet(), root=root) == 0
+    assert reproduce(request, console=quiet(), root=root, commit=clean) == 0
     after = digest(target)
     assert set(after) == set(before)
     assert [k for k in before if before[k] != after[k]] == ["provenance.json"]
+
+
+def test_ship_refuses_a_dirty_tree_before_anything_is_written(
+    repo_copy: Path, tmp_path: Path
+) -> None:
+    """``--ship`` from a tree with uncommitted changes: its runs would record
+    ``<commit>-dirty``, which no one can rerun. Refused in one sentence naming ``git status``
+    and the fix, before a run starts or a folder is made; outside a git checkout too."""
+    target = shipped_folder(repo_copy, TABLE, "cpu")
+    before = digest(target)
+    mine = tmp_path / "mine"
+    request = Request(
+        TABLE, scale="cpu", out=str(mine), data_root=SHIPPED_DATA_ROOT, ship=True,
+        rows=(ROW,), columns=(COLUMN,), seeds=(0,),
+    )  # fmt: skip
+    with pytest.raises(UserError) as caught:
+        reproduce(request, console=quiet(), root=repo_copy, commit=dirty)
+    assert str(caught.value) == (
+        "--ship refuses a working tree with uncommitted changes (commit 0123456789ab plus "
+        "edits, see `git status`): commit or stash them, then rerun the same command."
+    )
+    with pytest.raises(UserError, match="this cfl-bench is not a git checkout"):
+        reproduce(request, console=quiet(), root=repo_copy, commit=lambda: None)
+    assert not mine.exists() and digest(target) == before
+    # Without --ship the tree's state does not matter: the dirty check is --ship's alone.
+    report = Request(TABLE, compare=str(SHIPPED), out=str(tmp_path / "report"))
+    assert reproduce(report, console=quiet(), root=repo_copy, commit=dirty) == 0
+
+
+def test_ship_refuses_a_run_made_in_a_dirty_tree(repo_copy: Path, tmp_path: Path) -> None:
+    """A clean tree, but the run to ship was finished earlier in a dirty one (the command
+    would only skip it): refused by name before anything is run or shipped."""
+    target = shipped_folder(repo_copy, TABLE, "cpu")
+    before = digest(target)
+    mine = tmp_path / "mine"
+    chosen = shipped_run(ROW)
+    shutil.copytree(chosen, mine / chosen.name)
+    config_path = mine / chosen.name / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["git_commit"] = dirty()
+    config_path.write_text(json.dumps(config), encoding="utf-8")
+    request = Request(
+        TABLE, scale="cpu", out=str(mine), data_root=SHIPPED_DATA_ROOT, ship=True,
+        rows=(ROW,), columns=(COLUMN,), seeds=(0,),
+    )  # fmt: skip
+    with pytest.raises(UserError, match=rf"{chosen.name}' was made at {COMMIT}-dirty, so no"):
+        reproduce(request, console=quiet(), root=repo_copy, commit=clean)
+    assert digest(target) == before
+    assert not (mine / "reproduction").exists()  # refused before the report too
+    # The shipped copy of that run names a commit no other shipped run has, as a run from a
+    # dirty tree did; once replaced, provenance.json must stop listing that commit.
+    replaced = target / chosen.name / "config.json"
+    old = json.loads(replaced.read_text(encoding="utf-8"))
+    old["git_commit"] = "feedface" * 5 + "-dirty"
+    replaced.write_text(json.dumps(old), encoding="utf-8")
+    facts = json.loads((target / "provenance.json").read_text(encoding="utf-8"))
+    facts["git_commits"] = sorted([*facts["git_commits"], old["git_commit"]])
+    (target / "provenance.json").write_text(json.dumps(facts), encoding="utf-8")
+    config["git_commit"] = COMMIT  # the same run, made at a commit: it ships
+    config_path.write_text(json.dumps(config), encoding="utf-8")
+    assert reproduce(request, console=quiet(), root=repo_copy, commit=clean) == 0
+    shipped = json.loads((target / chosen.name / "config.json").read_text(encoding="utf-8"))
+    assert shipped["git_commit"] == COMMIT
+    made = {
+        json.loads((run / "config.json").read_text(encoding="utf-8"))["git_commit"]
+        for run in target.iterdir()
+        if run.is_dir()
+    }
+    facts = json.loads((target / "provenance.json").read_text(encoding="utf-8"))
+    assert facts["git_commits"] == sorted(made) and COMMIT in made
+    assert old["git_commit"] not in facts["git_commits"]
+
+
+def test_the_checkout_commit_is_dirty_exactly_with_uncommitted_changes(tmp_path: Path) -> None:
+    """What ``--ship`` asks by default (``runner.provenance.git_commit``, also what every run
+    records), in a real repository: a tracked file changed makes ``-dirty``; an untracked
+    file does not (it is no part of the code the commit names until added)."""
+    from cfl_bench.runner.provenance import git_commit
+
+    def git(*args: str) -> str:
+        command = ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args]
+        return subprocess.run(
+            command, cwd=tmp_path, check=True, capture_output=True
+        ).stdout.decode()
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n", encoding="utf-8")
+    git("add", "code.py")
+    git("commit", "-q", "-m", "one")
+    head = git("rev-parse", "HEAD").strip()
+    assert git_commit(tmp_path) == head
+    (tmp_path / "notes.txt").write_text("untracked\n", encoding="utf-8")
+    assert git_commit(tmp_path) == head
+    (tmp_path / "code.py").write_text("x = 2\n", encoding="utf-8")
+    assert git_commit(tmp_path) == head + "-dirty"
+    with pytest.raises(UserError, match=f"commit {head[:12]} plus edits"):
+        reproduce(
+            Request(TABLE, scale="cpu", ship=True), root=ROOT, commit=lambda: git_commit(tmp_path)
+        )
 
 
 def test_shipping_a_whole_folder_merges_and_a_stray_entry_is_refused(

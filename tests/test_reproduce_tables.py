@@ -9,6 +9,7 @@ damaged targets or table file is refused with a sentence naming the fix.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -108,7 +109,36 @@ def test_table7_reads_table1s_runs() -> None:
     seven, one = find_table("fedgp-table7-mnist", ROOT), find_table("fedgp-table1-mnist", ROOT)
     assert seven.runs_name == "fedgp-table1-mnist"
     assert seven.protocol == one.protocol and seven.scales == one.scales
-    assert seven.columns[0].metric == "Fgt_T"
+    assert [c.metric for c in seven.columns] == ["Fgt_T", "Fgt_T_clipped"] * 2
+    assert seven.runs("cpu") == one.runs("cpu") == 66  # two readings, the same runs
+
+
+# Three tasks; task 1 ends at its best (85 after 80 and 70), task 2 drops from 90 to 60.
+# The paper's formula (max over the earlier task ends): ((80 - 85) + (90 - 60)) / 2 = 12.5.
+# The authors' code (the max also counts the final evaluation): ((85 - 85) + (90 - 60)) / 2
+# = 15.0.
+SMALL_MATRIX = [[80.0, 10.0, 10.0], [70.0, 90.0, 10.0], [85.0, 60.0, 95.0]]
+BY_READING = {"paper's formula": 12.5, "authors' code": 15.0}
+
+
+@pytest.mark.parametrize("name", ["fedgp-table7-mnist", "fedgp-table7-cifar"])
+def test_table7_reports_both_forgetting_readings(name: str) -> None:
+    """Every Table 7 cell is read twice from the same run: once by the paper's formula,
+    once by the authors' code; each column names its reading, and each reads the value its
+    rule gives on a hand-computed matrix (the run reader re-derives forgetting from the
+    stored matrices, as it does for every run)."""
+    from cfl_bench.core.run_reader import MATRICES, rederive_forgetting
+
+    table = find_table(name, ROOT)
+    row: dict[str, object] = dict.fromkeys(MATRICES, SMALL_MATRIX)
+    rederive_forgetting(row)
+    datasets: dict[tuple[str, str], list[str]] = {}
+    for column in table.columns:
+        reading = next(r for r in BY_READING if column.label.endswith(f", {r}"))
+        assert column.reading.startswith(f"the {reading} (")
+        assert row[column.metric] == pytest.approx(BY_READING[reading], abs=1e-12)
+        datasets.setdefault((column.dataset, column.setting), []).append(reading)
+    assert all(sorted(r) == sorted(BY_READING) for r in datasets.values())
 
 
 def test_stream_defaults_are_the_fedgp_mnist_protocol() -> None:
@@ -198,6 +228,7 @@ def edited_table(tmp_path: Path, old: str, new: str) -> Path:
 
 
 ROT_OPTIONS = "    options: {stream: rot-mnist}"
+CPU_SEEDS = "    seeds: [0, 1, 2]\n"
 
 
 @pytest.mark.parametrize(
@@ -217,6 +248,9 @@ ROT_OPTIONS = "    options: {stream: rot-mnist}"
         ("[DER w/o FedGP, DER w/ FedGP]", "[DER w/o FedGP, DER]", "must name two rows"),
         ("train_per_task: 60000", "train_per_task: 0", "train_per_task"),
         ("{stream: rot-mnist}", "{stream: rot-mnist, lr: 0.1}", "sets lr, which the protocol"),
+        (CPU_SEEDS, f"{CPU_SEEDS}    measured_s: 0\n", "measured_s must"),
+        (CPU_SEEDS, f"{CPU_SEEDS}    measured_s: true\n", "measured_s must"),
+        (CPU_SEEDS, f"{CPU_SEEDS}    measured_s: .inf\n", "measured_s must"),
         (ROT_OPTIONS, f"    round_fraction: 0\n{ROT_OPTIONS}", "round_fraction must be"),
         (ROT_OPTIONS, f"    round_fraction: half\n{ROT_OPTIONS}", "round_fraction must be"),
         (ROT_OPTIONS, f"    round_fraction: 1.5\n{ROT_OPTIONS}", "round_fraction must be"),
@@ -243,6 +277,50 @@ def test_a_runs_of_table_may_not_set_its_own_protocol(tmp_path: Path) -> None:
 def test_an_unknown_table_names_the_known_ones() -> None:
     with pytest.raises(UserError, match=r"choose one of .*fedgp-table1-mnist"):
         find_table("fedgp-table99", ROOT)
+
+
+SMOKE_LIMIT_S = 120  # issue 41: a smoke scale checks the pipeline in at most 2 minutes
+
+
+def test_every_smoke_scale_is_measured_within_two_minutes() -> None:
+    """Each table's and figure's smoke scale carries its measured wall time
+    (``measured_s``, docs/reproductions.md says where and when), at most 2 minutes, and
+    that measurement is what ``reproduce list`` shows, not an estimate from the cpu scale
+    (which leaves out the fixed costs per run: '~6 s' for a smoke that took a minute)."""
+    from cfl_bench.reproduce.figure_command import figure_cost_text
+    from cfl_bench.reproduce.figures import load_all_figures
+    from cfl_bench.reproduce.provenance import _hours, cost_text
+
+    for table in load_all(ROOT):
+        seconds = table.scales["smoke"].measured_s
+        assert seconds is not None and seconds <= SMOKE_LIMIT_S, table.name
+        assert cost_text(table, "smoke", ROOT) == f"{_hours(seconds)} measured (jobs 1)"
+    for figure in load_all_figures(ROOT):
+        seconds = figure.scales["smoke"].measured_s
+        assert seconds is not None and seconds <= SMOKE_LIMIT_S, figure.name
+        assert figure_cost_text(figure, "smoke", ROOT) == f"{_hours(seconds)} measured (jobs 1)"
+
+
+def test_shipped_results_of_a_whole_scale_outrank_the_table_files_measurement(
+    tmp_path: Path,
+) -> None:
+    """A scale whose every run is shipped is measured by its provenance (the sweep's
+    elapsed time, jobs as run); ``measured_s`` is for the scales nobody ships."""
+    from cfl_bench.reproduce.provenance import _hours, cost_text
+
+    root = copy_root(tmp_path)
+    table = find_table("fedgp-table1-mnist", root)
+    measured = table.scales["smoke"].measured_s
+    assert measured is not None
+    assert cost_text(table, "smoke", root) == f"{_hours(measured)} measured (jobs 1)"
+    folder = root / "results" / "fedgp-table1-mnist" / "smoke"
+    folder.mkdir(parents=True)
+    facts = {"runs": 22, "expected_runs": 22, "elapsed_s": 75.0, "jobs": 2}
+    (folder / "provenance.json").write_text(json.dumps(facts), encoding="utf-8")
+    assert cost_text(table, "smoke", root) == "75 s measured (jobs 2)"
+    facts["runs"] = 11  # half shipped: the table file's whole-scale measurement again
+    (folder / "provenance.json").write_text(json.dumps(facts), encoding="utf-8")
+    assert cost_text(table, "smoke", root).endswith("measured (jobs 1)")
 
 
 def test_the_list_command_shows_every_table_and_scale() -> None:

@@ -4,7 +4,7 @@ Why by hand: a verdict is what a reader takes away from a reproduction ("FedGP's
 "this cell differs"), so each rule is checked on numbers whose answer is worked out here:
 the combined spread, the three verdicts and "missing", claims whose printed direction is a
 decrease, claims inside their seed noise, the seed pairing, the upper-bound claims and
-Kendall's τ.
+Kendall's τ-a.
 """
 
 from __future__ import annotations

@@ -220,12 +220,19 @@ def shipped_build(table: str) -> str | None:
     pin the bits. With the shipped build's string reproduced on an Intel Xeon
     (``ATEN_CPU_CAPABILITY=avx2``: torch 2.14.1+cu130, AVX2, as on the shipping AMD EPYC)
     the FedGP prefix still differed in the last bits: the math libraries pick their own
-    kernels by CPU."""
+    kernels by CPU.
+
+    Parts made on the same CPU model under the same build still name one build: the rest of
+    the machine text (core count, the kernel's build string in ``platform.platform()``)
+    does not choose kernels. FedGP's MNIST table is such a merge: 18 runs rerun at a
+    commit (issue 41) on the same AMD EPYC under another kernel build."""
     facts = provenance(table)
-    if any(key.startswith("earlier_") for key in facts):
+    cpu = str(facts["machine"]).split(", ", 1)[0]
+    if "earlier_torch_build" in facts:
         return None
-    machine = str(facts["machine"])
-    return f"{facts['torch_build']} on {machine.split(', ', 1)[0]}"
+    if "earlier_machine" in facts and str(facts["earlier_machine"]).split(", ", 1)[0] != cpu:
+        return None
+    return f"{facts['torch_build']} on {cpu}"
 
 
 def current_build() -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -201,8 +202,22 @@ class Request:
         return {key: value for key, value in given if value}
 
 
-def reproduce(request: Request, console: Console | None = None, root: Path | None = None) -> int:
-    """The ``reproduce`` command; returns the exit code."""
+def checkout_commit() -> str | None:
+    """The commit of the checkout this cfl-bench runs from (``-dirty`` with uncommitted
+    changes): what the runs it starts will record."""
+    from cfl_bench.runner.provenance import git_commit
+
+    return git_commit()
+
+
+def reproduce(
+    request: Request,
+    console: Console | None = None,
+    root: Path | None = None,
+    commit: Callable[[], str | None] = checkout_commit,
+) -> int:
+    """The ``reproduce`` command; returns the exit code. ``commit`` tells the checkout's
+    commit (a test passes a clean or a dirty one); only ``--ship`` asks for it."""
     console = console or Console()
     root = root or reproductions_root()
     if not root.is_dir():
@@ -231,6 +246,8 @@ def reproduce(request: Request, console: Console | None = None, root: Path | Non
             f"{'--compare' if request.compare else '--shipped'} starts none; leave "
             f"{'it' if len(unused) == 1 else 'them'} out."
         )
+    if request.ship:  # before any run: its records would name a commit lacking its code
+        shipping.require_committed(commit())
     with safety.file_errors():
         return _dispatch(request, console, root)
 
@@ -301,6 +318,8 @@ def _run_and_report(repro: ReproTable, request: Request, console: Console, root:
     selection = select(repro, scale, request)
     documents = sweep_documents(selection, scale, folder, request.run_options(), request.jobs)
     check_before_running(repro, selection, scale, folder, documents)
+    if request.ship and folder.is_dir():  # a finished run it would only skip, then ship
+        _check_committed(repro, selection, scale, folder)
     code = run_table(documents, folder, console)
     report_dir = folder / REPORT_FOLDER / repro.name
     report_runs(repro, folder, scale, report_dir, f"the runs in {folder}", console, root, True)
@@ -310,9 +329,16 @@ def _run_and_report(repro: ReproTable, request: Request, console: Console, root:
     if request.ship:
         if code:
             raise UserError("some runs did not finish; rerun the same command before --ship.")
+        _check_committed(repro, selection, scale, folder)
         target = shipping.ship(repro, folder, scale, root, selection)
         console.print(f"shipped {target}", highlight=False)
     return code
+
+
+def _check_committed(repro: ReproTable, selection: ReproTable, scale: str, folder: Path) -> None:
+    """Refuse shipping a run of the selection made in a dirty tree (``shipping``)."""
+    runs = shipping.selected(collect(repro, folder, scale), selection, scale).runs()
+    shipping.committed_runs(runs)
 
 
 def check_before_running(

@@ -155,6 +155,7 @@ def ship_figure(
     rows = {row.label for row in selection.rows}
     seeds = set(selection.scales[scale].seeds)
     mine = shipping.only(runs.collected, lambda cell, seed: cell[0] in rows and seed in seeds)
+    shipping.committed_runs(mine.runs())
     target = shipping.shipped_folder(root, figure.name, scale)
     shipped = collect_figure(figure, target, scale).collected if target.is_dir() else None
     return shipping.ship_collected(
@@ -184,7 +185,13 @@ def _work(figure: ReproFigure, scale: str) -> float:
 
 
 def figure_cost_text(figure: ReproFigure, scale: str, root: Path) -> str:
-    """Measured where shipped, else estimated from a shipped scale by the work ratio."""
+    """Measured where shipped or in the figure file (``measured_s``), else estimated from a
+    shipped scale by the work ratio."""
+    own = provenance.table_measured(
+        figure.scales, scale, provenance.shipped_provenance(root, figure.name, scale)
+    )
+    if own:
+        return own
     for other in (scale, *(s for s in SCALES if s != scale)):
         facts = provenance.shipped_provenance(root, figure.name, other)
         if not facts or not facts.get("elapsed_s"):

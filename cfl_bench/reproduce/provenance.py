@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cfl_bench.reproduce.collect import Collected
-from cfl_bench.reproduce.tables import SCALES, ReproTable
+from cfl_bench.reproduce.tables import SCALES, ReproTable, Scale
 
 PROVENANCE = "provenance.json"
 
@@ -71,10 +71,12 @@ def covered_seconds(intervals: list[tuple[datetime, datetime]]) -> float:
     return total
 
 
-def _run_facts(collected: Collected) -> dict[str, Any]:
+def run_facts(folders: list[Path]) -> dict[str, Any]:
+    """What made the runs in ``folders`` (their ``config.json``): git commits, torch
+    versions, devices and torch threads, each a sorted list of the distinct values."""
     commits, torches, devices, threads = set(), set(), set(), set()
-    for run in collected.runs():
-        config = json.loads((run.path / "config.json").read_text(encoding="utf-8"))
+    for folder in folders:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         commits.add(str(config.get("git_commit")))
         torches.add(str(config.get("packages", {}).get("torch")))
         environment = config.get("environment", {})
@@ -97,7 +99,7 @@ def describe(collected: Collected, folder: Path) -> dict[str, Any]:
     facts: dict[str, Any] = {
         "runs": len(runs),
         "scales": collected.scales(),
-        **_run_facts(collected),
+        **run_facts([run.path for run in runs]),
         "torch_build": _torch_build(),
         "machine": f"{cpu_model()}, {os.cpu_count()} cores, {platform.platform()}",
         "jobs": _jobs(folder),
@@ -152,9 +154,23 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
+def table_measured(scales: dict[str, Scale], scale: str, facts: dict[str, Any] | None) -> str:
+    """The table file's measured time of ``scale`` ('48 s measured (jobs 1)'), or '' where
+    the file has none or complete shipped results of that scale measure it instead."""
+    measured = scales[scale].measured_s
+    shipped_whole = facts is not None and facts.get("runs") == facts.get("expected_runs")
+    if measured is None or (facts and facts.get("elapsed_s") and shipped_whole):
+        return ""
+    return f"{_hours(measured)} measured (jobs 1)"
+
+
 def cost_text(repro: ReproTable, scale: str, root: Path) -> str:
-    """'1.7 h measured (jobs 2)', '~68 h estimated from cpu', or 'not measured'. Shipped
-    results with runs missing count as a measurement of their share of the runs."""
+    """'1.7 h measured (jobs 2)', '48 s measured (jobs 1)' (the table file's
+    ``measured_s``), '~68 h estimated from cpu', or 'not measured'. Shipped results with
+    runs missing count as a measurement of their share of the runs."""
+    own = table_measured(repro.scales, scale, shipped_provenance(root, repro.runs_name, scale))
+    if own:
+        return own
     for other in (scale, *(s for s in SCALES if s != scale)):
         facts = shipped_provenance(root, repro.runs_name, other)
         if not facts or not facts.get("elapsed_s"):

@@ -160,8 +160,10 @@ def markdown(rep: Reproduction) -> str:
     for column in t.columns:
         tau = rep.taus.get(column.label)
         lines += [f"#### {column.label} ({column.metric})", ""]
+        if column.reading:
+            lines += [f"Reading: {column.reading}", ""]
         if tau is not None:
-            lines += [f"Ranking agreement (Kendall τ, paper vs ours): {tau:+.2f}", ""]
+            lines += [f"Ranking agreement (Kendall τ-a, paper vs ours): {tau:+.2f}", ""]
         header = "| row | paper | ours | ours − paper | verdict |"
         lines += [header, "|---|---|---|---|---|"]
         for v in rep.column_verdicts(column.label):
@@ -225,8 +227,10 @@ def html_page(rep: Reproduction) -> str:
     for column in t.columns:
         tau = rep.taus.get(column.label)
         parts.append(f"<h2>{html.escape(column.label)} ({html.escape(column.metric)})</h2>")
+        if column.reading:
+            parts.append(f"<p>Reading: {html.escape(column.reading)}</p>")
         if tau is not None:
-            parts.append(f"<p>Ranking agreement (Kendall τ, paper vs ours): {tau:+.2f}</p>")
+            parts.append(f"<p>Ranking agreement (Kendall τ-a, paper vs ours): {tau:+.2f}</p>")
         parts.append(
             f"<table><tr><th>row</th><th>paper</th>{head}<th>ours</th><th>ours − paper</th>"
             "<th>combined spread</th><th>verdict</th></tr>"
@@ -288,7 +292,10 @@ def print_terminal(rep: Reproduction, console: Console) -> None:
     """One rich table per column, then the counts line."""
     shipped = bool(rep.reference)
     for column in rep.table.columns:
-        table = Table(title=f"{column.label} — {rep.table.table} ({rep.scale} scale)")
+        table = Table(
+            title=f"{column.label} — {rep.table.table} ({rep.scale} scale)",
+            caption=f"Reading: {column.reading}" if column.reading else None,
+        )
         for name in ("row", "paper", *(["shipped"] if shipped else []), "ours", "Δ", "verdict"):
             table.add_column(name, overflow="fold")
         for v in rep.column_verdicts(column.label):

@@ -14,6 +14,15 @@ the shipped folder that is not a counted run of the table (a stray file, a run a
 protocol) is refused by name rather than kept or dropped, since neither can be right
 without a person looking. The new set is built in a staging folder and swapped in only once
 complete.
+
+**Only committed code ships.** A shipped run names the commit that made it (``git_commit``
+in its ``config.json``), and that name is worth something only if the commit alone holds
+the code: a run made in a working tree with uncommitted changes (``<commit>-dirty``) cannot
+be rerun by anyone. ``--ship`` therefore refuses a dirty tree before it starts a single run
+(:func:`require_committed`), and refuses to ship any run whose own ``config.json`` names a
+dirty tree or no commit (:func:`committed_runs`): a run finished earlier in a dirty tree and
+only skipped by this command would otherwise slip through. Both checks belong to the
+command (``reproduce --ship``); the functions below merge whatever they are given.
 """
 
 from __future__ import annotations
@@ -31,8 +40,7 @@ from cfl_bench.reproduce.collect import Collected, RunValue, collect
 from cfl_bench.reproduce.tables import SCALES, ReproTable
 
 SHIPPED_FILES = ("config.json", "records.csv", "summary.json")
-# provenance.json facts that are lists of what the runs used: the union over merged parts.
-LISTED_FACTS = ("git_commits", "torch", "devices", "torch_threads_per_run", "scales")
+DIRTY = "-dirty"
 
 
 def shipped_folder(root: Path, name: str, scale: str) -> Path:
@@ -41,6 +49,38 @@ def shipped_folder(root: Path, name: str, scale: str) -> Path:
 
 def shipped_scales(root: Path, name: str) -> list[str]:
     return [s for s in SCALES if shipped_folder(root, name, s).is_dir()]
+
+
+def require_committed(commit: str | None) -> str:
+    """``commit`` (the checkout's, as ``runner.provenance.git_commit`` gives it), refused when
+    it is no commit or a tree with uncommitted changes: the runs about to be made would
+    name a commit that does not hold their code."""
+    if commit is None:
+        raise UserError(
+            "--ship records the git commit that made the runs, and this cfl-bench is not "
+            "a git checkout; install it from a clone (pip install -e .) and ship from there."
+        )
+    if commit.endswith(DIRTY):
+        raise UserError(
+            f"--ship refuses a working tree with uncommitted changes (commit "
+            f"{commit[:12]} plus edits, see `git status`): commit or stash them, then rerun "
+            f"the same command."
+        )
+    return commit
+
+
+def committed_runs(runs: list[RunValue]) -> None:
+    """Refuse shipping runs whose ``config.json`` names a dirty tree or no commit (see the
+    module docstring), naming the first."""
+    for run in sorted(runs, key=lambda r: r.path.name):
+        config = json.loads((run.path / "config.json").read_text(encoding="utf-8"))
+        commit = config.get("git_commit")
+        if not isinstance(commit, str) or commit.endswith(DIRTY):
+            made = "outside a git checkout" if commit is None else f"at {commit}"
+            raise UserError(
+                f"the run '{run.path}' was made {made}, so no commit holds its code; rerun "
+                f"it from a clean checkout (move it out first) before --ship."
+            )
 
 
 def ship(
@@ -146,9 +186,10 @@ def kept_runs(new: Collected, shipped: Collected, target: Path) -> list[RunValue
 def merged_facts(
     collected: Collected, folder: Path, kept: list[RunValue], target: Path, expected: int
 ) -> dict[str, Any]:
-    """provenance.json of the merged set: the new runs' facts, with the kept runs' lists
-    joined in, their run time added, and the wall times of the parts added up (each part's
-    sweep time; a replaced run's share of an earlier part stays counted)."""
+    """provenance.json of the merged set: the new runs' facts, with the lists of what made
+    the runs (commits, torch, devices, threads) read again from every run kept or shipped,
+    their run time added, and the wall times of the parts added up (each part's sweep time;
+    a replaced run's share of an earlier part stays counted)."""
     facts: dict[str, Any] = {**provenance.describe(collected, folder), "expected_runs": expected}
     stored = target / provenance.PROVENANCE
     earlier = json.loads(stored.read_text(encoding="utf-8")) if kept and stored.is_file() else None
@@ -158,9 +199,11 @@ def merged_facts(
     facts["run_time_s_total"] = round(
         sum(r.wall_time_s for r in collected.runs()) + sum(r.wall_time_s for r in kept), 1
     )
+    # What made the merged set, read from every run in it: a replaced run's commit (say a
+    # "-dirty" one) must leave the list with the run.
+    facts.update(provenance.run_facts([r.path for r in collected.runs()] + [r.path for r in kept]))
     if earlier:
-        for key in LISTED_FACTS:
-            facts[key] = sorted(set(facts.get(key) or []) | set(earlier.get(key) or []))
+        facts["scales"] = sorted(set(facts.get("scales") or []) | set(earlier.get("scales") or []))
         if facts.get("elapsed_s") is not None and earlier.get("elapsed_s") is not None:
             facts["elapsed_s"] = round(facts["elapsed_s"] + earlier["elapsed_s"], 1)
         for key in ("machine", "torch_build", "jobs"):

@@ -16,6 +16,7 @@ cell to a command line in one place, and a new table is a new file.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ TABLE_KEYS = frozenset(
         "runs_of",
     }
 )
-SCALE_KEYS = frozenset({"about", "seeds", "options", "strategies"})
+SCALE_KEYS = frozenset({"about", "seeds", "options", "strategies", "measured_s"})
 # Options a table may not fix: they say where and how a run executes, not what it is.
 RUN_PLACE_OPTIONS = frozenset(
     {"out", "overwrite", "restart", "data_root", "device", "threads", "executor", "seed"}
@@ -60,6 +61,11 @@ class Column:
     # round(fraction x total rounds) of a static run (records.csv, --eval-every-round)
     # instead of a summary metric: IFA's "Gen. g" columns are rounds g/10 of one run.
     round_fraction: float | None = None
+    # The reading's name and rule, where the paper's cell can be read from the same runs
+    # more than one way (FedGP's Table 7: the paper's forgetting formula, and the authors'
+    # code, which also counts the final evaluation): one column per reading, each named in
+    # the report, so no reader mistakes one rule's numbers for the other's.
+    reading: str = ""
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,11 @@ class Scale:
     strategies: dict[str, str] = field(default_factory=dict)
     # The same keys -> validate_strategy(that scale strategy).name, how its summaries name it.
     canonical: dict[str, str] = field(default_factory=dict)
+    # The measured wall time (s) of the whole scale, `reproduce NAME --scale S` with --jobs 1
+    # (docs/reproductions.md says on which machine and when). For a scale no results are
+    # shipped of (the smoke scale): an estimate from a shipped scale by the training work
+    # leaves out the fixed costs per run, which are most of a smoke run.
+    measured_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -199,6 +210,7 @@ def _columns(raw: object, metric: str, where: str) -> tuple[Column, ...]:
                 _check_options(_mapping(entry.get("options"), "options", where), label, where),
                 str(entry.get("metric", metric)),
                 _round_fraction(entry.get("round_fraction"), label, where),
+                str(entry.get("reading", "")),
             )
         )
     return tuple(columns)
@@ -267,8 +279,22 @@ def _scales(raw: object, rows: tuple[Row, ...], where: str) -> dict[str, Scale]:
         about = _text(entry.get("about"), f"scale {name}'s about", where)
         strategies = _scale_strategies(entry.get("strategies", {}), rows, f"scale {name}", where)
         canonical = {key: validate_strategy(text).name for key, text in strategies.items()}
-        scales[name] = Scale(name, about, tuple(seeds), options, strategies, canonical)
+        measured = _measured(entry.get("measured_s"), f"scale {name}", where)
+        scales[name] = Scale(name, about, tuple(seeds), options, strategies, canonical, measured)
     return scales
+
+
+def _measured(raw: object, what: str, where: str) -> float | None:
+    """A scale's ``measured_s``: absent, or a positive number of seconds."""
+    if raw is None:
+        return None
+    # exactly int or float: a YAML bool (a subclass of int) is no time
+    seconds = float(raw) if type(raw) is int or type(raw) is float else math.nan
+    if not 0 < seconds < math.inf:
+        raise UserError(
+            f"{where}: {what} measured_s must be a positive number of seconds; fix the table file."
+        )
+    return seconds
 
 
 def _scale_strategies(raw: object, rows: tuple[Row, ...], what: str, where: str) -> dict[str, str]:

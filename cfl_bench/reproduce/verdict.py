@@ -24,8 +24,10 @@ Pure functions of numbers, so the rules can be checked on hand-made tables. Per 
   claims can be judged).
 * **missing** — no finished run of the cell.
 
-A column's ranking agreement is Kendall's τ between the paper's values and our means over
-the rows both have (1: the same order; −1: reversed); it is reported, not a verdict.
+A column's ranking agreement is Kendall's τ-a between the paper's values and our means over
+the rows both have (1: the same order; −1: reversed); it is reported, not a verdict. τ-a,
+not τ-b: a tied pair counts as neither order and stays in the denominator, so ties pull it
+towards 0; the report names it τ-a so that no reader takes it for τ-b.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from cfl_bench.runner.model_catalogue import MODEL_DESCRIPTIONS, check_model_nam
 
 
 class MnistCNN(nn.Module):
-    """The FedGP MNIST CNN (~22k parameters), as in the authors' code.
+    """The FedGP MNIST CNN (21,840 parameters with 10 classes), as in the authors' code; not
+    the 1.66 M-parameter MNIST CNN of McMahan et al. (2017).
 
     conv 1→10 k5, max-pool 2, ReLU; conv 10→20 k5, dropout2d, max-pool 2, ReLU;
     fc 320→50, ReLU, dropout; fc 50→classes.
