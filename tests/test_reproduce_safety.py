@@ -173,6 +173,9 @@ def test_shipping_part_of_a_table_keeps_every_other_shipped_run(
     assert set(after) == set(before)
     facts = json.loads((target / "provenance.json").read_text(encoding="utf-8"))
     assert facts["runs"] == 66 and facts["expected_runs"] == 66
+    # One run replaced in a whole set: the table's measured wall time and jobs stay.
+    whole = json.loads((SHIPPED / "provenance.json").read_text(encoding="utf-8"))
+    assert (facts["elapsed_s"], facts["jobs"]) == (whole["elapsed_s"], whole["jobs"])
     assert collect(find_table(TABLE, repo_copy), target, "cpu").notes == []
 
 

@@ -188,8 +188,8 @@ def merged_facts(
 ) -> dict[str, Any]:
     """provenance.json of the merged set: the new runs' facts, with the lists of what made
     the runs (commits, torch, devices, threads) read again from every run kept or shipped,
-    their run time added, and the wall times of the parts added up (each part's sweep time;
-    a replaced run's share of an earlier part stays counted)."""
+    their run time added, and the wall times of the parts added up (each part's sweep time)
+    until the set is whole; a part replacing runs of a whole set keeps its wall time."""
     facts: dict[str, Any] = {**provenance.describe(collected, folder), "expected_runs": expected}
     stored = target / provenance.PROVENANCE
     earlier = json.loads(stored.read_text(encoding="utf-8")) if kept and stored.is_file() else None
@@ -204,7 +204,12 @@ def merged_facts(
     facts.update(provenance.run_facts([r.path for r in collected.runs()] + [r.path for r in kept]))
     if earlier:
         facts["scales"] = sorted(set(facts.get("scales") or []) | set(earlier.get("scales") or []))
-        if facts.get("elapsed_s") is not None and earlier.get("elapsed_s") is not None:
+        if earlier.get("runs") == expected:
+            # The earlier set held every run, so this part only replaces some: the table's
+            # wall time and parallelism stay those measured when it shipped whole (rerunning
+            # a few of its runs makes it no slower; their own times are in run_time_s_total).
+            facts["elapsed_s"], facts["jobs"] = earlier.get("elapsed_s"), earlier.get("jobs")
+        elif facts.get("elapsed_s") is not None and earlier.get("elapsed_s") is not None:
             facts["elapsed_s"] = round(facts["elapsed_s"] + earlier["elapsed_s"], 1)
         for key in ("machine", "torch_build", "jobs"):
             if earlier.get(key) != facts.get(key):
