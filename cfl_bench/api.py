@@ -97,6 +97,11 @@ class SweepOutcome:
         return pd.read_csv(path) if path.is_file() else None
 
 
+def as_option_values(options: dict[str, Any]) -> dict[str, Any]:
+    """Python values as the option checks take them: a ``Path`` as its text."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in options.items()}
+
+
 def run(
     stream: str | None = None,
     strategy: str | None = None,
@@ -124,7 +129,7 @@ def run(
     from cfl_bench.runner.config import make_config
     from cfl_bench.runner.run import execute
 
-    values = {k: str(v) if isinstance(v, Path) else v for k, v in options.items()}
+    values = as_option_values(options)
     config = make_config({**values, "stream": stream, "strategy": strategy})  # None: default
     shown = console or Console(quiet=not progress)
     with round_display(shown, f"{config.stream} · {config.strategy}") as on_round:
@@ -158,7 +163,7 @@ def sweep(
     from cfl_bench.sweeps.command import sweep_spec
     from cfl_bench.sweeps.grid import spec_from_options
 
-    values = {k: str(v) if isinstance(v, Path) else v for k, v in options.items()}
+    values = as_option_values(options)
     spec = spec_from_options(str(out), jobs, values)
     code = sweep_spec(spec, console or Console(), leaderboard)
     return SweepOutcome(spec.out, code)

@@ -112,7 +112,7 @@ def _place(
             places += [(row, column) for row in rows]
     if places:
         return places, scale, ""
-    if not any(table.canonical_at(r, s) == strategy for r in table.rows for s in table.scales):
+    if _is_no_row(table, strategy):
         return [], None, f"strategy {strategy} is no row of {table.name}"
     return [], None, "its options and strategy are no cell of the table at any of its scales"
 
