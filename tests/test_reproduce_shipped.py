@@ -58,6 +58,22 @@ def test_shipped_runs_are_the_tables_runs(name: str, scale: str) -> None:
         assert {v.seed for v in values} <= seeds
 
 
+def test_every_shipped_run_names_a_clean_commit() -> None:
+    """A run made in a tree with uncommitted changes (``<commit>-dirty``) cannot be rerun
+    by anyone, so none may be shipped: ``--ship`` refuses them, and the 18 FedGP MNIST runs
+    that predate the refusal were rerun at commits (issue 41). ``provenance.json`` must say
+    the same as the runs."""
+    results = ROOT / "results"
+    configs = sorted(results.glob("*/*/*/config.json"))
+    assert len(configs) > 66
+    for config in configs:
+        commit = json.loads(config.read_text(encoding="utf-8")).get("git_commit", "")
+        assert len(commit) == 40 and not commit.endswith("-dirty"), (config, commit)
+    for provenance in results.glob("*/*/provenance.json"):
+        facts = json.loads(provenance.read_text(encoding="utf-8"))
+        assert not [c for c in facts["git_commits"] if c.endswith("-dirty")], provenance
+
+
 @pytest.mark.parametrize(("name", "scale"), SHIPPED)
 def test_the_docs_show_the_report_of_the_shipped_results(name: str, scale: str) -> None:
     table = find_table(name, ROOT)
