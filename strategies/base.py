@@ -349,6 +349,9 @@ class StrategyEnv:
     # depend on how a local step moves θ, and both refuse what they cannot normalise.
     optimizer: str = "sgd"
     momentum: float = 0.0
+    # A class-incremental stream's classes per task (task t holds [t·c, (t+1)·c)); 0 for
+    # every other stream. iCaRL distils the classes of the tasks before the client's.
+    classes_per_task: int = 0
 
 
 @dataclass(frozen=True)
@@ -680,6 +683,10 @@ class Learner(Component):
     roles: ClassVar[frozenset[Role]] = frozenset({Role.LEARNER})
     # Whether old tasks' training data must be kept (the joint upper bound).
     needs_history: ClassVar[bool] = False
+    # Whether ``local_data`` adds examples the client kept from earlier tasks (iCaRL's
+    # exemplars): the client's training set then differs from its shard, which the
+    # vectorized and Flower executors do not build.
+    keeps_exemplars: ClassVar[bool] = False
 
     def replay_plan(self) -> ReplayPlan:
         """The buffer draws a step makes and the replay terms on them (``strategies.replay``):
@@ -702,6 +709,16 @@ class Learner(Component):
         ``shards`` holds only the current task's shard unless ``needs_history`` is set.
         """
         return shards[-1]
+
+    def local_data(
+        self, client: ClientState, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The client's training tensors for its task from its ``training_data`` (``x``,
+        ``y``, in the stream's stored form) and its own state: iCaRL appends the exemplars
+        it kept (``keeps_exemplars``). Called when the client enters a task and when a
+        resumed run rebuilds its data (after its state was loaded). The default keeps
+        them."""
+        return x, y
 
     def refine(self, g: torch.Tensor, view: StepView) -> torch.Tensor:
         """The learner's own refinement of the step's gradient g ((P,) or (C, P)), after the

@@ -226,7 +226,9 @@ class Strategy:
 
     @property
     def loss_terms(self) -> list[LossTerm]:
-        return [c for c in self.components if Role.LOSS_TERM in c.roles]
+        """The components with a loss term, the learner first when it has one of its own
+        (iCaRL's distillation)."""
+        return [c for c in self.all if Role.LOSS_TERM in c.roles]
 
     @property
     def aggregator(self) -> Aggregator | None:

@@ -1,0 +1,231 @@
+"""Federated iCaRL (``strategies.icarl``): herding, the old-class distillation, the exemplar
+memory under its budget, the refusals, and a resumed run.
+
+Hand-computed values throughout: the herding order of a 4-row feature matrix, the
+distillation of a 2-row batch from the equation with ``math``, the exemplars kept per class.
+Runs use tiny CIFAR-format files of random pixels (``tests.synthetic_data``) and the MLP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from cfl_bench.core.context import ClientState
+from cfl_bench.core.flat import FlatModel
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.run import execute
+from cfl_bench.strategies.base import ModelFacts
+from cfl_bench.strategies.declarations import ICaRLOptions
+from cfl_bench.strategies.icarl import ICaRL, herding, old_class_kd, random_memory_split
+from tests.helpers import env
+from tests.synthetic_data import write_tiny_cifar10
+from tests.test_cli import in_process
+from tests.test_resume import assert_same_run
+
+
+@pytest.fixture(scope="module")
+def cifar_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cifar-format")
+    write_tiny_cifar10(root, n=40, n_test=20)
+    return root
+
+
+def test_herding_takes_the_hand_computed_order() -> None:
+    # mean (1.25, 0.75). k=1: distances 0.79, 1.27, 0.35, 1.77 -> row 2. k=2 (sum (1, 1)):
+    # means (1, .5), (.5, 1), (2, 1) -> 0.35, 0.79, 0.79 -> row 0. k=3 (sum (2, 1)):
+    # (2/3, 2/3) -> 0.59, (5/3, 2/3) -> 0.42 -> row 3; then row 1. The rows nearest the mean
+    # would be 2, 0, 1, 3: herding differs at its third pick.
+    features = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [3.0, 1.0]])
+    assert herding(features, 4).tolist() == [2, 0, 3, 1]
+    assert herding(features, 2).tolist() == [2, 0]
+    assert herding(features, 9).tolist() == [2, 0, 3, 1]  # no more rows than there are
+
+
+def kd_reference(z: list[float], z_old: list[float], old: list[int], t: float) -> float:
+    """−Σ_{c∈old} softmax(z_old/T)_c · log softmax(z/T)_c, softmaxes over the old classes."""
+    zs = [z[c] / t for c in old]
+    zt = [z_old[c] / t for c in old]
+    lse_s = math.log(sum(math.exp(v) for v in zs))
+    lse_t = math.log(sum(math.exp(v) for v in zt))
+    return -sum(math.exp(b - lse_t) * (a - lse_s) for a, b in zip(zs, zt, strict=True))
+
+
+def test_old_class_distillation_follows_the_equation() -> None:
+    z = [[1.0, 2.0, 3.0], [0.5, -1.0, 4.0]]
+    z_old = [[2.0, 0.0, 5.0], [1.0, 1.0, -2.0]]
+    # row 1 by hand: student log-softmax of (0.5, 1) = (-0.9741, -0.4741), teacher softmax of
+    # (1, 0) = (0.7311, 0.2689): 0.7311·0.9741 + 0.2689·0.4741 = 0.8396
+    assert kd_reference(z[0], z_old[0], [0, 1], 2.0) == pytest.approx(0.8396, abs=1e-4)
+    want = (
+        kd_reference(z[0], z_old[0], [0, 1], 2.0) + kd_reference(z[1], z_old[1], [0, 1], 2.0)
+    ) / 2
+    outputs = torch.tensor(z, requires_grad=True)
+    got = old_class_kd(outputs, torch.tensor(z_old), torch.tensor([1.0, 1.0, 0.0]), 2.0)
+    assert float(got.detach()) == pytest.approx(want, rel=1e-6)
+    got.backward()
+    assert outputs.grad is not None
+    assert outputs.grad[:, 2].tolist() == [0.0, 0.0]  # the new class is not distilled
+    # a padded batch's mask keeps the real rows only
+    masked = old_class_kd(
+        torch.tensor(z),
+        torch.tensor(z_old),
+        torch.tensor([1.0, 1.0, 0.0]),
+        2.0,
+        torch.tensor([True, False]),
+    )
+    assert float(masked) == pytest.approx(kd_reference(z[0], z_old[0], [0, 1], 2.0), rel=1e-6)
+
+
+def test_defaults_are_the_official_codes() -> None:
+    # TARGET's methods/base.py sets args["memory_size"] = 2000 (over main.py's 300) and
+    # methods/icarl.py samples it with np.random.choice; T = 2; loss = loss_clf + loss_kd.
+    o = ICaRLOptions()
+    assert (o.memory, o.selection, o.temperature, o.weight) == (2000, "random", 2.0, 1.0)
+
+
+class Identity(nn.Module):
+    """A model whose features are its 2-d inputs (so herding's choice is known)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(2, 4)
+
+    def representation(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x)
+
+
+def icarl(**options: Any) -> ICaRL:
+    learner = ICaRL(options)
+    facts = ModelFacts("identity", frozenset({"features"}))
+    e = dataclasses.replace(env("seq-test", "class-il", 4, 2), classes_per_task=2, model=facts)
+    learner.setup(e)
+    return learner
+
+
+def enter(learner: ICaRL, client: ClientState, x: torch.Tensor, y: torch.Tensor) -> None:
+    client.train_x, client.train_y = learner.local_data(client, x, y)
+
+
+def test_herding_keeps_memory_over_seen_classes_per_class() -> None:
+    learner = icarl(memory=6, selection="herding")
+    client = ClientState(index=0, generator=torch.Generator().manual_seed(0), buffer=None)
+    model = FlatModel(Identity())
+    # class 0: four unit rows at 0°, 90°, 45°, 60°; class 1: three rows
+    c0 = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.7071, 0.7071], [0.5, 0.8660]])
+    c1 = torch.tensor([[1.0, 0.2], [0.9, 0.1], [0.3, 0.3]])
+    enter(learner, client, torch.cat([c0, c1]), torch.tensor([0, 0, 0, 0, 1, 1, 1]))
+    learner.on_task_end(client, 0, model)
+    state = client.state_for("icarl")
+    # m = 6 // 2 classes = 3. Class 0's mean is (0.552, 0.643); k=1: distances 0.78, 0.66,
+    # 0.17, 0.23 -> 45°; k=2: 0.42, 0.29, 0.15 -> 60°; k=3: 0.22, 0.26 -> 0°. Class 1 keeps
+    # all three of its rows.
+    kept = state["y"]
+    assert isinstance(kept, torch.Tensor)
+    assert kept.tolist() == [0, 0, 0, 1, 1, 1]
+    assert state["x"][:3].tolist() == [c0[2].tolist(), c0[3].tolist(), c0[0].tolist()]  # type: ignore[index]
+    # task 1 trains on its 5 rows plus the 6 exemplars
+    new = torch.tensor([[0.0, 1.0], [0.1, 1.0], [1.0, 0.0], [1.0, 0.1], [0.5, 0.5]])
+    enter(learner, client, new, torch.tensor([2, 2, 3, 3, 3]))
+    assert client.num_samples == 11
+    learner.on_task_end(client, 1, model)
+    # m = 6 // 4 = 1 per class: each old class keeps its first exemplar, each new class one
+    assert state["y"].tolist() == [0, 1, 2, 3]  # type: ignore[union-attr]
+    assert state["x"][0].tolist() == c0[2].tolist()  # type: ignore[index]
+
+
+def test_random_memory_is_a_uniform_draw_of_everything_seen() -> None:
+    learner = icarl(memory=5)
+    client = ClientState(index=0, generator=torch.Generator().manual_seed(0), buffer=None)
+    model = FlatModel(Identity())
+    enter(learner, client, torch.rand(4, 2), torch.tensor([0, 0, 1, 1]))
+    learner.on_task_end(client, 0, model)
+    state = client.state_for("icarl")
+    assert state["y"].tolist() == [0, 0, 1, 1]  # type: ignore[union-attr]  # 4 ≤ 5: all kept
+    enter(learner, client, torch.rand(6, 2), torch.tensor([2, 2, 2, 3, 3, 3]))
+    learner.on_task_end(client, 1, model)
+    assert state["y"].shape == (5,) and state["seen"] == 10  # type: ignore[union-attr]
+    # the old share of a uniform 8-subset of 10 old + 30 new examples is hypergeometric,
+    # mean 8·10/40 = 2, sd 1.11: the mean of 4000 draws is within 0.08 (4.5 sd of the mean)
+    gen = torch.Generator().manual_seed(1)
+    draws = [random_memory_split(10, 30, 8, gen) for _ in range(4000)]
+    assert sum(draws) / len(draws) == pytest.approx(2.0, abs=0.08)
+    assert random_memory_split(3, 4, 8, gen) == 3
+
+
+def run_args(root: Path, out: Path, strategy: str, *extra: str) -> list[str]:
+    return [
+        "run",
+        *("--stream", "seq-cifar10", "--data-root", str(root), "--model", "mlp"),
+        *("--strategy", strategy, "--tasks", "2", "--rounds-per-task", "1", "--epochs", "1"),
+        *("--clients", "2", "--threads", "1", "--out", str(out), *extra),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "extra", "fragment"),
+    [
+        ("icarl:memory=0", (), "option icarl:memory must be"),
+        ("icarl:selection=best", (), "option icarl:selection must be one of random, herding"),
+        ("icarl:temperature=0", (), "option icarl:temperature must be"),
+        ("icarl", ("--executor", "vectorized"), "not on the exemplars 'icarl' adds"),
+        ("icarl:selection=herding", ("--model", "linear"), "which model 'linear' does not"),
+    ],
+)
+def test_bad_choices_are_refused_in_one_line(
+    cifar_root: Path, tmp_path: Path, strategy: str, extra: tuple[str, ...], fragment: str
+) -> None:
+    out = tmp_path / "run"
+    code, output = in_process(*run_args(cifar_root, out, strategy, *extra))
+    assert code == 2, output
+    assert fragment in " ".join(output.split()) and "Traceback" not in output
+    assert not (out / "records.csv").exists()
+
+
+def test_a_domain_il_stream_is_refused(tmp_path: Path) -> None:
+    code, output = in_process(
+        "run", "--stream", "rot-digits", "--strategy", "icarl", "--out", str(tmp_path / "r")
+    )
+    assert code == 2, output
+    assert "needs a class-incremental stream" in " ".join(output.split())
+    assert "Traceback" not in output
+
+
+def test_a_crashed_run_resumes_to_identical_records(cifar_root: Path, tmp_path: Path) -> None:
+    """Exemplars, the seen count and the teacher survive a checkpoint (crash mid-task 1)."""
+    values: dict[str, Any] = {
+        "stream": "seq-cifar10",
+        "data_root": str(cifar_root),
+        "model": "mlp",
+        "strategy": "icarl:memory=30,selection=herding",
+        "tasks": 2,
+        "rounds_per_task": 2,
+        "clients": 2,
+        "epochs": 1,
+        "threads": 1,
+        "checkpoint_every": 1,
+    }
+    whole = tmp_path / "whole"
+    execute(make_config({**values, "out": str(whole)}))
+
+    class CrashError(Exception):
+        pass
+
+    def crash(report: Any) -> None:
+        if report.round_index == 3:
+            raise CrashError
+
+    crashed = {**values, "out": str(tmp_path / "crashed")}
+    with pytest.raises(CrashError):
+        execute(make_config(crashed), crash)
+    execute(make_config(crashed))
+    assert_same_run(tmp_path / "crashed", whole)
