@@ -29,6 +29,8 @@ docs/architecture.md, "One round":
                      then component.client_request(server) → the executor computes it on
                      the named clients at θ_g → the request's on_reply(summed answers)
                      (FedGP's reference gradient last, at the final θ_g of the round)
+    evaluation       θ_g scored by the model's outputs, or by the first component's
+                     evaluation_classifier() where one replaces the classifier (iCaRL's NME)
 
 Client-side hooks (``round_inputs``, ``client_inputs``, the step functions, ``after_local``)
 see the client's state, the round's ``Broadcast`` and the model being trained — never the
@@ -117,6 +119,10 @@ COMMUNICATION = "communication"
 
 
 AUTO = "auto"  # the written value of an option resolved from the stream at setup
+
+#: An evaluation classifier (``Component.evaluation_classifier``): class scores of a chunk of
+#: model inputs under the model, or None while it cannot classify.
+Classifier = Callable[["torch.nn.Module", "torch.Tensor"], "torch.Tensor | None"]
 
 #: What a component's step functions need for one client's round, by name: tensors (one
 #: client's, or a chunk's — shared, or stacked with a leading client axis) and numbers.
@@ -658,6 +664,14 @@ class Component:
         reference gradient); the executor runs it and the request's ``on_reply`` gets the
         summed answers. The server half: who is asked, and what is done with the answers;
         the client half is ``answer_request``."""
+        return None
+
+    def evaluation_classifier(self) -> Classifier | None:
+        """A classifier that replaces the model's outputs when the global model is evaluated
+        (iCaRL's nearest mean of exemplars): called with the model (eval mode, θ_g) and a
+        chunk of model inputs, it gives class scores whose argmax is the prediction, or None
+        while it cannot classify yet (the model's outputs are then scored). None: this
+        component leaves evaluation alone."""
         return None
 
     def answer_request(self, payload: str, client: ClientState, model: FlatModel) -> torch.Tensor:

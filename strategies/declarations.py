@@ -177,6 +177,15 @@ class ICaRLOptions:
         2.0, "temperature T of the old-class distillation (code: 2)", positive_float
     )
     weight: float = option(1.0, "weight of the distillation term (code: 1)", non_negative_float)
+    classifier: Literal["cnn", "nme"] = option(
+        "cnn",
+        (
+            "evaluation: the model's outputs (code, its tables) or the nearest mean of "
+            "exemplars, class means federated from the clients (paper; needs herding)"
+        ),
+        text,
+        choices=("cnn", "nme"),
+    )
 
 
 @dataclass(frozen=True)
@@ -532,6 +541,8 @@ ICARL = Declaration(
     paper="Rebuffi et al., CVPR 2017 (iCaRL), federated as in TARGET's code (ICCV 2023)",
     roles=frozenset({Role.LEARNER, Role.LOSS_TERM}),
     options=ICaRLOptions,
+    payloads=(Payload("icarl.class_sums", "request"),),
+    server_schedule=True,
 )
 
 EWC = Declaration(

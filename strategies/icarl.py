@@ -33,9 +33,15 @@ Exemplars (``selection``):
   first m rows (``_reduce_exemplar``). The code base never calls this (its iCaRL inherits
   the method but its ``after_task`` does not build the memory).
 
-Classifier: the code evaluates the model's softmax (its ``_eval_nme`` needs class means its
-federated iCaRL never computes), so the records' ``acc`` is the CNN accuracy, as its tables;
-the paper's nearest-mean-of-exemplars classifier is not built here (docs/methods.md).
+Classifier (``classifier``): ``cnn`` (the code, default) scores the model's outputs: the code's
+``_eval_nme`` needs class means its federated iCaRL never computes, so its tables hold the
+softmax accuracy. ``nme`` (the paper, with ``selection=herding``) scores the nearest mean of
+exemplars: at every task end the server asks every client (a ``ClientRequest`` at the final
+θ_g) for, per class, the sum of the L2-normalised features of the exemplars it keeps when the
+task ends and their count ((classes, d + 1) floats up); the server sums the answers, and at
+evaluation divides, normalises each mean (PyCIL's ``mean / ‖mean‖``) and predicts the class
+whose mean is nearest the normalised features; a class without exemplars is never
+predicted. The records' ``acc`` (and ``acc_task_il``) then hold the NME accuracy.
 The paper's loss is a sigmoid binary cross-entropy over all classes, old ones against the
 old model's sigmoid outputs; the code uses the softmax CE + KD above, and so does this module
 (the paper's form is not offered).
@@ -51,8 +57,10 @@ from torch.nn import functional as F
 
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.objective import masked_mean
+from cfl_bench.core.payloads import ClientRequest, Reply
 from cfl_bench.strategies import declarations
 from cfl_bench.strategies.base import (
+    Classifier,
     ClientInputs,
     Declaration,
     FrozenForward,
@@ -62,9 +70,10 @@ from cfl_bench.strategies.base import (
 from cfl_bench.strategies.declarations import ICaRLOptions
 
 if TYPE_CHECKING:
-    from cfl_bench.core.context import Broadcast, ClientState, LocalRound
+    from cfl_bench.core.context import Broadcast, ClientState, LocalRound, ServerState
     from cfl_bench.core.flat import FlatModel
 
+CLASS_SUMS = "icarl.class_sums"
 # PyCIL's EPSILON in the feature normalisation x / (‖x‖ + ε).
 EPSILON = 1e-8
 
@@ -124,11 +133,31 @@ def random_memory_split(seen: int, new: int, memory: int, gen: torch.Generator) 
     return int((draw < seen).sum())
 
 
+def class_feature_sums(features: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Per class: the sum of the rows of ``features`` labelled with it, then their count
+    ((num_classes, d + 1)); what a client sends for the class means."""
+    ones = torch.ones(features.shape[0], 1, dtype=features.dtype, device=features.device)
+    sums = torch.zeros(num_classes, features.shape[1] + 1, device=features.device)
+    return sums.index_add_(0, y.to(features.device), torch.cat([features, ones], dim=1))
+
+
+def nme_scores(features: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+    """−‖φ − μ_c‖² per row and class, μ_c the mean of class c's exemplar features divided by
+    its norm (PyCIL's ``_class_means``); −∞ for a class no client holds an exemplar of."""
+    counts = sums[:, -1]
+    present = counts > 0
+    means = sums[:, :-1] / counts.clamp(min=1).unsqueeze(1)
+    means = means / means.norm(dim=1, keepdim=True).clamp(min=torch.finfo(means.dtype).tiny)
+    distances = ((features.unsqueeze(1) - means.unsqueeze(0)) ** 2).sum(dim=2)
+    return (-distances).masked_fill(~present.unsqueeze(0), float("-inf"))
+
+
 class ICaRL(Learner):
     declaration: ClassVar[Declaration] = declarations.ICARL
     opts: ICaRLOptions
     requires: ClassVar[frozenset[str]] = frozenset({"class_logits"})
     keeps_exemplars: ClassVar[bool] = True
+    state_attributes: ClassVar[tuple[str, ...]] = ("class_sums",)
 
     def setup(self, env: StrategyEnv) -> None:
         """Refuse streams without classes per task and, for herding, models without
@@ -146,8 +175,16 @@ class ICaRL(Learner):
                 f"model {env.model.name!r} does not expose; use --model {offering} or "
                 f"icarl:selection=random."
             )
+        if self.opts.classifier == "nme" and self.opts.selection != "herding":
+            raise UserError(
+                "icarl:classifier=nme classifies by the means of the exemplars herding "
+                "chooses (the paper's pair); add selection=herding."
+            )
         self.num_classes = env.num_classes
         self.classes_per_task = env.classes_per_task
+        # Σ of the clients' per-class sums of normalised exemplar features, the counts in
+        # the last column ((classes, d + 1)), from the latest task end; empty before it.
+        self.class_sums = torch.zeros(0)
 
     def offers_batches(self) -> bool:
         """No reservoir buffer: the exemplars are chosen at task ends."""
@@ -179,9 +216,7 @@ class ICaRL(Learner):
         if not isinstance(old_x, torch.Tensor) or not isinstance(old_y, torch.Tensor):
             old_x, old_y = new_x[:0], new_y[:0]
         if self.opts.selection == "herding":
-            chosen = self._herded(client, model, task, rows, old_y)
-            state["x"] = torch.cat([old_x[chosen[0]], new_x[chosen[1]]])
-            state["y"] = torch.cat([old_y[chosen[0]], new_y[chosen[1]]])
+            state["x"], state["y"] = self._herded_memory(client, model, task)
             return
         seen = int(state.get("seen", 0))  # type: ignore[call-overload]
         gen = client.generator
@@ -192,6 +227,24 @@ class ICaRL(Learner):
         state["x"] = torch.cat([old_x[keep_old.to(old_x.device)], new_x[keep_new.to(new_x.device)]])
         state["y"] = torch.cat([old_y[keep_old.to(old_y.device)], new_y[keep_new.to(new_y.device)]])
         state["seen"] = seen + rows
+
+    def _herded_memory(
+        self, client: ClientState, model: FlatModel, task: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The exemplars (stored inputs, labels) the client keeps if ``task`` ends at the
+        model's θ_g: herding's choice among its kept exemplars and the task's shard."""
+        assert client.train_x is not None and client.train_y is not None
+        state = client.state_for(self.name)
+        rows = int(state.get("rows", client.num_samples))  # type: ignore[call-overload]
+        new_x, new_y = client.train_x[:rows], client.train_y[:rows]
+        old_x, old_y = state.get("x"), state.get("y")
+        if not isinstance(old_x, torch.Tensor) or not isinstance(old_y, torch.Tensor):
+            old_x, old_y = new_x[:0], new_y[:0]
+        keep_old, keep_new = self._herded(client, model, task, rows, old_y)
+        return (
+            torch.cat([old_x[keep_old], new_x[keep_new]]),
+            torch.cat([old_y[keep_old], new_y[keep_new]]),
+        )
 
     def _herded(
         self, client: ClientState, model: FlatModel, task: int, rows: int, old_y: torch.Tensor
@@ -257,3 +310,42 @@ class ICaRL(Learner):
             outputs, values["teacher_outputs"], values["old"], self.opts.temperature, mask
         )
         return self.opts.weight * values["weight"] * kd
+
+    # -- the nearest-mean-of-exemplars classifier ------------------------------------------------
+    def client_request(self, server: ServerState) -> ClientRequest | None:
+        """At a task end, with ``classifier=nme``: ask every client for its per-class sums
+        of exemplar features at the final θ_g (before the evaluation that scores it)."""
+        if self.opts.classifier != "nme" or not server.is_task_end:
+            return None
+        return ClientRequest(
+            CLASS_SUMS,
+            list(server.clients),
+            lambda client, model: self.answer_request(CLASS_SUMS, client, model),
+            self.receive_reply,
+            train_mode=False,
+        )
+
+    def answer_request(self, payload: str, client: ClientState, model: FlatModel) -> torch.Tensor:
+        """The client's (classes, d + 1) answer: per class, the sum of the L2-normalised
+        features of the exemplars it keeps when its task ends now, and their count."""
+        if payload != CLASS_SUMS:
+            return super().answer_request(payload, client, model)
+        x, y = self._herded_memory(client, model, client.task)
+        with torch.inference_mode():
+            features = normalised(features_of(model.module, client.decode(x)))
+        return class_feature_sums(features, y, self.num_classes)
+
+    def receive_reply(self, reply: Reply) -> None:
+        """Σ over the clients of their sums and counts: the server divides at evaluation."""
+        self.class_sums = reply.total.detach().clone()
+
+    def evaluation_classifier(self) -> Classifier | None:
+        return self.nearest_mean if self.opts.classifier == "nme" else None
+
+    def nearest_mean(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+        """NME scores of ``x`` under the latest class means (None before the first task
+        end: the model's outputs are scored)."""
+        if self.class_sums.numel() == 0:
+            return None
+        sums = self.class_sums.to(x.device)
+        return nme_scores(normalised(features_of(module, x)), sums)

@@ -9,6 +9,7 @@ Runs use tiny CIFAR-format files of random pixels (``tests.synthetic_data``) and
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,14 @@ from cfl_bench.runner.config import make_config
 from cfl_bench.runner.run import execute
 from cfl_bench.strategies.base import ModelFacts
 from cfl_bench.strategies.declarations import ICaRLOptions
-from cfl_bench.strategies.icarl import ICaRL, herding, old_class_kd, random_memory_split
+from cfl_bench.strategies.icarl import (
+    ICaRL,
+    class_feature_sums,
+    herding,
+    nme_scores,
+    old_class_kd,
+    random_memory_split,
+)
 from tests.helpers import env
 from tests.synthetic_data import write_tiny_cifar10
 from tests.test_cli import in_process
@@ -177,6 +185,7 @@ def run_args(root: Path, out: Path, strategy: str, *extra: str) -> list[str]:
         ("icarl:memory=0", (), "option icarl:memory must be"),
         ("icarl:selection=best", (), "option icarl:selection must be one of random, herding"),
         ("icarl:temperature=0", (), "option icarl:temperature must be"),
+        ("icarl:classifier=nme", (), "classifier=nme classifies by the means of the exemplars"),
         ("icarl", ("--executor", "vectorized"), "not on the exemplars 'icarl' adds"),
         ("icarl:selection=herding", ("--model", "linear"), "which model 'linear' does not"),
     ],
@@ -201,18 +210,20 @@ def test_a_domain_il_stream_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_crashed_run_resumes_to_identical_records(cifar_root: Path, tmp_path: Path) -> None:
-    """Exemplars, the seen count and the teacher survive a checkpoint (crash mid-task 1)."""
+    """Exemplars and the server's class sums survive a checkpoint: crashed after task 1's
+    last round, the resumed run trains on the exemplars and scores round 3 by NME."""
     values: dict[str, Any] = {
         "stream": "seq-cifar10",
         "data_root": str(cifar_root),
         "model": "mlp",
-        "strategy": "icarl:memory=30,selection=herding",
+        "strategy": "icarl:memory=30,selection=herding,classifier=nme",
         "tasks": 2,
         "rounds_per_task": 2,
         "clients": 2,
         "epochs": 1,
         "threads": 1,
         "checkpoint_every": 1,
+        "eval_every_round": True,  # round 3 scores NME with the means of round 2's request
     }
     whole = tmp_path / "whole"
     execute(make_config({**values, "out": str(whole)}))
@@ -221,7 +232,7 @@ def test_a_crashed_run_resumes_to_identical_records(cifar_root: Path, tmp_path: 
         pass
 
     def crash(report: Any) -> None:
-        if report.round_index == 3:
+        if report.round_index == 2:  # right after task 1's end and its checkpoint
             raise CrashError
 
     crashed = {**values, "out": str(tmp_path / "crashed")}
@@ -229,3 +240,45 @@ def test_a_crashed_run_resumes_to_identical_records(cifar_root: Path, tmp_path: 
         execute(make_config(crashed), crash)
     execute(make_config(crashed))
     assert_same_run(tmp_path / "crashed", whole)
+
+
+def test_nearest_mean_scores_are_the_hand_computed_distances() -> None:
+    # class 0: two exemplars summing to (2, 0) -> mean (1, 0); class 1: one at (3, 4) ->
+    # mean (0.6, 0.8) after dividing by its norm; class 2: no exemplar anywhere
+    sums = torch.tensor([[2.0, 0.0, 2.0], [3.0, 4.0, 1.0], [0.0, 0.0, 0.0]])
+    features = torch.tensor([[0.6, 0.8], [1.0, 0.0]])
+    scores = nme_scores(features, sums)
+    # (0.6, 0.8): 0.16 + 0.64 = 0.8 to class 0, 0 to class 1; (1, 0): 0 and 0.16 + 0.64
+    assert scores[:, :2].flatten().tolist() == pytest.approx([-0.8, 0.0, 0.0, -0.8], abs=1e-6)
+    assert scores[:, 2].tolist() == [float("-inf")] * 2
+    assert scores.argmax(dim=1).tolist() == [1, 0]
+
+
+def test_federated_class_means_equal_the_centralised_ones() -> None:
+    """Each client sends per-class sums and counts; the server's Σ gives the means of the
+    union of the clients' exemplars (PyCIL's class means: the mean, divided by its norm)."""
+    gen = torch.Generator().manual_seed(0)
+    f1, y1 = torch.randn(5, 3, generator=gen), torch.tensor([0, 1, 1, 2, 0])
+    f2, y2 = torch.randn(4, 3, generator=gen), torch.tensor([1, 1, 0, 0])
+    total = class_feature_sums(f1, y1, 4) + class_feature_sums(f2, y2, 4)
+    assert total[:, -1].tolist() == [4.0, 4.0, 1.0, 0.0]
+    everyone, labels = torch.cat([f1, f2]), torch.cat([y1, y2])
+    query = torch.randn(6, 3, generator=gen)
+    for c in range(3):
+        mean = everyone[labels == c].mean(dim=0)
+        mean = mean / mean.norm()
+        want = -((query - mean) ** 2).sum(dim=1)
+        assert torch.allclose(nme_scores(query, total)[:, c], want, atol=1e-6)
+
+
+def test_nme_runs_and_counts_the_class_sums(cifar_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "nme"
+    strategy = "icarl:memory=20,selection=herding,classifier=nme"
+    code, output = in_process(*run_args(cifar_root, out, strategy))
+    assert code == 0, output
+    summary = json.loads((out / "summary.json").read_text())
+    # 2 task ends x 2 clients x 10 classes x (100 MLP features + 1 count) x 4 bytes
+    assert summary["bytes_by_payload"]["up:icarl.class_sums"] == 2 * 2 * 10 * 101 * 4
+    rows = [line.split(",") for line in (out / "records.csv").read_text().splitlines()[1:]]
+    # before task 2 is trained its classes have no mean: NME never predicts them
+    assert [r[5] for r in rows if r[:5] == ["1", "0", "1", "global", "acc"]] == ["0.0"]
