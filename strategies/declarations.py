@@ -173,6 +173,15 @@ class ICaRLOptions:
         text,
         choices=("random", "herding"),
     )
+    loss: Literal["softmax", "sigmoid"] = option(
+        "softmax",
+        (
+            "CE + softmax KD on the old classes (code) or binary CE over the classes seen, "
+            "old ones against the old model's sigmoid (paper)"
+        ),
+        text,
+        choices=("softmax", "sigmoid"),
+    )
     temperature: float = option(
         2.0, "temperature T of the old-class distillation (code: 2)", positive_float
     )

@@ -42,9 +42,12 @@ task ends and their count ((classes, d + 1) floats up); the server sums the answ
 evaluation divides, normalises each mean (PyCIL's ``mean / ‖mean‖``) and predicts the class
 whose mean is nearest the normalised features; a class without exemplars is never
 predicted. The records' ``acc`` (and ``acc_task_il``) then hold the NME accuracy.
-The paper's loss is a sigmoid binary cross-entropy over all classes, old ones against the
-old model's sigmoid outputs; the code uses the softmax CE + KD above, and so does this module
-(the paper's form is not offered).
+Loss (``loss``): ``softmax`` (the code, default) is the CE + KD above. ``sigmoid`` (the
+paper, Algorithm 3) replaces both by one binary cross-entropy per class seen so far (the
+classes of tasks 0..t), old classes against the old model's sigmoid outputs σ(f_old(x)_c),
+the others against the one-hot label, summed over the classes and averaged over the rows
+(the paper sums over examples too: its SGD's mean over a batch is the suite's); the
+objective's CE on the batch is then weighted 0 (``ReplayPlan.batch_weight``).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from cfl_bench.strategies.base import (
     StrategyEnv,
 )
 from cfl_bench.strategies.declarations import ICaRLOptions
+from cfl_bench.strategies.replay import ReplayPlan
 
 if TYPE_CHECKING:
     from cfl_bench.core.context import Broadcast, ClientState, LocalRound, ServerState
@@ -93,6 +97,24 @@ def old_class_kd(
     student = F.log_softmax(torch.where(keep, outputs, hidden) / temperature, dim=1)
     target = F.softmax(torch.where(keep, teacher_outputs, hidden) / temperature, dim=1)
     per_row = -(target * torch.where(keep, student, torch.zeros_like(student))).sum(dim=1)
+    return per_row.mean() if mask is None else masked_mean(per_row, mask)
+
+
+def sigmoid_loss(
+    outputs: torch.Tensor,
+    teacher_outputs: torch.Tensor,
+    y: torch.Tensor,
+    old: torch.Tensor,
+    seen: torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The paper's loss (Algorithm 3): per row, Σ over the ``seen`` classes of the binary
+    cross-entropy of σ(z_c) against σ(z_old_c) for the ``old`` classes and [c = y] for the
+    others; the mean over the rows (``mask``: a padded batch's real rows)."""
+    onehot = F.one_hot(y, outputs.shape[1]).to(outputs.dtype)
+    target = torch.where(old > 0, torch.sigmoid(teacher_outputs), onehot)
+    per_class = F.binary_cross_entropy_with_logits(outputs, target, reduction="none")
+    per_row = (per_class * seen).sum(dim=1)
     return per_row.mean() if mask is None else masked_mean(per_row, mask)
 
 
@@ -174,6 +196,12 @@ class ICaRL(Learner):
                 f"icarl:selection=herding chooses exemplars by the model's features, which "
                 f"model {env.model.name!r} does not expose; use --model {offering} or "
                 f"icarl:selection=random."
+            )
+        unused = sorted({"temperature", "weight"} & self.explicit)
+        if self.opts.loss == "sigmoid" and unused:
+            raise UserError(
+                f"icarl:{unused[0]} has no effect with loss=sigmoid (the paper's binary "
+                f"cross-entropy has no temperature or weight); drop it or use loss=softmax."
             )
         if self.opts.classifier == "nme" and self.opts.selection != "herding":
             raise UserError(
@@ -267,13 +295,19 @@ class ICaRL(Learner):
         return torch.cat([empty, *keep_old]), torch.cat([empty, *keep_new])
 
     # -- the distillation ------------------------------------------------------------------------
+    def replay_plan(self) -> ReplayPlan:
+        """No buffer draws; with the paper's sigmoid loss the loss term replaces the
+        objective's cross-entropy on the batch."""
+        return ReplayPlan(batch_weight=0.0 if self.opts.loss == "sigmoid" else 1.0)
+
     def round_inputs(self, broadcast: Broadcast) -> ClientInputs | None:
-        """Nothing to add at λ = 0."""
-        return None if self.opts.weight == 0 else {}
+        """Nothing to add to the softmax form at λ = 0."""
+        return None if self.opts.loss == "softmax" and self.opts.weight == 0 else {}
 
     def client_inputs(self, client: ClientState, local: LocalRound) -> ClientInputs:
-        """The teacher (θ_g when the client entered its task), the old classes' 0/1 vector
-        and the term's weight (0 in task 0, whose 'old' vector is all ones, unused)."""
+        """The teacher (θ_g when the client entered its task), the 0/1 vectors of the old
+        classes (none in task 0) and of the classes seen so far, and whether there is a
+        teacher (0 in task 0: the teacher is then θ_g, unused)."""
         state = client.state_for(self.name)
         broadcast = local.broadcast
         if state.get("task", client.task) != client.task:
@@ -283,11 +317,15 @@ class ICaRL(Learner):
         has_teacher = "teacher" in state and client.task > 0
         device = broadcast.params.device
         old = torch.zeros(self.num_classes, device=device)
-        old[: client.task * self.classes_per_task] = 1.0
+        if has_teacher:
+            old[: client.task * self.classes_per_task] = 1.0
+        seen = torch.zeros(self.num_classes, device=device)
+        seen[: (client.task + 1) * self.classes_per_task] = 1.0
         return {
             "teacher": state["teacher"] if has_teacher else broadcast.params,
             "teacher_buffers": state["teacher_buffers"] if has_teacher else broadcast.buffers,
-            "old": old if has_teacher else torch.ones(self.num_classes, device=device),
+            "old": old,
+            "seen": seen,
             "weight": torch.tensor(float(has_teacher), device=device),
         }
 
@@ -295,7 +333,7 @@ class ICaRL(Learner):
         return (FrozenForward("teacher_outputs", "teacher", "teacher_buffers"),)
 
     def term_inputs(self) -> tuple[str, ...]:
-        return ("old", "weight")
+        return ("old", "seen", "weight")
 
     def loss_term(
         self,
@@ -305,11 +343,16 @@ class ICaRL(Learner):
         mask: torch.Tensor | None,
         values: dict[str, torch.Tensor],
     ) -> torch.Tensor:
-        """λ · weight · KD_T on the old classes."""
-        kd = old_class_kd(
-            outputs, values["teacher_outputs"], values["old"], self.opts.temperature, mask
-        )
-        return self.opts.weight * values["weight"] * kd
+        """softmax: λ · KD_T on the old classes (0 without a teacher); sigmoid: the
+        paper's binary cross-entropy over the classes seen."""
+        teacher, old, weight = values["teacher_outputs"], values["old"], values["weight"]
+        if self.opts.loss == "sigmoid":
+            return sigmoid_loss(outputs, teacher, y, old, values["seen"], mask)
+        # Without a teacher every class stands in for the old ones (the term is weighted 0
+        # there): an empty set would make the softmaxes NaN, and 0 · NaN is NaN.
+        kept = torch.clamp(old + (1.0 - weight), max=1.0)
+        kd = old_class_kd(outputs, teacher, kept, self.opts.temperature, mask)
+        return self.opts.weight * weight * kd
 
     # -- the nearest-mean-of-exemplars classifier ------------------------------------------------
     def client_request(self, server: ServerState) -> ClientRequest | None:

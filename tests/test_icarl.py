@@ -31,6 +31,7 @@ from cfl_bench.strategies.icarl import (
     nme_scores,
     old_class_kd,
     random_memory_split,
+    sigmoid_loss,
 )
 from tests.helpers import env
 from tests.synthetic_data import write_tiny_cifar10
@@ -95,7 +96,44 @@ def test_defaults_are_the_official_codes() -> None:
     # TARGET's methods/base.py sets args["memory_size"] = 2000 (over main.py's 300) and
     # methods/icarl.py samples it with np.random.choice; T = 2; loss = loss_clf + loss_kd.
     o = ICaRLOptions()
-    assert (o.memory, o.selection, o.temperature, o.weight) == (2000, "random", 2.0, 1.0)
+    assert (o.memory, o.selection, o.loss, o.temperature, o.weight, o.classifier) == (
+        2000,
+        "random",
+        "softmax",
+        2.0,
+        1.0,
+        "cnn",
+    )
+
+
+def bce(p: float, q: float) -> float:
+    """Binary cross-entropy of probability p against target q."""
+    return -(q * math.log(p) + (1 - q) * math.log(1 - p))
+
+
+def sigmoid(v: float) -> float:
+    return 1 / (1 + math.exp(-v))
+
+
+def test_the_papers_sigmoid_loss_follows_its_equation() -> None:
+    # task 1 of 2-class tasks: classes 0, 1 old (targets σ(z_old)), 2, 3 new (one-hot of
+    # y = 2), classes 4, 5 not seen yet (no term)
+    z = [1.0, -1.0, 0.5, 2.0, 3.0, -3.0]
+    z_old = [0.5, 0.0, 9.0, 9.0, 9.0, 9.0]
+    want = (
+        bce(sigmoid(1.0), sigmoid(0.5))
+        + bce(sigmoid(-1.0), 0.5)
+        + bce(sigmoid(0.5), 1.0)
+        + bce(sigmoid(2.0), 0.0)
+    )
+    got = sigmoid_loss(
+        torch.tensor([z]),
+        torch.tensor([z_old]),
+        torch.tensor([2]),
+        torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 0.0]),
+        torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0]),
+    )
+    assert float(got) == pytest.approx(want, rel=1e-6)
 
 
 class Identity(nn.Module):
@@ -184,6 +222,11 @@ def run_args(root: Path, out: Path, strategy: str, *extra: str) -> list[str]:
     [
         ("icarl:memory=0", (), "option icarl:memory must be"),
         ("icarl:selection=best", (), "option icarl:selection must be one of random, herding"),
+        (
+            "icarl:loss=sigmoid,temperature=3",
+            (),
+            "icarl:temperature has no effect with loss=sigmoid",
+        ),
         ("icarl:temperature=0", (), "option icarl:temperature must be"),
         ("icarl:classifier=nme", (), "classifier=nme classifies by the means of the exemplars"),
         ("icarl", ("--executor", "vectorized"), "not on the exemplars 'icarl' adds"),
@@ -198,6 +241,18 @@ def test_bad_choices_are_refused_in_one_line(
     assert code == 2, output
     assert fragment in " ".join(output.split()) and "Traceback" not in output
     assert not (out / "records.csv").exists()
+
+
+def test_the_papers_loss_replaces_the_cross_entropy(cifar_root: Path, tmp_path: Path) -> None:
+    """loss=sigmoid trains: the reported loss of task 1 (no teacher: every seen class against
+    its one-hot label) is the binary one, not CE's (ln 10 = 2.30 for a fresh 10-class model);
+    two seen classes at σ ≈ 1/2 give about 2 · ln 2 = 1.39 per example."""
+    out = tmp_path / "sigmoid"
+    code, output = in_process(*run_args(cifar_root, out, "icarl:loss=sigmoid"))
+    assert code == 0, output
+    rows = [line.split(",") for line in (out / "records.csv").read_text().splitlines()[1:]]
+    loss = [float(r[5]) for r in rows if r[0] == "1" and r[4] == "train_loss"]
+    assert loss and 0.5 < loss[0] < 1.9
 
 
 def test_a_domain_il_stream_is_refused(tmp_path: Path) -> None:
