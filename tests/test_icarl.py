@@ -230,6 +230,11 @@ def run_args(root: Path, out: Path, strategy: str, *extra: str) -> list[str]:
         ("icarl:temperature=0", (), "option icarl:temperature must be"),
         ("icarl:classifier=nme", (), "classifier=nme classifies by the means of the exemplars"),
         ("icarl", ("--executor", "vectorized"), "not on the exemplars 'icarl' adds"),
+        (
+            "icarl:loss=sigmoid",
+            ("--executor", "vectorized"),
+            "which 'icarl' replaces with its own loss",
+        ),
         ("icarl:selection=herding", ("--model", "linear"), "which model 'linear' does not"),
     ],
 )
