@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,10 +20,13 @@ import torch
 from torch import nn
 
 from cfl_bench.core.context import ClientState
+from cfl_bench.core.errors import UserError
 from cfl_bench.core.flat import FlatModel
+from cfl_bench.flower.kind import check_flower
 from cfl_bench.runner.config import make_config
 from cfl_bench.runner.run import execute
 from cfl_bench.strategies.base import ModelFacts
+from cfl_bench.strategies.compose import build_strategy
 from cfl_bench.strategies.declarations import ICaRLOptions
 from cfl_bench.strategies.icarl import (
     ICaRL,
@@ -258,6 +262,24 @@ def test_the_papers_loss_replaces_the_cross_entropy(cifar_root: Path, tmp_path: 
     rows = [line.split(",") for line in (out / "records.csv").read_text().splitlines()[1:]]
     loss = [float(r[5]) for r in rows if r[0] == "1" and r[4] == "train_loss"]
     assert loss and 0.5 < loss[0] < 1.9
+
+
+def test_the_learner_s_own_term_joins_the_loss_terms() -> None:
+    assert [c.name for c in build_strategy("icarl+fedprox").loss_terms] == ["icarl", "fedprox"]
+    assert [c.name for c in build_strategy("der+fedprox").loss_terms] == ["fedprox"]
+
+
+def test_the_flower_executor_refuses_exemplars(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cfl_bench.flower
+
+    monkeypatch.setattr(cfl_bench.flower, "require_flwr", lambda: None)
+    run = SimpleNamespace(
+        config=SimpleNamespace(clients_per_chunk=None, compile=False),
+        stream=SimpleNamespace(per_round=False),
+        strategy=build_strategy("icarl"),
+    )
+    with pytest.raises(UserError, match="keep history or exemplars of earlier tasks"):
+        check_flower(run)  # type: ignore[arg-type]
 
 
 def test_a_domain_il_stream_is_refused(tmp_path: Path) -> None:
