@@ -364,3 +364,12 @@ def test_nme_runs_and_counts_the_class_sums(cifar_root: Path, tmp_path: Path) ->
     rows = [line.split(",") for line in (out / "records.csv").read_text().splitlines()[1:]]
     # before task 2 is trained its classes have no mean: NME never predicts them
     assert [r[5] for r in rows if r[:5] == ["1", "0", "1", "global", "acc"]] == ["0.0"]
+    # the classifier changes the evaluation only: classifier=cnn trains the same
+    cnn = tmp_path / "cnn"
+    code, output = in_process(*run_args(cifar_root, cnn, "icarl:memory=20,selection=herding"))
+    assert code == 0, output
+
+    def losses(run: Path) -> list[str]:
+        return [x for x in (run / "records.csv").read_text().splitlines() if "train_loss" in x]
+
+    assert losses(cnn) == losses(out) and len(losses(out)) == 2
