@@ -29,6 +29,8 @@ docs/architecture.md, "One round":
                      then component.client_request(server) → the executor computes it on
                      the named clients at θ_g → the request's on_reply(summed answers)
                      (FedGP's reference gradient last, at the final θ_g of the round)
+    evaluation       θ_g scored by the model's outputs, or by the first component's
+                     evaluation_classifier() where one replaces the classifier (iCaRL's NME)
 
 Client-side hooks (``round_inputs``, ``client_inputs``, the step functions, ``after_local``)
 see the client's state, the round's ``Broadcast`` and the model being trained — never the
@@ -117,6 +119,10 @@ COMMUNICATION = "communication"
 
 
 AUTO = "auto"  # the written value of an option resolved from the stream at setup
+
+#: An evaluation classifier (``Component.evaluation_classifier``): class scores of a chunk of
+#: model inputs under the model, or None while it cannot classify.
+Classifier = Callable[["torch.nn.Module", "torch.Tensor"], "torch.Tensor | None"]
 
 #: What a component's step functions need for one client's round, by name: tensors (one
 #: client's, or a chunk's — shared, or stacked with a leading client axis) and numbers.
@@ -349,6 +355,9 @@ class StrategyEnv:
     # depend on how a local step moves θ, and both refuse what they cannot normalise.
     optimizer: str = "sgd"
     momentum: float = 0.0
+    # A class-incremental stream's classes per task (task t holds [t·c, (t+1)·c)); 0 for
+    # every other stream. iCaRL distils the classes of the tasks before the client's.
+    classes_per_task: int = 0
 
 
 @dataclass(frozen=True)
@@ -657,6 +666,14 @@ class Component:
         the client half is ``answer_request``."""
         return None
 
+    def evaluation_classifier(self) -> Classifier | None:
+        """A classifier that replaces the model's outputs when the global model is evaluated
+        (iCaRL's nearest mean of exemplars): called with the model (eval mode, θ_g) and a
+        chunk of model inputs, it gives class scores whose argmax is the prediction, or None
+        while it cannot classify yet (the model's outputs are then scored). None: this
+        component leaves evaluation alone."""
+        return None
+
     def answer_request(self, payload: str, client: ClientState, model: FlatModel) -> torch.Tensor:
         """The client half of a request for ``payload`` (one of this component's payloads
         produced by "request"): ``client``'s answer with ``model`` at θ_g, in the mode the
@@ -680,6 +697,10 @@ class Learner(Component):
     roles: ClassVar[frozenset[Role]] = frozenset({Role.LEARNER})
     # Whether old tasks' training data must be kept (the joint upper bound).
     needs_history: ClassVar[bool] = False
+    # Whether ``local_data`` adds examples the client kept from earlier tasks (iCaRL's
+    # exemplars): the client's training set then differs from its shard, which the
+    # vectorized and Flower executors do not build.
+    keeps_exemplars: ClassVar[bool] = False
 
     def replay_plan(self) -> ReplayPlan:
         """The buffer draws a step makes and the replay terms on them (``strategies.replay``):
@@ -702,6 +723,16 @@ class Learner(Component):
         ``shards`` holds only the current task's shard unless ``needs_history`` is set.
         """
         return shards[-1]
+
+    def local_data(
+        self, client: ClientState, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The client's training tensors for its task from its ``training_data`` (``x``,
+        ``y``, in the stream's stored form) and its own state: iCaRL appends the exemplars
+        it kept (``keeps_exemplars``). Called when the client enters a task and when a
+        resumed run rebuilds its data (after its state was loaded). The default keeps
+        them."""
+        return x, y
 
     def refine(self, g: torch.Tensor, view: StepView) -> torch.Tensor:
         """The learner's own refinement of the step's gradient g ((P,) or (C, P)), after the

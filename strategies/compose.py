@@ -36,6 +36,7 @@ from cfl_bench.core.errors import UserError
 from cfl_bench.core.text_values import split_options
 from cfl_bench.strategies.base import (
     MODEL_CAPABILITIES,
+    Classifier,
     Component,
     Declaration,
     Learner,
@@ -226,7 +227,18 @@ class Strategy:
 
     @property
     def loss_terms(self) -> list[LossTerm]:
-        return [c for c in self.components if Role.LOSS_TERM in c.roles]
+        """The components with a loss term, the learner first when it has one of its own
+        (iCaRL's distillation)."""
+        return [c for c in self.all if Role.LOSS_TERM in c.roles]
+
+    def evaluation_classifier(self) -> Classifier | None:
+        """The classifier that replaces the model's outputs at evaluation: the first
+        component's that has one (None: the model's outputs are scored)."""
+        for c in self.all:
+            classifier = c.evaluation_classifier()
+            if classifier is not None:
+                return classifier
+        return None
 
     @property
     def aggregator(self) -> Aggregator | None:

@@ -153,6 +153,51 @@ class LwFOptions:
 
 
 @dataclass(frozen=True)
+class ICaRLOptions:
+    """``icarl:…`` options (defaults: the federated iCaRL of TARGET's code base)."""
+
+    memory: int = option(
+        2000,
+        (
+            "exemplars each client keeps (the code's memory_size: main.py's 300 is "
+            "overwritten to 2000 by its BaseLearner)"
+        ),
+        positive_int,
+    )
+    selection: Literal["random", "herding"] = option(
+        "random",
+        (
+            "exemplars: a uniform draw of the memory from all the client's earlier data "
+            "(code) or herding of memory/classes-seen per class (paper)"
+        ),
+        text,
+        choices=("random", "herding"),
+    )
+    loss: Literal["softmax", "sigmoid"] = option(
+        "softmax",
+        (
+            "CE + softmax KD on the old classes (code) or binary CE over the classes seen, "
+            "old ones against the old model's sigmoid (paper)"
+        ),
+        text,
+        choices=("softmax", "sigmoid"),
+    )
+    temperature: float = option(
+        2.0, "temperature T of the old-class distillation (code: 2)", positive_float
+    )
+    weight: float = option(1.0, "weight of the distillation term (code: 1)", non_negative_float)
+    classifier: Literal["cnn", "nme"] = option(
+        "cnn",
+        (
+            "evaluation: the model's outputs (code, its tables) or the nearest mean of "
+            "exemplars, class means federated from the clients (paper; needs herding)"
+        ),
+        text,
+        choices=("cnn", "nme"),
+    )
+
+
+@dataclass(frozen=True)
 class OnlineEWCOptions:
     """``ewc:…`` options."""
 
@@ -495,6 +540,20 @@ LWF = Declaration(
     options=LwFOptions,
 )
 
+ICARL = Declaration(
+    name="icarl",
+    target="cfl_bench.strategies.icarl:ICaRL",
+    summary=(
+        "federated iCaRL: CE on the task's data + the client's exemplars, distilling the "
+        "previous task's model on the old classes (class-IL)"
+    ),
+    paper="Rebuffi et al., CVPR 2017 (iCaRL), federated as in TARGET's code (ICCV 2023)",
+    roles=frozenset({Role.LEARNER, Role.LOSS_TERM}),
+    options=ICaRLOptions,
+    payloads=(Payload("icarl.class_sums", "request"),),
+    server_schedule=True,
+)
+
 EWC = Declaration(
     name="ewc",
     target="cfl_bench.strategies.ewc:OnlineEWC",
@@ -629,6 +688,7 @@ TABLE: tuple[Declaration, ...] = (
     DERPP,
     AGEM,
     IDEAL,
+    ICARL,
     FEDPROX,
     FEDCURV,
     FEDNTD,

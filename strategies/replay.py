@@ -52,6 +52,9 @@ class ReplayPlan:
 
     draws: int = 0
     terms: tuple[ReplayTerm, ...] = ()
+    # The weight of the objective's loss on the batch: 0 when the learner's own loss term
+    # replaces it (iCaRL's sigmoid binary cross-entropy, the paper's form).
+    batch_weight: float = 1.0
 
 
 def logit_mse(

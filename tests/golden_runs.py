@@ -159,6 +159,16 @@ CASES: dict[str, tuple[bool, list[str]]] = {
             "--keep-checkpoint",
         ],
     ),
+    # Federated iCaRL: herded exemplars join task 2's shards, the old classes distilled.
+    "seq-cifar10-mlp-icarl-herding": (
+        True,
+        [
+            *("--stream", "seq-cifar10", "--model", "mlp", "--tasks", "2"),
+            *("--rounds-per-task", "1", "--clients", "3"),
+            *("--train-size", "2000", "--test-size", "500"),
+            *("--strategy", "icarl:memory=60,selection=herding"),
+        ],
+    ),
     "seq-dbpedia-der+fedgp": (
         True,
         [

@@ -20,8 +20,9 @@ from tests.test_vectorized_replay import REPLAY
 # "Agreement"): FedDF's and FedProj's server Adam distillation. Measured at their defaults
 # on this run: FedDF's θ_g 1.9e-2 apart (records 2.3e-6), FedProj's 2.0e-5 (2.5e-8).
 OPTIONS = {"fedproj": "fedproj:distill_lr=1e-12,eps=1e-6", "feddf": "feddf:distill_lr=1e-12"}
-# The joint learner is refused by the vectorized executor (its data grows with the history).
-REFUSED = {"ideal"}
+# Refused by the vectorized executor: the joint learner (its data grows with the history)
+# and iCaRL (its exemplars join the shard; and it needs a class-IL stream, not rot-digits).
+REFUSED = {"ideal", "icarl"}
 COMPOSITIONS = [
     "der+fedgp",
     "derpp+fedgp",

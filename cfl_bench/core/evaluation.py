@@ -49,6 +49,33 @@ def predict_logits(
         module.train(was_training)
 
 
+@torch.inference_mode()
+def classifier_scores(
+    module: nn.Module,
+    x: torch.Tensor,
+    classify: Callable[[nn.Module, torch.Tensor], torch.Tensor | None],
+    batch: int | None = None,
+    decode: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor | None:
+    """``classify``'s class scores of ``x`` in chunks of ``batch``, the model in eval mode,
+    as ``predict_logits`` gives the model's outputs; None when it cannot classify yet."""
+    if batch is None:
+        batch = eval_batch_size(x.device)
+    was_training = module.training
+    module.eval()
+    try:
+        scores: list[torch.Tensor] = []
+        for i in range(0, x.shape[0], batch):
+            chunk = x[i : i + batch]
+            got = classify(module, chunk if decode is None else decode(chunk))
+            if got is None:
+                return None
+            scores.append(got)
+        return torch.cat(scores)
+    finally:
+        module.train(was_training)
+
+
 def accuracy(
     logits: torch.Tensor, y: torch.Tensor, classes: tuple[int, ...] | None = None
 ) -> torch.Tensor:

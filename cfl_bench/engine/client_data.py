@@ -122,7 +122,8 @@ class ClientData:
         learner = self.strategy.learner
         history = self.shards.get(client.index, []) if learner.needs_history else []
         self.shards[client.index] = [*history, shard]
-        client.train_x, client.train_y = learner.training_data(self.shards[client.index])
+        x, y = learner.training_data(self.shards[client.index])
+        client.train_x, client.train_y = learner.local_data(client, x, y)
 
     def _receive_round(self, g: int, clients: list[ClientState], on_task_start: TaskStart) -> None:
         """A per-round stream: every client trains on what it received in round ``g``

@@ -163,7 +163,12 @@ class Federation:
             self.server, strategy, s.clients_per_round, s.weighting, s.seed
         )
         self.measure = Measurement(
-            self.model, s.probe_size, stream.objective, stream.as_model_input, s.diagnostics
+            self.model,
+            s.probe_size,
+            stream.objective,
+            stream.as_model_input,
+            s.diagnostics,
+            strategy.evaluation_classifier(),
         )
         trainer = build_trainer(self.model, strategy, s, stream)
         self.executor: Executor = executor.make(trainer)

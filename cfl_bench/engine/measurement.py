@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from cfl_bench.core.context import ClientState
-from cfl_bench.core.evaluation import EvalSet, mean_kl
+from cfl_bench.core.evaluation import EvalSet, classifier_scores, mean_kl
 from cfl_bench.core.flat import FlatModel
 from cfl_bench.core.objective import Objective
 from cfl_bench.engine.client_update import ClientResult
@@ -40,8 +40,12 @@ class Measurement:
         objective: Objective,
         decode: Callable[[torch.Tensor], torch.Tensor] | None = None,
         diagnostics: bool = False,
+        classify: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor | None] | None = None,
     ) -> None:
         self.model = model
+        # A classifier replacing the model's outputs at evaluation (the strategy's
+        # ``evaluation_classifier``: iCaRL's nearest mean of exemplars); None: the outputs.
+        self.classify = classify
         # ``--diagnostics``: the global model's class-wise forgetting across rounds.
         self.forgetting = ClassForgetting() if diagnostics else None
         self.probe_size = probe_size
@@ -82,13 +86,13 @@ class Measurement:
         """θ_g on tasks 0..upto with the objective's metrics; returns the mean of the
         headline metric (accuracy) over the seen tasks."""
         self.model.load(*global_state)
-        module, objective = self.model.module, self.objective
+        objective = self.objective
         headline = objective.metrics[0]
         seen: list[torch.Tensor] = []
         headlines: dict[str, torch.Tensor] = {}
         for i in range(upto + 1):
             e = self.eval_sets[i]
-            logits = objective.predict(module, e.x, self.decode)
+            logits = self.predict(e.x)
             scores = objective.score(logits, e.y, e.classes)
             for metric, value in scores.items():
                 records.append((round_index, trained_task, i, "global", metric, value))
@@ -99,7 +103,7 @@ class Measurement:
             headlines[f"task {i + 1}"] = scores[headline]
         if self.test_domain is not None:
             e = self.test_domain
-            scores = objective.score(objective.predict(module, e.x, self.decode), e.y, e.classes)
+            scores = objective.score(self.predict(e.x), e.y, e.classes)
             for metric, value in scores.items():
                 records.append((round_index, trained_task, -1, "global", f"test_{metric}", value))
             headlines["test"] = scores[headline]
@@ -109,6 +113,16 @@ class Measurement:
         values = torch.stack(list(headlines.values())).tolist()  # one host sync
         self.latest_scores = dict(zip(headlines, values, strict=True))
         return self.latest_acc
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """The scores the evaluation ranks classes by: the classifier's where the strategy
+        replaces the model's classifier and it can classify, else the model's outputs."""
+        module = self.model.module
+        if self.classify is not None:
+            scores = classifier_scores(module, x, self.classify, decode=self.decode)
+            if scores is not None:
+                return scores
+        return self.objective.predict(module, x, self.decode)
 
     @property
     def has_distribution(self) -> bool:

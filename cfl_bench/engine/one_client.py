@@ -146,7 +146,14 @@ def batch_loss(learner: Learner, step: StepContext) -> torch.Tensor:
         step.outputs = features.classify(step.representation).float()
     else:
         step.outputs = module(step.x)
-    return learner.objective.loss(step.outputs, step.y)
+    return weighted_batch_loss(learner, learner.objective.loss(step.outputs, step.y))
+
+
+def weighted_batch_loss(learner: Learner, loss: torch.Tensor) -> torch.Tensor:
+    """The batch loss times the plan's ``batch_weight`` (left untouched at 1, so every other
+    learner's loss is the very same tensor)."""
+    weight = learner.replay_plan().batch_weight
+    return loss if weight == 1.0 else weight * loss
 
 
 def plan_loss(
@@ -176,7 +183,7 @@ def plan_loss(
         draws = [buffer.sample(step.buffer_batch_size) for _ in range(plan.draws)]
         parts = [step.replay_input(replay_draw(draws, t.draw).x) for t in plan.terms]
         step.outputs, *replays = fused([step.x, *parts])
-        loss = learner.objective.loss(step.outputs, step.y)
+        loss = weighted_batch_loss(learner, learner.objective.loss(step.outputs, step.y))
     for term, replay in zip(plan.terms, replays, strict=True):
         draw = replay_draw(draws, term.draw)
         value = replay_term_loss(term, replay, draw.y, draw.logits, learner.objective)

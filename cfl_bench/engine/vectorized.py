@@ -137,6 +137,16 @@ def check_strategy(strategy: Strategy) -> None:
             f"the vectorized executor runs learners declared by their replay plans, not "
             f"'{learner.name}' (its training data grows with the task history); {FALLBACK}."
         )
+    if learner.replay_plan().batch_weight != 1.0:
+        raise UserError(
+            f"the vectorized executor adds the objective's loss on the batch at weight 1, "
+            f"which '{learner.name}' replaces with its own loss; {FALLBACK}."
+        )
+    if learner.keeps_exemplars:
+        raise UserError(
+            f"the vectorized executor trains each client on its shard, not on the exemplars "
+            f"'{learner.name}' adds to it from earlier tasks; {FALLBACK}."
+        )
 
 
 def check_model(module: nn.Module, name: str | None = None) -> None:

@@ -29,10 +29,12 @@ def check_flower(run: PlannedRun) -> None:
 
     refuse_vectorized_options(run)
     require_flwr()
-    if run.stream.per_round or run.strategy.learner.needs_history:
+    learner = run.strategy.learner
+    if run.stream.per_round or learner.needs_history or learner.keeps_exemplars:
         raise UserError(
             "--executor flower loads each client's shard of the current task only; per-round "
-            "streams and learners that keep history (joint) need another --executor."
+            "streams and learners that keep history or exemplars of earlier tasks need "
+            "another --executor."
         )
 
 
