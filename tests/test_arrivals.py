@@ -16,7 +16,9 @@ import torch
 
 from cfl_bench.core.errors import UserError
 from cfl_bench.engine.arrivals import ArrivalPlan, Arrivals, parse_arrivals
+from cfl_bench.engine.loop import Schedule
 from cfl_bench.runner.config import make_config
+from cfl_bench.runner.cost import run_size
 from cfl_bench.runner.plan import plan_run
 from cfl_bench.runner.run import execute
 from cfl_bench.strategies.registry import component_classes
@@ -319,3 +321,38 @@ def test_every_component_runs_under_arrivals(strategy: str) -> None:
     assert plan is not None
     for g, _, k, n in rows_of(out.records, "train_examples"):
         assert k < plan.joined[(g - 1) // 2] and n > 0
+
+
+def test_the_cost_estimate_counts_only_the_clients_there() -> None:
+    """run_size by hand: 1 round per task, 1 epoch, batch 100; client k holds 100·(t+1)
+    examples of task t when it receives it, so a step count is the held task + 1."""
+    schedule = Schedule.of(
+        num_tasks=3,
+        rounds_per_task=1,
+        epochs=1,
+        num_clients=5,
+        participation=1.0,
+        batch_size=100,
+        buffer_batch_size=100,
+        buffer_size=10,
+        buffer_offer="first_pass",
+        replay_augment=False,
+        weighting="samples",
+        lr=0.1,
+        momentum=0.0,
+        weight_decay=0.0,
+        probe_size=10,
+        eval_every_round=False,
+        seed=0,
+        arrivals=SMALL,
+    )
+    plan = SMALL.plan(3, seed=0)
+    shards = [[100 * (t + 1) if k in plan.receivers[t] else 0 for k in range(5)] for t in range(3)]
+    size = run_size(schedule, schedule.clock(), shards, False, params=1)
+    # Round 1: 3 clients there, 2 drawn (chance 2/3), 1 step each: 2.
+    # Round 2: 4 there (chance 2/4); receivers 2 steps, keepers 1: 0.5 · (2 + 2 + 1 + 1) = 3.
+    # Round 3: 5 there (chance 2/5); 3 receivers 3 steps; a keeper 2 steps if it received
+    # task 2, else 1.
+    keepers = sum(2 if k in plan.receivers[1] else 1 for k in plan.keepers(2))
+    assert size.total_steps == round(2 + 3 + 0.4 * (9 + keepers))
+    assert (size.rounds, size.clients_per_round, size.steps_min, size.steps_max) == (3, 2, 1, 3)
