@@ -296,6 +296,16 @@ def test_cfl_bench_run_end_to_end(tmp_path: Path) -> None:
         held = plan.held_task(k, task)
         assert held is not None
         assert n == sum(config["client_class_counts"][str(held + 1)][k])
+    # `cfl-bench clients --task 2` shows what each client trains on: a keeper's task-1 row.
+    shown = cli(["clients", str(out), "--task", "2"], tmp_path, wide=True)
+    assert shown.returncode == 0, shown.stderr
+    rows_shown = {line.split()[0]: line.split() for line in shown.stdout.splitlines()[3:8]}
+    assert len(plan.keepers(1)) == 2  # 3 there, ⌊3 · 0.5⌋ = 1 receives
+    for keeper in plan.keepers(1):
+        assert rows_shown[str(keeper)][1:4] == ["task", "1", "(kept)"]
+        assert rows_shown[str(keeper)][-1] == str(2 * (1437 // 6))
+    assert rows_shown["4"][1:3] == ["not", "there"] and rows_shown["4"][-1] == "0"
+    assert rows_shown["3"][1:3] == ["task", "2"] and rows_shown["3"][-1] == str(2 * (1437 // 4))
 
 
 def test_bad_arrivals_on_the_command_line_exit_2_in_one_line(tmp_path: Path) -> None:
