@@ -22,7 +22,11 @@ from cfl_bench.runner.cost import run_size
 from cfl_bench.runner.plan import plan_run
 from cfl_bench.runner.run import execute
 from cfl_bench.strategies.registry import component_classes
-from cfl_bench.streams.partition import IIDPartitioner
+from cfl_bench.streams.partition import (
+    ClassSubsetPartitioner,
+    IIDPartitioner,
+    partitioner_from_spec,
+)
 from cfl_bench.streams.registry import build_stream
 from tests.cli_helpers import cli, tree_digest
 from tests.helpers import digits_federation
@@ -239,6 +243,20 @@ def test_option_pairs_it_cannot_mean_are_refused(values: dict[str, object], word
     assert "\n" not in str(err.value)
 
 
+def test_without_a_partition_arrivals_use_the_glfc_split() -> None:
+    """The GLFC code's split by default: every receiver holds all digits of 6 classes."""
+    plan = plan_run(make_config({"tasks": 3, "clients": 5, "arrivals": "glfc:initial=3,new=1"}))
+    assert plan.resolved["protocol"]["partition"]["name"] == "class-subsets"
+    assert plan.resolved["protocol"]["partition"]["classes_per_client"] == 6
+    receivers = plan.resolved["arrivals"][0]["receivers"]
+    for k, row in enumerate(plan.resolved["client_class_counts"]["1"]):
+        if k in receivers:
+            assert [n for n in row if n] == [DIGITS_PER_CLASS[c] for c in range(10) if row[c]]
+            assert sum(1 for n in row if n) == 6
+        else:
+            assert sum(row) == 0
+
+
 def test_the_protocol_records_the_resolved_options() -> None:
     spelled = plan_run(make_config({"tasks": 3, "clients": 5, "arrivals": "glfc:initial=3,new=1"}))
     resolved = plan_run(
@@ -262,6 +280,7 @@ def test_cfl_bench_run_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "run"
     args = ["run", "--tasks", "3", "--rounds-per-task", "1", "--epochs", "1", "--clients", "5"]
     args += ["--arrivals", "glfc:initial=3,new=1,receive=0.5,per_round=2", "--strategy", "er"]
+    args += ["--partition", "shards"]  # the FedGP shards, for sizes computed by hand
     result = cli([*args, "--out", str(out)], tmp_path)
     assert result.returncode == 0, result.stderr
     config = json.loads((out / "config.json").read_text())
@@ -274,7 +293,7 @@ def test_cfl_bench_run_end_to_end(tmp_path: Path) -> None:
         "receive": 0.5,
         "per_round": 2,
     }
-    # The rot-digits default partition, shards (2 per client): 1,437 label-sorted digits cut
+    # shards (2 per client): 1,437 label-sorted digits cut
     # into 2·(receivers) shards; each receiver holds 2 shards, everybody else none of the task.
     for t, shard in ((0, 1437 // 6), (1, 1437 // 4), (2, 1437 // 6)):
         table = config["client_class_counts"][str(t + 1)]
@@ -366,3 +385,45 @@ def test_the_cost_estimate_counts_only_the_clients_there() -> None:
     keepers = sum(2 if k in plan.receivers[1] else 1 for k in plan.keepers(2))
     assert size.total_steps == round(2 + 3 + 0.4 * (9 + keepers))
     assert (size.rounds, size.clients_per_round, size.steps_min, size.steps_max) == (3, 2, 1, 3)
+
+
+def test_class_subsets_give_every_example_of_the_drawn_classes() -> None:
+    """GLFC's split: 4 classes of sizes 2, 3, 1, 2; 3 clients of 2 classes each hold every
+    example of their 2 classes (clients may share), so a part's size is its classes' sum."""
+    labels = torch.tensor([0, 0, 1, 1, 1, 2, 3, 3, 1])
+    sizes = {0: 2, 1: 4, 2: 1, 3: 2}
+    parts = ClassSubsetPartitioner(classes_per_client=2).split(labels, 3, task=0, seed=0)
+    assert len(parts) == 3
+    for part in parts:
+        held = set(labels[part].tolist())
+        assert len(held) == 2
+        assert part.tolist() == [i for i, y in enumerate(labels.tolist()) if y in held]
+        assert part.numel() == sum(sizes[c] for c in held)
+    again = ClassSubsetPartitioner(classes_per_client=2).split(labels, 3, task=0, seed=0)
+    assert [p.tolist() for p in again] == [p.tolist() for p in parts]  # seeded
+    everything = ClassSubsetPartitioner(classes_per_client=4).split(labels, 2, task=0, seed=0)
+    assert [p.tolist() for p in everything] == [list(range(9))] * 2  # shared, not split
+    with pytest.raises(UserError, match="task 1 has 4; use class-subsets:classes_per_client=4"):
+        ClassSubsetPartitioner(classes_per_client=5).split(labels, 3, task=0, seed=0)
+    assert partitioner_from_spec("class-subsets").describe()["classes_per_client"] == 6  # code
+
+
+def test_glfc_split_under_arrivals() -> None:
+    """Receivers hold all examples of 6 of the 10 digit classes; keepers their old ones."""
+    federation = digits_federation(
+        "fedavg",
+        num_tasks=2,
+        num_clients=4,
+        arrivals=SMALL,
+        partitioner=ClassSubsetPartitioner(),
+    )
+    federation.enter_round(2)  # task 2's first round (2 rounds per task)
+    plan = federation.arrivals
+    assert plan is not None
+    for k in plan.receivers[1]:
+        client = federation.clients[k]
+        held = set(client.train_y.tolist())  # type: ignore[union-attr]
+        assert len(held) == 6 and client.task == 1
+        assert client.num_samples == sum(DIGITS_PER_CLASS[c] for c in held)
+    for k in plan.keepers(1):
+        assert federation.clients[k].task == 0

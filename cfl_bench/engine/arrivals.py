@@ -24,9 +24,9 @@ official code (conditionWang/FCIL, ``src/fl_main.py``), which the paper leaves o
 Why this is not a partitioner: a partitioner says what data a client holds *within* a task;
 arrivals say *who* exists and who gets new data at all. The run's partition (any of them)
 splits task t among its receivers (``receivers(t)``, ascending index: receiver i gets the
-partition's part i). The official code instead gives each receiving client *all* examples of
-6 classes drawn from the task's 10 (``iid_level``), so its clients' data overlap; the suite's
-partitions keep clients disjoint (``docs/protocols.md`` says so).
+partition's part i). Without ``--partition`` a run with arrivals uses the official code's
+split, ``class-subsets`` (each receiving client holds *all* examples of 6 classes drawn from
+the task's, ``--iid_level``; clients' data overlap), so the preset is GLFC's protocol.
 
 Synchronous task boundaries only (``--async-shift`` and ``--lead-rounds`` are refused with
 it), and the plan is a pure function of (options, tasks, seed): a resumed run rebuilds it.
@@ -46,6 +46,8 @@ from cfl_bench.core.text_values import (
 )
 
 PRESETS = ("glfc",)
+# The partition of a run with --arrivals and no --partition: the GLFC code's split.
+ARRIVALS_PARTITION = "class-subsets"
 # Each option's meaning, in the order messages and ``--help`` list them.
 OPTION_HELP: dict[str, str] = {
     "initial": "clients at task 1",

@@ -23,7 +23,7 @@ import torch
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.run_dir import free_bytes
 from cfl_bench.core.seeding import derive_seed
-from cfl_bench.engine.arrivals import parse_arrivals
+from cfl_bench.engine.arrivals import ARRIVALS_PARTITION, parse_arrivals
 from cfl_bench.engine.client_update import StepSchedule
 from cfl_bench.engine.loop import Federation, Schedule
 from cfl_bench.engine.splits import TaskSplit, plan_splits
@@ -159,13 +159,20 @@ def resolve_defaults(config: RunConfig) -> RunConfig:
         config,
         model=config.model or info.default_model,
         tasks=config.tasks or info.default_tasks,
-        partition=config.partition or info.default_partition,
+        partition=config.partition or default_partition(config, info.default_partition),
         rounds_per_task=config.rounds_per_task or info.default_rounds_per_task,
         epochs=config.epochs or info.default_epochs,
         lr=config.lr or info.default_lr,
         optimizer=config.optimizer or info.default_optimizer,
         buffer_batch_size=config.buffer_batch_size or config.batch_size,
     )
+
+
+def default_partition(config: RunConfig, streams: str) -> str:
+    """The partition when ``--partition`` is not given: the stream's, or under
+    ``--arrivals`` GLFC's own split (``class-subsets``: every receiver holds all examples of
+    6 of the task's classes), so the preset is the official code's protocol as a whole."""
+    return ARRIVALS_PARTITION if config.arrivals is not None else streams
 
 
 def make_schedule(
