@@ -524,23 +524,52 @@ def clients_cmd(
     """Print a run's samples per client and class in one task.
 
     How many samples of each class every client holds in that task (and each client's
-    delay under --async-shift)."""
-    tables, offsets = read_class_tables(run_dir)
+    delay under --async-shift; under --arrivals, which task's data it trains on)."""
+    tables, offsets, arrivals = read_class_tables(run_dir)
     if str(task) not in tables:
         raise UserError(f"the run has no task {task}; choose one of {', '.join(tables) or 'none'}.")
     counts = tables[str(task)]
-    delays = offsets if any(offsets) else []  # only shown for asynchronous boundaries
+    extra: tuple[str, list[str]] | None = None
+    if any(offsets):  # only shown for asynchronous boundaries
+        extra = ("delay", [str(o) for o in offsets])
+    if arrivals:
+        counts, holds = arrival_holdings(tables, arrivals, task)
+        extra = ("holds", holds)
     classes = [c for c in range(len(counts[0])) if any(row[c] for row in counts)]
     console = Console()
-    blocks = class_blocks(console, classes, counts, delays)
+    blocks = class_blocks(console, classes, counts, extra)
     for block in blocks:
         part = f" (classes {block[0]}-{block[-1]})" if len(blocks) > 1 else ""
         title = f"task {task}: samples per client and class{part}"
-        console.print(class_table(title, block, counts, delays))
+        console.print(class_table(title, block, counts, extra))
+
+
+def arrival_holdings(
+    tables: dict[str, list[list[int]]], arrivals: list[list[int]], task: int
+) -> tuple[list[list[int]], list[str]]:
+    """Under --arrivals, what each client trains on during ``task`` (1-based): its row of
+    the last task it received (a keeper's older part), and which task that is — "task s
+    (kept)" for a keeper, "not there" before it joins. ``arrivals``: each task's receivers.
+
+    Why not the task's own table: it shows a keeper as holding nothing, while it trains."""
+    width = len(tables[str(task)][0])
+    counts, holds = [], []
+    for k in range(len(tables[str(task)])):
+        held = next((t for t in range(task - 1, -1, -1) if k in arrivals[t]), None)
+        if held is None:
+            counts.append([0] * width)
+            holds.append("not there")
+            continue
+        counts.append(tables[str(held + 1)][k])
+        holds.append(f"task {held + 1}" + (" (kept)" if held != task - 1 else ""))
+    return counts, holds
 
 
 def class_blocks(
-    console: Console, classes: list[int], counts: list[list[int]], delays: list[int]
+    console: Console,
+    classes: list[int],
+    counts: list[list[int]],
+    extra: tuple[str, list[str]] | None,
 ) -> list[list[int]]:
     """``classes`` in consecutive blocks whose tables fit the console's width, so no count
     is ever cut (at 80 columns the ten MNIST classes fit one table; CIFAR-100's take
@@ -550,7 +579,7 @@ def class_blocks(
     unbounded = console.options.update(width=1_000_000)  # measure, do not clamp to the width
 
     def fits(block: list[int]) -> bool:
-        table = class_table("", block, counts, delays)
+        table = class_table("", block, counts, extra)
         return Measurement.get(console, unbounded, table).maximum <= console.width
 
     blocks: list[list[int]] = [[]]
@@ -562,10 +591,14 @@ def class_blocks(
 
 
 def class_table(
-    title: str, classes: list[int], counts: list[list[int]], delays: list[int]
+    title: str,
+    classes: list[int],
+    counts: list[list[int]],
+    extra: tuple[str, list[str]] | None,
 ) -> Table:
     """One block of the clients × classes table: borderless, one space between columns,
-    numbers never wrapped or cut."""
+    numbers never wrapped or cut; ``extra``: a column after the client's (its delay under
+    --async-shift, the task it trains on under --arrivals)."""
     from rich import box
 
     table = Table(
@@ -577,21 +610,24 @@ def class_table(
         show_edge=False,
     )
     table.add_column("client", footer="total", no_wrap=True)
-    if delays:
-        table.add_column("delay", justify="right", no_wrap=True)
+    if extra is not None:
+        table.add_column(extra[0], justify="right", no_wrap=True)
     for c in classes:
         total = str(sum(row[c] for row in counts))
         table.add_column(str(c), justify="right", footer=total, no_wrap=True)
     table.add_column("total", justify="right", footer=str(sum(map(sum, counts))), no_wrap=True)
     for k, row in enumerate(counts):
-        delay = [str(delays[k])] if delays else []
-        table.add_row(str(k), *delay, *(str(row[c]) for c in classes), str(sum(row)))
+        shown = [extra[1][k]] if extra is not None else []
+        table.add_row(str(k), *shown, *(str(row[c]) for c in classes), str(sum(row)))
     return table
 
 
-def read_class_tables(run_dir: str) -> tuple[dict[str, list[list[int]]], list[int]]:
-    """The per-task client × class tables and the clients' task offsets of a run's
-    config.json, checked: a damaged directory gets one sentence, not a traceback."""
+def read_class_tables(
+    run_dir: str,
+) -> tuple[dict[str, list[list[int]]], list[int], list[list[int]]]:
+    """The per-task client × class tables, the clients' task offsets and (under
+    --arrivals) each task's receivers of a run's config.json, checked: a damaged directory
+    gets one sentence, not a traceback."""
     import json
     import os
     from pathlib import Path
@@ -630,8 +666,24 @@ def read_class_tables(run_dir: str) -> tuple[dict[str, list[list[int]]], list[in
     sizes = {len(t) for t in tables.values()}
     if offsets and sizes != {len(offsets)}:
         raise damaged
+    arrivals = arrival_receivers(record.get("arrivals"), len(tables))
+    if arrivals is None:
+        raise damaged
     refuse_damaged(run_dir)
-    return tables, offsets
+    return tables, offsets, arrivals
+
+
+def arrival_receivers(entry: object, num_tasks: int) -> list[list[int]] | None:
+    """Each task's receivers from config.json → ``arrivals`` ([] for a run without
+    --arrivals), or None when the entry is not what `cfl-bench run` writes."""
+    if entry is None:
+        return []
+    if not isinstance(entry, list) or len(entry) != num_tasks:
+        return None
+    receivers = [e.get("receivers") if isinstance(e, dict) else None for e in entry]
+    if not all(isinstance(r, list) and all(type(k) is int for k in r) for r in receivers):
+        return None
+    return receivers  # type: ignore[return-value]
 
 
 def refuse_damaged(run_dir: str) -> None:

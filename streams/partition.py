@@ -1,7 +1,8 @@
 """Partitioners: which client holds which training indices of a task.
 
 A partitioner is a seeded, deterministic function of (labels, number of clients, task,
-seed) returning one sorted int64 CPU index tensor per client, disjoint across clients.
+seed) returning one sorted int64 CPU index tensor per client, disjoint across clients —
+except ``class-subsets``, GLFC's split, where clients share examples by design.
 Every random draw uses its own seed from ``derive_seed(seed, "partition", <name>)``, so
 partitions never shift when other random consumers are added.
 
@@ -319,11 +320,60 @@ class DirichletPartitioner(Partitioner):
         }
 
 
+class ClassSubsetPartitioner(Partitioner):
+    """GLFC's split (conditionWang/FCIL, ``GLFC_model.beforeTrain``): every client holds
+    **every** training example of ``classes_per_client`` classes of the task, drawn
+    uniformly without replacement from the task's classes (code: ``random.sample`` of
+    ``--iid_level`` 6 of a task's 10 classes). Clients drawing the same class share its
+    examples, so parts overlap: a client's data does not shrink as clients are added, which
+    is how GLFC keeps 30–120 clients busy on CIFAR-100.
+
+    Drawn afresh per task (the code redraws at every task a client receives), one
+    generator per task (run seed, task), clients in index order; the code uses Python's
+    global ``random`` instead, so the classes drawn for one seed differ from its own.
+    """
+
+    name = "class-subsets"
+
+    def __init__(self, classes_per_client: int = 6) -> None:
+        _check_positive_int("classes_per_client", classes_per_client)
+        self.classes_per_client = classes_per_client
+
+    def split(
+        self, labels: torch.Tensor, num_clients: int, *, task: int, seed: int
+    ) -> list[torch.Tensor]:
+        labels = _check_labels(labels)
+        _check_positive_int("number of clients", num_clients)
+        classes = torch.unique(labels)
+        if self.classes_per_client > classes.numel():
+            raise UserError(
+                f"the class-subsets partition gives every client {self.classes_per_client} "
+                f"classes of the task but task {task + 1} has {classes.numel()}; use "
+                f"class-subsets:classes_per_client={classes.numel()} or fewer"
+            )
+        rng = generator(seed, "partition", "class-subsets", task)
+        parts = []
+        for _ in range(num_clients):
+            drawn = classes[torch.randperm(classes.numel(), generator=rng)]
+            chosen = drawn[: self.classes_per_client]
+            parts.append(torch.nonzero(torch.isin(labels, chosen)).flatten())
+        return parts
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "classes_per_client": self.classes_per_client,
+            "overlap": "every example of a client's classes; clients share examples",
+            "per_task": True,
+        }
+
+
 _PARTITIONER_TYPES: dict[str, type[Partitioner]] = {
     ShardPartitioner.name: ShardPartitioner,
     ClassShardPartitioner.name: ClassShardPartitioner,
     IIDPartitioner.name: IIDPartitioner,
     DirichletPartitioner.name: DirichletPartitioner,
+    ClassSubsetPartitioner.name: ClassSubsetPartitioner,
 }
 
 

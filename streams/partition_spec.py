@@ -28,6 +28,8 @@ PARTITIONERS: dict[str, str] = {
     "iid": "uniformly random near-equal split; drawn once for all tasks",
     "dirichlet": "per-class Dir(alpha) label skew (default alpha 0.3), N/K balancing cap, "
     "redrawn until every client has min_size (default 10); drawn afresh per task",
+    "class-subsets": "GLFC: every client holds all examples of classes_per_client (default "
+    "6) random classes of the task, so clients share examples; drawn afresh per task",
 }
 
 
@@ -118,4 +120,5 @@ OPTION_PARSERS: dict[str, dict[str, Callable[[str], object]]] = {
         "min_size": non_negative_int,
         "max_redraws": positive_int,
     },
+    "class-subsets": {"classes_per_client": positive_int},
 }

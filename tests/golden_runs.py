@@ -88,6 +88,11 @@ CASES: dict[str, tuple[bool, list[str]]] = {
         [*DIGITS, "--strategy", "er", "--participation", "0.6", "--async-shift", "1"],
     ),
     "ideal": (False, [*DIGITS, "--strategy", "ideal"]),
+    # Clients joining over time (GLFC's protocol): 3 clients, then one more per task.
+    "er-arrivals": (
+        False,
+        [*DIGITS, "--strategy", "er", "--arrivals", "glfc:initial=3,new=1,receive=0.5,per_round=2"],
+    ),
     "agem+fedgp-eval-every-round": (
         False,
         [*DIGITS, "--strategy", "agem+fedgp:gref_samples=all,gref_mode=eval", "--eval-every-round"],

@@ -86,7 +86,7 @@ def test_too_few_samples_is_a_user_error() -> None:
 
 
 def test_build_partitioner_by_name() -> None:
-    assert set(PARTITIONERS) == {"shards", "class-shards", "iid", "dirichlet"}
+    assert set(PARTITIONERS) == {"shards", "class-shards", "iid", "dirichlet", "class-subsets"}
     shards = build_partitioner("shards", shards_per_client=3)
     assert isinstance(shards, ShardPartitioner) and shards.shards_per_client == 3
     assert shards.describe()["shards_per_client"] == 3

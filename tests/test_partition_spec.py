@@ -203,11 +203,15 @@ BAD: list[tuple[str, str]] = [
     (
         "dirichlt",
         "unknown partition 'dirichlt' (did you mean 'dirichlet'?); choose one of: "
-        "class-shards, dirichlet, iid, shards.",
+        "class-shards, class-subsets, dirichlet, iid, shards.",
     ),
     ("shard", "unknown partition 'shard' (did you mean 'shards'?)"),
     ("lda", "unknown partition 'lda' (did you mean 'dirichlet'?)"),
-    ("foo", "unknown partition 'foo'; choose one of: class-shards, dirichlet, iid, shards."),
+    (
+        "foo",
+        "unknown partition 'foo'; choose one of: class-shards, class-subsets, dirichlet, iid, "
+        "shards.",
+    ),
     (
         "DIRICHLET",
         "unknown partition 'DIRICHLET'; partition names are lower case, write 'dirichlet'.",

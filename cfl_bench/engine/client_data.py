@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from cfl_bench.core.context import ClientState
+from cfl_bench.engine.arrivals import ArrivalPlan
 from cfl_bench.engine.splits import TaskSplit, plan_task_split
 from cfl_bench.engine.task_clock import TaskClock
 from cfl_bench.strategies.compose import Strategy
@@ -38,8 +39,11 @@ class ClientData:
         seed: int,
         device: torch.device,
         splits: dict[int, TaskSplit] | None = None,
+        arrivals: ArrivalPlan | None = None,
     ) -> None:
         self.stream = stream
+        # Clients joining over time (``--arrivals``): who is there and gets each task's data.
+        self.arrivals = arrivals
         self.partitioner = partitioner
         self.strategy = strategy
         self.clock = clock
@@ -61,8 +65,9 @@ class ClientData:
         split = self.splits.get(t)
         if split is None:
             labels = self.stream.train_labels(t).cpu()
+            receivers = None if self.arrivals is None else self.arrivals.receivers[t]
             split = plan_task_split(
-                labels, self.strategy, self.partitioner, num_clients, t, self.seed
+                labels, self.strategy, self.partitioner, num_clients, t, self.seed, receivers
             )
             self.splits[t] = split
         return split
@@ -83,28 +88,63 @@ class ClientData:
         if self.stream.per_round:
             self._receive_round(g, clients, on_task_start)
             return
+        if self.arrivals is not None:
+            self._arrive(g, clients, on_task_start, on_holdout_labels)
+            return
         entering: dict[int, list[ClientState]] = {}
         for client in clients:
             t = self.clock.client_task(client.index, g)
             if client.train_y is None or t != client.task:
                 entering.setdefault(t, []).append(client)
         for t, group in sorted(entering.items()):
-            task = self.live_tasks.get(t) or self.stream.task_train(t)
-            self.live_tasks[t] = task
-            split = self.split(t, len(clients))
-            if t not in self.started_tasks:
-                self.started_tasks.add(t)
-                held = split.held
-                stored = None if held is None else task.train_x[held.to(task.train_x.device)]
-                holdout = None if stored is None else self.stream.as_model_input(stored)
-                on_task_start(t, holdout)
-                if holdout is not None and held is not None and on_holdout_labels is not None:
-                    on_holdout_labels(t, holdout, task.train_y[held.to(task.train_y.device)])
-            for client in group:
-                self.assign(client, t, task.train_x, task.train_y, split.parts)
+            self._enter(t, group, len(clients), on_task_start, on_holdout_labels)
         # Keep a materialised task only while some client has yet to enter it.
         behind = min(c.task for c in clients)
         self.live_tasks = {t: d for t, d in self.live_tasks.items() if t > behind}
+
+    def _enter(
+        self,
+        t: int,
+        group: list[ClientState],
+        num_clients: int,
+        on_task_start: TaskStart,
+        on_holdout_labels: HoldoutLabels | None,
+    ) -> None:
+        """``group`` enters task ``t``: the task's start hooks if it is the first, then each
+        client's part."""
+        task = self.live_tasks.get(t) or self.stream.task_train(t)
+        self.live_tasks[t] = task
+        split = self.split(t, num_clients)
+        if t not in self.started_tasks:
+            self.started_tasks.add(t)
+            held = split.held
+            stored = None if held is None else task.train_x[held.to(task.train_x.device)]
+            holdout = None if stored is None else self.stream.as_model_input(stored)
+            on_task_start(t, holdout)
+            if holdout is not None and held is not None and on_holdout_labels is not None:
+                on_holdout_labels(t, holdout, task.train_y[held.to(task.train_y.device)])
+        for client in group:
+            self.assign(client, t, task.train_x, task.train_y, split.parts)
+
+    def _arrive(
+        self,
+        g: int,
+        clients: list[ClientState],
+        on_task_start: TaskStart,
+        on_holdout_labels: HoldoutLabels | None,
+    ) -> None:
+        """``--arrivals``: at a task's first round its receivers (joining clients among
+        them) enter it; keepers hold on to their data, clients not there yet hold none."""
+        assert self.arrivals is not None
+        t = self.clock.global_task(g)
+        group = [
+            clients[k]
+            for k in self.arrivals.receivers[t]
+            if clients[k].train_y is None or clients[k].task != t
+        ]
+        if group:
+            self._enter(t, group, len(clients), on_task_start, on_holdout_labels)
+        self.live_tasks = {}  # every receiver entered at once
 
     def assign(
         self,
@@ -168,6 +208,9 @@ class ClientData:
                 for g in range(next_round):
                     self._receive_round(g, clients, lambda _t, _holdout: None)
             return
+        if self.arrivals is not None:
+            self._restore_arrivals(next_round, clients)
+            return
         held = {c.index: self.clock.client_task(c.index, next_round - 1) for c in clients}
         history = self.strategy.learner.needs_history
         self.shards = {}
@@ -175,6 +218,24 @@ class ClientData:
             group = [c for c in clients if held[c.index] == t or (history and held[c.index] > t)]
             if not group:
                 continue
+            task = self.stream.task_train(t)
+            parts = self.split(t, len(clients)).parts
+            for client in group:
+                self.assign(client, t, task.train_x, task.train_y, parts)
+
+    def _restore_arrivals(self, next_round: int, clients: list[ClientState]) -> None:
+        """``--arrivals``: every client that is there gets the data of the last task it
+        received (all the tasks it received, for learners that keep history)."""
+        assert self.arrivals is not None
+        now = self.clock.global_task(next_round - 1)
+        history = self.strategy.learner.needs_history
+        self.shards = {}
+        for t in range(now + 1):
+            group = [
+                clients[k]
+                for k in self.arrivals.receivers[t]
+                if history or self.arrivals.held_task(k, now) == t
+            ]
             task = self.stream.task_train(t)
             parts = self.split(t, len(clients)).parts
             for client in group:

@@ -32,6 +32,7 @@ from cfl_bench.core.context import ClientState, ServerState
 from cfl_bench.core.evaluation import EvalSet
 from cfl_bench.core.flat import FlatModel
 from cfl_bench.core.seeding import generator
+from cfl_bench.engine.arrivals import ArrivalPlan, Arrivals
 from cfl_bench.engine.buffer_stack import ReservoirStack
 from cfl_bench.engine.client_data import ClientData
 from cfl_bench.engine.client_update import ClientJob, ClientResult, LocalTrainer, StepSchedule
@@ -71,6 +72,8 @@ class Schedule:
     steps: StepSchedule
     async_shift: int = 0
     lead_rounds: int = 0
+    # Clients that join over time (``--arrivals``, engine.arrivals); None: all from the start.
+    arrivals: Arrivals | None = None
     optimizer: str = "sgd"
     diagnostics: bool = False
     # Which executor runs the client side, and its options (results are the same up to
@@ -108,6 +111,12 @@ class Schedule:
             self.seed,
             lead=self.lead_rounds,
         )
+
+    def arrival_plan(self) -> ArrivalPlan | None:
+        """Who is there and who receives data at every task, under ``--arrivals``."""
+        if self.arrivals is None:
+            return None
+        return self.arrivals.plan(self.num_tasks, self.seed)
 
 
 @dataclass
@@ -158,9 +167,12 @@ class Federation:
             rounds_per_task=s.rounds_per_task,
         )
         self.clock = s.clock()
-        self.data = ClientData(stream, partitioner, strategy, self.clock, s.seed, device, splits)
+        self.arrivals = s.arrival_plan()
+        self.data = ClientData(
+            stream, partitioner, strategy, self.clock, s.seed, device, splits, self.arrivals
+        )
         self.round_server = RoundServer(
-            self.server, strategy, s.clients_per_round, s.weighting, s.seed
+            self.server, strategy, s.clients_per_round, s.weighting, s.seed, self.arrivals
         )
         self.measure = Measurement(
             self.model,
@@ -245,6 +257,11 @@ class Federation:
         loss_sum, steps, train_seconds = self._round(out)
         mean_loss = (loss_sum / max(steps, 1)).item()
         ri = server.round_index
+        if self.arrivals is not None:  # who trained, on how many examples (docs/protocols.md)
+            out.records += [
+                (ri, t, -1, f"client_{c.index}", "train_examples", c.num_samples)
+                for c in server.participants
+            ]
         up, down = self.round_server.comm.end_round()
         out.records += [
             (ri, t, -1, "global", "bytes_up", up),
@@ -287,7 +304,14 @@ class Federation:
     def end_tasks(self, g: int) -> None:
         """The learner's task-end work for the clients that finish a task in round ``g``,
         at the freshly aggregated θ_g (A-GEM fills its episodic memory)."""
-        ending = [(self.clients[k], t) for k, t in self.clock.ending_tasks(g)]
+        if self.arrivals is None:
+            ending = [(self.clients[k], t) for k, t in self.clock.ending_tasks(g)]
+        elif g == self.clock.eval_round(t := self.clock.global_task(g)):
+            last = t == self.schedule.num_tasks - 1
+            ks = self.arrivals.ending_clients(t, last)
+            ending = [(self.clients[k], self.clients[k].task) for k in ks]
+        else:
+            ending = []
         self.executor.end_tasks(ending, self.global_state)
 
     def _start_task(self, t: int, holdout: torch.Tensor | None) -> None:

@@ -20,6 +20,7 @@ from cfl_bench.core.evaluation import EvalSet
 from cfl_bench.core.payloads import ClientRequest, Producer, Reply, undeclared
 from cfl_bench.core.seeding import generator
 from cfl_bench.engine.aggregation import RunningAverage, client_weight
+from cfl_bench.engine.arrivals import ArrivalPlan
 from cfl_bench.engine.client_update import ClientJob, ClientResult
 from cfl_bench.engine.executor import Executor
 from cfl_bench.strategies.compose import Strategy
@@ -35,8 +36,10 @@ class RoundServer:
         clients_per_round: int,
         weighting: str,
         seed: int,
+        arrivals: ArrivalPlan | None = None,
     ) -> None:
         self.state = state
+        self.arrivals = arrivals
         self.strategy = strategy
         self.clients_per_round = clients_per_round
         self.weighting = weighting
@@ -69,6 +72,11 @@ class RoundServer:
 
     def _sample(self) -> list[ClientState]:
         clients = self.state.clients
+        if self.arrivals is not None:  # only clients that have joined, per_round of them
+            there = self.arrivals.joined[self.state.task]
+            take = min(self.arrivals.per_round, there)
+            chosen = torch.randperm(there, generator=self.rng)[:take]
+            return [clients[k] for k in sorted(chosen.tolist())]
         if self.clients_per_round >= len(clients):
             return list(clients)
         chosen = torch.randperm(len(clients), generator=self.rng)[: self.clients_per_round]

@@ -15,6 +15,7 @@ import torch
 
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.seeding import generator
+from cfl_bench.engine.arrivals import ArrivalPlan
 from cfl_bench.strategies.compose import Strategy
 from cfl_bench.streams.base import Stream
 from cfl_bench.streams.partition import Partitioner
@@ -36,19 +37,28 @@ def plan_task_split(
     num_clients: int,
     task: int,
     seed: int,
+    receivers: tuple[int, ...] | None = None,
 ) -> TaskSplit:
-    """The seeded split of one task (holdout first, then the partitioner on the rest)."""
+    """The seeded split of one task (holdout first, then the partitioner on the rest).
+
+    With ``receivers`` (``--arrivals``) the partitioner splits the task among those clients
+    only, receiver i (ascending) taking part i, and every other client's part is empty: it
+    has not joined yet or keeps its old data."""
     total = labels.shape[0]
     per_task = strategy.holdout_per_task(total)
     # The component withholding the most names itself in a refusal (the maximum is some
     # component's own count, so there always is one).
     owner = next(c.name for c in strategy.all if c.holdout_per_task(total) == per_task)
     held, kept = holdout_split(total, per_task, task, seed, owner)
-    parts = partitioner.split(
-        labels if kept is None else labels[kept], num_clients, task=task, seed=seed
-    )
+    among = num_clients if receivers is None else len(receivers)
+    parts = partitioner.split(labels if kept is None else labels[kept], among, task=task, seed=seed)
     if kept is not None:
         parts = [kept[p] for p in parts]
+    if receivers is not None:
+        spread = [torch.zeros(0, dtype=torch.int64) for _ in range(num_clients)]
+        for k, part in zip(receivers, parts, strict=True):
+            spread[k] = part
+        parts = spread
     return TaskSplit(parts, held)
 
 
@@ -59,13 +69,15 @@ def plan_splits(
     num_clients: int,
     num_tasks: int,
     seed: int,
+    arrivals: ArrivalPlan | None = None,
 ) -> dict[int, TaskSplit]:
     """Every task's split; a task-independent partition is drawn once per distinct labels.
-    A per-round stream has none: its clients receive their own data (``round_data``)."""
+    A per-round stream has none: its clients receive their own data (``round_data``).
+    Under ``--arrivals`` each task is split among its own receivers (never reused)."""
     splits: dict[int, TaskSplit] = {}
     if stream.per_round:
         return splits
-    reusable = partitioner.describe().get("per_task") is False
+    reusable = partitioner.describe().get("per_task") is False and arrivals is None
     previous: tuple[torch.Tensor, TaskSplit] | None = None
     for t in range(num_tasks):
         labels = stream.train_labels(t)
@@ -74,7 +86,8 @@ def plan_splits(
             assert previous is not None
             splits[t] = previous[1]
             continue
-        splits[t] = plan_task_split(labels, strategy, partitioner, num_clients, t, seed)
+        receivers = None if arrivals is None else arrivals.receivers[t]
+        splits[t] = plan_task_split(labels, strategy, partitioner, num_clients, t, seed, receivers)
         previous = (labels, splits[t])
     return splits
 

@@ -158,6 +158,15 @@ class RunConfig:
         minimum=0,
         maximum=100_000,
     )
+    arrivals: str | None = option(
+        None,
+        "clients that join over time (GLFC): glfc or glfc:initial=N,new=M,receive=F,per_round=P "
+        "(defaults 30, 10, 0.9, 10): N clients at task 1, M more at every later task, a "
+        "fraction F of those already there get each new task's data (the others keep their "
+        "old data), P of the clients there per round; --clients must be N + (tasks-1)*M; "
+        "without --partition the GLFC code's split, class-subsets (docs/protocols.md)",
+        default_text="none (all clients from the start)",
+    )
     lead_rounds: int = option(
         0,
         "extra rounds of the first task, so phases can differ in length (the CARLA highway "
@@ -240,9 +249,10 @@ class RunConfig:
     )
     partition: str | None = option(
         None,
-        "shards | dirichlet | iid, options as name:key=value,... "
+        "shards | class-shards | dirichlet | iid | class-subsets, options as "
+        "name:key=value,... "
         "(e.g. dirichlet:alpha=1,min_size=5)",
-        default_text="the stream's",
+        default_text="the stream's; class-subsets under --arrivals",
     )
     weighting: str = option("samples", "aggregation weights", choices=WEIGHTING)
     train_size: int | None = option(
@@ -386,6 +396,8 @@ class RunConfig:
         protocol = {k: v for k, v in self.to_dict().items() if specs[k].protocol}
         # Absent at their defaults, so the protocols of runs made before they existed keep
         # their hashes (no extra rounds and SGD is what those runs did).
+        if protocol.get("arrivals") is None:
+            protocol.pop("arrivals", None)
         if not protocol.get("lead_rounds"):
             protocol.pop("lead_rounds", None)
         if protocol.get("optimizer") in (None, "sgd"):

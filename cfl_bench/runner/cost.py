@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.nn import functional as F
 
+from cfl_bench.engine.arrivals import ArrivalPlan
 from cfl_bench.engine.client_update import ClientJob
 from cfl_bench.engine.executor import SequentialExecutor
 from cfl_bench.engine.loop import Federation, RunOutcome, Schedule
@@ -170,17 +171,26 @@ def run_size(
     schedule: Schedule, clock: TaskClock, shards: list[list[int]], needs_history: bool, params: int
 ) -> RunSize:
     """The run's rounds, participants and local steps from the planned splits (pure)."""
+    plan = schedule.arrival_plan()
+    entries = [round_clients(schedule, clock, plan, g) for g in range(clock.total_rounds)]
     per_client = [
-        [client_steps(schedule, shards, k, clock.client_task(k, g), needs_history) for k in ks]
-        for g in range(clock.total_rounds)
-        for ks in [range(schedule.num_clients)]
+        [client_steps(schedule, shards, k, t, needs_history) for k, t, _ in row] for row in entries
     ]
-    fraction = participation_fraction(schedule)
-    total = sum(fraction * sum(row) for row in per_client)
+    if plan is None:
+        fraction = participation_fraction(schedule)
+        total = sum(fraction * sum(row) for row in per_client)
+        per_round = min(schedule.clients_per_round, schedule.num_clients)
+    else:  # each client there trains with its own round's chance
+        total = sum(
+            f * n
+            for row, steps in zip(entries, per_client, strict=True)
+            for (_, _, f), n in zip(row, steps, strict=True)
+        )
+        per_round = min(plan.per_round, max(plan.joined))
     flat = [s for row in per_client for s in row] or [0]
     return RunSize(
         rounds=clock.total_rounds,
-        clients_per_round=min(schedule.clients_per_round, schedule.num_clients),
+        clients_per_round=per_round,
         steps_min=min(flat),
         steps_max=max(flat),
         epochs=schedule.steps.epochs,
@@ -188,6 +198,22 @@ def run_size(
         total_steps=round(total),
         params=params,
     )
+
+
+def round_clients(
+    schedule: Schedule, clock: TaskClock, plan: ArrivalPlan | None, g: int
+) -> list[tuple[int, int, float]]:
+    """(client, task whose data it trains on, chance it trains) for round ``g``: every
+    client at the participation fraction, or under ``--arrivals`` the clients there, each
+    on its held task, with chance min(per_round, there) / there."""
+    if plan is None:
+        f = participation_fraction(schedule)
+        return [(k, clock.client_task(k, g), f) for k in range(schedule.num_clients)]
+    t = clock.global_task(g)
+    there = plan.joined[t]
+    chance = min(plan.per_round, there) / there
+    held = [plan.held_task(k, t) for k in range(there)]
+    return [(k, h, chance) for k, h in enumerate(held) if h is not None]
 
 
 def participation_fraction(schedule: Schedule) -> float:
@@ -222,8 +248,8 @@ def workload(
 ) -> Workload:
     """Every count the estimate needs, from the schedule and the planned splits (pure)."""
     s, T, K = schedule, schedule.num_tasks, schedule.num_clients
-    f = participation_fraction(s)
-    cpr = min(s.clients_per_round, K)
+    plan = s.arrival_plan()
+    cpr = min(s.clients_per_round, K) if plan is None else min(plan.per_round, max(plan.joined))
     probes = [min(s.probe_size, n) for n in test_sizes]
     parts = dict.fromkeys((*FORWARD_PARTS, *BACKWARD_PARTS), 0.0)
     steps = visits = 0.0
@@ -232,8 +258,9 @@ def workload(
     last_task = [-1] * K
     eval_rounds = {clock.eval_round(t): t for t in range(T)}
     for g in range(clock.total_rounds):
-        tasks = [clock.client_task(k, g) for k in range(K)]
-        for k, t in enumerate(tasks):
+        entries = round_clients(s, clock, plan, g)
+        tasks = [t for _, t, _ in entries]
+        for k, t, f in entries:
             n = client_samples(shards, k, t, needs_history)
             steps += f * math.ceil(n / s.steps.batch_size) * s.steps.epochs
             visits += f
@@ -342,6 +369,7 @@ def measure(
             num_clients=1,
             participation=1.0,
             async_shift=0,
+            arrivals=None,
             steps=dataclasses.replace(schedule.steps, epochs=1),
         )
         fed = Federation(

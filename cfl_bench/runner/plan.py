@@ -23,6 +23,7 @@ import torch
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.run_dir import free_bytes
 from cfl_bench.core.seeding import derive_seed
+from cfl_bench.engine.arrivals import ARRIVALS_PARTITION, parse_arrivals
 from cfl_bench.engine.client_update import StepSchedule
 from cfl_bench.engine.loop import Federation, Schedule
 from cfl_bench.engine.splits import TaskSplit, plan_splits
@@ -37,7 +38,7 @@ from cfl_bench.runner.model_catalogue import (
     models_offering,
 )
 from cfl_bench.runner.models import MODELS, build_model, use_channels_last
-from cfl_bench.runner.run_checks import check_diagnostics, check_run_length
+from cfl_bench.runner.run_checks import check_arrivals, check_diagnostics, check_run_length
 from cfl_bench.runner.threads import (
     ThreadsChoice,
     choose_threads,
@@ -158,13 +159,20 @@ def resolve_defaults(config: RunConfig) -> RunConfig:
         config,
         model=config.model or info.default_model,
         tasks=config.tasks or info.default_tasks,
-        partition=config.partition or info.default_partition,
+        partition=config.partition or default_partition(config, info.default_partition),
         rounds_per_task=config.rounds_per_task or info.default_rounds_per_task,
         epochs=config.epochs or info.default_epochs,
         lr=config.lr or info.default_lr,
         optimizer=config.optimizer or info.default_optimizer,
         buffer_batch_size=config.buffer_batch_size or config.batch_size,
     )
+
+
+def default_partition(config: RunConfig, streams: str) -> str:
+    """The partition when ``--partition`` is not given: the stream's, or under
+    ``--arrivals`` GLFC's own split (``class-subsets``: every receiver holds all examples of
+    6 of the task's classes), so the preset is the official code's protocol as a whole."""
+    return ARRIVALS_PARTITION if config.arrivals is not None else streams
 
 
 def make_schedule(
@@ -200,6 +208,7 @@ def make_schedule(
         steps=steps,
         async_shift=config.async_shift,
         lead_rounds=config.lead_rounds,
+        arrivals=None if config.arrivals is None else parse_arrivals(config.arrivals),
         diagnostics=config.diagnostics,
         executor=config.executor,
         clients_per_chunk=config.clients_per_chunk,
@@ -214,6 +223,7 @@ def run_identity(
     strategy + seed (what makes a run the same run)."""
     protocol = {
         **config.protocol(),
+        **arrivals_protocol(config),
         "partition": partitioner.describe(),
         **stream.protocol_fields(),
         **strategy.protocol_changes(),
@@ -257,6 +267,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     check_stream_fits(stream, model_name, asked_partition)
     check_diagnostics(config, stream.objective.capabilities)
     num_tasks = resolved_int(config.tasks)
+    check_arrivals(config, num_tasks, per_round_stream=stream.per_round)
     strategy.setup(strategy_env(config, stream, device))
     schedule = make_schedule(config, strategy, num_tasks, device)
     torch.manual_seed(derive_seed(config.seed, "model-init"))
@@ -269,7 +280,15 @@ def plan_run(config: RunConfig) -> RunPlan:
     threads = configure_cpu(device, config.threads, model, tuple(stream.input_shape))
     # Dropout draws from torch's default generator; seed it explicitly for this run.
     torch.manual_seed(derive_seed(config.seed, "dropout"))
-    splits = plan_splits(stream, strategy, partitioner, config.clients, num_tasks, config.seed)
+    splits = plan_splits(
+        stream,
+        strategy,
+        partitioner,
+        config.clients,
+        num_tasks,
+        config.seed,
+        schedule.arrival_plan(),
+    )
     protocol, protocol_hash, config_hash = run_identity(config, stream, strategy, partitioner)
     out = Path(config.out) if config.out else default_out(asked)
     resolved = {
@@ -339,6 +358,7 @@ def run_record(
         "schedule": {"rounds_per_task": schedule.rounds_per_task, "epochs": schedule.steps.epochs},
         "task_clock": schedule.clock().describe(),
         "client_class_counts": class_count_tables(stream, splits),
+        **arrivals_record(schedule),
     }
 
 
@@ -530,3 +550,17 @@ def class_count_tables(stream: Stream, splits: dict[int, TaskSplit]) -> dict[str
         ).tolist()
         for t, split in splits.items()
     }
+
+
+def arrivals_protocol(config: RunConfig) -> dict[str, object]:
+    """``--arrivals`` in the protocol by its resolved options (``glfc`` and
+    ``glfc:initial=30`` are one protocol); absent without it, so older hashes hold."""
+    if config.arrivals is None:
+        return {}
+    return {"arrivals": parse_arrivals(config.arrivals).describe()}
+
+
+def arrivals_record(schedule: Schedule) -> dict[str, object]:
+    """config.json → ``arrivals``: per task who is there, who receives, who keeps."""
+    plan = schedule.arrival_plan()
+    return {} if plan is None else {"arrivals": plan.describe()}

@@ -57,6 +57,7 @@ def check_option_pairs(config: RunConfig) -> None:
             "none, so it has no effect; drop one of them."
         )
     check_run_length(config)
+    check_arrivals(config)
 
 
 def check_run_length(config: RunConfig, tasks: int | None = None) -> None:
@@ -81,4 +82,48 @@ def check_run_length(config: RunConfig, tasks: int | None = None) -> None:
             f"the run would have up to {total * config.clients:,} client-rounds ({total:,} "
             f"rounds × {config.clients:,} clients) and a run has at most "
             f"{MAX_CLIENT_ROUNDS:,}; lower --clients, --tasks or --rounds-per-task."
+        )
+
+
+def check_arrivals(
+    config: RunConfig, tasks: int | None = None, *, per_round_stream: bool = False
+) -> None:
+    """Refuse ``--arrivals`` with what it cannot mean: a client count other than its own, a
+    participation fraction (``per_round`` says how many), asynchronous or lengthened
+    boundaries (the joins happen at the global task starts), a stream whose clients bring
+    their own data, and the Flower executor (not checked with it). ``tasks``: the stream's
+    count once built (an Avalanche benchmark's is known only then)."""
+    from cfl_bench.engine.arrivals import parse_arrivals
+    from cfl_bench.streams.catalogue import stream_info
+
+    if config.arrivals is None:
+        return
+    arrivals = parse_arrivals(config.arrivals)
+    tasks = tasks or config.tasks or stream_info(config.stream).default_tasks
+    total = arrivals.total_clients(tasks) if tasks else config.clients
+    if config.clients != total:
+        raise UserError(
+            f"--arrivals {config.arrivals} has {arrivals.initial} + {tasks - 1} x "
+            f"{arrivals.new} = {total} clients over {tasks} tasks, and --clients is "
+            f"{config.clients}; pass --clients {total}."
+        )
+    for flag, given in (
+        ("--participation", config.participation != 1.0),
+        ("--async-shift", config.async_shift != 0),
+        ("--lead-rounds", config.lead_rounds != 0),
+    ):
+        if given:
+            raise UserError(
+                f"--arrivals fixes who trains when (per_round clients of those there, at "
+                f"synchronous task boundaries), so {flag} does not apply; drop {flag}."
+            )
+    if per_round_stream:
+        raise UserError(
+            f"stream {config.stream!r} gives each client its own data every round, so "
+            "--arrivals does not apply; drop it."
+        )
+    if config.executor == "flower":
+        raise UserError(
+            "--arrivals has not been checked with --executor flower; use --executor "
+            "sequential or vectorized."
         )

@@ -43,6 +43,7 @@ from typing import Any
 
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.text_values import quoted
+from cfl_bench.engine.arrivals import ARRIVALS_PARTITION
 from cfl_bench.runner.config import (
     RunConfig,
     canonical_hash,
@@ -362,7 +363,8 @@ def resolved_request(config: RunConfig) -> dict[str, Any]:
     defaults = {
         "model": info.default_model,
         "tasks": info.default_tasks or None,
-        "partition": info.default_partition,
+        # Under --arrivals the GLFC code's split (``runner.plan.default_partition``).
+        "partition": ARRIVALS_PARTITION if config.arrivals is not None else info.default_partition,
         "rounds_per_task": info.default_rounds_per_task,
         "epochs": info.default_epochs,
         "lr": info.default_lr,
