@@ -256,6 +256,13 @@ class FOTOptions:
         text,
         choices=("train", "eval"),
     )
+    last_layer: Literal["auto", "project", "free"] = option(
+        "auto",
+        "the output layer: auto = free on task-IL streams (the code's AlexNet heads), "
+        "projected otherwise (the code's MLP)",
+        text,
+        choices=("auto", "project", "free"),
+    )
 
 
 @dataclass(frozen=True)

@@ -211,11 +211,20 @@ class FOT(Component):
             )
         self.seed = env.seed
         self.batch_size = env.batch_size
+        # The code projects its MLP's output layer (layers.9) but not its AlexNet's per-task
+        # heads (``last``): a task-IL stream's output layer is its heads.
+        choice = self.opts.last_layer
+        self.free_last = choice == "free" or (choice == "auto" and env.scenario == "task-il")
         self.bases: list[torch.Tensor | None] = []
         self.epsilon = self.opts.epsilon
         self._sketches: list[torch.Tensor] = []
         self._ratios: torch.Tensor | None = None  # Σ_c n_c·r_c,l per layer, then Σ n_c
         self._old: torch.Tensor | None = None
+
+    def projected_slots(self, model: FlatModel) -> list[LayerSlot]:
+        """The Linear layers FOT bases and projects: all, or all but the output layer."""
+        slots = layer_slots(model)
+        return slots[:-1] if self.free_last else slots
 
     def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
         """The bases go out only in a task's last round, where clients need them."""
@@ -229,7 +238,9 @@ class FOT(Component):
         if not local.broadcast.is_task_end or client.train_x is None or client.num_samples == 0:
             return
         module = local.model.module
-        slots = layer_slots(local.model)
+        slots = self.projected_slots(local.model)
+        if not slots:  # a one-layer model whose only layer is the free output layer
+            return
         dims = [s.in_features for s in slots]
         payloads = local.broadcast.payloads
         bases: list[torch.Tensor | None] = [None] * len(slots)
@@ -239,7 +250,7 @@ class FOT(Component):
         training = module.training
         module.train(self.opts.act_mode == "train")
         seed_torch_default(self.seed, "fot-activations", local.broadcast.round_index, client.index)
-        acts = layer_inputs(module, client.inputs(rows), self.batch_size)
+        acts = layer_inputs(module, client.inputs(rows), self.batch_size)[: len(slots)]
         module.train(training)
         rng = generator(self.seed, self.random_stream, client.index, local.broadcast.task)
         sketches, ratios = [], []
@@ -271,7 +282,7 @@ class FOT(Component):
         old, self._old = self._old, None
         if old is None or not any(b is not None for b in self.bases):
             return
-        slots = layer_slots(server.model)
+        slots = self.projected_slots(server.model)
         server.global_params = project_update(old, server.global_params, slots, self.bases)
 
     def after_aggregate(self, server: ServerState) -> None:
@@ -279,7 +290,7 @@ class FOT(Component):
         if not self._sketches:
             return
         assert self._ratios is not None
-        slots = layer_slots(server.model)
+        slots = self.projected_slots(server.model)
         if not self.bases:
             self.bases = [None] * len(slots)
         ratios = (self._ratios[:-1] / self._ratios[-1]).tolist()

@@ -147,12 +147,31 @@ def test_layer_inputs_are_taken_before_the_preceding_dropout() -> None:
 
 
 def test_the_official_defaults_and_mlp() -> None:
-    assert FOTOptions() == FOTOptions(epsilon=0.96, eps_inc=0.0, act_mode="train")
+    defaults = FOTOptions(epsilon=0.96, eps_inc=0.0, act_mode="train", last_layer="auto")
+    assert FOTOptions() == defaults
     mlp = build_model("fot-mlp", (1, 28, 28), 10)
     # model/mlp.py: 784 → 400 → 400 → 400 → 10 with biases
     assert sum(p.numel() for p in mlp.parameters()) == 784 * 400 + 400 + 2 * 400 * 401 + 4010
     drops = [m.p for m in mlp.modules() if isinstance(m, nn.Dropout)]
     assert drops == [0.2, 0.5, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("scenario", "choice", "free"),
+    [
+        ("task-il", "auto", True),  # the code's AlexNet: its per-task heads are not projected
+        ("domain-il", "auto", False),  # the code's MLP: layers.9 is projected
+        ("task-il", "project", False),
+        ("domain-il", "free", True),
+    ],
+)
+def test_the_output_layer_is_free_on_task_il_streams(
+    scenario: str, choice: str, free: bool
+) -> None:
+    fot = FOT({"last_layer": choice})
+    fot.setup(env(stream="perm-digits", scenario=scenario))
+    names = [s.name for s in fot.projected_slots(two_layer_model())]
+    assert names == (["0.weight"] if free else ["0.weight", "2.weight"])
 
 
 @pytest.mark.parametrize(
