@@ -47,7 +47,7 @@ from torch import nn
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.seeding import generator, seed_torch_default
 from cfl_bench.strategies import declarations
-from cfl_bench.strategies.base import Component, Declaration, StrategyEnv
+from cfl_bench.strategies.base import Component, Declaration, ExtraWork, StrategyEnv
 from cfl_bench.strategies.declarations import FOTOptions
 
 if TYPE_CHECKING:
@@ -200,6 +200,12 @@ class FOT(Component):
     # The bases, the current ε, and the task end's sums being collected (sketches, Σ n·r per
     # layer, Σ n): everything the next rounds need survives a checkpoint.
     state_attributes: ClassVar[tuple[str, ...]] = ("bases", "epsilon", "_sketches", "_ratios")
+
+    def extra_work(self) -> ExtraWork:
+        """Each participant's forward pass over its current examples at every task end (the
+        server's SVD of one in × in sketch per layer is not counted: well under a second
+        for the code's MLP)."""
+        return ExtraWork(task_end_forward=True)
 
     def setup(self, env: StrategyEnv) -> None:
         """Refuse a model with layers FOT does not project (it handles Linear layers only)."""
