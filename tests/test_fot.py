@@ -30,6 +30,7 @@ from cfl_bench.strategies.fot import (
 from tests.helpers import digits_federation, env
 from tests.test_cli import in_process
 from tests.test_resume import assert_resumes_after_crash, uninterrupted
+from tests.test_vectorized import assert_same, one_thread  # noqa: F401 - the fixture
 
 # A 4 × 6 matrix with singular values 3, 2, 1, 0.5: energies 9, 4, 1, 0.25 of 14.25, so the
 # kept fractions after 1, 2, 3, 4 vectors are 0.6316, 0.9123, 0.9825, 1.
@@ -240,3 +241,15 @@ def test_a_digits_run_resumes_identically(tmp_path: Path) -> None:
     extra = {"model": "fot-mlp", "stream": "perm-digits"}
     whole = uninterrupted(tmp_path, "fot", **extra)
     assert_resumes_after_crash(tmp_path / "crashed", "fot", whole, **extra)
+
+
+def test_the_executors_agree_with_dropout_in_steps_and_activations() -> None:
+    runs = []
+    for executor in ("sequential", "vectorized"):
+        federation = digits_federation("fot", model="fot-mlp", executor=executor)
+        runs.append((federation, federation.run()))
+    (seq, a), (vec, b) = runs
+    assert_same(seq, a, vec, b)  # the global parameters within 1e-5 relative
+    for ra, rb in zip(a.records, b.records, strict=True):
+        x, y = float(ra[5]), float(rb[5])  # type: ignore[arg-type]
+        assert abs(x - y) <= 1e-5 * max(abs(x), abs(y), 1.0), (ra[:5], x, y)
