@@ -384,6 +384,9 @@ class ExtraWork:
     public_examples: int | None = None
     distill_epochs: int = 0
     distill_steps: int = 0
+    # A forward pass (no backward) over each participant's current examples in every task's
+    # last round (FOT's task-end activations).
+    task_end_forward: bool = False
 
 
 def listed_roles(

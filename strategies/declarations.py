@@ -286,6 +286,31 @@ class FedGPOptions:
 
 
 @dataclass(frozen=True)
+class FOTOptions:
+    """``fot:…`` options (defaults: the official code's permuted-MNIST IID command)."""
+
+    epsilon: float = option(
+        0.96, "energy threshold ε of the task-end subspace (code: 0.96 PMNIST IID)", unit_fraction
+    )
+    eps_inc: float = option(
+        0.0, "added to ε after every task end (code: 0.0 PMNIST, 0.001 CIFAR)", non_negative_float
+    )
+    act_mode: Literal["train", "eval"] = option(
+        "train",
+        "model mode while clients record activations (train = authors' code)",
+        text,
+        choices=("train", "eval"),
+    )
+    last_layer: Literal["auto", "project", "free"] = option(
+        "auto",
+        "the output layer: auto = free on task-IL streams (the code's AlexNet heads), "
+        "projected otherwise (the code's MLP)",
+        text,
+        choices=("auto", "project", "free"),
+    )
+
+
+@dataclass(frozen=True)
 class IFAOptions:
     """``ifa:…`` options."""
 
@@ -680,6 +705,24 @@ FEDDF = Declaration(
     options=FedDFOptions,
 )
 
+FOT = Declaration(
+    name="fot",
+    target="cfl_bench.strategies.fot:FOT",
+    summary=(
+        "task ends: clients send random sketches of their layer inputs, the server grows each "
+        "Linear layer's input basis U; later aggregated updates become Δ − Δ·U·Uᵀ"
+    ),
+    paper="Bakman, Yaldiz et al., ICLR 2024 (FOT, Federated Orthogonal Training)",
+    roles=frozenset({Role.AGGREGATOR}),
+    options=FOTOptions,
+    payloads=(
+        Payload("fot.basis", "broadcast"),
+        Payload("fot.ranks", "broadcast"),
+        Payload("fot.sketch", "upload"),
+        Payload("fot.stats", "upload"),
+    ),
+)
+
 #: Every registered component, in listing order (learners first).
 TABLE: tuple[Declaration, ...] = (
     FEDAVG,
@@ -704,4 +747,5 @@ TABLE: tuple[Declaration, ...] = (
     FEDAVGM,
     FEDOPT,
     FEDDF,
+    FOT,
 )

@@ -193,6 +193,9 @@ CASES: dict[str, tuple[bool, list[str]]] = {
             "der+fedgp",
         ],
     ),
+    # FOT on the official code's MLP (dropout on while clients record activations): bases
+    # grown at the two first task ends, the later rounds' updates projected.
+    "perm-digits-fot-mlp": (False, [*PERM_DIGITS, "--strategy", "fot", "--model", "fot-mlp"]),
 }
 
 # summary.json keys that measure time or memory, or name the machine: never reproducible.

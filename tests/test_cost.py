@@ -98,6 +98,7 @@ def test_workload_counts_evaluation_buffers_and_strategy_extras() -> None:
     assert w.parts["buffer drift"] == 10 + 10 + 15 + 15  # min(5, seen) per client
     assert w.parts["client requests"] == pytest.approx(10 + 10 + 15 + 15)
     assert w.parts["client extra passes"] == 2 * (20 + 10) + 2 * (5 + 20 + 11)  # ≤ n
+    assert w.parts["task-end activations"] == 0  # nothing declared it
     assert w.parts["public logits"] == 2 * 3 * 7 + 2 * 3 * 14
     assert w.parts["distillation"] == 2 * 7 + 2 * 14
     assert w.forward_samples == 72 + 36 + 50 + 126
@@ -114,6 +115,15 @@ def test_workload_counts_evaluation_buffers_and_strategy_extras() -> None:
         needs_buffer=False, needs_history=False, work=cost.StrategyWork(),
     )  # fmt: skip
     assert every.parts["evaluation"] == 72 + 2 * 20  # rounds 1 and 3 evaluate tasks 0..1
+
+
+def test_a_task_end_forward_covers_every_participant_at_task_ends() -> None:
+    s = schedule()  # task ends after rounds 2 and 4; shards (25, 10, 0), then (5, 30, 11)
+    work = cost.StrategyWork((ExtraWork(task_end_forward=True),), holdouts=(0, 0))
+    w = cost.workload(
+        s, s.clock(), SHARDS, [10, 10], needs_buffer=False, needs_history=False, work=work
+    )
+    assert w.parts["task-end activations"] == (25 + 10 + 0) + (5 + 30 + 11)
 
 
 def test_estimate_is_counts_times_unit_times() -> None:

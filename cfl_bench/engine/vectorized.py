@@ -125,7 +125,7 @@ __all__ = [  # ``BatchedOptimizer`` and ``pad_lock_step`` live in ``vectorized_s
 
 # Models built from the catalogue that hold nothing but parameters (no BatchNorm), dropout
 # allowed (``engine.vectorized_dropout``).
-VECTORIZABLE_MODELS = ("centernet", "fedavg-cnn", "linear", "mlp", "mnist-cnn")
+VECTORIZABLE_MODELS = ("centernet", "fedavg-cnn", "fot-mlp", "linear", "mlp", "mnist-cnn")
 FALLBACK = "use --executor sequential"
 
 

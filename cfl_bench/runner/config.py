@@ -40,6 +40,8 @@ BUFFER_OFFER = ("first_pass", "every_step")
 WEIGHTING = ("samples", "uniform")
 OPTIMIZERS = ("sgd", "adam")
 AMP_MODES = ("off", "bf16", "fp16")
+# --heads: the stream's own output, or one head per task (streams.task_heads).
+HEADS = ("shared", "per-task")
 EXECUTORS = ("sequential", "vectorized", "flower")
 DEVICES = ("auto", "cpu", "cuda")
 # Words that mean "not set" where a value arrives as text in a sweep (``--set tasks=none``).
@@ -254,6 +256,13 @@ class RunConfig:
         "(e.g. dirichlet:alpha=1,min_size=5)",
         default_text="the stream's; class-subsets under --arrivals",
     )
+    heads: str = option(
+        "shared",
+        "shared: the stream's own output; per-task: one head per task (task-IL): a domain-IL "
+        "stream's task t labels move to C·t.., each example trains and is scored on its "
+        "task's classes only (docs/protocols.md)",
+        choices=HEADS,
+    )
     weighting: str = option("samples", "aggregation weights", choices=WEIGHTING)
     train_size: int | None = option(
         None, "use the first N training examples", minimum=1, default_text="all"
@@ -408,6 +417,8 @@ class RunConfig:
             protocol.pop("cutout", None)
         if protocol.get("amp") == "off":
             protocol.pop("amp", None)
+        if protocol.get("heads") == "shared":
+            protocol.pop("heads", None)
         return protocol
 
 

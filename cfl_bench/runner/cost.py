@@ -85,7 +85,13 @@ QUIET_SECONDS = 30.0
 CHECKPOINT_SHARE = 0.05
 FORWARD_SAMPLES = 128  # forward timing batch (per-sample time is flat beyond this on CPU)
 # What the forward-only and the forward + backward samples outside local steps are for.
-FORWARD_PARTS = ("evaluation", "client spread", "buffer drift", "public logits")
+FORWARD_PARTS = (
+    "evaluation",
+    "client spread",
+    "buffer drift",
+    "public logits",
+    "task-end activations",
+)
 BACKWARD_PARTS = ("client requests", "client extra passes", "distillation")
 
 
@@ -271,6 +277,8 @@ def workload(
                 if extra.shard_samples and n:
                     batches = math.ceil(min(extra.shard_samples, n) / s.steps.batch_size)
                     parts["client extra passes"] += f * min(n, batches * s.steps.batch_size)
+                if extra.task_end_forward and g in eval_rounds:
+                    parts["task-end activations"] += f * n
         filled = [min(s.buffer_size, x) for x in seen]
         for extra in work.extras:
             if extra.public_examples is not None:

@@ -75,6 +75,31 @@ class MLP(nn.Module):
         return self.net[-1](z)
 
 
+class FOTMLP(nn.Module):
+    """The MLP of FOT's official code (``model/mlp.py``) for permuted MNIST: Linear(in, 400),
+    ReLU, dropout 0.2; two × [Linear(400, 400), ReLU, dropout 0.5]; Linear(400, classes).
+    Its four Linear layers (with biases) are the layers FOT projects."""
+
+    def __init__(self, in_features: int, num_classes: int, hidden: int = 400) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(in_features, hidden),
+            nn.ReLU(),
+            nn.Dropout(0.2),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Dropout(0.5),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Dropout(0.5),
+            nn.Linear(hidden, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
 class CifarCNN(nn.Module):
     """A small CNN for 3×32×32 inputs that trains in minutes on 2 CPU cores.
 
@@ -205,6 +230,13 @@ def _mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return MLP(in_features, num_classes)
 
 
+def _fot_mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    in_features = 1
+    for d in input_shape:
+        in_features *= int(d)
+    return FOTMLP(in_features, num_classes)
+
+
 def _centernet(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     from cfl_bench.carla_bridge.detector import build_detector  # only detection runs pay for it
 
@@ -227,6 +259,7 @@ _BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "resnet8": _resnet8,
     "fedavg-cnn": _fedavg_cnn,
     "centernet": _centernet,
+    "fot-mlp": _fot_mlp,
 }
 # Names and descriptions come from the torch-free catalogue; a test pins that both list
 # the same models.

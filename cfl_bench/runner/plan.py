@@ -52,6 +52,7 @@ from cfl_bench.streams.base import Stream
 from cfl_bench.streams.partition import Partitioner, client_class_counts, partitioner_from_spec
 from cfl_bench.streams.public_data import public_images
 from cfl_bench.streams.registry import build_stream, stream_info
+from cfl_bench.streams.task_heads import with_heads
 
 
 def resolve_device(name: str) -> torch.device:
@@ -400,6 +401,7 @@ def load_stream(config: RunConfig, device: torch.device) -> tuple[Stream, RunCon
         num_clients=config.clients,
         cutout=config.cutout,
     )
+    stream = with_heads(stream, config.heads)
     if num_tasks == 0:  # the stream's own count (all of an Avalanche benchmark's experiences)
         config = dataclasses.replace(config, tasks=stream.num_tasks)
     if config.replay_augment is None:
