@@ -356,13 +356,15 @@ class ICaRL(Learner):
 
     # -- the nearest-mean-of-exemplars classifier ------------------------------------------------
     def client_request(self, server: ServerState) -> ClientRequest | None:
-        """At a task end, with ``classifier=nme``: ask every client for its per-class sums
-        of exemplar features at the final θ_g (before the evaluation that scores it)."""
+        """At a task end, with ``classifier=nme``: ask every client that holds data for its
+        per-class sums of exemplar features at the final θ_g (before the evaluation that
+        scores it). A client that has not joined yet (``--arrivals``) holds no data and no
+        exemplars: it is not asked, and nothing of it is counted."""
         if self.opts.classifier != "nme" or not server.is_task_end:
             return None
         return ClientRequest(
             CLASS_SUMS,
-            list(server.clients),
+            [client for client in server.clients if client.train_y is not None],
             lambda client, model: self.answer_request(CLASS_SUMS, client, model),
             self.receive_reply,
             train_mode=False,

@@ -373,3 +373,18 @@ def test_nme_runs_and_counts_the_class_sums(cifar_root: Path, tmp_path: Path) ->
         return [x for x in (run / "records.csv").read_text().splitlines() if "train_loss" in x]
 
     assert losses(cnn) == losses(out) and len(losses(out)) == 2
+
+
+def test_nme_asks_only_the_clients_that_have_joined(cifar_root: Path, tmp_path: Path) -> None:
+    """``--arrivals``: client 1 joins at task 2, so the first task end asks client 0 only
+    (one client never there would hold no exemplars, and must not be counted); the second
+    asks both (client 0 keeps its task-1 data: ⌊1 · 0.9⌋ = 0 of the one client there
+    receive task 2)."""
+    out = tmp_path / "arrivals"
+    strategy = "icarl:memory=20,selection=herding,classifier=nme"
+    arrivals = ("--arrivals", "glfc:initial=1,new=1,per_round=2")
+    partition = ("--partition", "class-subsets:classes_per_client=2")
+    code, output = in_process(*run_args(cifar_root, out, strategy, *arrivals, *partition))
+    assert code == 0, output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["bytes_by_payload"]["up:icarl.class_sums"] == (1 + 2) * 10 * 101 * 4
