@@ -712,6 +712,12 @@ class Learner(Component):
         ``engine.vectorized_grad`` on a chunk)."""
         return ReplayPlan()
 
+    def replaces_batch_loss(self) -> bool:
+        """Whether the learner's own loss replaces the objective's loss on the batch (its
+        replay plan's ``batch_weight`` is then not 1). Read from the options alone, so the
+        executors' checks can ask before ``setup`` (a replay plan may need it)."""
+        return False
+
     def offers_batches(self) -> bool:
         """Whether a step offers its batch to the buffer (``engine.one_client.offer_batch``,
         ``engine.vectorized_replay.observe_all``; A-GEM's task-end fill does not: its memory

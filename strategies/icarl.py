@@ -298,7 +298,11 @@ class ICaRL(Learner):
     def replay_plan(self) -> ReplayPlan:
         """No buffer draws; with the paper's sigmoid loss the loss term replaces the
         objective's cross-entropy on the batch."""
-        return ReplayPlan(batch_weight=0.0 if self.opts.loss == "sigmoid" else 1.0)
+        return ReplayPlan(batch_weight=0.0 if self.replaces_batch_loss() else 1.0)
+
+    def replaces_batch_loss(self) -> bool:
+        """The paper's sigmoid loss replaces the objective's cross-entropy."""
+        return self.opts.loss == "sigmoid"
 
     def round_inputs(self, broadcast: Broadcast) -> ClientInputs | None:
         """Nothing to add to the softmax form at λ = 0."""

@@ -137,7 +137,7 @@ def check_strategy(strategy: Strategy) -> None:
             f"the vectorized executor runs learners declared by their replay plans, not "
             f"'{learner.name}' (its training data grows with the task history); {FALLBACK}."
         )
-    if learner.replay_plan().batch_weight != 1.0:
+    if learner.replaces_batch_loss():
         raise UserError(
             f"the vectorized executor adds the objective's loss on the batch at weight 1, "
             f"which '{learner.name}' replaces with its own loss; {FALLBACK}."
