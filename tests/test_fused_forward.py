@@ -166,7 +166,7 @@ def models_with_batch_norm() -> set[str]:
 
 def test_only_models_without_batch_norm_are_listed_as_per_example() -> None:
     with_bn = models_with_batch_norm()
-    assert with_bn == {"cifar-cnn", "resnet18", "resnet8"}
+    assert with_bn == {"cifar-cnn", "resnet18", "resnet32", "resnet8"}
     assert set(MODEL_DESCRIPTIONS) - with_bn == PER_EXAMPLE_MODELS
 
 

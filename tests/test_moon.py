@@ -154,7 +154,8 @@ def test_moon_is_refused_on_a_model_without_features() -> None:
     with pytest.raises(
         UserError,
         match=r"'moon' needs the model's features, which model 'linear' does not provide; "
-        r"use --model cifar-cnn or fedavg-cnn or mlp or mnist-cnn or resnet18 or resnet8, "
+        r"use --model cifar-cnn or fedavg-cnn or mlp or mnist-cnn or resnet18 or resnet32 "
+        r"or resnet8, "
         r"or drop 'moon'\.",
     ):
         strategy.setup(dataclasses.replace(env(), model=linear))

@@ -22,6 +22,8 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
     "resnet18": "CIFAR ResNet-18 (3×3 stem, no max-pool, BN), 11.2M params (C×32×32)",
     "resnet8": "CIFAR ResNet-8 (FedDF / FedProj): 16-32-64 channels, one block per stage, "
     "78k params (C×32×32)",
+    "resnet32": "CIFAR ResNet-32 of PyCIL / TARGET (FCL): 16-32-64 channels, five blocks per "
+    "stage, zero-padding shortcuts, BN, 64 features, 470k params on 100 classes (C×32×32)",
     "fedavg-cnn": "FedAvg / FedNTD CNN: 2 conv5×5 (32, 64) + max-pool, fc 512, 2.16M params "
     "on 3×32×32 (any C×H×W)",
     "centernet": "CenterNet-style detector from scratch: stride-4 heat map + offset + log-size "
@@ -34,7 +36,7 @@ DETECTION_MODELS: frozenset[str] = frozenset({"centernet"})
 #: ``forward(x) == classify(representation(x))`` (MOON requires it; a test pins both).
 MODEL_CAPABILITIES: dict[str, frozenset[str]] = {
     name: frozenset({"features"})
-    for name in ("mnist-cnn", "mlp", "cifar-cnn", "resnet18", "resnet8", "fedavg-cnn")
+    for name in ("mnist-cnn", "mlp", "cifar-cnn", "resnet18", "resnet8", "resnet32", "fedavg-cnn")
 }
 
 #: The convolutional models whose one-thread CPU step channels-last inputs made at least

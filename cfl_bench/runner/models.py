@@ -198,6 +198,13 @@ def _resnet8(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return CifarResNet8(num_classes, in_channels=int(input_shape[0]))
 
 
+def _resnet32(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    from cfl_bench.runner.resnet import CifarResNet32
+
+    _require_cifar_shape("resnet32", input_shape)
+    return CifarResNet32(num_classes, in_channels=int(input_shape[0]))
+
+
 def _fedavg_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     if len(input_shape) != 3 or input_shape[1] < 4 or input_shape[2] < 4:
         raise UserError(
@@ -257,6 +264,7 @@ _BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "cifar-cnn": _cifar_cnn,
     "resnet18": _resnet18,
     "resnet8": _resnet8,
+    "resnet32": _resnet32,
     "fedavg-cnn": _fedavg_cnn,
     "centernet": _centernet,
     "fot-mlp": _fot_mlp,
