@@ -57,15 +57,14 @@ import torch
 from torch.nn import functional as F
 
 from cfl_bench.core.errors import UserError
-from cfl_bench.core.payloads import ClientRequest
 from cfl_bench.strategies import declarations
-from cfl_bench.strategies.base import Classifier, ClientInputs, Declaration, StrategyEnv
+from cfl_bench.strategies.base import ClientInputs, Declaration, Learner, StrategyEnv
 from cfl_bench.strategies.declarations import GLFCOptions
 from cfl_bench.strategies.icarl import ICaRL, features_of, normalised
 from cfl_bench.strategies.replay import ReplayPlan
 
 if TYPE_CHECKING:
-    from cfl_bench.core.context import Broadcast, ClientState, LocalRound, ServerState
+    from cfl_bench.core.context import Broadcast, ClientState, LocalRound
     from cfl_bench.core.flat import FlatModel
 
 
@@ -228,12 +227,11 @@ class GLFC(ICaRL):
         weights = (self.opts.gc_weight, self.opts.rd_weight)
         return glfc_loss(outputs, values["teacher_outputs"], y, values, weights, mask)
 
-    def client_request(self, server: ServerState) -> ClientRequest | None:
-        """Nothing asked of the clients (the code classifies by the model's outputs)."""
-        return None
-
-    def evaluation_classifier(self) -> Classifier | None:
-        return None
+    # iCaRL's nearest-mean classifier and its request are not GLFC's (the code scores the
+    # model's outputs): the base's do-nothing hooks, so no server schedule is declared.
+    client_request = Learner.client_request
+    answer_request = Learner.answer_request
+    evaluation_classifier = Learner.evaluation_classifier
 
 
 __all__ = ["GLFC", "compensation_weights", "glfc_loss", "herding_with_repeats"]
