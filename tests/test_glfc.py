@@ -201,6 +201,27 @@ def local_round(client: ClientState) -> Any:
     return SimpleNamespace(broadcast=SimpleNamespace(params=params, buffers=torch.zeros(0)))
 
 
+def test_entering_task_2_keeps_the_global_model_as_the_old_model() -> None:
+    learner = glfc()
+    client = ClientState(index=0, generator=torch.Generator().manual_seed(0), buffer=None)
+    first = SimpleNamespace(
+        broadcast=SimpleNamespace(params=torch.zeros(3), buffers=torch.zeros(0))
+    )
+    client.task = 0
+    inputs = learner.client_inputs(client, first)  # type: ignore[arg-type]
+    assert float(inputs["weight"]) == 0.0 and inputs["old"].sum() == 0  # task 1: L_GC alone
+    theta = torch.tensor([1.0, 2.0, 3.0])
+    entered = SimpleNamespace(broadcast=SimpleNamespace(params=theta, buffers=torch.zeros(0)))
+    client.task = 1
+    inputs = learner.client_inputs(client, entered)  # type: ignore[arg-type]
+    assert float(inputs["weight"]) == 1.0
+    assert inputs["old"].tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert inputs["seen"].tolist() == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    later = SimpleNamespace(broadcast=SimpleNamespace(params=theta * 2, buffers=torch.zeros(0)))
+    # a later round of the same task keeps the model the client entered the task with
+    assert learner.client_inputs(client, later)["teacher"].tolist() == [1.0, 2.0, 3.0]  # type: ignore[arg-type]
+
+
 def run_args(root: Path, out: Path, strategy: str, *extra: str, clients: int = 2) -> list[str]:
     return [
         "run",
