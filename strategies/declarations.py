@@ -198,6 +198,27 @@ class ICaRLOptions:
 
 
 @dataclass(frozen=True)
+class GLFCOptions:
+    """``glfc:…`` options (defaults: GLFC's official code, conditionWang/FCIL)."""
+
+    memory: int = option(
+        2000,
+        "exemplars each client keeps, split evenly over the classes it has learned (code: 2000)",
+        positive_int,
+    )
+    gc_weight: float = option(
+        0.5,
+        "weight of the gradient compensation loss L_GC once there is an old model (code: 0.5)",
+        non_negative_float,
+    )
+    rd_weight: float = option(
+        0.5,
+        "weight of the relation distillation loss L_RD once there is an old model (code: 0.5)",
+        non_negative_float,
+    )
+
+
+@dataclass(frozen=True)
 class OnlineEWCOptions:
     """``ewc:…`` options."""
 
@@ -579,6 +600,18 @@ ICARL = Declaration(
     server_schedule=True,
 )
 
+GLFC = Declaration(
+    name="glfc",
+    target="cfl_bench.strategies.glfc:GLFC",
+    summary=(
+        "GLFC's clients: herded exemplars + the task's data, class-aware gradient "
+        "compensation (BCE re-weighted per old/new group) and relation distillation (class-IL)"
+    ),
+    paper="Dong et al., CVPR 2022 (GLFC, Federated Class-Incremental Learning)",
+    roles=frozenset({Role.LEARNER, Role.LOSS_TERM}),
+    options=GLFCOptions,
+)
+
 EWC = Declaration(
     name="ewc",
     target="cfl_bench.strategies.ewc:OnlineEWC",
@@ -732,6 +765,7 @@ TABLE: tuple[Declaration, ...] = (
     AGEM,
     IDEAL,
     ICARL,
+    GLFC,
     FEDPROX,
     FEDCURV,
     FEDNTD,

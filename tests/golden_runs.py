@@ -174,6 +174,20 @@ CASES: dict[str, tuple[bool, list[str]]] = {
             *("--strategy", "icarl:memory=60,selection=herding"),
         ],
     ),
+    # GLFC's clients under GLFC's protocol: 2 clients at task 1, 1 joins at task 2, one of
+    # the first two receives task 2 (with its herded exemplars), the other keeps task 1;
+    # each holds every example of 1 class of its task (GLFC's class subsets); L_GC + L_RD.
+    "seq-cifar10-mlp-glfc-arrivals": (
+        True,
+        [
+            *("--stream", "seq-cifar10", "--model", "mlp", "--tasks", "2"),
+            *("--rounds-per-task", "1", "--clients", "3"),
+            *("--train-size", "2000", "--test-size", "500"),
+            *("--arrivals", "glfc:initial=2,new=1,receive=0.5,per_round=3"),
+            *("--partition", "class-subsets:classes_per_client=1"),
+            *("--strategy", "glfc:memory=60"),
+        ],
+    ),
     "seq-dbpedia-der+fedgp": (
         True,
         [

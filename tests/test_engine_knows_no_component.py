@@ -27,6 +27,12 @@ CONTRACT = {
 }
 
 
+# Names a module may write as something other than a component: ``--arrivals glfc`` is GLFC's
+# clients-joining protocol (a preset of engine/arrivals.py, named after the paper like the
+# ``glfc`` learner); the engine reads it from --arrivals, never from the strategy.
+PROTOCOL_NAMES: dict[str, set[str]] = {"arrivals.py": {"glfc"}}
+
+
 def docstring_nodes(tree: ast.AST) -> set[int]:
     """The ids of the module's, classes' and functions' docstring constants."""
     owners = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -65,7 +71,7 @@ def imported_modules(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("path", CHECKED, ids=lambda p: p.name)
 def test_names_no_component_and_imports_none(path: Path) -> None:
-    assert named_components(path) == set(), path
+    assert named_components(path) - PROTOCOL_NAMES.get(path.name, set()) == set(), path
     strategy_modules = {m for m in imported_modules(path) if m.startswith("cfl_bench.strategies.")}
     assert strategy_modules <= CONTRACT, strategy_modules - CONTRACT
 

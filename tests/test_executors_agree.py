@@ -21,8 +21,9 @@ from tests.test_vectorized_replay import REPLAY
 # on this run: FedDF's θ_g 1.9e-2 apart (records 2.3e-6), FedProj's 2.0e-5 (2.5e-8).
 OPTIONS = {"fedproj": "fedproj:distill_lr=1e-12,eps=1e-6", "feddf": "feddf:distill_lr=1e-12"}
 # Refused by the vectorized executor: the joint learner (its data grows with the history)
-# and iCaRL (its exemplars join the shard; and it needs a class-IL stream, not rot-digits).
-REFUSED = {"ideal", "icarl"}
+# and iCaRL and GLFC (their exemplars join the shard; and they need a class-IL stream, not
+# rot-digits).
+REFUSED = {"ideal", "icarl", "glfc"}
 COMPOSITIONS = [
     "der+fedgp",
     "derpp+fedgp",

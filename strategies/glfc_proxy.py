@@ -1,0 +1,127 @@
+"""GLFC's proxy server, its building blocks: the LeNet encoder, the label a gradient gives
+away, and the sample rebuilt from the gradient.
+
+Dong et al., CVPR 2022, official code conditionWang/FCIL: ``src/myNetwork.py`` (``LeNet``,
+``weights_init``), ``src/GLFC.py`` (``prototype_mask``: the gradient a client sends) and
+``src/ProxyServer.py`` (``gradient2label``, ``reconstruction``). Not yet wired into the
+``glfc`` component (which still distils the previous task's model, docs/methods.md): these
+are the pieces its proxy server will run, tested on their own.
+
+- The encoder: three 5×5 convolutions of 12 channels (strides 2, 2, 1, padding 2), each
+  followed by a sigmoid, then one linear layer to the classes; every weight and bias drawn
+  uniformly from [−0.5, 0.5] (``weights_init``). The code builds it for 32×32 RGB inputs
+  (768 = 12·8·8 features) and 100 classes; here the feature count follows the input shape.
+- A client sends ∇_φ CE(encoder_φ(x), y) for one sample x of each new class (the code's
+  prototype after 50 SGD steps on the sample, made by the caller).
+- The label: the class whose row of the last layer's weight gradient sums lowest (for one
+  sample that row is (p_y − 1)·h with h > 0 after the sigmoid, the only negative one).
+- The reconstruction: x̂ from N(0, 1), minimising Σ_layers ‖∇_φ CE(encoder(x̂), ŷ) − g‖²
+  by L-BFGS (lr 0.1, torch's defaults otherwise: up to 20 inner iterations per step) for
+  ``iterations`` steps (code: 250); the iterates of the last ``keep`` steps (code: 20) are
+  the augmented samples. The code stores each iterate as an 8-bit image (``ToPILImage``);
+  here they stay float tensors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+# ProxyServer.py: self.Iteration = 250, self.num_image = 20; optim.LBFGS(lr=0.1).
+ITERATIONS = 250
+KEEP = 20
+LBFGS_LR = 0.1
+
+
+class LeNetEncoder(nn.Module):
+    """The code's ``LeNet`` for inputs of ``shape`` (channels, height, width)."""
+
+    def __init__(self, shape: tuple[int, int, int], num_classes: int) -> None:
+        super().__init__()
+        channels, height, width = shape
+        self.body = nn.Sequential(
+            nn.Conv2d(channels, 12, kernel_size=5, padding=2, stride=2),
+            nn.Sigmoid(),
+            nn.Conv2d(12, 12, kernel_size=5, padding=2, stride=2),
+            nn.Sigmoid(),
+            nn.Conv2d(12, 12, kernel_size=5, padding=2, stride=1),
+            nn.Sigmoid(),
+        )
+        h, w = math.ceil(height / 4), math.ceil(width / 4)
+        self.fc = nn.Linear(12 * h * w, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.body(x).flatten(1))
+
+
+def encoder(shape: tuple[int, int, int], num_classes: int, gen: torch.Generator) -> LeNetEncoder:
+    """A LeNet whose every weight and bias is uniform on [−0.5, 0.5] (``weights_init``),
+    drawn from ``gen`` so that every client and the server hold the same one."""
+    model = LeNetEncoder(shape, num_classes)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.rand(p.shape, generator=gen) - 0.5)
+    return model
+
+
+def sample_gradient(model: nn.Module, x: torch.Tensor, y: int) -> list[torch.Tensor]:
+    """∇ of CE(model(x), y) for one sample ``x`` (C, H, W) w.r.t. every parameter: what a
+    client sends the proxy server."""
+    loss = F.cross_entropy(model(x.unsqueeze(0)), torch.tensor([y], device=x.device))
+    return [g.detach() for g in torch.autograd.grad(loss, list(model.parameters()))]
+
+
+def gradient_label(gradient: list[torch.Tensor]) -> int:
+    """The label a one-sample gradient gives away: the row of the last layer's weight
+    gradient (``gradient[-2]``) with the lowest sum (``gradient2label``)."""
+    return int(gradient[-2].sum(dim=-1).argmin())
+
+
+def reconstruct(
+    model: nn.Module,
+    gradient: list[torch.Tensor],
+    shape: tuple[int, int, int],
+    gen: torch.Generator,
+    iterations: int = ITERATIONS,
+    keep: int = KEEP,
+) -> torch.Tensor:
+    """The last ``keep`` of ``iterations`` L-BFGS iterates (keep, C, H, W) of the sample
+    whose gradient matches ``gradient``, labelled ``gradient_label(gradient)``."""
+    label = torch.tensor([gradient_label(gradient)])
+    dummy = torch.randn((1, *shape), generator=gen).requires_grad_(True)
+    optimizer = torch.optim.LBFGS([dummy], lr=LBFGS_LR)
+    params = list(model.parameters())
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        grads = torch.autograd.grad(F.cross_entropy(model(dummy), label), params, create_graph=True)
+        gap = sum(((g - t) ** 2).sum() for g, t in zip(grads, gradient, strict=True))
+        assert isinstance(gap, torch.Tensor)
+        gap.backward()
+        return gap
+
+    kept: list[torch.Tensor] = []
+    for step in range(iterations):
+        optimizer.step(closure)
+        if step >= iterations - keep:
+            kept.append(dummy.detach().clone().squeeze(0))
+    return torch.stack(kept)
+
+
+def inversion_gap(model: nn.Module, gradient: list[torch.Tensor], x: torch.Tensor) -> float:
+    """Σ ‖∇(x) − gradient‖² at a candidate ``x`` (C, H, W), under the gradient's label."""
+    grads = sample_gradient(model, x, gradient_label(gradient))
+    return float(sum(((g - t) ** 2).sum() for g, t in zip(grads, gradient, strict=True)))
+
+
+def best_model(accuracies: list[float]) -> int:
+    """The index of the model the proxy server keeps: the highest accuracy on the rebuilt
+    samples, the latest one on a tie (``cur_perf >= self.best_perf``)."""
+    best = 0
+    for i, acc in enumerate(accuracies):
+        if acc >= accuracies[best]:
+            best = i
+    return best
