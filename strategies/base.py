@@ -743,6 +743,12 @@ class Learner(Component):
         them."""
         return x, y
 
+    def exemplar_memory(self) -> int:
+        """At most how many kept examples ``local_data`` adds to a client's task data (0:
+        none). The cost estimate counts min(this, the examples the client saw before) as
+        training rows; read from the options, so it can be asked before ``setup``."""
+        return 0
+
     def refine(self, g: torch.Tensor, view: StepView) -> torch.Tensor:
         """The learner's own refinement of the step's gradient g ((P,) or (C, P)), after the
         penalties and before the components' transforms (A-GEM's projection); a pure

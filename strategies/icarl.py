@@ -300,6 +300,11 @@ class ICaRL(Learner):
         objective's cross-entropy on the batch."""
         return ReplayPlan(batch_weight=0.0 if self.replaces_batch_loss() else 1.0)
 
+    def exemplar_memory(self) -> int:
+        """Every client joins at most ``memory`` exemplars to its task data (GLFC's
+        per-class budget too: memory // classes, times the classes)."""
+        return self.opts.memory
+
     def replaces_batch_loss(self) -> bool:
         """The paper's sigmoid loss replaces the objective's cross-entropy."""
         return self.opts.loss == "sigmoid"

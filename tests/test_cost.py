@@ -86,6 +86,21 @@ def test_run_size_under_partial_participation_and_for_the_joint_learner() -> Non
     assert joint.total_steps == 2 * 8 + 2 * (6 + 8 + 4)  # task 1 holds 30, 40, 11 samples
 
 
+def test_run_size_counts_the_exemplars_joined_to_the_task_data() -> None:
+    """iCaRL/GLFC (``exemplar_memory`` 8): in task 1 each client trains on its shard plus
+    min(8, what it held of task 0) kept examples: 5 + 8, 30 + 8, 11 + 0 rows."""
+    s = schedule()
+    size = cost.run_size(s, s.clock(), SHARDS, needs_history=False, params=1, exemplars=8)
+    # task 1 rounds: ⌈13/10⌉·2 + ⌈38/10⌉·2 + ⌈11/10⌉·2 = 4 + 8 + 4
+    assert size.total_steps == 2 * 8 + 2 * (4 + 8 + 4)
+    learners = {name: build_strategy(name).learner for name in ("icarl", "glfc", "er")}
+    assert {name: learner.exemplar_memory() for name, learner in learners.items()} == {
+        "icarl": 2000,
+        "glfc": 2000,
+        "er": 0,
+    }
+
+
 def test_workload_counts_evaluation_buffers_and_strategy_extras() -> None:
     s = schedule()
     extra = ExtraWork(request_samples=32, shard_samples=12, public_examples=0, distill_epochs=1)

@@ -174,13 +174,20 @@ def shard_sizes(splits: dict[int, TaskSplit], num_tasks: int) -> list[list[int]]
 
 
 def run_size(
-    schedule: Schedule, clock: TaskClock, shards: list[list[int]], needs_history: bool, params: int
+    schedule: Schedule,
+    clock: TaskClock,
+    shards: list[list[int]],
+    needs_history: bool,
+    params: int,
+    exemplars: int = 0,
 ) -> RunSize:
-    """The run's rounds, participants and local steps from the planned splits (pure)."""
+    """The run's rounds, participants and local steps from the planned splits (pure);
+    ``exemplars``: the learner's ``exemplar_memory``."""
     plan = schedule.arrival_plan()
     entries = [round_clients(schedule, clock, plan, g) for g in range(clock.total_rounds)]
     per_client = [
-        [client_steps(schedule, shards, k, t, needs_history) for k, t, _ in row] for row in entries
+        [client_steps(schedule, shards, k, t, needs_history, exemplars) for k, t, _ in row]
+        for row in entries
     ]
     if plan is None:
         fraction = participation_fraction(schedule)
@@ -227,18 +234,27 @@ def participation_fraction(schedule: Schedule) -> float:
     return min(1.0, schedule.clients_per_round / max(1, schedule.num_clients))
 
 
-def client_samples(shards: list[list[int]], k: int, t: int, needs_history: bool) -> int:
-    """Samples client ``k`` trains on in task ``t`` (all its shards so far for the joint
-    learner)."""
+def client_samples(
+    shards: list[list[int]], k: int, t: int, needs_history: bool, exemplars: int = 0
+) -> int:
+    """Samples client ``k`` trains on in task ``t``: all its shards so far for the joint
+    learner; its shard plus up to ``exemplars`` kept examples of its earlier shards
+    (iCaRL, GLFC) otherwise."""
+    earlier = sum(shards[s][k] for s in range(t))
     if needs_history:
-        return sum(shards[s][k] for s in range(t + 1))
-    return shards[t][k]
+        return earlier + shards[t][k]
+    return shards[t][k] + min(exemplars, earlier)
 
 
 def client_steps(
-    schedule: Schedule, shards: list[list[int]], k: int, t: int, needs_history: bool
+    schedule: Schedule,
+    shards: list[list[int]],
+    k: int,
+    t: int,
+    needs_history: bool,
+    exemplars: int = 0,
 ) -> int:
-    n = client_samples(shards, k, t, needs_history)
+    n = client_samples(shards, k, t, needs_history, exemplars)
     return math.ceil(n / schedule.steps.batch_size) * schedule.steps.epochs
 
 
@@ -251,6 +267,7 @@ def workload(
     needs_buffer: bool,
     needs_history: bool,
     work: StrategyWork,
+    exemplars: int = 0,
 ) -> Workload:
     """Every count the estimate needs, from the schedule and the planned splits (pure)."""
     s, T, K = schedule, schedule.num_tasks, schedule.num_clients
@@ -267,7 +284,7 @@ def workload(
         entries = round_clients(s, clock, plan, g)
         tasks = [t for _, t, _ in entries]
         for k, t, f in entries:
-            n = client_samples(shards, k, t, needs_history)
+            n = client_samples(shards, k, t, needs_history, exemplars)
             steps += f * math.ceil(n / s.steps.batch_size) * s.steps.epochs
             visits += f
             if t != last_task[k]:
@@ -528,7 +545,8 @@ def announce(plan: RunPlan, say: Callable[[str], None]) -> dict[str, object]:
     shards = shard_sizes(plan.splits, schedule.num_tasks)
     params = sum(p.numel() for p in plan.model.parameters() if p.requires_grad)
     history = strategy.learner.needs_history
-    size = run_size(schedule, clock, shards, history, params)
+    exemplars = strategy.learner.exemplar_memory()
+    size = run_size(schedule, clock, shards, history, params, exemplars)
     line = size.line(str(plan.config.model))
     record: dict[str, object] = {"steps": size.total_steps, "seconds": None}
     if plan.device.type != "cpu":
@@ -543,6 +561,7 @@ def announce(plan: RunPlan, say: Callable[[str], None]) -> dict[str, object]:
         needs_buffer=strategy.needs_buffer,
         needs_history=history,
         work=strategy_work(strategy, plan.splits),
+        exemplars=exemplars,
     )
     checkpoints = plan.config.checkpoint_every != 0
 
