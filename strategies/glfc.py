@@ -197,6 +197,10 @@ class GLFC(ICaRL):
         """No buffer draws; GLFC's loss replaces the objective's cross-entropy."""
         return ReplayPlan(batch_weight=0.0)
 
+    def replaces_batch_loss(self) -> bool:
+        """Always: L_GC (and L_RD) replace the objective's cross-entropy."""
+        return True
+
     def round_inputs(self, broadcast: Broadcast) -> ClientInputs | None:
         """Every round adds the loss."""
         return {}
