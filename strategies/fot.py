@@ -280,8 +280,8 @@ class FOT(Component):
 
     def extra_work(self) -> ExtraWork:
         """Each participant's forward pass over its current examples at every task end (the
-        server's SVD of one in × in sketch per layer is not counted: well under a second
-        for the code's MLP)."""
+        server's SVD of one in × w sketch per layer is not counted: well under a second
+        for the code's MLP, about 24 s per task end on one CPU thread for its AlexNet)."""
         return ExtraWork(task_end_forward=True)
 
     def setup(self, env: StrategyEnv) -> None:
