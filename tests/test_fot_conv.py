@@ -27,6 +27,7 @@ from cfl_bench.strategies.fot import (
 )
 from tests.helpers import digits_federation, env
 from tests.test_cli import in_process
+from tests.test_resume import assert_resumes_after_crash, uninterrupted
 
 
 def patches_by_hand(
@@ -218,3 +219,12 @@ def test_the_alexnet_refuses_inputs_too_small_for_its_three_pools(tmp_path: Path
         "seq-cifar100, or --model fot-mlp."
     ]
     assert "Traceback" not in output and not out.exists()
+
+
+def test_a_conv_run_resumes_identically(tmp_path: Path) -> None:
+    """fedavg-cnn (two convs, Linear layers; Gaussian sketches, eval-mode activations): a
+    run crashed after round 3 (bases of the first task end kept, the second task end's
+    sketches still to come) resumes to the uninterrupted run's records."""
+    extra = {"model": "fedavg-cnn", "stream": "perm-digits"}
+    whole = uninterrupted(tmp_path, "fot", **extra)
+    assert_resumes_after_crash(tmp_path / "crashed", "fot", whole, **extra)
