@@ -316,11 +316,21 @@ class FOTOptions:
     eps_inc: float = option(
         0.0, "added to ε after every task end (code: 0.0 PMNIST, 0.001 CIFAR)", non_negative_float
     )
-    act_mode: Literal["train", "eval"] = option(
-        "train",
-        "model mode while clients record activations (train = authors' code)",
+    act_mode: Literal["auto", "train", "eval"] = option(
+        "auto",
+        "model mode while clients record activations: auto = the code's trainer for the "
+        "model (train for Linear-only models: MLP trainer; eval with convolutions: CIFAR "
+        "trainer)",
         text,
-        choices=("train", "eval"),
+        choices=("auto", "train", "eval"),
+    )
+    sketch: Literal["auto", "uniform", "gaussian"] = option(
+        "auto",
+        "clients' random sketch matrix: uniform = U[-1, 1], d wide (MLP trainer); gaussian = "
+        "N(0, 1), d wide for conv and 5·d for Linear layers (CIFAR trainer); auto = the "
+        "model's trainer (gaussian with convolutions)",
+        text,
+        choices=("auto", "uniform", "gaussian"),
     )
     last_layer: Literal["auto", "project", "free"] = option(
         "auto",
@@ -743,7 +753,7 @@ FOT = Declaration(
     target="cfl_bench.strategies.fot:FOT",
     summary=(
         "task ends: clients send random sketches of their layer inputs, the server grows each "
-        "Linear layer's input basis U; later aggregated updates become Δ − Δ·U·Uᵀ"
+        "Linear/Conv2d layer's input basis U; later aggregated updates become Δ − Δ·U·Uᵀ"
     ),
     paper="Bakman, Yaldiz et al., ICLR 2024 (FOT, Federated Orthogonal Training)",
     roles=frozenset({Role.AGGREGATOR}),

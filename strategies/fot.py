@@ -1,26 +1,34 @@
 """FOT: Federated Orthogonal Training (Bakman, Yaldiz, Ezzeldin, Avestimehr, ICLR 2024).
 
-At the end of every task the server learns, for each Linear layer l, an orthonormal basis
-U_l (d_l × k_l) of the inputs that layer saw on the tasks so far; from then on every
-aggregated update of that layer's weight is projected orthogonally to it on the server:
+At the end of every task the server learns, for each Linear and Conv2d layer l, an
+orthonormal basis U_l (d_l × k_l) of the inputs that layer saw on the tasks so far; from then
+on every aggregated update of that layer's weight is projected orthogonally to it on the
+server:
 
     Δ_l = θ_avg,l − θ_old,l        θ_g,l = θ_old,l + Δ_l − Δ_l · U_l · U_lᵀ
 
 so W_new · a = W_old · a for every old-task input a in span(U_l) (biases are averaged
-unprojected, as in the code). Clients train plain FedAvg; nothing changes in their steps.
+unprojected, as in the code). A Conv2d's weight (out, C, k_h, k_w) is read as the matrix
+(out × C·k_h·k_w) and its "inputs" are its input patches (one per example and output
+position, ``unfolded``), so every output the conv computes on an old-task patch is kept.
+Clients train plain FedAvg; nothing changes in their steps.
 
 How U grows, as the official code (duygunuryldz/Federated_Orthogonal_Training, algorithm
-``orth``: ``trainer/mnist_trainer.py:collect_activations`` and
-``FedAVGAggregator.expand_orth_set``) does it:
+``orth``: ``trainer/mnist_trainer.py`` and ``trainer/cifar_trainer.py``
+``collect_activations``, ``FedAVGAggregator.expand_orth_set``) does it:
 
 1. In the last round of a task the broadcast also carries the current bases (``fot.basis``,
    their column counts ``fot.ranks``). Each participant, after its local training, runs its
-   *local* model (train mode: dropout on, ``act_mode``) once over its current-task
-   examples and records each Linear layer's input A_l (d_l × n_c; a hidden layer's input is
-   taken before the dropout that precedes it, the ReLU output the code hooks).
+   *local* model once over its current-task examples and records each layer's input A_l
+   (d_l × n_l; a conv layer's patches unfolded with its own kernel, dilation, padding and
+   stride). The MLP trainer records in train mode (dropout on), a hidden layer's input
+   before the dropout that feeds it (the ReLU output the code hooks); the CIFAR trainer
+   records in eval mode the actual layer inputs (``act_mode=auto`` picks by the model).
 2. It removes the old subspace, R_l = A_l − U_l·U_lᵀ·A_l, and uploads a random sketch
-   R_l · M_l with M_l (n_c × d_l) uniform in [−1, 1] (``fot.sketch``: one d_l × d_l matrix
-   per layer, never the activations), with r_l = ‖R_l‖_F / ‖A_l‖_F and n_c (``fot.stats``).
+   R_l · M_l (``fot.sketch``, never the activations), with r_l = ‖R_l‖_F / ‖A_l‖_F and n_c
+   (``fot.stats``). M_l is n_l × d_l uniform in [−1, 1] in the MLP trainer; in the CIFAR
+   trainer standard normal, n_l × d_l for a conv layer and n_l × 5·d_l for a Linear layer
+   (``sketch=auto`` picks by the model: Gaussian as soon as it has a convolution).
 3. The server sums the sketches S_l = Σ_c R_c,l·M_c,l (a random projection of all
    clients' residuals side by side), averages r_l weighted by n_c, turns the threshold ε
    into ε' = (r̄ − (1 − ε)) / r̄, takes the SVD S_l = V·Σ·Wᵀ and keeps the first k
@@ -28,11 +36,15 @@ How U grows, as the official code (duygunuryldz/Federated_Orthogonal_Training, a
    none). U_l ← orthonormalised [U_l, V_{:, :k}] (QR). Then ε ← ε + ``eps_inc``.
 
 The code's ratio r is a norm ratio, not an energy ratio (GPM squares it): followed as is.
-The paper's own equations could not be read here (its text beyond the abstract is not in the
-stored pages), so no paper-vs-code option is offered; docs/methods.md says so.
+The paper's own equations could not be read here (the stored pages hold its abstract and the
+first lines of its introduction only), so no paper-vs-code option is offered; the options
+``act_mode`` and ``sketch`` choose between the code's two trainers, and docs/methods.md says
+so.
 
-Traffic at a task end, per participant: down Σ_l d_l·k_l floats (+ L ranks), up Σ_l d_l²
-floats (+ L+1 stats) — with the code's MLP 4.38 MB up, more than the 2.6 MB model.
+Traffic at a task end, per participant: down Σ_l d_l·k_l floats (+ L ranks), up Σ_l d_l·w_l
+floats (w_l the sketch width) (+ L+1 stats) — with the code's MLP 4.38 MB up, more than the
+2.6 MB model; with the code's AlexNet 107 MB up (its two 2048-wide Linear layers' 5·d
+sketches are 105 MB of it), 4× the 26.8 MB model.
 """
 
 from __future__ import annotations
@@ -43,6 +55,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.seeding import generator, seed_torch_default
@@ -54,63 +67,111 @@ if TYPE_CHECKING:
     from cfl_bench.core.context import ClientState, LocalRound, ServerState, Upload
     from cfl_bench.core.flat import FlatModel
 
-#: Models made only of Linear layers (and activations, dropout): the layers FOT projects.
-LINEAR_MODELS: tuple[str, ...] = ("fot-mlp", "mlp", "linear")
+#: The models whose weighted layers are all Linear or Conv2d (no normalisation layers): the
+#: layers FOT projects.
+PROJECTABLE_MODELS: tuple[str, ...] = (
+    "fot-mlp",
+    "fot-alexnet",
+    "mlp",
+    "linear",
+    "mnist-cnn",
+    "fedavg-cnn",
+)
 
 
 @dataclass(frozen=True)
 class LayerSlot:
-    """Where one Linear layer's weight (out × in) lives in the flat parameter vector."""
+    """Where one layer's weight lives in the flat parameter vector, read as the matrix the
+    projection acts on: (out × in) for a Linear layer, (out × C·k_h·k_w) for a Conv2d (its
+    (out, C, k_h, k_w) weight flattened per output channel, as the code's
+    ``grad.view(grad.size(0), -1)``). ``conv`` holds a Conv2d's unfolding parameters
+    (kernel, dilation, padding, stride); None for a Linear layer."""
 
     name: str
     start: int
     out_features: int
     in_features: int
+    conv: tuple[tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, int]] | None = None
 
     def view(self, flat: torch.Tensor) -> torch.Tensor:
         size = self.out_features * self.in_features
         return flat[self.start : self.start + size].view(self.out_features, self.in_features)
 
 
+def pair(value: int | tuple[int, ...] | str) -> tuple[int, int]:
+    """A Conv2d's kernel/stride/padding/dilation as two ints (refusing 'same' padding)."""
+    if isinstance(value, str):
+        raise UserError(f"fot cannot unfold a convolution with padding={value!r}; pad by ints.")
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
 def layer_slots(model: FlatModel) -> list[LayerSlot]:
-    """Every Linear layer's weight slot, in the order the modules are registered (the order
-    of the sketches and bases)."""
+    """Every Linear and Conv2d weight slot, in the order the modules are registered (the
+    order of the sketches and bases)."""
     where = {s.name: s for s in model.slices}
     slots = []
     for name, module in model.module.named_modules():
+        if not isinstance(module, nn.Linear | nn.Conv2d):
+            continue
+        flat = where[f"{name}.weight" if name else "weight"]
         if isinstance(module, nn.Linear):
-            flat = where[f"{name}.weight" if name else "weight"]
             slots.append(LayerSlot(flat.name, flat.start, module.out_features, module.in_features))
+            continue
+        if module.groups != 1:
+            raise UserError(f"fot cannot project grouped convolution '{name}'; use groups=1.")
+        unfold = (module.kernel_size, module.dilation, module.padding, module.stride)
+        per_out = module.weight[0].numel()
+        conv = (pair(unfold[0]), pair(unfold[1]), pair(unfold[2]), pair(unfold[3]))
+        slots.append(LayerSlot(flat.name, flat.start, module.out_channels, per_out, conv))
     return slots
 
 
+def unfolded(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """A Conv2d's input as the rows its weight multiplies: one row per (example, output
+    position), C·k_h·k_w columns in the weight's (C, k_h, k_w) order, so that
+    ``conv(x)`` at each position is ``row @ W.view(out, -1).T`` (the code's ``nn.Unfold``
+    with the layer's kernel, then ``permute(0, 2, 1)`` and ``reshape(-1, C·k·k)``)."""
+    patches = F.unfold(
+        x, conv.kernel_size, dilation=conv.dilation, padding=pair(conv.padding), stride=conv.stride
+    )
+    return patches.transpose(1, 2).reshape(-1, patches.shape[1])
+
+
 def layer_inputs(module: nn.Module, x: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
-    """Each Linear layer's inputs over ``x`` as a (d_l × n) matrix, in registration order.
+    """Each Linear/Conv2d layer's inputs over ``x`` as a (d_l × n_l) matrix, in registration
+    order (n_l = examples for a Linear layer, examples × output positions for a conv).
 
-    Why the dropout hook: the code records a hidden layer's input as the ReLU output, before
-    the dropout that follows it, while the forward itself runs with dropout (train mode), so
-    a Linear right after a Dropout records the Dropout's input."""
-    linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
-    seen: list[list[torch.Tensor]] = [[] for _ in linears]
-    pending: list[torch.Tensor | None] = [None]
+    Why the dropout hook: the MLP code records a hidden layer's input as the ReLU output,
+    before the dropout that feeds it, while the forward itself runs with dropout (train
+    mode); so a layer whose input *is* a Dropout's output records that Dropout's input. A
+    layer with anything else in between (the AlexNet's max-pool) records its actual input,
+    as the CIFAR code does (which records in eval mode, where dropout is the identity)."""
+    layers = [m for m in module.modules() if isinstance(m, nn.Linear | nn.Conv2d)]
+    seen: list[list[torch.Tensor]] = [[] for _ in layers]
+    dropped: list[tuple[torch.Tensor, torch.Tensor] | None] = [None]
 
-    def before_dropout(_: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-        pending[0] = args[0]
+    def after_dropout(_: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        dropped[0] = (out, args[0])
 
-    def before_linear(index: int) -> Callable[[nn.Module, tuple[torch.Tensor, ...]], None]:
+    def before_layer(index: int) -> Callable[[nn.Module, tuple[torch.Tensor, ...]], None]:
         def hook(layer: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-            taken = args[0] if pending[0] is None else pending[0]
-            seen[index].append(taken.detach().reshape(-1, taken.shape[-1]))
-            pending[0] = None
+            taken = args[0]
+            if dropped[0] is not None and dropped[0][0] is taken:
+                taken = dropped[0][1]
+            taken = taken.detach()
+            if isinstance(layer, nn.Conv2d):
+                seen[index].append(unfolded(layer, taken))
+            else:
+                seen[index].append(taken.reshape(-1, taken.shape[-1]))
 
         return hook
 
     handles = [
-        m.register_forward_pre_hook(before_dropout)
+        m.register_forward_hook(after_dropout)
         for m in module.modules()
         if isinstance(m, nn.Dropout)
     ]
-    handles += [m.register_forward_pre_hook(before_linear(i)) for i, m in enumerate(linears)]
+    handles += [m.register_forward_pre_hook(before_layer(i)) for i, m in enumerate(layers)]
     try:
         with torch.no_grad():
             for start in range(0, x.shape[0], batch_size):
@@ -122,18 +183,34 @@ def layer_inputs(module: nn.Module, x: torch.Tensor, batch_size: int) -> list[to
 
 
 def residual_sketch(
-    acts: torch.Tensor, basis: torch.Tensor | None, rng: torch.Generator
+    acts: torch.Tensor,
+    basis: torch.Tensor | None,
+    rng: torch.Generator,
+    law: str = "uniform",
+    width: int | None = None,
 ) -> tuple[torch.Tensor, float]:
     """One client's upload for one layer: (R·M, ‖R‖_F/‖A‖_F) with R = A − U·Uᵀ·A (R = A
-    before any basis) and M (n × d) uniform in [−1, 1] drawn from ``rng``."""
+    before any basis) and M (n × width, width d by default) drawn from ``rng``: uniform in
+    [−1, 1] (the MLP trainer) or standard normal (``gaussian``: the CIFAR trainer)."""
     residual = acts if basis is None else acts - basis @ (basis.T @ acts)
     ratio = 1.0
     if basis is not None:
         whole = float(torch.linalg.matrix_norm(acts))
         ratio = float(torch.linalg.matrix_norm(residual)) / whole if whole > 0 else 0.0
     d, n = acts.shape
-    mix = torch.rand((n, d), generator=rng, device=rng.device, dtype=acts.dtype)
+    shape = (n, d if width is None else width)
+    if law == "gaussian":
+        mix = torch.randn(shape, generator=rng, device=rng.device, dtype=acts.dtype)
+        return residual @ mix.to(acts.device), ratio
+    mix = torch.rand(shape, generator=rng, device=rng.device, dtype=acts.dtype)
     return residual @ mix.mul_(2).sub_(1).to(acts.device), ratio
+
+
+def sketch_widths(slots: list[LayerSlot], law: str) -> list[int]:
+    """Each layer's sketch width: d_l, except a Linear layer's 5·d_l under the CIFAR
+    trainer's Gaussian sketch (``mat.shape[0] * 5`` there; its conv layers keep d_l)."""
+    wide = law == "gaussian"
+    return [s.in_features * (5 if wide and s.conv is None else 1) for s in slots]
 
 
 def threshold_rank(singular: torch.Tensor, ratio: float, epsilon: float) -> int:
@@ -203,17 +280,18 @@ class FOT(Component):
 
     def extra_work(self) -> ExtraWork:
         """Each participant's forward pass over its current examples at every task end (the
-        server's SVD of one in × in sketch per layer is not counted: well under a second
-        for the code's MLP)."""
+        server's SVD of one in × w sketch per layer is not counted: well under a second
+        for the code's MLP, about 24 s per task end on one CPU thread for its AlexNet)."""
         return ExtraWork(task_end_forward=True)
 
     def setup(self, env: StrategyEnv) -> None:
-        """Refuse a model with layers FOT does not project (it handles Linear layers only)."""
+        """Refuse a model with weighted layers FOT does not project (it handles Linear and
+        Conv2d layers; a normalisation layer's parameters would be averaged unprojected)."""
         name = env.model.name
-        if name and name not in LINEAR_MODELS:
+        if name and name not in PROJECTABLE_MODELS:
             raise UserError(
-                f"fot projects Linear layers only and model '{name}' has convolutions; use "
-                f"--model {' or '.join(LINEAR_MODELS)}."
+                f"fot projects Linear and Conv2d layers only and model '{name}' has other "
+                f"weighted layers; use --model {', '.join(PROJECTABLE_MODELS)}."
             )
         self.seed = env.seed
         self.batch_size = env.batch_size
@@ -228,9 +306,23 @@ class FOT(Component):
         self._old: torch.Tensor | None = None
 
     def projected_slots(self, model: FlatModel) -> list[LayerSlot]:
-        """The Linear layers FOT bases and projects: all, or all but the output layer."""
+        """The layers FOT bases and projects: every Linear and Conv2d, or all but the output
+        layer."""
         slots = layer_slots(model)
         return slots[:-1] if self.free_last else slots
+
+    def recipe(self, slots: list[LayerSlot]) -> tuple[bool, str]:
+        """(record in train mode?, the sketch's law) after ``auto``: the official trainer of
+        the model's kind — the MLP trainer (train mode, uniform) for Linear-only models, the
+        CIFAR trainer (eval mode, Gaussian, Linear sketches 5·d wide) for models with
+        convolutions."""
+        conv = any(s.conv is not None for s in slots)
+        mode, law = self.opts.act_mode, self.opts.sketch
+        if mode == "auto":
+            mode = "eval" if conv else "train"
+        if law == "auto":
+            law = "gaussian" if conv else "uniform"
+        return mode == "train", law
 
     def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
         """The bases go out only in a task's last round, where clients need them."""
@@ -254,14 +346,16 @@ class FOT(Component):
             bases = unpack(payloads["fot.basis"], payloads["fot.ranks"], dims)
         rows = torch.arange(client.num_samples, device=client.train_x.device)
         training = module.training
-        module.train(self.opts.act_mode == "train")
+        record_training, law = self.recipe(slots)
+        module.train(record_training)
         seed_torch_default(self.seed, "fot-activations", local.broadcast.round_index, client.index)
         acts = layer_inputs(module, client.inputs(rows), self.batch_size)[: len(slots)]
         module.train(training)
         rng = generator(self.seed, self.random_stream, client.index, local.broadcast.task)
         sketches, ratios = [], []
-        for a, basis in zip(acts, bases, strict=True):
-            sketch, ratio = residual_sketch(a, basis, rng)
+        widths = sketch_widths(slots, law)
+        for a, basis, width in zip(acts, bases, widths, strict=True):
+            sketch, ratio = residual_sketch(a, basis, rng, law, width)
             sketches.append(sketch.reshape(-1))
             ratios.append(ratio)
         stats = [*ratios, float(client.num_samples)]
@@ -301,10 +395,11 @@ class FOT(Component):
             self.bases = [None] * len(slots)
         ratios = (self._ratios[:-1] / self._ratios[-1]).tolist()
         offset = 0
-        for i, slot in enumerate(slots):
+        widths = sketch_widths(slots, self.recipe(slots)[1])
+        for i, (slot, width) in enumerate(zip(slots, widths, strict=True)):
             d = slot.in_features
-            sketch = self._sketches[0][offset : offset + d * d].view(d, d)
-            offset += d * d
+            sketch = self._sketches[0][offset : offset + d * width].view(d, width)
+            offset += d * width
             self.bases[i] = expand_basis(self.bases[i], sketch, ratios[i], self.epsilon)
         self.epsilon += self.opts.eps_inc
         self._sketches, self._ratios = [], None

@@ -15,7 +15,6 @@ from torch import nn
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.flat import FlatModel
 from cfl_bench.runner.models import FOTMLP, build_model
-from cfl_bench.strategies.base import ModelFacts
 from cfl_bench.strategies.compose import build_strategy
 from cfl_bench.strategies.declarations import FOTOptions
 from cfl_bench.strategies.fot import (
@@ -28,7 +27,6 @@ from cfl_bench.strategies.fot import (
     threshold_rank,
 )
 from tests.helpers import digits_federation, env
-from tests.test_cli import in_process
 from tests.test_resume import assert_resumes_after_crash, uninterrupted
 from tests.test_vectorized import assert_same, one_thread  # noqa: F401 - the fixture
 
@@ -148,7 +146,9 @@ def test_layer_inputs_are_taken_before_the_preceding_dropout() -> None:
 
 
 def test_the_official_defaults_and_mlp() -> None:
-    defaults = FOTOptions(epsilon=0.96, eps_inc=0.0, act_mode="train", last_layer="auto")
+    defaults = FOTOptions(
+        epsilon=0.96, eps_inc=0.0, act_mode="auto", sketch="auto", last_layer="auto"
+    )
     assert FOTOptions() == defaults
     mlp = build_model("fot-mlp", (1, 28, 28), 10)
     # model/mlp.py: 784 → 400 → 400 → 400 → 10 with biases
@@ -181,31 +181,20 @@ def test_the_output_layer_is_free_on_task_il_streams(
         ("fot:epsilon=0", "option fot:epsilon must be a fraction in (0, 1], got '0'."),
         ("fot:epsilon=1.5", "option fot:epsilon must be a fraction in (0, 1], got '1.5'."),
         ("fot:eps_inc=-1", "option fot:eps_inc must be a finite number ≥ 0, got '-1'."),
-        ("fot:act_mode=test", "option fot:act_mode must be one of train, eval, got 'test'."),
+        (
+            "fot:act_mode=test",
+            "option fot:act_mode must be one of auto, train, eval, got 'test'.",
+        ),
+        (
+            "fot:sketch=normal",
+            "option fot:sketch must be one of auto, uniform, gaussian, got 'normal'.",
+        ),
     ],
 )
 def test_bad_options_are_refused_in_one_line(text: str, message: str) -> None:
     with pytest.raises(UserError) as caught:
         build_strategy(text)
     assert str(caught.value) == message
-
-
-def test_a_convolutional_model_is_refused_before_the_run(tmp_path: Path) -> None:
-    fot = FOT()
-    facts = env(stream="rot-digits")
-    with pytest.raises(UserError, match="fot projects Linear layers only"):
-        fot.setup(type(facts)(**{**facts.__dict__, "model": ModelFacts(name="mnist-cnn")}))
-    out = tmp_path / "run"
-    code, output = in_process(
-        *("run", "--stream", "rot-digits", "--tasks", "2", "--rounds-per-task", "1"),
-        *("--strategy", "fot", "--model", "mnist-cnn", "--out", str(out)),
-    )
-    assert code == 2
-    assert output.strip().splitlines() == [
-        "error: fot projects Linear layers only and model 'mnist-cnn' has convolutions; use "
-        "--model fot-mlp or mlp or linear."
-    ]
-    assert "Traceback" not in output and not out.exists()
 
 
 # The MLP on 8×8 digits: its Linear layers read 64, 100 and 100 inputs.

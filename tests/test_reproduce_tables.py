@@ -105,6 +105,28 @@ def test_fedgp_table1_mnist_maps_the_papers_cells() -> None:
     assert len(table.claims.pairs) == 5 and table.claims.upper_bound == "Ideal (upper bound)"
 
 
+def test_fot_table_pmnist_maps_the_readmes_acc_and_fgt_cells(tmp_path: Path) -> None:
+    table = find_table("fot-table-pmnist", ROOT)
+    rows = {r.label: r for r in table.rows}
+    columns = {c.label: c for c in table.columns}
+    # README Table 1, PMNIST non-IID: FOT's FGT 1.97 ± 0.22 and FedAvg's ACC 80.06 ± 0.43
+    fgt = table.target(rows["FOT"], columns["PMNIST non-IID FGT"])
+    acc = table.target(rows["FL (FedAvg)"], columns["PMNIST non-IID ACC"])
+    assert (fgt.value, fgt.pm, acc.value, acc.pm) == (1.97, 0.22, 80.06, 0.43)
+    assert [c.metric for c in table.columns] == ["Acc_T", "Fgt_T"] * 2
+    assert table.runs("smoke") == 4 and table.runs("cpu") == 12  # ACC and FGT: the same runs
+    assert table.protocol["model"] == "fot-mlp" and table.protocol["participation"] == 0.512
+    # without target_metric each (row, column) names both the ACC and the FGT cell
+    source = (ROOT / "tables" / "fot-table-pmnist.yaml").read_text(encoding="utf-8")
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "targets").mkdir()
+    (tmp_path / "targets" / "fot.csv").write_bytes((ROOT / "targets" / "fot.csv").read_bytes())
+    damaged = tmp_path / "tables" / "fot-table-pmnist.yaml"
+    damaged.write_text(source.replace("    target_metric: FGT (%)\n", ""), encoding="utf-8")
+    with pytest.raises(UserError, match="matches 2 printed cells of README Table 1, not one"):
+        load_table(damaged, tmp_path)
+
+
 def test_table7_reads_table1s_runs() -> None:
     seven, one = find_table("fedgp-table7-mnist", ROOT), find_table("fedgp-table1-mnist", ROOT)
     assert seven.runs_name == "fedgp-table1-mnist"

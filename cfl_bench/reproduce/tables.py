@@ -66,6 +66,10 @@ class Column:
     # code, which also counts the final evaluation): one column per reading, each named in
     # the report, so no reader mistakes one rule's numbers for the other's.
     reading: str = ""
+    # The printed metric's name in the targets file ("FGT (%)"), where the paper's table
+    # prints more than one metric per (dataset, setting, method, variant): FOT's README
+    # table has an ACC and an FGT cell for each. Empty: the cell is the only one.
+    target_metric: str = ""
 
 
 @dataclass(frozen=True)
@@ -211,6 +215,7 @@ def _columns(raw: object, metric: str, where: str) -> tuple[Column, ...]:
                 str(entry.get("metric", metric)),
                 _round_fraction(entry.get("round_fraction"), label, where),
                 str(entry.get("reading", "")),
+                str(entry.get("target_metric", "")),
             )
         )
     return tuple(columns)
@@ -354,6 +359,7 @@ def _match_targets(
                 for k, t in targets.items()
                 if (k.table, k.dataset, k.setting, k.method, k.variant)
                 == (table, column.dataset, column.setting, row.method, row.variant)
+                and column.target_metric in ("", k.metric)
             ]
             if len(found) != 1:
                 raise UserError(

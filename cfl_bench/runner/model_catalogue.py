@@ -17,6 +17,9 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
     "linear": "one linear layer (a head on frozen embeddings)",
     "fot-mlp": "FOT's permuted-MNIST MLP: 3 hidden layers of 400 ReLU units, dropout 0.2 "
     "after the first and 0.5 after the others, 638,810 params on 784 inputs and 10 classes",
+    "fot-alexnet": "FOT's Split-CIFAR-100 AlexNet: 3 conv (64, 128, 256; k4, k3, k2) + "
+    "2 fc of 2048, dropout, no biases, no BatchNorm, 6,704,128 params on 3×32×32 and 100 "
+    "classes (one 10-class head per task with --heads per-task)",
     "cifar-cnn": "small CNN: 3 conv-BN-pool blocks, global pool + linear, ~95k params on 10 "
     "classes, 106k on 100 (C×32×32)",
     "resnet18": "CIFAR ResNet-18 (3×3 stem, no max-pool, BN), 11.2M params (C×32×32)",
@@ -52,7 +55,7 @@ CHANNELS_LAST_ON_CPU: frozenset[str] = frozenset(
 #: The models whose layers treat each example alone in training mode (no BatchNorm): a
 #: step may forward its batch and replay draws as one (``engine.fused_forward``).
 PER_EXAMPLE_MODELS: frozenset[str] = frozenset(
-    {"mnist-cnn", "mlp", "linear", "fedavg-cnn", "centernet", "fot-mlp"}
+    {"mnist-cnn", "mlp", "linear", "fedavg-cnn", "centernet", "fot-mlp", "fot-alexnet"}
 )
 
 

@@ -230,6 +230,41 @@ def _linear(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(in_features, num_classes))
 
 
+def pooled_size(size: int, kernel: int) -> int:
+    """The side of a valid (unpadded, stride-1) convolution's output after a 2×2 max-pool."""
+    return (size - kernel + 1) // 2
+
+
+class FOTAlexNet(nn.Module):
+    """The AlexNet of FOT's official code (``model/alexnet.py``) for Split-CIFAR-100:
+    conv 3→64 k4, conv 64→128 k3, conv 128→256 k2 (each: ReLU, dropout, 2×2 max-pool;
+    dropout 0.2, 0.2, 0.5), fc 256·s²→2048 and 2048→2048 (ReLU, dropout 0.5), no biases and
+    no BatchNorm anywhere. The code's ``last`` (one 2048→10 head per task, no bias) is one
+    2048→classes layer here: with ``--heads per-task`` each task's block of rows is that
+    task's head (the rows of other heads get no gradient, as in the code)."""
+
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int) -> None:
+        super().__init__()
+        channels, side = input_shape[0], input_shape[1]
+        for kernel in (4, 3, 2):
+            side = pooled_size(side, kernel)
+        self.conv1 = nn.Conv2d(channels, 64, 4, bias=False)
+        self.conv2 = nn.Conv2d(64, 128, 3, bias=False)
+        self.conv3 = nn.Conv2d(128, 256, 2, bias=False)
+        self.fc1 = nn.Linear(256 * side * side, 2048, bias=False)
+        self.fc2 = nn.Linear(2048, 2048, bias=False)
+        self.last = nn.Linear(2048, num_classes, bias=False)
+        self.drop1 = nn.Dropout(0.2)
+        self.drop2 = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(self.drop1(F.relu(self.conv1(x))), 2)
+        x = F.max_pool2d(self.drop1(F.relu(self.conv2(x))), 2)
+        x = F.max_pool2d(self.drop2(F.relu(self.conv3(x))), 2)
+        x = self.drop2(F.relu(self.fc1(x.flatten(1))))
+        return self.last(self.drop2(F.relu(self.fc2(x))))
+
+
 def _mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     in_features = 1
     for d in input_shape:
@@ -242,6 +277,17 @@ def _fot_mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     for d in input_shape:
         in_features *= int(d)
     return FOTMLP(in_features, num_classes)
+
+
+def _fot_alexnet(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    shape = tuple(int(d) for d in input_shape)
+    if len(shape) != 3 or shape[1] != shape[2] or shape[1] < 19:
+        raise UserError(
+            f"model 'fot-alexnet' needs square C×H×W inputs of at least 19×19 (its three "
+            f"conv + max-pool stages) but the stream gives {'×'.join(map(str, shape))}; use "
+            f"a 32×32 stream such as seq-cifar100, or --model fot-mlp."
+        )
+    return FOTAlexNet((shape[0], shape[1], shape[2]), num_classes)
 
 
 def _centernet(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
@@ -268,6 +314,7 @@ _BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "fedavg-cnn": _fedavg_cnn,
     "centernet": _centernet,
     "fot-mlp": _fot_mlp,
+    "fot-alexnet": _fot_alexnet,
 }
 # Names and descriptions come from the torch-free catalogue; a test pins that both list
 # the same models.
