@@ -521,3 +521,17 @@ def test_a_sweep_ends_with_the_leaderboard_of_its_runs(tmp_path: Path) -> None:
     other = tmp_path / "quiet"
     code, _ = in_process("sweep", "--out", str(other), *TINY, "--threads", "1", "--no-leaderboard")
     assert code == 0 and not (other / "leaderboard").exists()
+
+
+def test_a_points_name_survives_new_options_at_their_defaults() -> None:
+    """A point's folder name is how a rerun finds its finished run and how ``reproduce``
+    matches the shipped runs: options added later (``--arrivals``, ``--heads``) must not
+    rename existing points while left at their defaults. The name below is the one this
+    configuration had before those options existed (commit 193a67f)."""
+    from cfl_bench.runner.config import RunConfig
+    from cfl_bench.runner.run_names import point_name, point_request
+
+    request = point_request(RunConfig(stream="rot-mnist", strategy="fedavg", seed=0))
+    assert point_name(request, {}, canonical_hash(request)) == "rot-mnist_fedavg_s0-3a9718e5"
+    heads = point_request(RunConfig(stream="rot-mnist", strategy="fedavg", heads="per-task"))
+    assert heads["heads"] == "per-task" and canonical_hash(heads) != canonical_hash(request)

@@ -17,6 +17,10 @@ from cfl_bench.runner.config import RunConfig, option_specs
 # Keys the sweep owns: every point writes to its own directory, never overwrites others and
 # resumes an interrupted point from its checkpoint.
 SWEEP_OWNED = frozenset({"out", "overwrite", "restart"})
+# Protocol options added after points were first named: absent from a point's request at
+# their defaults, so the points of existing sweeps (and the shipped reproductions' run
+# folders, which ``reproduce`` finds by name) keep their names.
+LATER_OPTIONS = ("arrivals", "heads")
 NAME_KEYS = ("stream", "strategy", "seed")
 
 
@@ -27,14 +31,15 @@ def slug(text: str, limit: int = 80) -> str:
 
 def point_request(config: RunConfig) -> dict[str, Any]:
     """What identifies a point: every option but the sweep's own; options that only change
-    how a run executes (checkpoints) count only when set, so adding such an option to the
-    suite never renames the points of existing sweeps."""
+    how a run executes (checkpoints), and the ``LATER_OPTIONS``, count only when set, so
+    adding such an option to the suite never renames the points of existing sweeps."""
     defaults = RunConfig()
     specs = option_specs()
     return {
         k: v
         for k, v in config.to_dict().items()
-        if k not in SWEEP_OWNED and not (specs[k].execution and v == getattr(defaults, k))
+        if k not in SWEEP_OWNED
+        and not ((specs[k].execution or k in LATER_OPTIONS) and v == getattr(defaults, k))
     }
 
 
