@@ -238,14 +238,10 @@ class ICaRL(Learner):
         if client.train_x is None or client.train_y is None:
             return
         state = client.state_for(self.name)
-        rows = int(state.get("rows", client.num_samples))  # type: ignore[call-overload]
-        new_x, new_y = client.train_x[:rows], client.train_y[:rows]
-        old_x, old_y = state.get("x"), state.get("y")
-        if not isinstance(old_x, torch.Tensor) or not isinstance(old_y, torch.Tensor):
-            old_x, old_y = new_x[:0], new_y[:0]
         if self.opts.selection == "herding":
             state["x"], state["y"] = self._herded_memory(client, model, task)
             return
+        rows, (new_x, new_y), (old_x, old_y) = self._shard_and_exemplars(client)
         seen = int(state.get("seen", 0))  # type: ignore[call-overload]
         gen = client.generator
         k = random_memory_split(seen, rows, self.opts.memory, gen)
@@ -261,6 +257,19 @@ class ICaRL(Learner):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The exemplars (stored inputs, labels) the client keeps if ``task`` ends at the
         model's θ_g: herding's choice among its kept exemplars and the task's shard."""
+        rows, (new_x, new_y), (old_x, old_y) = self._shard_and_exemplars(client)
+        keep_old, keep_new = self._herded(client, model, task, rows, old_y)
+        return (
+            torch.cat([old_x[keep_old], new_x[keep_new]]),
+            torch.cat([old_y[keep_old], new_y[keep_new]]),
+        )
+
+    def _shard_and_exemplars(
+        self, client: ClientState
+    ) -> tuple[int, tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """The client's training rows split as ``local_data`` joined them: the number of
+        the task's own rows, those rows (x, y), and the exemplars kept so far (x, y; empty
+        before the first task end)."""
         assert client.train_x is not None and client.train_y is not None
         state = client.state_for(self.name)
         rows = int(state.get("rows", client.num_samples))  # type: ignore[call-overload]
@@ -268,11 +277,7 @@ class ICaRL(Learner):
         old_x, old_y = state.get("x"), state.get("y")
         if not isinstance(old_x, torch.Tensor) or not isinstance(old_y, torch.Tensor):
             old_x, old_y = new_x[:0], new_y[:0]
-        keep_old, keep_new = self._herded(client, model, task, rows, old_y)
-        return (
-            torch.cat([old_x[keep_old], new_x[keep_new]]),
-            torch.cat([old_y[keep_old], new_y[keep_new]]),
-        )
+        return rows, (new_x, new_y), (old_x, old_y)
 
     def _herded(
         self, client: ClientState, model: FlatModel, task: int, rows: int, old_y: torch.Tensor

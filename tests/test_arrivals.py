@@ -30,7 +30,13 @@ from cfl_bench.streams.partition import (
 from cfl_bench.streams.registry import build_stream
 from tests.cli_helpers import cli, tree_digest
 from tests.helpers import digits_federation
-from tests.test_resume import assert_same_run, kill_after, options, uninterrupted
+from tests.test_resume import (
+    assert_resumes_after_crash,
+    assert_same_run,
+    kill_after,
+    options,
+    uninterrupted,
+)
 from tests.test_vectorized import assert_same, one_thread  # noqa: F401 - the fixture
 
 # 3 tasks: 3 clients, then 1 joins per task (5 in all); ⌊3·0.5⌋ = 1 and ⌊4·0.5⌋ = 2 old
@@ -204,19 +210,7 @@ def test_a_sigkilled_run_with_arrivals_resumes_to_identical_records(tmp_path: Pa
 @pytest.mark.parametrize("strategy", ["ideal", "agem:agem_fill=task_end"])
 def test_history_and_task_end_learners_resume_after_a_crash(tmp_path: Path, strategy: str) -> None:
     whole = uninterrupted(tmp_path, strategy, **RESUME)
-    values = options(strategy, tmp_path / "crashed", **RESUME)
-
-    class CrashError(Exception):
-        pass
-
-    def crash(report: Any) -> None:
-        if report.round_index == 3:
-            raise CrashError
-
-    with pytest.raises(CrashError):
-        execute(make_config(values), crash)
-    execute(make_config(values))
-    assert_same_run(tmp_path / "crashed", whole)
+    assert_resumes_after_crash(tmp_path / "crashed", strategy, whole, 3, **RESUME)
 
 
 def planned(**values: object) -> None:

@@ -22,8 +22,6 @@ from cfl_bench.core.context import ClientState
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.flat import FlatModel
 from cfl_bench.flower.kind import check_flower
-from cfl_bench.runner.config import make_config
-from cfl_bench.runner.run import execute
 from cfl_bench.strategies.base import ModelFacts
 from cfl_bench.strategies.compose import build_strategy
 from cfl_bench.strategies.declarations import GLFCOptions
@@ -45,7 +43,7 @@ from tests.helpers import env
 from tests.synthetic_data import write_tiny_cifar10
 from tests.test_cli import in_process
 from tests.test_icarl import Identity
-from tests.test_resume import assert_same_run
+from tests.test_resume import assert_config_resumes_after_crash
 
 LN3 = math.log(3.0)
 
@@ -300,21 +298,7 @@ def test_a_crashed_run_resumes_to_identical_records(cifar_root: Path, tmp_path: 
         "threads": 1,
         "checkpoint_every": 1,
     }
-    whole = tmp_path / "whole"
-    execute(make_config({**values, "out": str(whole)}))
-
-    class CrashError(Exception):
-        pass
-
-    def crash(report: Any) -> None:
-        if report.round_index == 2:  # right after task 1's end and its checkpoint
-            raise CrashError
-
-    crashed = {**values, "out": str(tmp_path / "crashed")}
-    with pytest.raises(CrashError):
-        execute(make_config(crashed), crash)
-    execute(make_config(crashed))
-    assert_same_run(tmp_path / "crashed", whole)
+    assert_config_resumes_after_crash(values, tmp_path, 2)  # after task 1's end
 
 
 # -- the proxy server's building blocks (strategies.glfc_proxy) ---------------------------------

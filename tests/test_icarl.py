@@ -23,8 +23,6 @@ from cfl_bench.core.context import ClientState
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.flat import FlatModel
 from cfl_bench.flower.kind import check_flower
-from cfl_bench.runner.config import make_config
-from cfl_bench.runner.run import execute
 from cfl_bench.strategies.base import ModelFacts
 from cfl_bench.strategies.compose import build_strategy
 from cfl_bench.strategies.declarations import ICaRLOptions
@@ -40,7 +38,7 @@ from cfl_bench.strategies.icarl import (
 from tests.helpers import env
 from tests.synthetic_data import write_tiny_cifar10
 from tests.test_cli import in_process
-from tests.test_resume import assert_same_run
+from tests.test_resume import assert_config_resumes_after_crash
 
 
 @pytest.fixture(scope="module")
@@ -307,21 +305,7 @@ def test_a_crashed_run_resumes_to_identical_records(cifar_root: Path, tmp_path: 
         "checkpoint_every": 1,
         "eval_every_round": True,  # round 3 scores NME with the means of round 2's request
     }
-    whole = tmp_path / "whole"
-    execute(make_config({**values, "out": str(whole)}))
-
-    class CrashError(Exception):
-        pass
-
-    def crash(report: Any) -> None:
-        if report.round_index == 2:  # right after task 1's end and its checkpoint
-            raise CrashError
-
-    crashed = {**values, "out": str(tmp_path / "crashed")}
-    with pytest.raises(CrashError):
-        execute(make_config(crashed), crash)
-    execute(make_config(crashed))
-    assert_same_run(tmp_path / "crashed", whole)
+    assert_config_resumes_after_crash(values, tmp_path, 2)  # after task 1's end
 
 
 def test_nearest_mean_scores_are_the_hand_computed_distances() -> None:

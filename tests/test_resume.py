@@ -97,7 +97,13 @@ def assert_resumes_after_crash(
     """Run ``strategy`` into ``out``, crash it after round ``crash_round`` (in process: the
     component state a checkpoint must keep is what is being tested, not the signal), resume
     it, and check it equals the uninterrupted run ``whole``."""
-    values = options(strategy, out, **extra)
+    crash_and_resume(options(strategy, out, **extra), crash_round)
+    assert_same_run(out, whole)
+
+
+def crash_and_resume(values: dict[str, Any], crash_round: int) -> None:
+    """Run ``values`` (a full configuration with its ``out``), crash it in process after
+    round ``crash_round``, then run the same configuration again to resume it."""
 
     def crash(report: object) -> None:
         if getattr(report, "round_index", 0) == crash_round:
@@ -106,7 +112,17 @@ def assert_resumes_after_crash(
     with pytest.raises(CrashError):
         execute(make_config(values), crash)
     execute(make_config(values))
-    assert_same_run(out, whole)
+
+
+def assert_config_resumes_after_crash(
+    values: dict[str, Any], tmp_path: Path, crash_round: int = 2
+) -> None:
+    """``values`` (any stream and model) run whole into ``tmp_path/whole`` and crashed after
+    ``crash_round`` then resumed into ``tmp_path/crashed`` give the same run."""
+    whole, crashed = tmp_path / "whole", tmp_path / "crashed"
+    execute(make_config({**values, "out": str(whole)}))
+    crash_and_resume({**values, "out": str(crashed)}, crash_round)
+    assert_same_run(crashed, whole)
 
 
 @pytest.mark.parametrize(
