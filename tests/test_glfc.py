@@ -9,7 +9,6 @@ hand-computed values in the comments. Runs use tiny CIFAR-format files of random
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,7 +21,6 @@ from cfl_bench.core.context import ClientState
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.flat import FlatModel
 from cfl_bench.flower.kind import check_flower
-from cfl_bench.strategies.base import ModelFacts
 from cfl_bench.strategies.compose import build_strategy
 from cfl_bench.strategies.declarations import GLFCOptions
 from cfl_bench.strategies.glfc import (
@@ -39,10 +37,9 @@ from cfl_bench.strategies.glfc_proxy import (
     reconstruct,
     sample_gradient,
 )
-from tests.helpers import env
 from tests.synthetic_data import write_tiny_cifar10
 from tests.test_cli import in_process
-from tests.test_icarl import Identity
+from tests.test_icarl import Identity, enter, set_up
 from tests.test_resume import assert_config_resumes_after_crash
 
 LN3 = math.log(3.0)
@@ -161,15 +158,7 @@ def test_herding_repeats_a_row_as_the_code_does() -> None:
 
 
 def glfc(**options: Any) -> GLFC:
-    learner = GLFC(options)
-    facts = ModelFacts("identity", frozenset({"features"}))
-    e = dataclasses.replace(env("seq-test", "class-il", 6, 2), classes_per_task=2, model=facts)
-    learner.setup(e)
-    return learner
-
-
-def enter(learner: GLFC, client: ClientState, x: torch.Tensor, y: torch.Tensor) -> None:
-    client.train_x, client.train_y = learner.local_data(client, x, y)
+    return set_up(GLFC(options), 6)
 
 
 def test_the_memory_is_split_over_the_classes_the_client_learned() -> None:

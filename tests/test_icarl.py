@@ -13,7 +13,7 @@ import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -39,6 +39,8 @@ from tests.helpers import env
 from tests.synthetic_data import write_tiny_cifar10
 from tests.test_cli import in_process
 from tests.test_resume import assert_config_resumes_after_crash
+
+ICaRLType = TypeVar("ICaRLType", bound=ICaRL)
 
 
 @pytest.fixture(scope="module")
@@ -152,12 +154,17 @@ class Identity(nn.Module):
         return self.head(x)
 
 
-def icarl(**options: Any) -> ICaRL:
-    learner = ICaRL(options)
+def set_up(learner: ICaRLType, tasks: int) -> ICaRLType:
+    """``learner`` set up on a class-IL test stream of ``tasks`` tasks × 2 classes, with a
+    model that offers its features (identity): herding reads the inputs as features."""
     facts = ModelFacts("identity", frozenset({"features"}))
-    e = dataclasses.replace(env("seq-test", "class-il", 4, 2), classes_per_task=2, model=facts)
+    e = dataclasses.replace(env("seq-test", "class-il", tasks, 2), classes_per_task=2, model=facts)
     learner.setup(e)
     return learner
+
+
+def icarl(**options: Any) -> ICaRL:
+    return set_up(ICaRL(options), 4)
 
 
 def enter(learner: ICaRL, client: ClientState, x: torch.Tensor, y: torch.Tensor) -> None:
