@@ -113,7 +113,8 @@ def test_fot_table_pmnist_maps_the_readmes_acc_and_fgt_cells(tmp_path: Path) -> 
     fgt = table.target(rows["FOT"], columns["PMNIST non-IID FGT"])
     acc = table.target(rows["FL (FedAvg)"], columns["PMNIST non-IID ACC"])
     assert (fgt.value, fgt.pm, acc.value, acc.pm) == (1.97, 0.22, 80.06, 0.43)
-    assert [c.metric for c in table.columns] == ["Acc_T", "Fgt_T"] * 2
+    # the code's FGT is -BWT; the suite's Fgt_T reads the same cell a second way
+    assert [c.metric for c in table.columns] == ["Acc_T", "-BWT", "Fgt_T"] * 2
     assert table.runs("smoke") == 4 and table.runs("cpu") == 12  # ACC and FGT: the same runs
     assert table.protocol["model"] == "fot-mlp" and table.protocol["participation"] == 0.512
     # without target_metric each (row, column) names both the ACC and the FGT cell
@@ -122,7 +123,7 @@ def test_fot_table_pmnist_maps_the_readmes_acc_and_fgt_cells(tmp_path: Path) -> 
     (tmp_path / "targets").mkdir()
     (tmp_path / "targets" / "fot.csv").write_bytes((ROOT / "targets" / "fot.csv").read_bytes())
     damaged = tmp_path / "tables" / "fot-table-pmnist.yaml"
-    damaged.write_text(source.replace("    target_metric: FGT (%)\n", ""), encoding="utf-8")
+    damaged.write_text(source.replace("    target_metric: FGT (%)\n", "", 1), encoding="utf-8")
     with pytest.raises(UserError, match="matches 2 printed cells of README Table 1, not one"):
         load_table(damaged, tmp_path)
 
@@ -433,3 +434,30 @@ def test_a_misspelt_scale_key_is_refused(tmp_path: Path) -> None:
     path = edited_table(tmp_path, CPU_OPTIONS, CPU_OPTIONS + "    strategy: {}\n")
     with pytest.raises(UserError, match=r"scale cpu has unknown key\(s\) strategy"):
         load_table(path, path.parent.parent)
+
+
+def test_a_column_metric_with_a_minus_reads_the_metric_negated() -> None:
+    """FOT's FGT is the code's mean of a[i][i] - a[T][i], i.e. -BWT: a "-BWT" column turns a
+    run's BWT of -1.25 into 1.25, and a run without BWT stays missing (None), never 0."""
+    from cfl_bench.core.run_reader import RunReading
+    from cfl_bench.reproduce.collect import column_value
+
+    table = find_table("fot-table-pmnist", ROOT)
+    code_fgt = next(c for c in table.columns if c.label == "PMNIST IID FGT")
+    chaudhry = next(c for c in table.columns if c.label == "PMNIST IID FGT, Chaudhry")
+    reading = RunReading(Path("r"), "finished", "", {}, {}, row={"BWT": -1.25, "Fgt_T": 2.5})
+    assert column_value(code_fgt, reading) == (1.25, "-BWT")
+    assert column_value(chaudhry, reading) == (2.5, "Fgt_T")
+    empty = RunReading(Path("r"), "finished", "", {}, {}, row={"BWT": None})
+    assert column_value(code_fgt, empty) == (None, "-BWT")
+
+
+def test_a_column_naming_no_leaderboard_metric_is_refused(tmp_path: Path) -> None:
+    source = (ROOT / "tables" / "fot-table-pmnist.yaml").read_text(encoding="utf-8")
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "targets").mkdir()
+    (tmp_path / "targets" / "fot.csv").write_bytes((ROOT / "targets" / "fot.csv").read_bytes())
+    damaged = tmp_path / "tables" / "fot-table-pmnist.yaml"
+    damaged.write_text(source.replace("metric: -BWT", "metric: -BTW", 1), encoding="utf-8")
+    with pytest.raises(UserError, match="metric '-BTW' is not a leaderboard metric; use one of"):
+        load_table(damaged, tmp_path)

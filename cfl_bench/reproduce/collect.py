@@ -206,7 +206,11 @@ def column_value(column: Column, reading: RunReading) -> tuple[float | None, str
     """The run's value for ``column`` (None when it has none) and what is missing then."""
     assert reading.row is not None
     if column.round_fraction is None:
-        return reading.row.get(column.metric), column.metric
+        name = column.metric.removeprefix("-")
+        value = reading.row.get(name)
+        if value is None or name == column.metric:
+            return value, column.metric
+        return -float(value), column.metric
     return accuracy_at_round(reading, column.round_fraction)
 
 

@@ -55,7 +55,8 @@ class Column:
     setting: str
     options: dict[str, Any]
     # The summary metric this column reports (a class-IL table's task-IL column reads the
-    # same runs as its class-IL column through another metric).
+    # same runs as its class-IL column through another metric). A leading "-" reads the
+    # metric negated: FOT's code prints forgetting as a[i][i] - a[T][i] averaged, i.e. -BWT.
     metric: str
     # When set, the column reads the global accuracy recorded after round
     # round(fraction x total rounds) of a static run (records.csv, --eval-every-round)
@@ -206,19 +207,38 @@ def _columns(raw: object, metric: str, where: str) -> tuple[Column, ...]:
     for item in raw:
         entry = _mapping(item, "a column", where)
         label = _text(entry.get("label"), "a column's label", where)
+        fraction = _round_fraction(entry.get("round_fraction"), label, where)
+        name = str(entry.get("metric", metric))
         columns.append(
             Column(
                 label,
                 _text(entry.get("dataset"), f"column '{label}' dataset", where),
                 str(entry.get("setting", "")),
                 _check_options(_mapping(entry.get("options"), "options", where), label, where),
-                str(entry.get("metric", metric)),
-                _round_fraction(entry.get("round_fraction"), label, where),
+                name if fraction is not None else _metric(name, label, where),
+                fraction,
                 str(entry.get("reading", "")),
                 str(entry.get("target_metric", "")),
             )
         )
     return tuple(columns)
+
+
+def _metric(name: str, label: str, where: str) -> str:
+    """``name`` if it is a leaderboard metric, or one with a leading "-" (read negated);
+    columns that read a round's accuracy (``round_fraction``) name it in words instead.
+
+    Checked here because a misspelt metric would otherwise read as missing in every cell
+    of its column, and a report of "no value" is not what the table meant."""
+    from cfl_bench.core.metric_registry import board_columns
+
+    known = [spec.column for spec in board_columns()]
+    if name.removeprefix("-") not in known:
+        raise UserError(
+            f"{where}: column '{label}' metric '{name}' is not a leaderboard metric; use one "
+            f"of {', '.join(str(k) for k in known)} (a leading '-' reads it negated)."
+        )
+    return name
 
 
 def _round_fraction(raw: object, label: str, where: str) -> float | None:
