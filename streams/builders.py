@@ -34,6 +34,7 @@ from cfl_bench.streams.datafiles import check_data_root
 from cfl_bench.streams.digits import digits_images
 from cfl_bench.streams.domain_il import (
     DomainILStream,
+    FOTPermutedStream,
     PermutedStream,
     RotatedStream,
     check_domain_tasks,
@@ -56,6 +57,11 @@ def build_rotated(info: StreamInfo, request: StreamRequest) -> Stream:
 def build_permuted(info: StreamInfo, request: StreamRequest) -> Stream:
     """perm-mnist, perm-digits: each task with its own pixel permutation."""
     return _domain_il(PermutedStream, info, request)
+
+
+def build_permuted_fot(info: StreamInfo, request: StreamRequest) -> Stream:
+    """perm-mnist-fot: FOT's permuted MNIST (first task in place, normalised pixels)."""
+    return _domain_il(FOTPermutedStream, info, request)
 
 
 class _SeededDomainIL(Protocol):

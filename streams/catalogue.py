@@ -136,6 +136,13 @@ PERMUTED = "with its own fixed pixel permutation"
 STREAMS: dict[str, StreamInfo] = {
     "rot-mnist": _domain_il_info("rot-mnist", ROTATED, "mnist", "build_rotated"),
     "perm-mnist": _domain_il_info("perm-mnist", PERMUTED, "mnist", "build_permuted"),
+    # FOT's permuted MNIST: its code keeps task 1 in place and normalises pixels.
+    "perm-mnist-fot": replace(
+        _domain_il_info("perm-mnist-fot", PERMUTED, "mnist", "build_permuted_fot"),
+        description="MNIST as FOT's code permutes it: task 1 in place, each later task with "
+        "its own fixed pixel permutation, pixels normalised (0.1307, 0.3081) (domain-IL)",
+        default_model="fot-mlp",
+    ),
     "rot-digits": _domain_il_info("rot-digits", ROTATED, "digits", "build_rotated"),
     "perm-digits": _domain_il_info("perm-digits", PERMUTED, "digits", "build_permuted"),
     "seq-cifar10": _cifar_info("seq-cifar10", "cifar10", "CIFAR-10", tasks=5, per_task=2),

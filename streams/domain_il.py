@@ -185,6 +185,40 @@ class PermutedStream(DomainILStream):
         }
 
 
+class FOTPermutedStream(PermutedStream):
+    """Permuted MNIST as FOT's code builds it (``data_preprocess/mnist/data_loader.py``).
+
+    Two differences from FedGP's ``perm-mnist``, both in the code that made FOT's printed
+    numbers: the first task keeps the pixels in place (``np.arange`` for t = 0), and pixels
+    are normalised with MNIST's mean 0.1307 and std 0.3081 (torchvision's ``Normalize`` after
+    ``ToTensor``). The normalisation matters for the step budget: FOT's MLP at lr 0.01 without
+    momentum reached 72% train accuracy in 400 steps on normalised pixels and 23% on [0, 1]
+    pixels (same seed and batches; measured for the FOT table). Tasks 2..T use the same
+    permutations as ``perm-mnist``; the code draws its own with NumPy, seeded per task.
+    """
+
+    MEAN = 0.1307
+    STD = 0.3081
+
+    def __init__(
+        self, images: ImageSplits, *, name: str, num_tasks: int, seed: int, device: torch.device
+    ) -> None:
+        super().__init__(images, name=name, num_tasks=num_tasks, seed=seed, device=device)
+        self._perms_cpu[0] = torch.arange(self._perms_cpu[0].numel())
+        self._perms[0] = self._perms_cpu[0].to(self.device)
+
+    def as_model_input(self, stored: torch.Tensor) -> torch.Tensor:
+        """uint8 pixels to ``ToTensor`` floats, then ``(x - 0.1307) / 0.3081``."""
+        return super().as_model_input(stored).sub_(self.MEAN).div_(self.STD)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            **super().describe(),
+            "normalisation": f"mean {self.MEAN}, std {self.STD}",
+            "first_task": "unpermuted",
+        }
+
+
 def _short_hash(perm: torch.Tensor) -> str:
     """12 hex digits identifying a permutation, for the protocol description."""
     return hashlib.blake2b(perm.numpy().astype("<i8").tobytes(), digest_size=6).hexdigest()

@@ -237,3 +237,25 @@ def test_registry_entries_and_errors() -> None:
         build_stream("rot-mnist", num_tasks=2, seed=0, device=CPU, data_root=None, download=False)
     with pytest.raises(UserError, match="number of tasks must be a positive integer"):
         digits_stream(num_tasks=0)
+
+
+def test_fot_permuted_stream_keeps_task_one_in_place_and_normalises_like_fots_code() -> None:
+    """FOT's data loader: ``np.arange`` for t = 0, a permutation after, and torchvision's
+    Normalize((0.1307,), (0.3081,)) after ToTensor. On the embedded digits (16 levels): a
+    black pixel is (0 - 0.1307) / 0.3081 = -0.424213 and a full one (1 - 0.1307) / 0.3081 =
+    2.821487; later tasks are perm-digits' own permutations."""
+    from cfl_bench.streams.digits import digits_images
+    from cfl_bench.streams.domain_il import FOTPermutedStream
+
+    images = digits_images()
+    cpu = torch.device("cpu")
+    fot = FOTPermutedStream(images, name="perm-digits", num_tasks=3, seed=4, device=cpu)
+    plain = PermutedStream(images, name="perm-digits", num_tasks=3, seed=4, device=cpu)
+    assert torch.equal(fot.task_test(0).test_x, images.test_x)
+    assert torch.equal(fot.permutation(0), torch.arange(64))
+    for t in (1, 2):
+        assert torch.equal(fot.task_test(t).test_x, plain.task_test(t).test_x)
+    pixels = torch.tensor([[0, 16, 8]], dtype=torch.uint8)
+    expected = torch.tensor([[-0.424213, 2.821487, 1.198637]])
+    assert torch.allclose(fot.as_model_input(pixels), expected, atol=1e-6)
+    assert fot.describe()["normalisation"] == "mean 0.1307, std 0.3081"
