@@ -19,8 +19,10 @@ import pytest
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.metrics import client_matrix, summarize
 from cfl_bench.core.run_reader import parse_run
+from cfl_bench.engine.loop import Schedule
 from cfl_bench.engine.task_order import TaskOrder, parse_task_order
 from cfl_bench.runner.config import make_config
+from cfl_bench.runner.cost import run_size, step_shards
 from cfl_bench.runner.plan import plan_run
 from tests.cli_helpers import cli, tree_digest
 from tests.helpers import digits_federation
@@ -274,3 +276,20 @@ def test_a_bad_task_order_exits_2_in_one_line(tmp_path: Path) -> None:
         assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
         assert "--task-order" in lines[0]
     assert tree_digest(tmp_path) == before  # nothing written
+
+
+def test_the_cost_estimate_follows_each_clients_order() -> None:
+    """Shards (task × client) [[25, 10, 0], [5, 30, 11]]; clients 0 and 2 train task 1
+    first, client 1 task 0: step 0 holds 5, 10, 11 and step 1 25, 30, 0 examples."""
+    steps = step_shards([[25, 10, 0], [5, 30, 11]], ((1, 0), (0, 1), (1, 0)))
+    assert steps == [[5, 10, 11], [25, 30, 0]]
+    s = Schedule.of(num_tasks=2, rounds_per_task=2, epochs=2, num_clients=3, participation=1.0,
+                    batch_size=10, buffer_batch_size=10, buffer_size=5,
+                    buffer_offer="first_pass", replay_augment=False, weighting="samples",
+                    lr=0.1, momentum=0.0, weight_decay=0.0, probe_size=4,
+                    eval_every_round=False, seed=0, task_order=TaskOrder())  # fmt: skip
+    # The joint learner at step 1: 5 + 25, 10 + 30, 11 + 0 → ⌈30/10⌉·2 + ⌈40/10⌉·2 +
+    # ⌈11/10⌉·2 = 18 steps a round; step 0: 2 + 2 + 4 = 8.
+    joint = run_size(s, s.clock(), steps, needs_history=True, params=1)
+    assert joint.total_steps == 2 * 8 + 2 * 18
+    assert (joint.steps_min, joint.steps_max) == (2, 8)
