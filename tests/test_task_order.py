@@ -265,6 +265,14 @@ def test_cfl_bench_run_end_to_end(tmp_path: Path) -> None:
     assert summary["task_orders"] == orders
     # Not the shared order's Acc_1 (task 1 alone): the clients' first tasks are 2, 1, 3.
     assert not math.isclose(by_hand[0], a[(0, 0)])
+    # `cfl-bench clients RUN --task 1` shows step 1: each client's row of its own task.
+    code, shown = in_process("clients", str(out), "--task", "1")
+    assert code == 0, shown
+    rows = {line.split()[0]: line.split() for line in shown.splitlines()[3:6]}
+    tables = config["client_class_counts"]
+    for k, first in enumerate((2, 1, 3)):
+        assert rows[str(k)][1:3] == ["task", str(first)]
+        assert rows[str(k)][-1] == str(sum(tables[str(first)][k]))
 
 
 def test_a_bad_task_order_exits_2_in_one_line(tmp_path: Path) -> None:
