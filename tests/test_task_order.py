@@ -24,6 +24,7 @@ from cfl_bench.engine.task_order import TaskOrder, parse_task_order
 from cfl_bench.runner.config import make_config
 from cfl_bench.runner.cost import run_size, step_shards
 from cfl_bench.runner.plan import plan_run
+from cfl_bench.runner.run_names import point_request
 from cfl_bench.strategies.registry import component_classes
 from tests.cli_helpers import cli, tree_digest
 from tests.helpers import digits_federation
@@ -137,9 +138,16 @@ def test_each_client_trains_its_own_task_at_every_step() -> None:
 
 def test_every_task_is_evaluated_at_every_step() -> None:
     federation = digits_federation("er", num_tasks=3, num_clients=3, task_order=TaskOrder())
-    out = federation.run()
+    reports: list[Any] = []
+    out = federation.run(on_round=reports.append)
     evaluated = {(r[1], r[2]) for r in out.records if r[4] == "acc"}
     assert evaluated == {(t, j) for t in (-1, 0, 1, 2) for j in range(3)}
+    # The progress display's Acc after step 1 (round 2): the mean over the clients of the
+    # global model's accuracy on each client's first task, a[0][π_k(0)].
+    a = {(r[1], r[2]): float(r[5]) for r in out.records if r[4] == "acc"}  # type: ignore[arg-type]
+    assert federation.orders is not None
+    firsts = [a[(0, o[0])] for o in federation.orders]
+    assert reports[1].latest_acc == pytest.approx(sum(firsts) / 3)
     assert not [r for r in out.records if r[4] in ("kl_drift", "client_acc")]
     order_rows = sorted((r[3], r[1], r[2]) for r in out.records if r[4] == "task_order")
     orders = federation.orders
@@ -320,3 +328,12 @@ def test_every_component_runs_under_per_client_orders(strategy: str) -> None:
     assert out.status == "finished", out.message
     assert federation.orders is not None
     assert [c.task for c in federation.clients] == [o[-1] for o in federation.orders]
+
+
+def test_existing_points_and_protocols_keep_their_identity() -> None:
+    """``shared`` is left out of a sweep point's request and of the protocol, so the runs
+    and sweep points made before the option keep their names and hashes."""
+    shared, ordered = make_config({}), make_config({"task_order": "per-client:seed=2"})
+    assert "task_order" not in point_request(shared) and "task_order" not in shared.protocol()
+    assert point_request(ordered)["task_order"] == "per-client:seed=2"
+    assert ordered.protocol()["task_order"] == "per-client:seed=2"

@@ -201,6 +201,7 @@ class Federation:
             s.diagnostics,
             strategy.evaluation_classifier(),
         )
+        self.measure.orders = self.orders
         trainer = build_trainer(self.model, strategy, s, stream)
         self.executor: Executor = executor.make(trainer)
         # Told after each client update of a round (``ClientsReport``), so a long round
