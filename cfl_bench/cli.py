@@ -524,8 +524,9 @@ def clients_cmd(
     """Print a run's samples per client and class in one task.
 
     How many samples of each class every client holds in that task (and each client's
-    delay under --async-shift; under --arrivals, which task's data it trains on)."""
-    tables, offsets, arrivals = read_class_tables(run_dir)
+    delay under --async-shift; under --arrivals, which task's data it trains on; under
+    --task-order per-client, the task each client trains at that step)."""
+    tables, offsets, arrivals, orders = read_class_tables(run_dir)
     if str(task) not in tables:
         raise UserError(f"the run has no task {task}; choose one of {', '.join(tables) or 'none'}.")
     counts = tables[str(task)]
@@ -535,12 +536,16 @@ def clients_cmd(
     if arrivals:
         counts, holds = arrival_holdings(tables, arrivals, task)
         extra = ("holds", holds)
+    if orders:  # step ``task``: each client's row of its own task then
+        counts = [tables[str(o[task - 1])][k] for k, o in enumerate(orders)]
+        extra = ("trains", [f"task {o[task - 1]}" for o in orders])
     classes = [c for c in range(len(counts[0])) if any(row[c] for row in counts)]
     console = Console()
     blocks = class_blocks(console, classes, counts, extra)
     for block in blocks:
         part = f" (classes {block[0]}-{block[-1]})" if len(blocks) > 1 else ""
-        title = f"task {task}: samples per client and class{part}"
+        what = f"step {task}" if orders else f"task {task}"
+        title = f"{what}: samples per client and class{part}"
         console.print(class_table(title, block, counts, extra))
 
 
@@ -624,10 +629,11 @@ def class_table(
 
 def read_class_tables(
     run_dir: str,
-) -> tuple[dict[str, list[list[int]]], list[int], list[list[int]]]:
-    """The per-task client × class tables, the clients' task offsets and (under
-    --arrivals) each task's receivers of a run's config.json, checked: a damaged directory
-    gets one sentence, not a traceback."""
+) -> tuple[dict[str, list[list[int]]], list[int], list[list[int]], list[list[int]]]:
+    """The per-task client × class tables, the clients' task offsets, (under --arrivals)
+    each task's receivers and (under --task-order per-client) each client's tasks (1-based)
+    in its order, of a run's config.json, checked: a damaged directory gets one sentence,
+    not a traceback."""
     import json
     import os
     from pathlib import Path
@@ -669,8 +675,17 @@ def read_class_tables(
     arrivals = arrival_receivers(record.get("arrivals"), len(tables))
     if arrivals is None:
         raise damaged
+    orders = record.get("task_orders") or []
+    permutation = sorted(int(t) for t in tables)
+    if not isinstance(orders, list) or not all(
+        isinstance(o, list) and all(type(t) is int for t in o) and sorted(o) == permutation
+        for o in orders
+    ):
+        raise damaged
+    if orders and sizes != {len(orders)}:
+        raise damaged
     refuse_damaged(run_dir)
-    return tables, offsets, arrivals
+    return tables, offsets, arrivals, orders
 
 
 def arrival_receivers(entry: object, num_tasks: int) -> list[list[int]] | None:

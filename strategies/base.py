@@ -478,6 +478,10 @@ class Component:
     # draws what its parent draws and, unchanged, gives its parent's records exactly. A
     # subclass wanting draws of its own sets it.
     random_stream: ClassVar[str] = ""
+    # Whether the component takes a client's task t to be the stream's task t with all of
+    # tasks 0..t behind it (iCaRL's old/seen classes [0, t·c) and exemplar budget): such a
+    # component is refused under ``--task-order per-client`` (``runner.run_checks``).
+    assumes_stream_order: ClassVar[bool] = False
 
     # The typed option values (each component narrows the annotation to its ``Options``).
     opts: Any

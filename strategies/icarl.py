@@ -179,6 +179,8 @@ class ICaRL(Learner):
     opts: ICaRLOptions
     requires: ClassVar[frozenset[str]] = frozenset({"class_logits"})
     keeps_exemplars: ClassVar[bool] = True
+    # Old and seen classes are [0, t·c) and [0, (t+1)·c) for a client in task t.
+    assumes_stream_order: ClassVar[bool] = True
     state_attributes: ClassVar[tuple[str, ...]] = ("class_sums",)
 
     def setup(self, env: StrategyEnv) -> None:

@@ -93,6 +93,12 @@ CASES: dict[str, tuple[bool, list[str]]] = {
         False,
         [*DIGITS, "--strategy", "er", "--arrivals", "glfc:initial=3,new=1,receive=0.5,per_round=2"],
     ),
+    # FedWeIT's per-client task orders: each client its own permutation of the 3 tasks;
+    # every task scored at every step, the metrics per client (docs/metrics.md).
+    "er-task-order": (
+        False,
+        [*DIGITS, "--strategy", "er", "--task-order", "per-client"],
+    ),
     "agem+fedgp-eval-every-round": (
         False,
         [*DIGITS, "--strategy", "agem+fedgp:gref_samples=all,gref_mode=eval", "--eval-every-round"],

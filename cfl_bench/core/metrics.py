@@ -158,6 +158,47 @@ def forward_transfer(a: Any, b: Any) -> float:
     return float(np.mean(arr[idx - 1, idx] - base[idx]))
 
 
+def client_matrix(a: Any, order: Sequence[int]) -> np.ndarray:
+    """Client k's own matrix under per-client task orders: ``A_k[t, i] = a[t, π_k(i)]``,
+    column i being the task the client trains at step i (``order[i]`` = π_k(i)).
+
+    Why a column permutation is all it takes: step t's row of ``a`` scores the global model
+    on *every* task, so the client's i-th task's accuracy after step t is the entry of
+    column π_k(i); every matrix metric above (Acc_t, forgetting, BWT, FWT) then reads
+    ``A_k`` exactly as it reads ``a`` under the shared order, where π_k is the identity and
+    ``A_k = a``.
+    """
+    arr = _square(a)
+    index = np.asarray(order, dtype=int)
+    if sorted(index.tolist()) != list(range(arr.shape[0])):
+        raise ValueError(
+            f"a task order must be a permutation of the {arr.shape[0]} tasks, got {list(order)}"
+        )
+    return arr[:, index]
+
+
+def client_mean(values: Sequence[Any]) -> Any:
+    """The mean over clients of per-client values (scalars or per-step curves); NaN in any
+    client's value propagates, as a missing entry does in every metric here."""
+    stacked = np.stack([np.asarray(v, dtype=float) for v in values])
+    mean = stacked.mean(axis=0)
+    return float(mean) if mean.ndim == 0 else mean
+
+
+def task_orders_from_records(records: pd.DataFrame) -> list[list[int]] | None:
+    """π_k for every client from the round-0 ``task_order`` rows (``scope`` client_k,
+    ``trained_task`` = step, ``eval_task`` = the stream task trained then); None under the
+    shared order, which records none."""
+    rows = records[records["metric"] == "task_order"]
+    if rows.empty:
+        return None
+    orders: dict[int, list[int]] = {}
+    for scope, group in rows.groupby("scope"):
+        steps = group.sort_values("trained_task")
+        orders[int(str(scope).removeprefix("client_"))] = [int(t) for t in steps["eval_task"]]
+    return [orders[k] for k in sorted(orders)]
+
+
 def memory_drift(kl: Any) -> np.ndarray:
     """MD_t = mean over i < t of ``kl[t, i]`` for every t (NaN at t = 0).
 
@@ -380,6 +421,23 @@ class SummaryInputs:
         )
 
 
+class ClientInputs(SummaryInputs):
+    """One client's view of a run under per-client task orders: its matrix ``A_k`` and its
+    initial accuracies ``b[π_k(i)]``, so every matrix entry of the summary is computed for
+    it by the same function as for the shared order (:func:`client_matrix`)."""
+
+    def __init__(self, run: SummaryInputs, order: Sequence[int]) -> None:
+        super().__init__(run.records, run.num_tasks)
+        self.run = run
+        self.order = list(order)
+
+    def matrix(self, metric: str) -> np.ndarray:
+        return client_matrix(self.run.matrix(metric), self.order)
+
+    def initial(self, metric: str) -> np.ndarray:
+        return np.asarray(self.run.initial(metric), dtype=float)[self.order]
+
+
 # --------------------------------------------------------------------------------------------
 # Summary entries: the ``compute`` functions named in cfl_bench.core.metric_registry.METRICS, each
 # called as fn(inputs, source) with ``source`` the entry's recorded metric.
@@ -565,6 +623,23 @@ def first_reaching(
     return None
 
 
+# The summary entries that are functions of one accuracy matrix (and of b): under per-client
+# task orders each is computed on every client's own matrix (``ClientInputs``) and averaged
+# over the clients (FedWeIT's mean over clients of each client's accuracy on its own tasks);
+# the global matrix itself (``accuracy_matrix``) stays the stream-task-indexed one.
+PER_CLIENT_COMPUTES = frozenset(
+    {
+        "accuracy_curve",
+        "final_accuracy",
+        "forgetting_curve",
+        "final_forgetting",
+        "final_forgetting_clipped",
+        "backward_transfer_of",
+        "forward_transfer_of",
+    }
+)
+
+
 def summarize(records: pd.DataFrame, num_tasks: int) -> dict[str, object]:
     """The headline metrics of one run as a JSON-able dict (NaN → None, full precision).
 
@@ -590,10 +665,20 @@ def summarize(records: pd.DataFrame, num_tasks: int) -> dict[str, object]:
     if num_tasks < 1:
         raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
     inputs = SummaryInputs(records, num_tasks)
+    orders = task_orders_from_records(records)
+    clients = [] if orders is None else [ClientInputs(inputs, order) for order in orders]
     module = sys.modules[__name__]
     out: dict[str, Any] = {}
     for spec in summary_metrics():
         if spec.when_recorded and not inputs.recorded(str(spec.source)):
             continue
-        out[spec.key] = getattr(module, str(spec.compute))(inputs, spec.source)
+        compute = getattr(module, str(spec.compute))
+        if clients and spec.compute in PER_CLIENT_COMPUTES:
+            out[spec.key] = client_mean([compute(c, spec.source) for c in clients])
+        else:
+            out[spec.key] = compute(inputs, spec.source)
+    if clients:
+        out["task_orders"] = orders
+        out["client_Acc_T"] = [final_accuracy(c, "acc") for c in clients]
+        out["client_Fgt_T"] = [final_forgetting(c, "acc") for c in clients]
     return _jsonable(out)

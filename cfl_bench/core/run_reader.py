@@ -476,7 +476,7 @@ def parse_run(shown: str, config: dict[str, Any], summary: dict[str, Any] | None
         row[name] = _curve(source.get(key), key, SUMMARY, tasks)
     for name, key in MATRICES.items():
         row[name] = _matrix(source.get(key), key, SUMMARY, tasks)
-    rederive_forgetting(row)
+    rederive_forgetting(row, _task_orders(source.get("task_orders"), tasks))
     for name, curve in CURVE_MEANS.items():
         row[name] = curve_mean(row[curve])
     if row["scenario"] is None and row["protocol_hash"] is not None:
@@ -503,18 +503,44 @@ def curve_mean(curve: Sequence[float] | None) -> float:
     return math.fsum(curve) / len(curve)
 
 
-def rederive_forgetting(row: dict[str, Any]) -> None:
+def _task_orders(value: object, tasks: int | None) -> list[list[int]] | None:
+    """summary.json → ``task_orders`` (``--task-order per-client``): each client's order, a
+    permutation of the tasks; None when absent (the shared order)."""
+    if value is None:
+        return None
+    permutation = list(range(tasks or 0))
+    if (
+        not isinstance(value, list)
+        or not value
+        or any(not isinstance(o, list) or sorted(o) != permutation for o in value)
+    ):
+        raise DamagedRunError(
+            f"{SUMMARY}: 'task_orders' is {_shown(value)}, not a list of permutations of the "
+            f"{tasks} tasks"
+        )
+    return value
+
+
+def rederive_forgetting(row: dict[str, Any], orders: list[list[int]] | None = None) -> None:
     """Overwrite the forgetting values of ``row`` with those of its stored matrices (see the
-    module docstring for why); values whose matrix is absent or empty are left alone."""
+    module docstring for why); values whose matrix is absent or empty are left alone. Under
+    per-client task orders (``orders``) the value is the mean over clients of each client's
+    forgetting on its own tasks, as the summary computes it."""
     import numpy as np
 
-    from cfl_bench.core.metrics import forgetting
+    from cfl_bench.core.metrics import client_matrix, client_mean, forgetting
 
     for name, (matrix_name, include_current) in FORGETTING_FROM_MATRIX.items():
         matrix = row[matrix_name]
         if not matrix:
             continue
-        curve = forgetting(np.array(matrix, dtype=float), include_current=include_current)
+        a = np.array(matrix, dtype=float)
+        if orders is None:
+            curve = forgetting(a, include_current=include_current)
+        else:
+            curve = client_mean(
+                [forgetting(client_matrix(a, o), include_current=include_current) for o in orders]
+            )
         if name.endswith("_t"):
             row[name] = [float(v) for v in curve]
         else:

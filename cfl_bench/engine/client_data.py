@@ -40,10 +40,14 @@ class ClientData:
         device: torch.device,
         splits: dict[int, TaskSplit] | None = None,
         arrivals: ArrivalPlan | None = None,
+        orders: tuple[tuple[int, ...], ...] | None = None,
     ) -> None:
         self.stream = stream
         # Clients joining over time (``--arrivals``): who is there and gets each task's data.
         self.arrivals = arrivals
+        # ``--task-order per-client``: ``orders[k][t]`` is the stream task client k trains at
+        # step t; None: the stream's order for everyone.
+        self.orders = orders
         self.partitioner = partitioner
         self.strategy = strategy
         self.clock = clock
@@ -93,14 +97,22 @@ class ClientData:
             return
         entering: dict[int, list[ClientState]] = {}
         for client in clients:
-            t = self.clock.client_task(client.index, g)
+            t = self.stream_task(client.index, self.clock.client_task(client.index, g))
             if client.train_y is None or t != client.task:
                 entering.setdefault(t, []).append(client)
         for t, group in sorted(entering.items()):
             self._enter(t, group, len(clients), on_task_start, on_holdout_labels)
+        if self.orders is not None:  # synchronous: every client entered its task at once
+            self.live_tasks = {}
+            return
         # Keep a materialised task only while some client has yet to enter it.
         behind = min(c.task for c in clients)
         self.live_tasks = {t: d for t, d in self.live_tasks.items() if t > behind}
+
+    def stream_task(self, client: int, step: int) -> int:
+        """The stream task ``client`` trains at (global) ``step``: the step itself, or the
+        client's own order's entry under ``--task-order per-client``."""
+        return step if self.orders is None else self.orders[client][step]
 
     def _enter(
         self,
@@ -211,6 +223,9 @@ class ClientData:
         if self.arrivals is not None:
             self._restore_arrivals(next_round, clients)
             return
+        if self.orders is not None:
+            self._restore_ordered(self.clock.global_task(next_round - 1), clients)
+            return
         held = {c.index: self.clock.client_task(c.index, next_round - 1) for c in clients}
         history = self.strategy.learner.needs_history
         self.shards = {}
@@ -240,3 +255,22 @@ class ClientData:
             parts = self.split(t, len(clients)).parts
             for client in group:
                 self.assign(client, t, task.train_x, task.train_y, parts)
+
+    def _restore_ordered(self, now: int, clients: list[ClientState]) -> None:
+        """``--task-order per-client`` at step ``now``: every client gets its part of its
+        step-``now`` task (and, for learners that keep history, of its earlier steps' tasks,
+        in its own order, as the run gave them), and every task some client entered counts
+        as started, so no task-start hook runs twice."""
+        assert self.orders is not None
+        history = self.strategy.learner.needs_history
+        self.shards = {}
+        for step in range(now + 1) if history else (now,):
+            groups: dict[int, list[ClientState]] = {}
+            for client in clients:
+                groups.setdefault(self.orders[client.index][step], []).append(client)
+            for t, group in sorted(groups.items()):
+                task = self.stream.task_train(t)
+                parts = self.split(t, len(clients)).parts
+                for client in group:
+                    self.assign(client, t, task.train_x, task.train_y, parts)
+        self.started_tasks |= {order[step] for order in self.orders for step in range(now + 1)}

@@ -45,6 +45,7 @@ from cfl_bench.engine.progress import ClientsReport, RoundReport
 from cfl_bench.engine.round_server import RoundServer
 from cfl_bench.engine.splits import TaskSplit
 from cfl_bench.engine.task_clock import TaskClock
+from cfl_bench.engine.task_order import TaskOrder
 from cfl_bench.strategies.compose import Strategy
 from cfl_bench.streams.base import Stream
 from cfl_bench.streams.partition import Partitioner
@@ -74,6 +75,9 @@ class Schedule:
     lead_rounds: int = 0
     # Clients that join over time (``--arrivals``, engine.arrivals); None: all from the start.
     arrivals: Arrivals | None = None
+    # Each client's own order of the tasks (``--task-order per-client``, engine.task_order);
+    # None: every client in the stream's order.
+    task_order: TaskOrder | None = None
     optimizer: str = "sgd"
     diagnostics: bool = False
     # Which executor runs the client side, and its options (results are the same up to
@@ -117,6 +121,12 @@ class Schedule:
         if self.arrivals is None:
             return None
         return self.arrivals.plan(self.num_tasks, self.seed)
+
+    def task_orders(self) -> tuple[tuple[int, ...], ...] | None:
+        """Under ``--task-order per-client``, the stream task client k trains at step t."""
+        if self.task_order is None:
+            return None
+        return self.task_order.orders(self.num_clients, self.num_tasks, self.seed)
 
 
 @dataclass
@@ -168,8 +178,17 @@ class Federation:
         )
         self.clock = s.clock()
         self.arrivals = s.arrival_plan()
+        self.orders = s.task_orders()
         self.data = ClientData(
-            stream, partitioner, strategy, self.clock, s.seed, device, splits, self.arrivals
+            stream,
+            partitioner,
+            strategy,
+            self.clock,
+            s.seed,
+            device,
+            splits,
+            self.arrivals,
+            self.orders,
         )
         self.round_server = RoundServer(
             self.server, strategy, s.clients_per_round, s.weighting, s.seed, self.arrivals
@@ -182,6 +201,7 @@ class Federation:
             s.diagnostics,
             strategy.evaluation_classifier(),
         )
+        self.measure.orders = self.orders
         trainer = build_trainer(self.model, strategy, s, stream)
         self.executor: Executor = executor.make(trainer)
         # Told after each client update of a round (``ClientsReport``), so a long round
@@ -217,6 +237,7 @@ class Federation:
         self._prepare_eval_sets()
         if server.round_index == 0:
             self.measure.evaluate(out.records, self.global_state, 0, -1, s.num_tasks - 1, False)
+            out.records += task_order_records(self.orders)
         else:
             self.data.restore(server.round_index, self.clients)
         for g in range(server.round_index, clock.total_rounds):
@@ -275,8 +296,11 @@ class Federation:
             return False
         self.measure.buffer_drift(out.records, self.clients, self.global_state, ri, t)
         if server.is_task_end or s.eval_every_round:
-            upto = min(t + 1, s.num_tasks - 1)
-            self.measure.evaluate(out.records, self.global_state, ri, t, upto, server.is_task_end)
+            # Per-client orders: every task, since some client may have trained any of them
+            # (and memory drift, which needs task t's end at step t, is not measured).
+            upto = min(t + 1, s.num_tasks - 1) if self.orders is None else s.num_tasks - 1
+            drift = server.is_task_end and self.orders is None
+            self.measure.evaluate(out.records, self.global_state, ri, t, upto, drift)
         self.end_tasks(g)
         out.costs += [
             (ri, t, -1, "global", "round_time_s", time.perf_counter() - started),
@@ -305,7 +329,10 @@ class Federation:
         """The learner's task-end work for the clients that finish a task in round ``g``,
         at the freshly aggregated θ_g (A-GEM fills its episodic memory)."""
         if self.arrivals is None:
-            ending = [(self.clients[k], t) for k, t in self.clock.ending_tasks(g)]
+            ending = [
+                (self.clients[k], t if self.orders is None else self.orders[k][t])
+                for k, t in self.clock.ending_tasks(g)
+            ]
         elif g == self.clock.eval_round(t := self.clock.global_task(g)):
             last = t == self.schedule.num_tasks - 1
             ks = self.arrivals.ending_clients(t, last)
@@ -326,7 +353,10 @@ class Federation:
         """One round; returns the summed loss, the step count and the local-training seconds."""
         server = self.server
         broadcast = self.round_server.open_round()
-        probes = self.measure.probes(server.task) if server.is_task_end else None
+        # The client spread scores the tasks seen so far, which per-client orders make
+        # differ between clients: not measured then (docs/protocols.md).
+        spread = server.is_task_end and self.orders is None
+        probes = self.measure.probes(server.task) if spread else None
         # (The cost estimate's warm-up round runs before the evaluation sets exist.)
         measured = self.schedule.diagnostics and bool(self.measure.eval_sets)
         diagnose = self.measure.probe(server.task) if measured else None
@@ -401,6 +431,19 @@ class Federation:
         """Put the federation back where :meth:`state_dict` found it; :meth:`run` then goes
         on with the next round."""
         load_federation_state(self, state)
+
+
+def task_order_records(orders: tuple[tuple[int, ...], ...] | None) -> list[Record]:
+    """Round-0 rows saying which stream task (``eval_task``) client k trains at step t
+    (``trained_task``), so the per-client metrics are a function of records.csv alone
+    (``cfl_bench.core.metrics``); none under the shared order."""
+    if orders is None:
+        return []
+    return [
+        (0, t, task, f"client_{k}", "task_order", task)
+        for k, order in enumerate(orders)
+        for t, task in enumerate(order)
+    ]
 
 
 def build_trainer(

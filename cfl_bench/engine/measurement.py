@@ -58,6 +58,9 @@ class Measurement:
         self.reference_log_probs: dict[int, torch.Tensor] = {}
         # Mean accuracy over the seen tasks at the latest evaluation (progress display).
         self.latest_acc: float | None = None
+        # ``--task-order per-client``: each client's tasks in its order; the displayed mean
+        # is then each client's over its own tasks seen, averaged over the clients.
+        self.orders: tuple[tuple[int, ...], ...] | None = None
         # The latest evaluation's headline per evaluated task ("task 1", …, "test"), for
         # live views; filled only when someone asks (one host sync per evaluation).
         self.latest_scores: dict[str, float] = {}
@@ -98,9 +101,13 @@ class Measurement:
                 records.append((round_index, trained_task, i, "global", metric, value))
             if self.forgetting is not None and i == trained_task:
                 self._class_forgetting(records, round_index, trained_task, e, logits)
-            if i <= trained_task:
+            if i <= trained_task and self.orders is None:
                 seen.append(scores[headline])
             headlines[f"task {i + 1}"] = scores[headline]
+        if self.orders is not None and trained_task >= 0:
+            steps = range(trained_task + 1)
+            seen = [torch.stack([headlines[f"task {o[i] + 1}"] for i in steps]).mean()
+                    for o in self.orders]  # fmt: skip
         if self.test_domain is not None:
             e = self.test_domain
             scores = objective.score(self.predict(e.x), e.y, e.classes)

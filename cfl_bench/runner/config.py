@@ -34,6 +34,7 @@ from typing import Any
 from cfl_bench.core.atomic import path_kind
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.text_values import FLOAT_TEXT, INT_TEXT, quoted, utf8_text
+from cfl_bench.engine.task_order import check_task_order_text
 from cfl_bench.runner.trackers import parse_trackers
 
 BUFFER_OFFER = ("first_pass", "every_step")
@@ -168,6 +169,15 @@ class RunConfig:
         "old data), P of the clients there per round; --clients must be N + (tasks-1)*M; "
         "without --partition the GLFC code's split, class-subsets (docs/protocols.md)",
         default_text="none (all clients from the start)",
+    )
+    task_order: str = option(
+        "shared",
+        "the order in which clients train the stream's tasks: shared (the stream's, for every "
+        "client) or per-client[:seed=N] (FedWeIT: client k trains its own seeded permutation "
+        "of the tasks; accuracy is each client's on its own tasks so far, averaged over "
+        "clients; docs/protocols.md)",
+        grammar=check_task_order_text,
+        grammar_text="shared, per-client or per-client:seed=N",
     )
     lead_rounds: int = option(
         0,
@@ -419,6 +429,8 @@ class RunConfig:
             protocol.pop("amp", None)
         if protocol.get("heads") == "shared":
             protocol.pop("heads", None)
+        if protocol.get("task_order") == "shared":
+            protocol.pop("task_order", None)
         return protocol
 
 

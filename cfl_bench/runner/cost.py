@@ -173,6 +173,18 @@ def shard_sizes(splits: dict[int, TaskSplit], num_tasks: int) -> list[list[int]]
     return [[int(p.numel()) for p in splits[t].parts] for t in range(num_tasks)]
 
 
+def step_shards(
+    shards: list[list[int]], orders: tuple[tuple[int, ...], ...] | None
+) -> list[list[int]]:
+    """Samples each client holds at each step (step × client): the task's shard sizes
+    under the shared order; under ``--task-order per-client`` client k's part of the task
+    it trains at that step, so the estimate's per-step sums follow each client's own
+    order (the joint learner's history included)."""
+    if orders is None:
+        return shards
+    return [[shards[order[t]][k] for k, order in enumerate(orders)] for t in range(len(shards))]
+
+
 def run_size(
     schedule: Schedule,
     clock: TaskClock,
@@ -310,10 +322,12 @@ def workload(
         if needs_buffer:
             parts["buffer drift"] += sum(filled)
         t = clock.global_task(g)
-        upto = min(t + 1, T - 1)
+        upto = min(t + 1, T - 1) if s.task_order is None else T - 1  # every task then
         if g in eval_rounds:
-            parts["evaluation"] += sum(test_sizes[: upto + 1]) + sum(probes[: t + 1])
-            parts["client spread"] += cpr * sum(probes[: t + 1])
+            # No memory drift or client spread under per-client orders (their probes).
+            probed = sum(probes[: t + 1]) if s.task_order is None else 0
+            parts["evaluation"] += sum(test_sizes[: upto + 1]) + probed
+            parts["client spread"] += cpr * probed
         elif s.eval_every_round:
             parts["evaluation"] += sum(test_sizes[: upto + 1])
     forward = sum(parts[k] for k in FORWARD_PARTS)
@@ -542,7 +556,7 @@ def announce(plan: RunPlan, say: Callable[[str], None]) -> dict[str, object]:
     clock = schedule.clock()
     if plan.stream.per_round:
         return announce_per_round(clock.total_rounds, schedule.num_clients, say)
-    shards = shard_sizes(plan.splits, schedule.num_tasks)
+    shards = step_shards(shard_sizes(plan.splits, schedule.num_tasks), schedule.task_orders())
     params = sum(p.numel() for p in plan.model.parameters() if p.requires_grad)
     history = strategy.learner.needs_history
     exemplars = strategy.learner.exemplar_memory()

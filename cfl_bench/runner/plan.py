@@ -27,6 +27,7 @@ from cfl_bench.engine.arrivals import ARRIVALS_PARTITION, parse_arrivals
 from cfl_bench.engine.client_update import StepSchedule
 from cfl_bench.engine.loop import Federation, Schedule
 from cfl_bench.engine.splits import TaskSplit, plan_splits
+from cfl_bench.engine.task_order import parse_task_order
 from cfl_bench.runner import provenance
 from cfl_bench.runner.config import RunConfig, canonical_hash
 from cfl_bench.runner.executors import PlannedRun, executor_kind
@@ -38,7 +39,13 @@ from cfl_bench.runner.model_catalogue import (
     models_offering,
 )
 from cfl_bench.runner.models import MODELS, build_model, use_channels_last
-from cfl_bench.runner.run_checks import check_arrivals, check_diagnostics, check_run_length
+from cfl_bench.runner.run_checks import (
+    check_arrivals,
+    check_components_follow_orders,
+    check_diagnostics,
+    check_run_length,
+    check_task_order,
+)
 from cfl_bench.runner.threads import (
     ThreadsChoice,
     choose_threads,
@@ -210,6 +217,7 @@ def make_schedule(
         async_shift=config.async_shift,
         lead_rounds=config.lead_rounds,
         arrivals=None if config.arrivals is None else parse_arrivals(config.arrivals),
+        task_order=parse_task_order(config.task_order),
         diagnostics=config.diagnostics,
         executor=config.executor,
         clients_per_chunk=config.clients_per_chunk,
@@ -269,7 +277,9 @@ def plan_run(config: RunConfig) -> RunPlan:
     check_diagnostics(config, stream.objective.capabilities)
     num_tasks = resolved_int(config.tasks)
     check_arrivals(config, num_tasks, per_round_stream=stream.per_round)
+    check_task_order(config, per_round_stream=stream.per_round)
     strategy.setup(strategy_env(config, stream, device))
+    check_components_follow_orders(config, strategy)
     schedule = make_schedule(config, strategy, num_tasks, device)
     torch.manual_seed(derive_seed(config.seed, "model-init"))
     model = build_model(model_name, stream.input_shape, stream.num_classes)
@@ -360,6 +370,7 @@ def run_record(
         "task_clock": schedule.clock().describe(),
         "client_class_counts": class_count_tables(stream, splits),
         **arrivals_record(schedule),
+        **task_order_record(schedule),
     }
 
 
@@ -566,3 +577,10 @@ def arrivals_record(schedule: Schedule) -> dict[str, object]:
     """config.json → ``arrivals``: per task who is there, who receives, who keeps."""
     plan = schedule.arrival_plan()
     return {} if plan is None else {"arrivals": plan.describe()}
+
+
+def task_order_record(schedule: Schedule) -> dict[str, object]:
+    """config.json → ``task_orders``: per client, its tasks (1-based) in the order it
+    trains them, under ``--task-order per-client``."""
+    orders = schedule.task_orders()
+    return {} if orders is None else {"task_orders": [[t + 1 for t in o] for o in orders]}

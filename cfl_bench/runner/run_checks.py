@@ -6,8 +6,13 @@ the same checks again with what only the built stream knows.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cfl_bench.core.errors import UserError
 from cfl_bench.runner.config import MAX_CLIENT_ROUNDS, MAX_TOTAL_ROUNDS, RunConfig
+
+if TYPE_CHECKING:
+    from cfl_bench.strategies.compose import Strategy
 
 
 def check_diagnostics(config: RunConfig, capabilities: frozenset[str] | None = None) -> None:
@@ -58,6 +63,7 @@ def check_option_pairs(config: RunConfig) -> None:
         )
     check_run_length(config)
     check_arrivals(config)
+    check_task_order(config)
 
 
 def check_run_length(config: RunConfig, tasks: int | None = None) -> None:
@@ -127,3 +133,51 @@ def check_arrivals(
             "--arrivals has not been checked with --executor flower; use --executor "
             "sequential or vectorized."
         )
+
+
+def check_task_order(config: RunConfig, *, per_round_stream: bool = False) -> None:
+    """Refuse ``--task-order per-client`` with what it cannot mean: clients joining over
+    time (who holds which task is then GLFC's plan), asynchronous or lengthened boundaries
+    (a step is a task for every client at once), the per-round diagnostics (they score the
+    step's task as if it were everyone's), a stream whose clients bring their own data, and
+    the Flower executor (not checked with it)."""
+    if config.task_order == "shared":
+        return
+    flag = "--task-order per-client"
+    for other, given in (
+        ("--arrivals", config.arrivals is not None),
+        ("--async-shift", config.async_shift != 0),
+        ("--lead-rounds", config.lead_rounds != 0),
+        ("--diagnostics", config.diagnostics),
+    ):
+        if given:
+            raise UserError(
+                f"{flag} has every client enter its next task at the same synchronous "
+                f"boundary and scores each on its own tasks, which {other} does not follow; "
+                f"drop one of them."
+            )
+    if per_round_stream:
+        raise UserError(
+            f"stream {config.stream!r} gives each client its own data every round, so "
+            f"{flag} does not apply; drop it."
+        )
+    if config.executor == "flower":
+        raise UserError(
+            f"{flag} has not been checked with --executor flower; use --executor "
+            "sequential or vectorized."
+        )
+
+
+def check_components_follow_orders(config: RunConfig, strategy: Strategy) -> None:
+    """Refuse a component that reads a client's classes off the stream's task order (its
+    task t's classes are then those of tasks 0..t: iCaRL's and GLFC's old/seen classes and
+    exemplar budget), which per-client orders break."""
+    if config.task_order == "shared":
+        return
+    for component in strategy.all:
+        if component.assumes_stream_order:
+            raise UserError(
+                f"{component.name} takes a client's seen classes to be those of the stream's "
+                f"tasks 1..t, which --task-order per-client breaks; drop --task-order or use "
+                f"another learner."
+            )
