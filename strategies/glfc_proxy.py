@@ -34,6 +34,10 @@ from torch.nn import functional as F
 ITERATIONS = 250
 KEEP = 20
 LBFGS_LR = 0.1
+# GLFC.py prototype_mask: iters = 50, optim.SGD(lr=learning_rate / 10, weight_decay=0.00001).
+PROTO_STEPS = 50
+PROTO_LR_DIVISOR = 10
+PROTO_WEIGHT_DECAY = 1e-5
 
 
 class LeNetEncoder(nn.Module):
@@ -90,8 +94,9 @@ def reconstruct(
 ) -> torch.Tensor:
     """The last ``keep`` of ``iterations`` L-BFGS iterates (keep, C, H, W) of the sample
     whose gradient matches ``gradient``, labelled ``gradient_label(gradient)``."""
-    label = torch.tensor([gradient_label(gradient)])
-    dummy = torch.randn((1, *shape), generator=gen).requires_grad_(True)
+    device = gradient[0].device
+    label = torch.tensor([gradient_label(gradient)], device=device)
+    dummy = torch.randn((1, *shape), generator=gen).to(device).requires_grad_(True)
     optimizer = torch.optim.LBFGS([dummy], lr=LBFGS_LR)
     params = list(model.parameters())
 
@@ -125,3 +130,52 @@ def best_model(accuracies: list[float]) -> int:
         if acc >= accuracies[best]:
             best = i
     return best
+
+
+def prototype_index(features: torch.Tensor) -> int:
+    """The row of normalised ``features`` (n, d) nearest (Euclidean) to their mean: the
+    class's prototype (``prototype_mask``: ``argmin ‖class_mean − f_i‖``; ties: the first)."""
+    return int((features.mean(dim=0) - features).norm(dim=1).argmin())
+
+
+def refine_prototype(
+    model: nn.Module, x: torch.Tensor, label: int, classes: int, lr: float
+) -> torch.Tensor:
+    """``x`` (C, H, W) after ``PROTO_STEPS`` SGD steps (``lr``, weight decay 1e-5) on the
+    mean BCE of the model's first ``classes`` outputs against the one-hot ``label``: the
+    code moves the prototype (not the model) before its gradient is taken."""
+    data = x.detach().clone().unsqueeze(0).requires_grad_(True)
+    target = F.one_hot(torch.tensor([label], device=x.device), classes).to(x.dtype)
+    with torch.enable_grad():
+        for _ in range(PROTO_STEPS):
+            loss = F.binary_cross_entropy_with_logits(model(data)[:, :classes], target)
+            (grad,) = torch.autograd.grad(loss, [data])
+            with torch.no_grad():
+                data -= lr * (grad + PROTO_WEIGHT_DECAY * data)
+    return data.detach().squeeze(0)
+
+
+def flat_gradient(gradient: list[torch.Tensor]) -> torch.Tensor:
+    """One vector of a gradient's tensors, in the encoder's parameter order (what travels)."""
+    return torch.cat([g.reshape(-1) for g in gradient])
+
+
+def split_gradient(flat: torch.Tensor, model: nn.Module) -> list[torch.Tensor]:
+    """A travelled vector back into tensors shaped as the encoder's parameters."""
+    shapes = [p.shape for p in model.parameters()]
+    sizes = [math.prod(shape) for shape in shapes]
+    return [part.reshape(shape) for part, shape in zip(flat.split(sizes), shapes, strict=True)]
+
+
+def monitor_accuracy(outputs: torch.Tensor, y: torch.Tensor, classes: int) -> int:
+    """The proxy server's score of a model on the rebuilt samples: the integer percent
+    ⌊100·correct / total⌋ of argmax over the first ``classes`` outputs (the code's model has
+    only those; its ``100 * correct / total`` divides integer tensors under torch 1.2)."""
+    correct = int((outputs[:, :classes].argmax(dim=1) == y).sum())
+    return (100 * correct) // int(y.shape[0])
+
+
+def keep_best(best_perf: int, accuracy: int) -> bool:
+    """Whether the model scored ``accuracy`` replaces best_2 (``cur_perf >= best_perf``:
+    on a tie the latest; ``best_perf`` is never reset, not even for a new evaluation set)."""
+    return accuracy >= best_perf
