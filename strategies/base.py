@@ -387,6 +387,12 @@ class ExtraWork:
     # A forward pass (no backward) over each participant's current examples in every task's
     # last round (FOT's task-end activations).
     task_end_forward: bool = False
+    # In the round a participant starts a task (``TaskClock.client_task_start``): this many
+    # forward + backward samples on the client, and this many on the server for it (GLFC's
+    # prototypes: 50 steps per class of its task; their gradient inversion through the LeNet
+    # encoder, priced as samples of the run's model: the estimate times no other model).
+    task_start_samples: int = 0
+    task_start_server_samples: int = 0
 
 
 def listed_roles(
@@ -555,6 +561,12 @@ class Component:
         """What this component computes each round besides the local steps (after
         ``setup``), for the run's cost estimate; the base component does nothing extra."""
         return ExtraWork()
+
+    def probe_copy(self) -> None:
+        """Called on the cost probe's copy of this component before its warm-up round: a
+        component whose server work ``extra_work`` prices (GLFC's gradient inversion, minutes
+        per task on CPU) turns it off there, so the probe times the local steps without
+        running it. The base component does nothing."""
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, object]:

@@ -59,11 +59,19 @@ from torch.nn import functional as F
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.seeding import generator
 from cfl_bench.strategies import declarations
-from cfl_bench.strategies.base import ClientInputs, Declaration, Learner, StrategyEnv
+from cfl_bench.strategies.base import (
+    ClientInputs,
+    Declaration,
+    ExtraWork,
+    Learner,
+    StrategyEnv,
+)
 from cfl_bench.strategies.declarations import GLFCOptions
 from cfl_bench.strategies.glfc_proxy import (
     KEEP,
+    LBFGS_EVALUATIONS,
     PROTO_LR_DIVISOR,
+    PROTO_STEPS,
     encoder,
     flat_gradient,
     gradient_label,
@@ -220,6 +228,7 @@ class GLFC(ICaRL):
         self.best_perf = 0
         self.proxy_x, self.proxy_y = torch.zeros(0), torch.zeros(0, dtype=torch.long)
         self._pool: list[torch.Tensor] = []
+        self._probing = False
         if self.opts.proxy == "none":
             return
         if len(self.shape) != 3:
@@ -308,6 +317,23 @@ class GLFC(ICaRL):
         return glfc_loss(outputs, values["teacher_outputs"], y, values, weights, mask)
 
     # -- the proxy server ----------------------------------------------------------------------
+    def extra_work(self) -> ExtraWork:
+        """Per client entering a task, at most ``classes_per_task`` classes: 50 prototype
+        steps each on the client, and on the server each gradient's inversion, counted as
+        L-BFGS's default 20 closure evaluations a step × 3 passes (forward, backward,
+        backward of the backward) per iteration."""
+        if self.opts.proxy == "none":
+            return ExtraWork()
+        closures = self.opts.inversion_iterations * LBFGS_EVALUATIONS * 3
+        return ExtraWork(
+            task_start_samples=PROTO_STEPS * self.classes_per_task,
+            task_start_server_samples=closures * self.classes_per_task,
+        )
+
+    def probe_copy(self) -> None:
+        """The cost probe's copy neither moves prototypes nor inverts (priced above)."""
+        self._probing = True
+
     def on_round_start(self, server: ServerState) -> None:
         """Every client there checks whether its data changed since the last round (the
         code's ``update_new_set`` runs for every client, chosen or not, every round): only
@@ -365,7 +391,9 @@ class GLFC(ICaRL):
     def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:
         """In its first round of a task, the client uploads the encoder's gradient at one
         prototype of each class of its task (``proto_grad_sharing``)."""
-        if self.opts.proxy == "none" or not client.state_for(self.name).get("signal"):
+        if self._probing or self.opts.proxy == "none":
+            return
+        if not client.state_for(self.name).get("signal"):
             return
         grads = self._prototype_gradients(client, local)
         if grads.numel() > 0:

@@ -34,6 +34,8 @@ from torch.nn import functional as F
 ITERATIONS = 250
 KEEP = 20
 LBFGS_LR = 0.1
+# torch's L-BFGS default max_iter: up to 20 closure evaluations a step (max_eval 25).
+LBFGS_EVALUATIONS = 20
 # GLFC.py prototype_mask: iters = 50, optim.SGD(lr=learning_rate / 10, weight_decay=0.00001).
 PROTO_STEPS = 50
 PROTO_LR_DIVISOR = 10

@@ -132,6 +132,25 @@ def test_workload_counts_evaluation_buffers_and_strategy_extras() -> None:
     assert every.parts["evaluation"] == 72 + 2 * 20  # rounds 1 and 3 evaluate tasks 0..1
 
 
+def test_task_start_work_counts_each_client_with_data_in_its_tasks_first_round() -> None:
+    """GLFC's prototypes and inversions: rounds 0 and 2 start tasks 0 and 1; client 2 holds
+    nothing of task 0, so 2 + 3 clients do the work."""
+    s = schedule()
+    extra = ExtraWork(task_start_samples=100, task_start_server_samples=1000)
+    w = cost.workload(
+        s, s.clock(), SHARDS, [10, 10], needs_buffer=False, needs_history=False,
+        work=cost.StrategyWork((extra,), holdouts=(0, 0)),
+    )  # fmt: skip
+    assert w.parts["client extra passes"] == 5 * 100
+    assert w.parts["gradient inversion"] == 5 * 1000
+    assert w.backward_samples == 5 * 1100
+    # glfc at 2 classes a task: 50 steps per class; 250 L-BFGS steps × 20 closures × 3 passes
+    glfc = build_strategy("glfc").learner
+    glfc.classes_per_task = 2
+    assert glfc.extra_work() == ExtraWork(task_start_samples=100, task_start_server_samples=30_000)
+    assert build_strategy("glfc:proxy=none").learner.extra_work() == ExtraWork()
+
+
 def test_a_task_end_forward_covers_every_participant_at_task_ends() -> None:
     s = schedule()  # task ends after rounds 2 and 4; shards (25, 10, 0), then (5, 30, 11)
     work = cost.StrategyWork((ExtraWork(task_end_forward=True),), holdouts=(0, 0))

@@ -92,7 +92,7 @@ FORWARD_PARTS = (
     "public logits",
     "task-end activations",
 )
-BACKWARD_PARTS = ("client requests", "client extra passes", "distillation")
+BACKWARD_PARTS = ("client requests", "client extra passes", "distillation", "gradient inversion")
 
 
 @dataclass(frozen=True)
@@ -296,6 +296,10 @@ def workload(
                     parts["client extra passes"] += f * min(n, batches * s.steps.batch_size)
                 if extra.task_end_forward and g in eval_rounds:
                     parts["task-end activations"] += f * n
+                starts = extra.task_start_samples or extra.task_start_server_samples
+                if starts and n and g == clock.client_task_start(k, t):
+                    parts["client extra passes"] += f * extra.task_start_samples
+                    parts["gradient inversion"] += f * extra.task_start_server_samples
         filled = [min(s.buffer_size, x) for x in seen]
         for extra in work.extras:
             if extra.public_examples is not None:
@@ -397,10 +401,13 @@ def measure(
             arrivals=None,
             steps=dataclasses.replace(schedule.steps, epochs=1),
         )
+        probe_strategy = copy.deepcopy(strategy)
+        for component in probe_strategy.all:
+            component.probe_copy()
         fed = Federation(
             stream,
             partitioner,
-            copy.deepcopy(strategy),
+            probe_strategy,
             copy.deepcopy(model),
             scratch,
             torch.device("cpu"),
