@@ -25,10 +25,17 @@ L_RD is the **class-semantic relation distillation** as the code writes it: the 
 label with the old classes' columns replaced by the old model's sigmoid outputs, the same
 binary cross-entropy (no temperature: the code has none).
 
-The old model (``old_model``): ``previous`` (the default until the proxy server is built)
-is the global model the client received when it entered its task (kept on the client, as
-LwF's and iCaRL's teacher: nothing extra travels); in task 0 there is none. The old
-classes are the classes of the tasks before the client's.
+The old model (``proxy``): ``code`` (the default) is the proxy server's (``src/
+ProxyServer.py``): in the round a client's data changes (its ``signal``) it uploads, for
+each class of its task, the LeNet encoder's gradient at a prototype (``glfc_proxy``); the
+server inverts the gradients by L-BFGS after aggregation, scores θ_g on the rebuilt
+samples every round and keeps best_2 (the best so far) and best_1 (best_2 when the last
+gradients came), broadcasting both; a client distils from best_2 in its signal round and
+from best_1 after (``old_model_choice``). The old classes are the old model's outputs (the
+classes of the tasks up to the one it was kept in). ``none`` is the global model the
+client received when it entered its task (kept on the client, as LwF's and iCaRL's
+teacher: nothing extra travels), the old classes those of the tasks before the client's;
+in task 0 there is none.
 
 Exemplars (``_construct_exemplar_set``, ``_reduce_exemplar_sets``): when a client's task
 ends, every class it held gets m = ``memory`` // (classes it has learned so far) rows,
@@ -43,8 +50,9 @@ Differences from the code, all forced by the suite's protocol and said in docs/m
   code's test fires on a task change);
 - the code counts a class twice in ``learned_numclass`` when a client draws it in two
   tasks; here the kept classes are counted once;
-- the code's teacher comes from its proxy server (the best old global model on gradient-
-  inverted samples); ``old_model=previous`` is not that (see docs/methods.md).
+- the proxy server scores float iterates once each (the code: 8-bit images through its
+  training augmentation, batches of 64 without the last partial one), and the prototype
+  is the model's input (the code: the raw [0, 1] image); see docs/methods.md.
 The learning rate (2.0), weight decay (1e-5), its decay at local epochs 100/150/180 and 20
 local epochs are the run's optimiser settings, not this component's.
 """

@@ -3,16 +3,18 @@ away, and the sample rebuilt from the gradient.
 
 Dong et al., CVPR 2022, official code conditionWang/FCIL: ``src/myNetwork.py`` (``LeNet``,
 ``weights_init``), ``src/GLFC.py`` (``prototype_mask``: the gradient a client sends) and
-``src/ProxyServer.py`` (``gradient2label``, ``reconstruction``). Not yet wired into the
-``glfc`` component (which still distils the previous task's model, docs/methods.md): these
-are the pieces its proxy server will run, tested on their own.
+``src/ProxyServer.py`` (``gradient2label``, ``reconstruction``, ``dataloader``). The
+``glfc`` component (``strategies.glfc``, ``proxy=code``) runs them: the functions here are
+the pure pieces, its hooks the wiring (docs/methods.md, section ``glfc``).
 
 - The encoder: three 5×5 convolutions of 12 channels (strides 2, 2, 1, padding 2), each
   followed by a sigmoid, then one linear layer to the classes; every weight and bias drawn
   uniformly from [−0.5, 0.5] (``weights_init``). The code builds it for 32×32 RGB inputs
   (768 = 12·8·8 features) and 100 classes; here the feature count follows the input shape.
-- A client sends ∇_φ CE(encoder_φ(x), y) for one sample x of each new class (the code's
-  prototype after 50 SGD steps on the sample, made by the caller).
+- A client sends ∇_φ CE(encoder_φ(x), y) for one sample x of each new class: the row
+  nearest its class mean of normalised features (``prototype_index``) after 50 SGD steps
+  on the sample itself (lr / 10, weight decay 1e-5) through the client's model, on the
+  BCE of its outputs over the classes seen (``refine_prototype``).
 - The label: the class whose row of the last layer's weight gradient sums lowest (for one
   sample that row is (p_y − 1)·h with h > 0 after the sigmoid, the only negative one).
 - The reconstruction: x̂ from N(0, 1), minimising Σ_layers ‖∇_φ CE(encoder(x̂), ŷ) − g‖²
@@ -20,6 +22,9 @@ are the pieces its proxy server will run, tested on their own.
   ``iterations`` steps (code: 250); the iterates of the last ``keep`` steps (code: 20) are
   the augmented samples. The code stores each iterate as an 8-bit image (``ToPILImage``);
   here they stay float tensors.
+- The score (``monitor``): ⌊100·correct / total⌋ on the rebuilt samples (integer tensors
+  divide under the code's torch 1.2); a model is kept when it scores at least the best
+  score so far, which is never reset (``keep_best``).
 """
 
 from __future__ import annotations
