@@ -189,6 +189,16 @@ def test_the_prototype_moves_50_sgd_steps_on_the_bce() -> None:
     assert float(model.weight) == a  # the model is not trained
 
 
+def test_the_cost_probes_copy_neither_moves_prototypes_nor_uploads() -> None:
+    learner = proxy_learner()
+    client = ClientState(index=0, generator=torch.Generator(), buffer=None)
+    client.state_for("glfc")["signal"] = True  # a first round: it would upload
+    upload = SimpleNamespace(extras={})
+    learner.probe_copy()
+    learner.after_local(client, upload, SimpleNamespace())  # type: ignore[arg-type]
+    assert upload.extras == {}
+
+
 def test_inputs_that_are_not_images_are_refused() -> None:
     with pytest.raises(UserError, match=r"reads images .* gives inputs of shape \(3,\)"):
         proxy_learner((3,))
