@@ -388,11 +388,13 @@ class ExtraWork:
     # last round (FOT's task-end activations).
     task_end_forward: bool = False
     # In the round a participant starts a task (``TaskClock.client_task_start``): this many
-    # forward + backward samples on the client, and this many on the server for it (GLFC's
-    # prototypes: 50 steps per class of its task; their gradient inversion through the LeNet
-    # encoder, priced as samples of the run's model: the estimate times no other model).
+    # forward + backward samples on the client, and this many units of server work for it,
+    # each unit one call of ``server_unit``, which the probe times (GLFC: 50 prototype steps
+    # per class of its task; per class, one L-BFGS closure of the gradient inversion through
+    # the LeNet encoder, a model the probe would not time otherwise).
     task_start_samples: int = 0
-    task_start_server_samples: int = 0
+    task_start_server_units: int = 0
+    server_unit: Callable[[], object] | None = field(default=None, compare=False)
 
 
 def listed_roles(

@@ -59,6 +59,7 @@ local epochs are the run's optimiser settings, not this component's.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -85,6 +86,7 @@ from cfl_bench.strategies.glfc_proxy import (
     gradient_label,
     keep_best,
     monitor_accuracy,
+    one_closure,
     prototype_index,
     reconstruct,
     refine_prototype,
@@ -327,15 +329,17 @@ class GLFC(ICaRL):
     # -- the proxy server ----------------------------------------------------------------------
     def extra_work(self) -> ExtraWork:
         """Per client entering a task, at most ``classes_per_task`` classes: 50 prototype
-        steps each on the client, and on the server each gradient's inversion, counted as
-        L-BFGS's default 20 closure evaluations a step × 3 passes (forward, backward,
-        backward of the backward) per iteration."""
+        steps each on the client, and on the server each gradient's inversion, up to
+        L-BFGS's default 20 closure evaluations a step (``one_closure``, which the probe
+        times: the encoder is not the run's model)."""
         if self.opts.proxy == "none":
             return ExtraWork()
-        closures = self.opts.inversion_iterations * LBFGS_EVALUATIONS * 3
+        closures = self.opts.inversion_iterations * LBFGS_EVALUATIONS
+        shape = (self.shape[0], self.shape[1], self.shape[2])
         return ExtraWork(
             task_start_samples=PROTO_STEPS * self.classes_per_task,
-            task_start_server_samples=closures * self.classes_per_task,
+            task_start_server_units=closures * self.classes_per_task,
+            server_unit=functools.partial(one_closure, self.encoder, shape),
         )
 
     def probe_copy(self) -> None:

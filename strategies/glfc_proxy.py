@@ -186,3 +186,19 @@ def keep_best(best_perf: int, accuracy: int) -> bool:
     """Whether the model scored ``accuracy`` replaces best_2 (``cur_perf >= best_perf``:
     on a tie the latest; ``best_perf`` is never reset, not even for a new evaluation set)."""
     return accuracy >= best_perf
+
+
+def one_closure(model: nn.Module, shape: tuple[int, int, int]) -> None:
+    """One evaluation of the inversion's objective and its gradient in x̂ (what L-BFGS
+    repeats up to 20 times a step), at a fixed sample: the unit the cost probe times."""
+    device = next(model.parameters()).device
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(0)).to(device)
+    target = sample_gradient(model, x, 0)
+    dummy = x.unsqueeze(0).requires_grad_(True)
+    label = torch.tensor([0], device=device)
+    with torch.enable_grad():
+        loss = F.cross_entropy(model(dummy), label)
+        grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
+        gap = sum(((g - t) ** 2).sum() for g, t in zip(grads, target, strict=True))
+        assert isinstance(gap, torch.Tensor)
+        torch.autograd.grad(gap, [dummy])
