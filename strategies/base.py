@@ -387,6 +387,14 @@ class ExtraWork:
     # A forward pass (no backward) over each participant's current examples in every task's
     # last round (FOT's task-end activations).
     task_end_forward: bool = False
+    # In the round a participant starts a task (``TaskClock.client_task_start``): this many
+    # forward + backward samples on the client, and this many units of server work for it,
+    # each unit one call of ``server_unit``, which the probe times (GLFC: 50 prototype steps
+    # per class of its task; per class, one L-BFGS closure of the gradient inversion through
+    # the LeNet encoder, a model the probe would not time otherwise).
+    task_start_samples: int = 0
+    task_start_server_units: int = 0
+    server_unit: Callable[[], object] | None = field(default=None, compare=False)
 
 
 def listed_roles(
@@ -559,6 +567,12 @@ class Component:
         """What this component computes each round besides the local steps (after
         ``setup``), for the run's cost estimate; the base component does nothing extra."""
         return ExtraWork()
+
+    def probe_copy(self) -> None:
+        """Called on the cost probe's copy of this component before its warm-up round: a
+        component whose server work ``extra_work`` prices (GLFC's gradient inversion, minutes
+        per task on CPU) turns it off there, so the probe times the local steps without
+        running it. The base component does nothing."""
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, object]:

@@ -216,6 +216,19 @@ class GLFCOptions:
         "weight of the relation distillation loss L_RD once there is an old model (code: 0.5)",
         non_negative_float,
     )
+    proxy: Literal["code", "none"] = option(
+        "code",
+        "the old model: code = the proxy server's best global model on gradient-inverted "
+        "prototypes (best_2 in a client's first round of a task, best_1 after); none = the "
+        "global model the client received when it entered its task (no proxy server)",
+        text,
+        choices=("code", "none"),
+    )
+    inversion_iterations: int = option(
+        250,
+        "L-BFGS steps of the proxy server's gradient inversion, the last 20 kept (code: 250)",
+        positive_int,
+    )
 
 
 @dataclass(frozen=True)
@@ -620,6 +633,14 @@ GLFC = Declaration(
     paper="Dong et al., CVPR 2022 (GLFC, Federated Class-Incremental Learning)",
     roles=frozenset({Role.LEARNER, Role.LOSS_TERM}),
     options=GLFCOptions,
+    payloads=(
+        Payload("glfc.proto_grad", "upload"),
+        Payload("glfc.best_1", "broadcast"),
+        Payload("glfc.best_2", "broadcast"),
+        Payload("glfc.best_classes", "broadcast"),
+    ),
+    # The proxy server: every client checks at round start whether its task changed.
+    server_schedule=True,
 )
 
 EWC = Declaration(

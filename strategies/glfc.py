@@ -25,10 +25,17 @@ L_RD is the **class-semantic relation distillation** as the code writes it: the 
 label with the old classes' columns replaced by the old model's sigmoid outputs, the same
 binary cross-entropy (no temperature: the code has none).
 
-The old model (``old_model``): ``previous`` (the default until the proxy server is built)
-is the global model the client received when it entered its task (kept on the client, as
-LwF's and iCaRL's teacher: nothing extra travels); in task 0 there is none. The old
-classes are the classes of the tasks before the client's.
+The old model (``proxy``): ``code`` (the default) is the proxy server's (``src/
+ProxyServer.py``): in the round a client's data changes (its ``signal``) it uploads, for
+each class of its task, the LeNet encoder's gradient at a prototype (``glfc_proxy``); the
+server inverts the gradients by L-BFGS after aggregation, scores θ_g on the rebuilt
+samples every round and keeps best_2 (the best so far) and best_1 (best_2 when the last
+gradients came), broadcasting both; a client distils from best_2 in its signal round and
+from best_1 after (``old_model_choice``). The old classes are the old model's outputs (the
+classes of the tasks up to the one it was kept in). ``none`` is the global model the
+client received when it entered its task (kept on the client, as LwF's and iCaRL's
+teacher: nothing extra travels), the old classes those of the tasks before the client's;
+in task 0 there is none.
 
 Exemplars (``_construct_exemplar_set``, ``_reduce_exemplar_sets``): when a client's task
 ends, every class it held gets m = ``memory`` // (classes it has learned so far) rows,
@@ -43,29 +50,61 @@ Differences from the code, all forced by the suite's protocol and said in docs/m
   code's test fires on a task change);
 - the code counts a class twice in ``learned_numclass`` when a client draws it in two
   tasks; here the kept classes are counted once;
-- the code's teacher comes from its proxy server (the best old global model on gradient-
-  inverted samples); ``old_model=previous`` is not that (see docs/methods.md).
+- the proxy server scores float iterates once each (the code: 8-bit images through its
+  training augmentation, batches of 64 without the last partial one), and the prototype
+  is the model's input (the code: the raw [0, 1] image); see docs/methods.md.
 The learning rate (2.0), weight decay (1e-5), its decay at local epochs 100/150/180 and 20
 local epochs are the run's optimiser settings, not this component's.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch.nn import functional as F
 
 from cfl_bench.core.errors import UserError
+from cfl_bench.core.seeding import generator
 from cfl_bench.strategies import declarations
-from cfl_bench.strategies.base import ClientInputs, Declaration, Learner, StrategyEnv
+from cfl_bench.strategies.base import (
+    ClientInputs,
+    Declaration,
+    ExtraWork,
+    Learner,
+    StrategyEnv,
+)
 from cfl_bench.strategies.declarations import GLFCOptions
+from cfl_bench.strategies.glfc_proxy import (
+    KEEP,
+    LBFGS_EVALUATIONS,
+    PROTO_LR_DIVISOR,
+    PROTO_STEPS,
+    encoder,
+    flat_gradient,
+    gradient_label,
+    keep_best,
+    monitor_accuracy,
+    one_closure,
+    prototype_index,
+    reconstruct,
+    refine_prototype,
+    sample_gradient,
+    split_gradient,
+)
 from cfl_bench.strategies.icarl import ICaRL, features_of, normalised
 from cfl_bench.strategies.replay import ReplayPlan
 
 if TYPE_CHECKING:
-    from cfl_bench.core.context import Broadcast, ClientState, LocalRound
+    from cfl_bench.core.context import Broadcast, ClientState, LocalRound, ServerState, Upload
     from cfl_bench.core.flat import FlatModel
+
+PROTO_GRAD = "glfc.proto_grad"
+BEST = ("glfc.best_1", "glfc.best_2")
+BEST_CLASSES = "glfc.best_classes"
+# The proxy server scores a model on its rebuilt samples in chunks of this many.
+MONITOR_CHUNK = 256
 
 
 def herding_with_repeats(features: torch.Tensor, m: int) -> torch.Tensor:
@@ -99,6 +138,18 @@ def compensation_weights(
         if float(group.sum()) > 0:
             w = w + g * group / ((g * group).sum() / group.sum())
     return w
+
+
+def old_model_choice(signal: bool, has_best_1: bool, has_best_2: bool) -> str:
+    """Which old model a client distils from this round (``GLFC_model.train`` on
+    ``model_back()``): ``best_2`` in its first round of a task (``signal``), ``best_1``
+    after (``none`` while there is no best_1); before the proxy server kept any model,
+    ``none`` in a first round and ``keep`` (the one it had) otherwise."""
+    if has_best_2:
+        if signal:
+            return "best_2"
+        return "best_1" if has_best_1 else "none"
+    return "none" if signal else "keep"
 
 
 def seen_bce(
@@ -140,7 +191,17 @@ class GLFC(ICaRL):
 
     declaration: ClassVar[Declaration] = declarations.GLFC
     opts: GLFCOptions  # type: ignore[assignment]
-    state_attributes: ClassVar[tuple[str, ...]] = ()
+    uses_after_local: ClassVar[bool] = True
+    # The proxy server's state: the two kept global models (θ and buffers in one vector;
+    # empty: none yet), their class counts, the best score and the rebuilt evaluation set.
+    state_attributes: ClassVar[tuple[str, ...]] = (
+        "best_1",
+        "best_2",
+        "best_classes",
+        "best_perf",
+        "proxy_x",
+        "proxy_y",
+    )
 
     def setup(self, env: StrategyEnv) -> None:
         """Refuse streams without classes per task and models without features."""
@@ -159,6 +220,36 @@ class GLFC(ICaRL):
         self.num_classes = env.num_classes
         self.classes_per_task = env.classes_per_task
         self.class_sums = torch.zeros(0)
+        self._setup_proxy(env)
+
+    def _setup_proxy(self, env: StrategyEnv) -> None:
+        """The proxy server's encoder (one draw from the run's seed: every client and the
+        server hold the same LeNet, as the code's shared ``encode_model``) and empty state;
+        refuse inputs the encoder cannot read."""
+        if self.opts.proxy == "none" and "inversion_iterations" in self.explicit:
+            raise UserError(
+                "glfc:inversion_iterations has no effect with proxy=none (no gradient is "
+                "inverted); drop it or use proxy=code."
+            )
+        self.shape = tuple(env.input_shape)
+        self.seed = env.seed
+        self.best_1, self.best_2 = torch.zeros(0), torch.zeros(0)
+        self.best_classes = torch.zeros(2, dtype=torch.long)
+        self.best_perf = 0
+        self.proxy_x, self.proxy_y = torch.zeros(0), torch.zeros(0, dtype=torch.long)
+        self._pool: list[torch.Tensor] = []
+        self._probing = False
+        if self.opts.proxy == "none":
+            return
+        if len(self.shape) != 3:
+            raise UserError(
+                f"glfc:proxy=code inverts gradients of GLFC's LeNet encoder, which reads "
+                f"images (channels, height, width), but stream {env.stream_name!r} gives "
+                f"inputs of shape {self.shape}; use glfc:proxy=none or an image stream."
+            )
+        shape = (self.shape[0], self.shape[1], self.shape[2])
+        gen = generator(env.seed, "glfc.encoder")
+        self.encoder = encoder(shape, env.num_classes, gen).to(env.device)
 
     def on_task_end(self, client: ClientState, task: int, model: FlatModel) -> None:
         """Herd the exemplars the client keeps for the next tasks (``model`` at θ_g)."""
@@ -206,9 +297,13 @@ class GLFC(ICaRL):
         return {}
 
     def client_inputs(self, client: ClientState, local: LocalRound) -> ClientInputs:
-        """iCaRL's teacher and class vectors, and the classes the client has learned (those
-        of its exemplars) for the compensation weights."""
-        inputs = super().client_inputs(client, local)
+        """The teacher (the proxy server's, or iCaRL's with ``proxy=none``), the class
+        vectors, and the classes the client has learned (those of its exemplars) for the
+        compensation weights."""
+        if self.opts.proxy == "none":
+            inputs = super().client_inputs(client, local)
+        else:
+            inputs = self._proxy_inputs(client, local.broadcast)
         learned = torch.zeros(self.num_classes, device=local.broadcast.params.device)
         kept = client.state_for(self.name).get("y")
         if isinstance(kept, torch.Tensor) and kept.numel() > 0:
@@ -230,6 +325,166 @@ class GLFC(ICaRL):
         """GLFC's loss (the module docstring)."""
         weights = (self.opts.gc_weight, self.opts.rd_weight)
         return glfc_loss(outputs, values["teacher_outputs"], y, values, weights, mask)
+
+    # -- the proxy server ----------------------------------------------------------------------
+    def extra_work(self) -> ExtraWork:
+        """Per client entering a task, at most ``classes_per_task`` classes: 50 prototype
+        steps each on the client, and on the server each gradient's inversion, up to
+        L-BFGS's default 20 closure evaluations a step (``one_closure``, which the probe
+        times: the encoder is not the run's model)."""
+        if self.opts.proxy == "none":
+            return ExtraWork()
+        closures = self.opts.inversion_iterations * LBFGS_EVALUATIONS
+        shape = (self.shape[0], self.shape[1], self.shape[2])
+        return ExtraWork(
+            task_start_samples=PROTO_STEPS * self.classes_per_task,
+            task_start_server_units=closures * self.classes_per_task,
+            server_unit=functools.partial(one_closure, self.encoder, shape),
+        )
+
+    def probe_copy(self) -> None:
+        """The cost probe's copy neither moves prototypes nor inverts (priced above)."""
+        self._probing = True
+
+    def on_round_start(self, server: ServerState) -> None:
+        """Every client there checks whether its data changed since the last round (the
+        code's ``update_new_set`` runs for every client, chosen or not, every round): only
+        then is this round its first of a task (``signal``)."""
+        if self.opts.proxy == "none":
+            return
+        for client in server.clients:
+            if client.train_y is None:
+                continue
+            state = client.state_for(self.name)
+            state["signal"] = state.get("proxy_task") != client.task
+            state["proxy_task"] = client.task
+
+    def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
+        """best_1 and best_2 (θ and buffers each) and their class counts, once kept."""
+        if self.opts.proxy == "none" or self.best_2.numel() == 0:
+            return {}
+        sent = {BEST[1]: self.best_2, BEST_CLASSES: self.best_classes}
+        if self.best_1.numel() > 0:
+            sent[BEST[0]] = self.best_1
+        return sent
+
+    def _proxy_inputs(self, client: ClientState, broadcast: Broadcast) -> ClientInputs:
+        """The old model ``old_model_choice`` picks (kept on the client between rounds), the
+        old classes (its outputs: the classes of the tasks up to the one it was kept in),
+        the classes seen, and whether there is one."""
+        state = client.state_for(self.name)
+        payloads = broadcast.payloads
+        choice = old_model_choice(
+            bool(state.get("signal")), BEST[0] in payloads, BEST[1] in payloads
+        )
+        if choice in ("best_1", "best_2"):
+            which = 0 if choice == "best_1" else 1
+            flat, n = payloads[BEST[which]], broadcast.params.numel()
+            state["old_model"], state["old_buffers"] = flat[:n].clone(), flat[n:].clone()
+            state["old_classes"] = int(payloads[BEST_CLASSES][which])
+        elif choice == "none":
+            for key in ("old_model", "old_buffers", "old_classes"):
+                state.pop(key, None)
+        device = broadcast.params.device
+        seen = torch.zeros(self.num_classes, device=device)
+        seen[: (client.task + 1) * self.classes_per_task] = 1.0
+        has_teacher = "old_model" in state
+        old = torch.zeros(self.num_classes, device=device)
+        if has_teacher:
+            old[: int(state["old_classes"])] = 1.0  # type: ignore[call-overload]
+        return {
+            "teacher": state["old_model"] if has_teacher else broadcast.params,
+            "teacher_buffers": state["old_buffers"] if has_teacher else broadcast.buffers,
+            "old": old * seen,
+            "seen": seen,
+            "weight": torch.tensor(float(has_teacher), device=device),
+        }
+
+    def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:
+        """In its first round of a task, the client uploads the encoder's gradient at one
+        prototype of each class of its task (``proto_grad_sharing``)."""
+        if self._probing or self.opts.proxy == "none":
+            return
+        if not client.state_for(self.name).get("signal"):
+            return
+        grads = self._prototype_gradients(client, local)
+        if grads.numel() > 0:
+            upload.extras[PROTO_GRAD] = grads
+
+    def _prototype_gradients(self, client: ClientState, local: LocalRound) -> torch.Tensor:
+        """(classes, encoder parameters): per class of the task's shard, its row nearest the
+        class mean of the local model's normalised features, moved by ``refine_prototype``
+        (lr / 10, the classes seen), then ∇ of the encoder's cross-entropy there."""
+        _, (_, new_y), _ = self._shard_and_exemplars(client)
+        module = local.model.module
+        was_training = module.training
+        module.eval()
+        seen = (client.task + 1) * self.classes_per_task
+        rows: list[torch.Tensor] = []
+        for c in torch.unique(new_y).tolist():
+            idx = torch.nonzero(new_y == c).flatten()
+            with torch.no_grad():
+                features = normalised(features_of(module, client.inputs(idx)))
+            x = client.inputs(idx[prototype_index(features)].reshape(1))[0].float()
+            x = refine_prototype(module, x, int(c), seen, local.lr / PROTO_LR_DIVISOR)
+            rows.append(flat_gradient(sample_gradient(self.encoder, x, int(c))))
+        module.train(was_training)
+        return torch.stack(rows) if rows else torch.zeros(0)
+
+    def receive_upload(self, upload: Upload, server: ServerState) -> None:
+        """The server pools the uploaded gradients (copies: uploads are only lent)."""
+        grads = upload.extras.get(PROTO_GRAD)
+        if grads is not None:
+            self._pool.extend(row.detach().clone() for row in grads)
+
+    def after_aggregate(self, server: ServerState) -> None:
+        """The proxy server (``dataloader``): new gradients rebuild its evaluation set and
+        move best_2 to best_1; then θ_g, scored on the set, becomes best_2 when it scores at
+        least the best score so far."""
+        if self.opts.proxy == "none":
+            return
+        if self._pool:
+            self.proxy_x, self.proxy_y = self._rebuild(self._pool, server.round_index)
+            self._pool = []
+            self.best_1 = self.best_2
+            self.best_classes = torch.stack([self.best_classes[1], self.best_classes[1]])
+        if self.proxy_y.numel() == 0:
+            return
+        classes = (server.task + 1) * self.classes_per_task
+        accuracy = self._score(server, classes)
+        if keep_best(self.best_perf, accuracy):
+            self.best_perf = accuracy
+            self.best_2 = torch.cat([server.global_params, server.global_buffers]).detach().clone()
+            self.best_classes = torch.stack([self.best_classes[0], torch.tensor(classes)])
+
+    def _rebuild(
+        self, pool: list[torch.Tensor], round_index: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every pooled gradient inverted (the last ``KEEP`` iterates each), labelled by the
+        label it gives away, in the code's order: by label, then as they arrived."""
+        grads = [split_gradient(g, self.encoder) for g in pool]
+        labels = [gradient_label(g) for g in grads]
+        order = sorted(range(len(grads)), key=lambda i: labels[i])
+        gen = generator(self.seed, "glfc.inversion", round_index)
+        iterations = self.opts.inversion_iterations
+        keep = min(KEEP, iterations)
+        shape = (self.shape[0], self.shape[1], self.shape[2])
+        xs = [reconstruct(self.encoder, grads[i], shape, gen, iterations, keep) for i in order]
+        ys = [torch.full((keep,), labels[i], dtype=torch.long) for i in order]
+        return torch.cat(xs), torch.cat(ys).to(xs[0].device)
+
+    def _score(self, server: ServerState, classes: int) -> int:
+        """θ_g's ``monitor_accuracy`` on the rebuilt samples (eval mode)."""
+        model = server.model
+        model.load(server.global_params, server.global_buffers)
+        was_training = model.module.training
+        model.module.eval()
+        with torch.no_grad():
+            outputs = torch.cat(
+                [model.module(chunk) for chunk in self.proxy_x.split(MONITOR_CHUNK)]
+            )
+        model.module.train(was_training)
+        return monitor_accuracy(outputs, self.proxy_y, classes)
 
     # iCaRL's nearest-mean classifier and its request are not GLFC's (the code scores the
     # model's outputs): the base's do-nothing hooks, so no server schedule is declared.

@@ -182,7 +182,8 @@ CASES: dict[str, tuple[bool, list[str]]] = {
     ),
     # GLFC's clients under GLFC's protocol: 2 clients at task 1, 1 joins at task 2, one of
     # the first two receives task 2 (with its herded exemplars), the other keeps task 1;
-    # each holds every example of 1 class of its task (GLFC's class subsets); L_GC + L_RD.
+    # each holds every example of 1 class of its task (GLFC's class subsets); L_GC + L_RD,
+    # the previous task's model as the old model (no proxy server).
     "seq-cifar10-mlp-glfc-arrivals": (
         True,
         [
@@ -191,7 +192,21 @@ CASES: dict[str, tuple[bool, list[str]]] = {
             *("--train-size", "2000", "--test-size", "500"),
             *("--arrivals", "glfc:initial=2,new=1,receive=0.5,per_round=3"),
             *("--partition", "class-subsets:classes_per_client=1"),
-            *("--strategy", "glfc:memory=60"),
+            *("--strategy", "glfc:memory=60,proxy=none"),
+        ],
+    ),
+    # The same with GLFC's proxy server, 2 rounds per task: prototype gradients in each
+    # task's first round (not from the keeper), 2-step inversions, best_2 and best_1 as
+    # the old models.
+    "seq-cifar10-mlp-glfc-proxy": (
+        True,
+        [
+            *("--stream", "seq-cifar10", "--model", "mlp", "--tasks", "2"),
+            *("--rounds-per-task", "2", "--clients", "3"),
+            *("--train-size", "2000", "--test-size", "500"),
+            *("--arrivals", "glfc:initial=2,new=1,receive=0.5,per_round=3"),
+            *("--partition", "class-subsets:classes_per_client=1"),
+            *("--strategy", "glfc:memory=60,inversion_iterations=2"),
         ],
     ),
     "seq-dbpedia-der+fedgp": (

@@ -22,9 +22,10 @@ from cfl_bench.runner import cost
 from cfl_bench.runner.config import make_config
 from cfl_bench.runner.run import RunPlan, execute, plan_run
 from cfl_bench.runner.threads import usable_cores
-from cfl_bench.strategies.base import Component, ExtraWork
+from cfl_bench.strategies.base import Component, ExtraWork, ModelFacts
 from cfl_bench.strategies.compose import build_strategy
 from cfl_bench.strategies.registry import component_classes
+from tests.helpers import env
 
 SHARDS = [[25, 10, 0], [5, 30, 11]]  # task × client
 SMALL = {"tasks": 2, "rounds_per_task": 1, "clients": 3, "epochs": 1, "threads": 1}
@@ -130,6 +131,34 @@ def test_workload_counts_evaluation_buffers_and_strategy_extras() -> None:
         needs_buffer=False, needs_history=False, work=cost.StrategyWork(),
     )  # fmt: skip
     assert every.parts["evaluation"] == 72 + 2 * 20  # rounds 1 and 3 evaluate tasks 0..1
+
+
+def test_task_start_work_counts_each_client_with_data_in_its_tasks_first_round() -> None:
+    """GLFC's prototypes and inversions: rounds 0 and 2 start tasks 0 and 1; client 2 holds
+    nothing of task 0, so 2 + 3 clients do the work."""
+    s = schedule()
+    extra = ExtraWork(task_start_samples=100, task_start_server_units=1000, server_unit=print)
+    w = cost.workload(
+        s, s.clock(), SHARDS, [10, 10], needs_buffer=False, needs_history=False,
+        work=cost.StrategyWork((extra,), holdouts=(0, 0)),
+    )  # fmt: skip
+    assert w.parts["client extra passes"] == 5 * 100
+    assert w.parts["gradient inversion"] == 5 * 1000 and w.server_units == (5000,)
+    assert w.backward_samples == 5 * 100  # the server units are timed apart
+    # 500 samples at 1e-4 s and 5000 units at 0.01 s: 0.05 + 50 s
+    timed = dataclasses.replace(units(0.1), server=(0.01,))
+    extras = cost.estimate(w, timed, checkpoints=False).parts["server and client extras"]
+    assert extras == pytest.approx(0.05 + 50.0)
+    assert cost.server_unit_seconds((ExtraWork(),)) == (0.0,)
+    # glfc at 2 classes a task: 50 steps per class; 250 L-BFGS steps × 20 closures
+    glfc = build_strategy("glfc").learner
+    facts = ModelFacts("identity", frozenset({"features"}))
+    stream = env("seq-test", "class-il", 4, 2)
+    glfc.setup(dataclasses.replace(stream, classes_per_task=2, input_shape=(1, 4, 4), model=facts))
+    work = glfc.extra_work()
+    assert (work.task_start_samples, work.task_start_server_units) == (100, 10_000)
+    assert work.server_unit is not None and work.server_unit() is None
+    assert build_strategy("glfc:proxy=none").learner.extra_work() == ExtraWork()
 
 
 def test_a_task_end_forward_covers_every_participant_at_task_ends() -> None:

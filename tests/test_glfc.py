@@ -158,7 +158,9 @@ def test_herding_repeats_a_row_as_the_code_does() -> None:
 
 
 def glfc(**options: Any) -> GLFC:
-    return set_up(GLFC(options), 6)
+    """A set-up learner on a 3-feature stream: without the proxy server, whose encoder
+    reads images (the proxy's tests set up their own)."""
+    return set_up(GLFC({"proxy": "none", **options}), 6)
 
 
 def test_the_memory_is_split_over_the_classes_the_client_learned() -> None:
@@ -265,7 +267,9 @@ def test_clients_joining_over_time_run_end_to_end(cifar_root: Path, tmp_path: Pa
     out = tmp_path / "arrive"
     arrivals = ("--arrivals", "glfc:initial=2,new=1,receive=0.5,per_round=2")
     code, output = in_process(
-        *run_args(cifar_root, out, "glfc:memory=20", *arrivals, "--partition", "iid", clients=3)
+        *run_args(
+            cifar_root, out, "glfc:memory=20,proxy=none", *arrivals, "--partition", "iid", clients=3
+        )
     )
     assert code == 0, output
     rows = [line.split(",") for line in (out / "records.csv").read_text().splitlines()[1:]]
@@ -279,7 +283,7 @@ def test_a_crashed_run_resumes_to_identical_records(cifar_root: Path, tmp_path: 
         "stream": "seq-cifar10",
         "data_root": str(cifar_root),
         "model": "mlp",
-        "strategy": "glfc:memory=20",
+        "strategy": "glfc:memory=20,inversion_iterations=1",
         "tasks": 2,
         "rounds_per_task": 2,
         "clients": 2,

@@ -93,6 +93,8 @@ FORWARD_PARTS = (
     "task-end activations",
 )
 BACKWARD_PARTS = ("client requests", "client extra passes", "distillation")
+# Units of server work a component times itself (``ExtraWork.server_unit``), by purpose.
+SERVER_PARTS = ("gradient inversion",)
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,8 @@ class Workload:
     materialisations: int
     visits: float  # client visits: load the global model, aggregate the upload
     parts: dict[str, float]  # forward/backward samples by purpose, for the breakdown
+    # Calls of each declared extra work's ``server_unit`` (in ``StrategyWork.extras`` order).
+    server_units: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,8 @@ class UnitTimes:
     probe_seconds: float
     steps_timed: int  # 0: the steady-state step was not timed (step is a plain batch)
     test_size: int  # task 0's test examples (every task is assumed as large)
+    # Seconds of one ``server_unit`` call of each declared extra work (0: none declared).
+    server: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -286,7 +292,8 @@ def workload(
     plan = s.arrival_plan()
     cpr = min(s.clients_per_round, K) if plan is None else min(plan.per_round, max(plan.joined))
     probes = [min(s.probe_size, n) for n in test_sizes]
-    parts = dict.fromkeys((*FORWARD_PARTS, *BACKWARD_PARTS), 0.0)
+    parts = dict.fromkeys((*FORWARD_PARTS, *BACKWARD_PARTS, *SERVER_PARTS), 0.0)
+    server_units = [0.0] * len(work.extras)
     steps = visits = 0.0
     parts["evaluation"] += sum(test_sizes)  # round 0: every task
     seen = [0] * K  # examples offered to each client's buffer so far
@@ -302,12 +309,17 @@ def workload(
             if t != last_task[k]:
                 seen[k] += shards[t][k]
                 last_task[k] = t
-            for extra in work.extras:
+            for i, extra in enumerate(work.extras):
                 if extra.shard_samples and n:
                     batches = math.ceil(min(extra.shard_samples, n) / s.steps.batch_size)
                     parts["client extra passes"] += f * min(n, batches * s.steps.batch_size)
                 if extra.task_end_forward and g in eval_rounds:
                     parts["task-end activations"] += f * n
+                starts = extra.task_start_samples or extra.task_start_server_units
+                if starts and n and g == clock.client_task_start(k, t):
+                    parts["client extra passes"] += f * extra.task_start_samples
+                    parts["gradient inversion"] += f * extra.task_start_server_units
+                    server_units[i] += f * extra.task_start_server_units
         filled = [min(s.buffer_size, x) for x in seen]
         for extra in work.extras:
             if extra.public_examples is not None:
@@ -332,7 +344,7 @@ def workload(
             parts["evaluation"] += sum(test_sizes[: upto + 1])
     forward = sum(parts[k] for k in FORWARD_PARTS)
     backward = sum(parts[k] for k in BACKWARD_PARTS)
-    return Workload(steps, forward, backward, 2 * T, visits, parts)
+    return Workload(steps, forward, backward, 2 * T, visits, parts, tuple(server_units))
 
 
 def strategy_work(strategy: Strategy, splits: dict[int, TaskSplit]) -> StrategyWork:
@@ -357,7 +369,8 @@ def estimate(work: Workload, units: UnitTimes, *, checkpoints: bool) -> Estimate
     parts = {
         "local steps": work.steps * units.step,
         "evaluation and drift": work.forward_samples * units.forward,
-        "server and client extras": work.backward_samples * units.backward,
+        "server and client extras": work.backward_samples * units.backward
+        + sum(n * t for n, t in zip(work.server_units, units.server, strict=False)),
         "data and aggregation": work.materialisations * units.task + work.visits * units.visit,
     }
     total = sum(parts.values()) * (1.0 + (CHECKPOINT_SHARE if checkpoints else 0.0))
@@ -411,10 +424,13 @@ def measure(
             arrivals=None,
             steps=dataclasses.replace(schedule.steps, epochs=1),
         )
+        probe_strategy = copy.deepcopy(strategy)
+        for component in probe_strategy.all:
+            component.probe_copy()
         fed = Federation(
             stream,
             partitioner,
-            copy.deepcopy(strategy),
+            probe_strategy,
             copy.deepcopy(model),
             scratch,
             torch.device("cpu"),
@@ -430,6 +446,8 @@ def measure(
             return shard[torch.arange(batches * batch) % shard.numel()]
 
         units = rough_units(fed, task, rows(1), batch, task_seconds)
+        extras = strategy_work(strategy, splits).extras
+        units = dataclasses.replace(units, server=server_unit_seconds(extras))
         allowed = budget(units)
         if allowed is not None:
             units = steady_step_units(fed, task, split, rows, units, started + allowed)
@@ -458,6 +476,15 @@ def rough_units(
     visit = 2 * min(timed(lambda: visit_work(fed)) for _ in range(reps))
     test_size = int(task.test.test_y.shape[0])
     return UnitTimes(backward * batch, forward, backward, task_seconds, visit, 0.0, 0, test_size)
+
+
+def server_unit_seconds(extras: tuple[ExtraWork, ...]) -> tuple[float, ...]:
+    """Seconds of one ``server_unit`` call of each extra work (the fastest of three, the
+    first call setting up kernels; 0 where none is declared)."""
+    return tuple(
+        0.0 if e.server_unit is None else min(timed(e.server_unit) for _ in range(3))
+        for e in extras
+    )
 
 
 def steady_step_units(
