@@ -26,19 +26,26 @@ How, per panel:
    every y label of the figure before fitting (``glyph_offset``).
 3. **Markers** (``read_marker``). The x of a step is known (k·100/T classes), so the marker
    of method m at step k is on the pixel column ``calibrate_x`` gives. Along that column
-   (or a few pixels inside the frame where the frame line covers it) every pixel is
-   classified to the nearest palette colour within ``COLOUR_TOL``; m's own line crosses the
-   column only at the marker, so m's pixels there are the marker's vertical extent. Methods
-   are drawn in legend order (iCaRL+FL first, GLFC last: later markers cover earlier ones),
-   so an end of m's run is the marker's true edge when the pixel beyond it is background or
-   an earlier method; where a later method covers one end, the centre is taken from the
-   other end and the marker's height (the median height of m's fully visible markers);
-   where both ends are covered, the marker is reported hidden and left out. The up-triangle
-   (iCaRL+FL) is centred from its base when the column is shifted off the apex.
-4. **Uncertainty.** Half a marker's vertical pixel spread: the run ends are exact to about
-   one pixel, but anti-aliased edges leave one to two unclassified pixels at each end, so
-   ``pm`` = (half the spread of fully visible heights around their median + 1 px) in %,
-   plus the panel's calibration error.
+   every pixel is classified to the nearest palette colour within ``COLOUR_TOL``; m's own
+   line crosses the column only at the marker, so m's pixels there are the marker's
+   vertical extent. Methods are drawn in legend order (iCaRL+FL first, GLFC last: later
+   markers cover earlier ones), so an end of m's run is the marker's true edge when the
+   pixel beyond it is background or an earlier method. Statuses:
+   ``visible`` both ends are edges and the run is the marker's height (the median of m's
+   such runs; the legend marker's where it has none); ``off-centre`` the shape is
+   symmetric about its horizontal axis and runs 6-24 px beside the centre column, seen
+   whole, agree within 3 px on their midpoint; ``base`` / ``apex`` an up-triangle (△,
+   iCaRL+FL in five panels) whose data point is its centroid, a third of its height above
+   the base (the line through the markers says so), read from its base (clean on two
+   columns) or its apex; ``one-edge`` one end is covered and the centre is the other end
+   ± half the height; ``hidden`` neither: left out, never guessed.
+4. **Uncertainty** (``pm``): the run ends are exact to about a pixel (anti-aliased edges
+   leave one or two unclassified pixels), so half the p10-p90 spread of m's whole-marker
+   heights + 1 px, in %, plus the panel's calibration error; at least ``STATUS_PM`` for
+   the readings that depend on a height.
+5. **Check** (``line_row``): the data point is also where m's line, fitted on columns
+   90-130 px either side of the marker, passes its column; the CSV gives that reading
+   (T = 5 and 10 only: at T = 20 the markers are too close for a clean stretch of line).
 
 The CSV has one row per (figure, T, method, step) with the pixel row, the value (%), the
 status (``visible``, ``one-edge``, ``hidden``) and the uncertainty in %.
