@@ -23,7 +23,14 @@ from cfl_bench.runner.config import RunConfig
 from cfl_bench.streams.catalogue import STREAMS
 
 ROOT = reproductions_root()
-PAPER_CELLS = {"fedgp": 400, "fedntd": 559, "fedproj-arxiv": 104, "fedproj-anon": 149, "ifa": 78}
+PAPER_CELLS = {
+    "fedgp": 400,
+    "fedntd": 559,
+    "fedproj-arxiv": 104,
+    "fedproj-anon": 149,
+    "ifa": 78,
+    "glfc": 346,
+}
 
 
 @pytest.mark.parametrize(("paper", "cells"), sorted(PAPER_CELLS.items()))
@@ -126,6 +133,19 @@ def test_fot_table_pmnist_maps_the_readmes_acc_and_fgt_cells(tmp_path: Path) -> 
     damaged.write_text(source.replace("    target_metric: FGT (%)\n", "", 1), encoding="utf-8")
     with pytest.raises(UserError, match="matches 2 printed cells of README Table 1, not one"):
         load_table(damaged, tmp_path)
+
+
+def test_glfc_table1_maps_the_digitized_cells() -> None:
+    table = find_table("glfc-table1-cifar100", ROOT)
+    rows = {r.label: r for r in table.rows}
+    (column,) = table.columns
+    # read from the figure the README captions CIFAR-100, T = 10, after the 10th task
+    glfc = table.target(rows["GLFC"], column)
+    icarl = table.target(rows["iCaRL+FL"], column)
+    assert (glfc.value, glfc.pm, icarl.value, icarl.pm) == (49.99, 0.11, 36.69, 0.5)
+    assert glfc.n_seeds is None and "README" in glfc.notes
+    assert table.runs("smoke") == 2 and table.runs("paper") == 6
+    assert (table.protocol["arrivals"], table.protocol["clients"]) == ("glfc", 120)
 
 
 def test_table7_reads_table1s_runs() -> None:
