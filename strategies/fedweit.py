@@ -314,7 +314,10 @@ class FedWeIT(Component):
         state["task_vector"] = torch.cat((mask, initial / ADAPTIVE_FACTOR, atten, bias))
         state["kb"], state["task"] = kb_now, client.task
 
-    def past_terms(self, state: dict[str, object]) -> list[tuple[torch.Tensor, ...]]:
+    def past_terms(
+        self, state: dict[str, object]
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Each earlier task's (m_i, A_i, retroactive target), as ``regulariser`` reads them."""
         past, targets = state["past"], state.get("targets", [])
         assert isinstance(past, list) and isinstance(targets, list)
         return [(m, a, t) for (m, a), t in zip(past, targets, strict=True)]
@@ -364,7 +367,7 @@ class FedWeIT(Component):
                 bases,
                 private.part("mask"),
                 private.part("adaptive"),
-                private.past,  # type: ignore[arg-type]
+                private.past,
                 private.layout,
                 self.opts,
             )

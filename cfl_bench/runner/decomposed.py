@@ -126,10 +126,15 @@ def max_pool_same(x: torch.Tensor) -> torch.Tensor:
     split with the larger half after, which torch's symmetric padding does not give."""
     pads = []
     for size in (x.shape[-1], x.shape[-2]):
-        out = -(-size // 2)
+        out = halved(size)
         total = max((out - 1) * 2 + 3 - size, 0)
         pads += [total // 2, total - total // 2]
     return F.max_pool2d(F.pad(x, pads, value=float("-inf")), 3, 2)
+
+
+def halved(size: int) -> int:
+    """A side after one stride-2 'same' pool: ⌈size / 2⌉."""
+    return -(-size // 2)
 
 
 class FedWeITLeNet(nn.Module):
@@ -146,7 +151,7 @@ class FedWeITLeNet(nn.Module):
         channels, height, width = input_shape
         self.conv1 = DecomposedConv2d(channels, 20, 5)
         self.conv2 = DecomposedConv2d(20, 50, 5)
-        side_h, side_w = -(-(-(-height // 2)) // 2), -(-(-(-width // 2)) // 2)
+        side_h, side_w = halved(halved(height)), halved(halved(width))
         self.fc1 = DecomposedLinear(50 * side_h * side_w, 800)
         self.fc2 = DecomposedLinear(800, 500)
         self.lrn = nn.LocalResponseNorm(9, alpha=0.001, beta=0.75, k=1.0)
