@@ -829,7 +829,7 @@ FEDWEIT = Declaration(
     target="cfl_bench.strategies.fedweit:FedWeIT",
     summary=(
         "task-IL: each layer θ = B ⊙ σ(m) + A + Σ α·kb; the server averages the masked bases B "
-        "per channel and sends every client the others' sparse A at each task start"
+        "per channel and sends every client the uploaded sparse A's at each task start"
     ),
     paper="Yoon, Jeong et al., ICML 2021 (FedWeIT, Federated Weighted Inter-client Transfer)",
     roles=frozenset({Role.LOSS_TERM, Role.AGGREGATOR}),

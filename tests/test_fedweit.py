@@ -69,6 +69,23 @@ def test_evaluation_prunes_a_by_the_l1_threshold() -> None:
     assert torch.allclose(out, torch.tensor([[4.5, 6.55]]))
 
 
+@pytest.mark.parametrize(("mask_grad", "reaches_m"), [("round", False), ("step", True)])
+def test_the_code_s_forward_mask_takes_no_gradient_from_the_loss(
+    mask_grad: str, reaches_m: bool
+) -> None:
+    # The code's layer reads σ(m) computed at the round start (a constant in its tape).
+    layer = tiny_layer(training=True)
+    assert layer.private is not None
+    mask = layer.private.mask.clone().requires_grad_(True)
+    fixed = torch.sigmoid(mask).detach() if mask_grad == "round" else None
+    layer.private = dataclasses.replace(layer.private, mask=mask, fixed_mask=fixed)
+    layer(torch.tensor([[1.0, 1.0]])).sum().backward()
+    assert (mask.grad is not None) == reaches_m
+    if reaches_m:  # ∂/∂m_o of Σ_i B_oi·σ(m_o)·x_i = σ'(m_o)·Σ_i B_oi: (0.25·3, 0.1875·7)
+        assert mask.grad is not None
+        assert mask.grad.tolist() == pytest.approx([0.75, 1.3125])
+
+
 def test_max_pool_pads_after_as_tensorflow_same() -> None:
     # 4×4 → 2×2; TF pads one row/column after: windows rows {0,1,2}, {2,3}.
     x = torch.arange(1.0, 17.0).view(1, 1, 4, 4)
