@@ -8,11 +8,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
+from cfl_bench.core.context import ClientState, Upload
 from cfl_bench.core.errors import UserError
 from cfl_bench.runner.config import make_config
 from cfl_bench.runner.decomposed import DecomposedLinear, LayerPrivate, max_pool_same
@@ -26,6 +28,7 @@ from cfl_bench.strategies.fedweit import (
     aggregate_bases,
     code_counted_upload,
     keep_mask,
+    prune,
     regulariser,
 )
 from tests.helpers import env
@@ -224,3 +227,53 @@ def test_the_other_executors_are_refused_in_one_line(
         execute(make_config({**RUN, "executor": executor, "out": str(out)}))
     assert str(caught.value) == message + "use --executor sequential."
     assert not out.exists()
+
+
+def fedweit(**values: object) -> FedWeIT:
+    component = FedWeIT(values or None)
+    component.setup(dataclasses.replace(env(scenario="task-il"), model=ModelFacts("fedweit-lenet")))
+    return component
+
+
+def test_the_knowledge_base_holds_each_client_s_pruned_a_in_client_order() -> None:
+    # A is pruned at |A| > λ1 = 1e-3 before it leaves the client (0.001 itself is dropped).
+    assert prune(torch.tensor([0.0005, -0.25, 0.001]), 1e-3).tolist() == [0.0, -0.25, 0.0]
+    component = fedweit()
+    server = SimpleNamespace(clients=[0, 1, 2], global_params=torch.zeros(3), task=1)
+    for index, a in ((2, [0.0, 0.375, 0.0]), (0, [0.5, 0.0, -0.25])):
+        extras = {"fedweit.adaptive": torch.tensor(a)}
+        upload = Upload(index, torch.zeros(3), torch.zeros(0), 1, extras)
+        component.receive_upload(upload, server)  # type: ignore[arg-type]
+    component.after_aggregate(server)  # type: ignore[arg-type]
+    assert component.kb is not None  # client 1 sent none: a zero row
+    assert component.kb.tolist() == [[0.5, 0.0, -0.25], [0.0, 0.0, 0.0], [0.0, 0.375, 0.0]]
+    server.round_in_task = 0  # sent in the next task's first round only
+    assert component.broadcast(server)["fedweit.kb"] is component.kb  # type: ignore[arg-type]
+    server.round_in_task = 1
+    assert component.broadcast(server) == {}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kb_self", "own_row"), [("keep", [4.0, 5.0, 6.0, 7.0]), ("drop", [0.0] * 4)]
+)
+def test_a_new_task_keeps_the_past_and_starts_a_from_the_initial_bases(
+    kb_self: str, own_row: list[float]
+) -> None:
+    component = fedweit(kb_self=kb_self)
+    state: dict[str, object] = {
+        "task": 0,
+        "past": [],
+        "base": torch.ones(4),  # B' = 1
+        "initial": torch.full((4,), 3.0),  # B₀ = 3: A starts at 1
+        "task_vector": torch.zeros(2 + 4 + 2),  # m = 0, A = 0, bias 0 (task 0: no α)
+    }
+    client = ClientState(1, torch.Generator(), None, task=1)
+    component.enter_task(state, client, torch.arange(12.0).view(3, 4), LAYOUT)
+    kb = state["kb"]
+    assert isinstance(kb, torch.Tensor)
+    assert kb[1].tolist() == own_row and kb[0].tolist() == [0.0, 1.0, 2.0, 3.0]
+    vector = state["task_vector"]
+    assert isinstance(vector, torch.Tensor)
+    assert vector.shape == (2 + 4 + 3 + 2,)  # m, A, α over K = 3 rows (one layer), bias
+    assert vector[2:6].tolist() == [1.0] * 4
+    assert state["targets"] == [pytest.approx(torch.full((4,), 0.5))]  # B'⊙σ(0) + 0
