@@ -481,6 +481,10 @@ class Component:
     # the vectorized executor then loads each client's trained row into the working model
     # to run it. Declared by every component overriding ``after_local`` (a test checks).
     uses_after_local: ClassVar[bool] = False
+    # Why only the sequential executor runs it (empty: every executor may): a component
+    # that trains client-private tensors outside θ in its own hooks (FedWeIT's masks and
+    # task-adaptive weights) is refused by the vectorized and Flower executors with it.
+    sequential_only: ClassVar[str] = ""
     # The key of this component's random draws (``core.seeding.generator``): the name of the
     # first declared class of its line, so a subclass (a user's plugin, under any name)
     # draws what its parent draws and, unchanged, gives its parent's records exactly. A

@@ -319,6 +319,64 @@ class FedGPOptions:
     equal_comm: bool = option(False, "halve the rounds per task, double local epochs", boolean)
 
 
+def below_one(raw: str) -> float:
+    """A fraction that may be 0 but not 1 (FedWeIT's ``client_sparsity`` indexes the sorted
+    masks at ⌊n·s⌋, which must be an entry)."""
+    must = "must be a fraction in [0, 1)"
+    value = finite_float(raw, must, bounded=True)
+    if not 0 <= value < 1:
+        raise ValueError(must)
+    return value
+
+
+@dataclass(frozen=True)
+class FedWeITOptions:
+    """``fedweit:…`` options (defaults: the official code's ``config.py``)."""
+
+    lambda_l1: float = option(
+        1e-3,
+        "λ1: L1 weight on the task-adaptive A, and the hard threshold |A| > λ1 that prunes A at "
+        "evaluation and in the knowledge base (code: 1e-3)",
+        non_negative_float,
+    )
+    lambda_l2: float = option(
+        100.0,
+        "λ2: weight of the retroactive term on past tasks' B⊙σ(m_i)+A_i (code: 100)",
+        non_negative_float,
+    )
+    lambda_mask: float = option(
+        0.0,
+        "L1 weight on the mask m, and its evaluation threshold on σ(m) (code: 0)",
+        non_negative_float,
+    )
+    wd: float = option(
+        1e-4,
+        "weight decay ½‖·‖² on A and m, and on B in the first task (code: 1e-4)",
+        non_negative_float,
+    )
+    client_sparsity: float = option(
+        0.3,
+        "fraction of each layer's output channels (smallest |m|) whose base B is not sent up "
+        "(code: 0.3)",
+        below_one,
+    )
+    sparse_comm: bool = option(True, "send B pruned by the mask, aggregate per channel", boolean)
+    mask_grad: Literal["round", "step"] = option(
+        "round",
+        "round = the code: the forward uses σ(m) taken at the round start, so only the decay "
+        "moves m; step = the paper: the loss trains m through σ(m)",
+        text,
+        choices=("round", "step"),
+    )
+    kb_self: Literal["keep", "drop"] = option(
+        "keep",
+        "keep = the code: every client gets all K clients' A (its own too); drop = the paper: "
+        "its own column is zeroed",
+        text,
+        choices=("keep", "drop"),
+    )
+
+
 @dataclass(frozen=True)
 class FOTOptions:
     """``fot:…`` options (defaults: the official code's permuted-MNIST IID command)."""
@@ -787,6 +845,23 @@ FOT = Declaration(
     ),
 )
 
+FEDWEIT = Declaration(
+    name="fedweit",
+    target="cfl_bench.strategies.fedweit:FedWeIT",
+    summary=(
+        "task-IL: each layer θ = B ⊙ σ(m) + A + Σ α·kb; the server averages the masked bases B "
+        "per channel and sends every client the uploaded sparse A's at each task start"
+    ),
+    paper="Yoon, Jeong et al., ICML 2021 (FedWeIT, Federated Weighted Inter-client Transfer)",
+    roles=frozenset({Role.LOSS_TERM, Role.AGGREGATOR}),
+    options=FedWeITOptions,
+    payloads=(
+        Payload("fedweit.kb", "broadcast"),
+        Payload("fedweit.keep", "upload"),
+        Payload("fedweit.adaptive", "upload"),
+    ),
+)
+
 #: Every registered component, in listing order (learners first).
 TABLE: tuple[Declaration, ...] = (
     FEDAVG,
@@ -813,4 +888,5 @@ TABLE: tuple[Declaration, ...] = (
     FEDOPT,
     FEDDF,
     FOT,
+    FEDWEIT,
 )

@@ -231,6 +231,17 @@ CASES: dict[str, tuple[bool, list[str]]] = {
     # FOT on the official code's MLP (dropout on while clients record activations): bases
     # grown at the two first task ends, the later rounds' updates projected.
     "perm-digits-fot-mlp": (False, [*PERM_DIGITS, "--strategy", "fot", "--model", "fot-mlp"]),
+    # FedWeIT on its LeNet, one head per task: pruned bases aggregated per channel, the
+    # knowledge base of task 1's A's sent at task 2's start, the retroactive term in task 2.
+    "perm-digits-fedweit-lenet": (
+        False,
+        [
+            *("--stream", "perm-digits", "--heads", "per-task", "--tasks", "2"),
+            *("--rounds-per-task", "2", "--clients", "3", "--train-size", "120"),
+            *("--test-size", "60", "--model", "fedweit-lenet", "--optimizer", "adam"),
+            *("--lr", "0.001", "--strategy", "fedavg+fedweit"),
+        ],
+    ),
 }
 
 # summary.json keys that measure time or memory, or name the machine: never reproducible.

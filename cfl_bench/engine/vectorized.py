@@ -132,6 +132,12 @@ FALLBACK = "use --executor sequential"
 def check_strategy(strategy: Strategy) -> None:
     """Refuse compositions the vectorized executor does not implement (one sentence each)."""
     learner = strategy.learner
+    for component in strategy.all:
+        if component.sequential_only:
+            raise UserError(
+                f"the vectorized executor cannot run '{component.name}': "
+                f"{component.sequential_only}; {FALLBACK}."
+            )
     if learner.needs_history:
         raise UserError(
             f"the vectorized executor runs learners declared by their replay plans, not "

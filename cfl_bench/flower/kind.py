@@ -28,6 +28,12 @@ def check_flower(run: PlannedRun) -> None:
     from cfl_bench.flower import require_flwr
 
     refuse_vectorized_options(run)
+    for component in run.strategy.all:
+        if component.sequential_only:
+            raise UserError(
+                f"--executor flower cannot run '{component.name}': "
+                f"{component.sequential_only}; use --executor sequential."
+            )
     require_flwr()
     learner = run.strategy.learner
     if run.stream.per_round or learner.needs_history or learner.keeps_exemplars:

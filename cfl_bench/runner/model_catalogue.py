@@ -29,6 +29,9 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
     "stage, zero-padding shortcuts, BN, 64 features, 470k params on 100 classes (C×32×32)",
     "fedavg-cnn": "FedAvg / FedNTD CNN: 2 conv5×5 (32, 64) + max-pool, fc 512, 2.16M params "
     "on 3×32×32 (any C×H×W)",
+    "fedweit-lenet": "FedWeIT's LeNet: decomposed conv 5×5 (20, 50) + LRN + max-pool, "
+    "decomposed fc 800, 500 (θ = B ⊙ σ(m) + A + Σ α·kb), a private head; θ holds the bases "
+    "B only, 2,986,500 on 3×32×32 (--strategy fedavg+fedweit)",
     "centernet": "CenterNet-style detector from scratch: stride-4 heat map + offset + log-size "
     "heads, GroupNorm (detection streams: carla-det, carla-highway)",
 }

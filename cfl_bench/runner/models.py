@@ -290,6 +290,12 @@ def _fot_alexnet(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return FOTAlexNet((shape[0], shape[1], shape[2]), num_classes)
 
 
+def _fedweit_lenet(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    from cfl_bench.runner.decomposed import build_fedweit_lenet
+
+    return build_fedweit_lenet(input_shape, num_classes)
+
+
 def _centernet(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     from cfl_bench.carla_bridge.detector import build_detector  # only detection runs pay for it
 
@@ -315,6 +321,7 @@ _BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "centernet": _centernet,
     "fot-mlp": _fot_mlp,
     "fot-alexnet": _fot_alexnet,
+    "fedweit-lenet": _fedweit_lenet,
 }
 # Names and descriptions come from the torch-free catalogue; a test pins that both list
 # the same models.
