@@ -69,6 +69,7 @@ from cfl_bench.core.errors import UserError
 from cfl_bench.core.seeding import generator
 from cfl_bench.strategies import declarations
 from cfl_bench.strategies.base import (
+    Classifier,
     ClientInputs,
     Declaration,
     ExtraWork,
@@ -219,6 +220,7 @@ class GLFC(ICaRL):
             )
         self.num_classes = env.num_classes
         self.classes_per_task = env.classes_per_task
+        self.known_classes = self.classes_per_task  # as iCaRL: set at every round start
         self.class_sums = torch.zeros(0)
         self._setup_proxy(env)
 
@@ -346,10 +348,15 @@ class GLFC(ICaRL):
         """The cost probe's copy neither moves prototypes nor inverts (priced above)."""
         self._probing = True
 
+    def evaluation_classifier(self) -> Classifier | None:
+        """The code's global model scores the classes of the tasks so far (its head grows)."""
+        return self.known_outputs
+
     def on_round_start(self, server: ServerState) -> None:
         """Every client there checks whether its data changed since the last round (the
         code's ``update_new_set`` runs for every client, chosen or not, every round): only
         then is this round its first of a task (``signal``)."""
+        super().on_round_start(server)
         if self.opts.proxy == "none":
             return
         for client in server.clients:
@@ -490,7 +497,6 @@ class GLFC(ICaRL):
     # model's outputs): the base's do-nothing hooks, so no server schedule is declared.
     client_request = Learner.client_request
     answer_request = Learner.answer_request
-    evaluation_classifier = Learner.evaluation_classifier
 
 
 __all__ = ["GLFC", "compensation_weights", "glfc_loss", "herding_with_repeats"]

@@ -215,6 +215,12 @@ class ICaRL(Learner):
         # Σ of the clients' per-class sums of normalised exemplar features, the counts in
         # the last column ((classes, d + 1)), from the latest task end; empty before it.
         self.class_sums = torch.zeros(0)
+        # The classes the global model knows: those of the global tasks so far (set at
+        # every round start, so a resumed run has it before its first evaluation).
+        self.known_classes = self.classes_per_task
+
+    def on_round_start(self, server: ServerState) -> None:
+        self.known_classes = min(self.num_classes, (server.task + 1) * self.classes_per_task)
 
     def offers_batches(self) -> bool:
         """No reservoir buffer: the exemplars are chosen at task ends."""
@@ -401,7 +407,20 @@ class ICaRL(Learner):
         self.class_sums = reply.total.detach().clone()
 
     def evaluation_classifier(self) -> Classifier | None:
-        return self.nearest_mean if self.opts.classifier == "nme" else None
+        return self.nearest_mean if self.opts.classifier == "nme" else self.known_outputs
+
+    def known_outputs(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The model's outputs over the classes of the tasks so far, −∞ for the others.
+
+        Why: the reference codes grow their head with the tasks (PyCIL's ``update_fc`` for
+        TARGET's iCaRL, GLFC's ``Incremental_learning``), so their CNN accuracy is an argmax
+        over the known classes only. The suite's model has every class's output from the
+        start; scored over all of them, outputs no loss has touched (GLFC's and iCaRL's
+        sigmoid losses read only the known classes) outrank trained ones, and a run scored
+        0 % class-IL at the smoke scale of the GLFC table."""
+        outputs = module(x)
+        unknown = torch.arange(outputs.shape[1], device=outputs.device) >= self.known_classes
+        return outputs.masked_fill(unknown, float("-inf"))
 
     def nearest_mean(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         """NME scores of ``x`` under the latest class means (None before the first task

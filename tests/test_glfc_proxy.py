@@ -71,7 +71,7 @@ def test_a_client_signals_in_the_first_round_of_each_task_it_receives() -> None:
     absent = ClientState(index=2, generator=torch.Generator(), buffer=None)
     for c in (mover, keeper):
         c.train_y = torch.zeros(1, dtype=torch.long)
-    server = SimpleNamespace(clients=[mover, keeper, absent])
+    server = SimpleNamespace(clients=[mover, keeper, absent], task=0)
     signals = []
     # the mover trains tasks 0, 0, 1, 1, 2; the keeper stays on task 0 (it gets no new data)
     for task in (0, 0, 1, 1, 2):

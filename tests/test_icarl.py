@@ -379,3 +379,25 @@ def test_nme_asks_only_the_clients_that_have_joined(cifar_root: Path, tmp_path: 
     assert code == 0, output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["bytes_by_payload"]["up:icarl.class_sums"] == (1 + 2) * 10 * 101 * 4
+
+
+def test_the_cnn_classifier_scores_only_the_classes_of_the_tasks_so_far() -> None:
+    """PyCIL's and GLFC's heads grow with the tasks: in task 1 of 2-class tasks the argmax is
+    over classes 0-1, so the untouched output of class 3 (logit 9) must not win; once task 2
+    has started, classes 0-3 are known and it does."""
+    learner = icarl()
+    assert (learner.num_classes, learner.classes_per_task) == (4, 2)
+    classify = learner.evaluation_classifier()
+    assert classify is not None
+    module = nn.Linear(4, 4, bias=False)
+    with torch.no_grad():
+        module.weight.copy_(torch.eye(4))
+    x = torch.tensor([[1.0, 3.0, 0.5, 9.0]])
+    learner.on_round_start(SimpleNamespace(task=0))  # type: ignore[arg-type]
+    first = classify(module, x)
+    assert first is not None and first[0, :2].tolist() == [1.0, 3.0]
+    assert torch.isinf(first[0, 2:]).all() and int(first.argmax()) == 1
+    learner.on_round_start(SimpleNamespace(task=1))  # type: ignore[arg-type]
+    second = classify(module, x)
+    assert second is not None and second[0].tolist() == [1.0, 3.0, 0.5, 9.0]
+    assert int(second.argmax()) == 3
