@@ -14,7 +14,7 @@ from cfl_bench.carla_bridge.stream import frame_stream
 from cfl_bench.core.errors import UserError
 from cfl_bench.streams.base import StreamRequest
 from tests.conftest import requires_shared_data
-from tests.test_cli import assert_user_error, cli
+from tests.test_cli import assert_user_error, cli, in_process
 
 CPU = torch.device("cpu")
 
@@ -123,17 +123,38 @@ RUN = [
 ]  # fmt: skip
 
 
-@pytest.mark.shared_data
-def test_der_runs_end_to_end_and_reports_map(tmp_path: Path) -> None:
+#: The killed-run test's configuration (below): 2 tasks of 2 rounds after a lead round, so
+#: task 0 is rounds 1-3 and the highway shift rounds 4-5.
+KILLED_RUN = {
+    "stream": "carla-highway", "tasks": 2, "clients": 2, "rounds_per_task": 2,
+    "lead_rounds": 1, "batch_size": 8, "epochs": 1, "threads": 1, "probe_size": 4,
+    "buffer_size": 30, "checkpoint_every": 1,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def der_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One DER run through the CLI (in this process, whose frame supply later tests reuse),
+    in the killed-run test's configuration: the end-to-end test checks it and the killed-run
+    test resumes to it (one run, and one process start-up, less)."""
     root = requires_shared_data()
-    out = tmp_path / "run"
-    result = cli(*RUN, "--data-root", str(root), "--strategy", "der", "--out", str(out))
-    assert result.returncode == 0, result.stderr + result.stdout
+    out = tmp_path_factory.mktemp("carla-der") / "run"
+    flags = [f"--{name.replace('_', '-')}={value}" for name, value in KILLED_RUN.items()]
+    code, output = in_process("run", *flags, "--data-root", str(root), "--strategy", "der",
+                              "--out", str(out))  # fmt: skip
+    assert code == 0, output
+    return out, output
+
+
+@pytest.mark.shared_data
+def test_der_runs_end_to_end_and_reports_map(der_run: tuple[Path, str]) -> None:
+    out, stdout = der_run
     records = pd.read_csv(out / "records.csv")
     glob = records[records["scope"] == "global"]
-    # Round 0 and the two task ends evaluate both domains and the test town.
+    # Round 0 and the two task ends (rounds 1+2 = 3 with the lead round, then 5) evaluate
+    # both domains and the test town.
     evaluated = glob[glob["metric"] == "map50"]
-    assert sorted(set(evaluated["round"])) == [0, 2, 3]
+    assert sorted(set(evaluated["round"])) == [0, 3, 5]
     assert set(evaluated["eval_task"]) == {0, 1}
     assert set(glob[glob["metric"] == "test_map50"]["eval_task"]) == {-1}
     assert records["value"][records["metric"].isin(["map50", "map"])].between(0, 100).all()
@@ -141,8 +162,8 @@ def test_der_runs_end_to_end_and_reports_map(tmp_path: Path) -> None:
     assert summary["Acc_T"] == summary["map50_T"]  # the headline of a detection stream
     assert summary["test_map50_final"] is not None and summary["MD_T"] is None
     config = json.loads((out / "config.json").read_text())
-    assert config["task_clock"]["eval_rounds"] == [2, 3]
-    assert "mAP@0.5" in result.stdout
+    assert config["task_clock"]["eval_rounds"] == [3, 5]
+    assert "mAP@0.5" in stdout
 
 
 @pytest.mark.shared_data
@@ -206,24 +227,26 @@ def test_the_joint_learner_trains_on_every_distinct_frame_received() -> None:
     # ideal (the joint learner's received-frame history in the checkpoint) takes ~70 s
     ["der", pytest.param("ideal", marks=pytest.mark.slow)],
 )
-def test_a_killed_carla_run_resumes_to_identical_records(tmp_path: Path, strategy: str) -> None:
-    """Killed in the shift phase (round 3 of 4, checkpoint after round 3): the resumed run
+def test_a_killed_carla_run_resumes_to_identical_records(
+    tmp_path: Path, strategy: str, request: pytest.FixtureRequest
+) -> None:
+    """Killed in the shift phase (round 4 of 5, checkpoint after round 4): the resumed run
     must ask the frame supply the same questions (shift times from the clock, histories
-    replayed) and end with the same records."""
+    replayed) and end with the same records. DER's uninterrupted run is the module's
+    ``der_run`` (through the CLI: the same configuration gives the same records)."""
     from cfl_bench.runner.config import make_config
     from cfl_bench.runner.run import execute
     from tests.test_resume import assert_same_run, kill_after
 
     root = requires_shared_data()
-    values = {
-        "stream": "carla-highway", "data_root": str(root), "strategy": strategy, "tasks": 2,
-        "clients": 2, "rounds_per_task": 2, "lead_rounds": 0, "batch_size": 8, "epochs": 1,
-        "threads": 1, "probe_size": 4, "buffer_size": 30, "checkpoint_every": 1,
-    }  # fmt: skip
-    whole = tmp_path / "whole"
-    execute(make_config({**values, "out": str(whole)}))
+    values = {**KILLED_RUN, "data_root": str(root), "strategy": strategy}
+    if strategy == "der":
+        whole = request.getfixturevalue("der_run")[0]
+    else:
+        whole = tmp_path / "whole"
+        execute(make_config({**values, "out": str(whole)}))
     killed = {**values, "out": str(tmp_path / "killed")}
-    kill_after(killed, 3)
+    kill_after(killed, 4)
     execute(make_config(killed))
     assert_same_run(tmp_path / "killed", whole)
 

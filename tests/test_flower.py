@@ -31,6 +31,7 @@ from tests.sweep_helpers import in_process
 pytest.importorskip("flwr")
 
 from cfl_bench.flower import records
+from tests import test_flower_safety as safety
 
 CPU = torch.device("cpu")
 
@@ -118,7 +119,14 @@ def test_a_launcher_killed_mid_run_leaves_no_simulation_behind_and_resumes(
     """``kill -9`` of ``cfl-bench run --executor flower`` during round 2: the reaper stops
     the detached SuperLink, SuperExec, ServerApp and Ray, so nothing goes on writing into
     the run directory, and removes the simulation's folder. The same command then resumes
-    the run from its checkpoint to the sequential executor's records."""
+    the run from its checkpoint to the sequential executor's records.
+
+    The run directory's lock is checked on the same simulation (one Flower start-up, not
+    two: tests/test_flower_safety.py's copy of these checks is marked slow): the launcher
+    claims it before Flower starts, so a second run into it is refused at once while Flower
+    is still starting; after the kill the lock is free, and nothing in the directory
+    changes for 10 s (a surviving ServerApp once wrote summary.json 9 s after its launcher
+    died); the sequential reference run fills those seconds."""
     before = set(flower_processes())
     homes = set(Path(tempfile.gettempdir()).glob("cfl-flower-*"))
     out = tmp_path / "run"
@@ -129,7 +137,10 @@ def test_a_launcher_killed_mid_run_leaves_no_simulation_behind_and_resumes(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     assert launcher.stdout is not None
-    said = []
+    said = [launcher.stdout.readline()]  # "starting a Flower simulation": claimed by now
+    assert said[0].startswith("starting a Flower simulation"), said
+    second = safety.cli(["run", *run, "--out", str(out)], tmp_path)
+    safety.refused(second, "another cfl-bench process is running in --out")
     for line in launcher.stdout:  # the run's own lines, relayed from the ServerApp
         said.append(line)
         if line.startswith("round 2/"):
@@ -138,23 +149,27 @@ def test_a_launcher_killed_mid_run_leaves_no_simulation_behind_and_resumes(
     assert set(flower_processes()) - before
     launcher.kill()
     launcher.wait()
-    deadline = time.monotonic() + 30
+    killed_at = time.monotonic()
 
     def left() -> tuple[set[int], set[Path]]:
         folders = set(Path(tempfile.gettempdir()).glob("cfl-flower-*")) - homes
         return set(flower_processes()) - before, folders
 
-    while left() != (set(), set()) and time.monotonic() < deadline:
+    while left() != (set(), set()) and time.monotonic() < killed_at + 60:
         time.sleep(0.1)
     assert left() == (set(), set())
-    written = {f: f.stat().st_mtime_ns for f in out.rglob("*") if f.is_file()}
-    time.sleep(1.0)
-    assert {f: f.stat().st_mtime_ns for f in out.rglob("*") if f.is_file()} == written
+    assert safety.lock_is_free(out)
+    written = safety.digest(out)
+    assert "config.json" in written and "summary.json" not in written
+    touched = {f: f.stat().st_mtime_ns for f in out.rglob("*") if f.is_file()}
+    code, output = in_process("run", *run, "--out", str(tmp_path / "seq"))
+    assert code == 0, output
+    time.sleep(max(0.0, killed_at + 10.0 - time.monotonic()))
+    assert safety.digest(out) == written
+    assert {f: f.stat().st_mtime_ns for f in out.rglob("*") if f.is_file()} == touched
     again = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "resuming after round" in again.stdout, again.stdout
-    code, output = in_process("run", *run, "--out", str(tmp_path / "seq"))
-    assert code == 0, output
     assert (out / "records.csv").read_bytes() == (tmp_path / "seq" / "records.csv").read_bytes()
 
 

@@ -329,10 +329,18 @@ def lock_is_free(folder: Path) -> bool:
         os.close(fd)
 
 
+@pytest.mark.slow(
+    reason="CI runs the same checks on the same kind of killed simulation, sharing its one "
+    "Flower start-up with the resume: tests/test_flower.py::"
+    "test_a_launcher_killed_mid_run_leaves_no_simulation_behind_and_resumes"
+)
 def test_a_flower_run_holds_its_directory_from_the_start_and_nothing_writes_after_kill(
     tmp_path: Path,
 ) -> None:
-    """``cfl-bench run --executor flower``: the directory is locked before Flower starts
+    """Slow: ~40 s of CI for a Flower start-up that test_flower.py's killed-launcher test
+    shares (it makes every check below too).
+
+    ``cfl-bench run --executor flower``: the directory is locked before Flower starts
     (a second run into it is refused at once, while Flower is still starting); after
     ``kill -9`` of the launcher mid-run the reaper ends the simulation, the lock is free,
     and nothing in the directory changes afterwards (a surviving ServerApp wrote
