@@ -432,6 +432,10 @@ class Declaration:
     server_schedule: bool = False
     transform_order: int | None = None
     server_hook_order: int = 0
+    # Why the global model is not what the method is scored by (its clients keep private
+    # per-task models the global one lacks); empty: the global model is. A run of such a
+    # component reports no global accuracy-derived numbers (``core.metrics.summarize``).
+    scored_by_clients: str = ""
 
     @property
     def is_learner(self) -> bool:
@@ -494,6 +498,8 @@ class Component:
     # tasks 0..t behind it (iCaRL's old/seen classes [0, t·c) and exemplar budget): such a
     # component is refused under ``--task-order per-client`` (``runner.run_checks``).
     assumes_stream_order: ClassVar[bool] = False
+    # From the declaration: why the global model is not what this component is scored by.
+    scored_by_clients: ClassVar[str] = ""
 
     # The typed option values (each component narrows the annotation to its ``Options``).
     opts: Any
@@ -511,6 +517,7 @@ class Component:
             cls.server_schedule = declared.server_schedule
             cls.transform_order = declared.transform_order
             cls.server_hook_order = declared.server_hook_order
+            cls.scored_by_clients = declared.scored_by_clients
             if not cls.random_stream:
                 cls.random_stream = declared.name
         cls.options = options_of(cls.Options)

@@ -267,6 +267,12 @@ class Strategy:
         return any(c.needs_buffer for c in self.all)
 
     @property
+    def scored_by_clients(self) -> str:
+        """Why the global model is not what this strategy is scored by (its components'
+        ``scored_by_clients``, '; '-joined); empty when it is."""
+        return "; ".join(c.scored_by_clients for c in self.all if c.scored_by_clients)
+
+    @property
     def name(self) -> str:
         """Canonical name: components in written order, non-default options spelled out."""
         return "+".join(

@@ -47,8 +47,9 @@ the default); ``mask_grad=step`` trains m through σ(m) as the paper writes.
 Not built: the code's validation-driven learning-rate decay and its Adam kept across the
 rounds of a task (the suite restarts the local optimiser every round); per-client task
 orders and each client's evaluation of its own composed model on its past tasks (the
-suite scores the global model, whose layers compose θ = B with a zero head: chance); kb
-and α of past tasks (only the current task's are kept).
+suite scores the global model, whose layers compose θ = B with a zero head: chance, so
+the declaration's ``scored_by_clients`` makes the summary withhold its accuracy-derived
+numbers); kb and α of past tasks (only the current task's are kept).
 """
 
 from __future__ import annotations

@@ -640,7 +640,13 @@ PER_CLIENT_COMPUTES = frozenset(
 )
 
 
-def summarize(records: pd.DataFrame, num_tasks: int) -> dict[str, object]:
+# The summary entries read from the global model's task-end matrices (accuracy and memory
+# drift): none of them is reported for a run whose global model is not what the method is
+# scored by (``summarize``'s ``not_scored``).
+GLOBAL_MODEL_COMPUTES = PER_CLIENT_COMPUTES | {"accuracy_matrix", "drift_curve", "final_drift"}
+
+
+def summarize(records: pd.DataFrame, num_tasks: int, not_scored: str = "") -> dict[str, object]:
     """The headline metrics of one run as a JSON-able dict (NaN → None, full precision).
 
     A pure function of ``records`` so ``summary.json`` can always be regenerated from
@@ -660,6 +666,12 @@ def summarize(records: pd.DataFrame, num_tasks: int) -> dict[str, object]:
     Memory-drift, byte and client keys are always present (None when not recorded), so
     leaderboard code can rely on a fixed schema; an entry marked ``when_recorded`` is left
     out when its source was not recorded (no task-IL keys on a domain-IL run).
+
+    ``not_scored``: why the global model is not what the run's method is scored by (a
+    component's ``scored_by_clients``, e.g. FedWeIT's private per-task models). The global
+    model's accuracy would then be reported as the method's, so every entry read from its
+    task-end matrices (:data:`GLOBAL_MODEL_COMPUTES`) is None and ``global_not_scored``
+    holds the reason; records.csv keeps its global rows.
     """
     _check_records(records)
     if num_tasks < 1:
@@ -673,12 +685,17 @@ def summarize(records: pd.DataFrame, num_tasks: int) -> dict[str, object]:
         if spec.when_recorded and not inputs.recorded(str(spec.source)):
             continue
         compute = getattr(module, str(spec.compute))
-        if clients and spec.compute in PER_CLIENT_COMPUTES:
+        if not_scored and spec.compute in GLOBAL_MODEL_COMPUTES:
+            out[spec.key] = None
+        elif clients and spec.compute in PER_CLIENT_COMPUTES:
             out[spec.key] = client_mean([compute(c, spec.source) for c in clients])
         else:
             out[spec.key] = compute(inputs, spec.source)
     if clients:
         out["task_orders"] = orders
-        out["client_Acc_T"] = [final_accuracy(c, "acc") for c in clients]
-        out["client_Fgt_T"] = [final_forgetting(c, "acc") for c in clients]
+        if not not_scored:
+            out["client_Acc_T"] = [final_accuracy(c, "acc") for c in clients]
+            out["client_Fgt_T"] = [final_forgetting(c, "acc") for c in clients]
+    if not_scored:
+        out["global_not_scored"] = not_scored
     return _jsonable(out)
