@@ -67,6 +67,7 @@ hooks are the protocols of ``strategies.roles``.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
@@ -705,6 +706,16 @@ class Component:
         while it cannot classify yet (the model's outputs are then scored). None: this
         component leaves evaluation alone."""
         return None
+
+    def own_model(
+        self, client: ClientState, task: int, model: FlatModel
+    ) -> contextlib.AbstractContextManager[bool]:
+        """For a component that declares ``scored_by_clients``: a context inside which
+        ``model`` is ``client``'s own classifier for stream task ``task`` (its private
+        per-task state swapped in), entered with True; with False when the client has no
+        model for that task. The engine scores it on the task's test set at every task end
+        (``own_acc`` records, docs/metrics.md) and restores θ_g after. Default: none."""
+        return contextlib.nullcontext(False)
 
     def answer_request(self, payload: str, client: ClientState, model: FlatModel) -> torch.Tensor:
         """The client half of a request for ``payload`` (one of this component's payloads

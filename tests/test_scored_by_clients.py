@@ -88,3 +88,47 @@ def test_the_leaderboard_does_not_rank_a_run_on_withheld_numbers(tmp_path: Path)
     assert list(board["strategy"]) == ["fedavg", "fedweit"]
     assert board["Acc_T_mean"].iloc[0] == 60.0
     assert pd.isna(board["Acc_T_mean"].iloc[1])
+
+
+# Each client's own model, by hand (shared order, T = 2): client 0 scores 80 on task 0
+# after step 0, then 60 and 90 on tasks 0 and 1; client 1 scores 50, then 50 and 70.
+OWN = {0: [[80.0], [60.0, 90.0]], 1: [[50.0], [50.0, 70.0]]}
+
+
+def own_records(own: dict[int, list[list[float]]], orders: list[list[int]] | None) -> pd.DataFrame:
+    """Chance-level global rows, then each client's own scores after each step, on its
+    own i-th task (stream task ``orders[k][i]``)."""
+    rows: list[tuple[int, int, int, str, str, float]] = []
+    rows += [(0, -1, j, "global", "acc", 10.0) for j in range(2)]
+    if orders is not None:
+        rows += [(0, t, task, f"client_{k}", "task_order", float(task))
+                 for k, o in enumerate(orders) for t, task in enumerate(o)]  # fmt: skip
+    for t in range(2):
+        rows += [(t + 1, t, j, "global", "acc", 10.0) for j in range(2)]
+        for k, steps in own.items():
+            order = [0, 1] if orders is None else orders[k]
+            rows += [(t + 1, t, order[i], f"client_{k}", "own_acc", v)
+                     for i, v in enumerate(steps[t])]  # fmt: skip
+    return pd.DataFrame(rows, columns=list(RECORD_COLUMNS))
+
+
+def test_the_run_s_metrics_are_the_mean_over_clients_of_their_own_models() -> None:
+    s = summarize(own_records(OWN, None), 2, REASON)
+    # Client 0: Acc 80, (60 + 90)/2 = 75; Fgt 80 − 60 = 20; BWT −20. Client 1: 50, 60; 0; 0.
+    assert s["client_Acc_T"] == [75.0, 60.0] and s["client_Fgt_T"] == [20.0, 0.0]
+    assert s["acc_t"] == [65.0, 67.5] and s["Acc_T"] == 67.5
+    assert (s["Fgt_T"], s["Fgt_T_clipped"], s["BWT"]) == (10.0, 10.0, -10.0)
+    # No own model exists before its task is trained: no FWT; the global matrix is withheld.
+    assert s["FWT"] is None and s["acc_matrix"] is None and s["MD_T"] is None
+    assert disagreement(s, own_records(OWN, None), 2) is None
+
+
+def test_under_per_client_orders_each_client_reads_its_own_tasks() -> None:
+    # Client 1 trains task 1 first: 40 on it, then 30 on it and 70 on task 0.
+    own = {0: OWN[0], 1: [[40.0], [30.0, 70.0]]}
+    s = summarize(own_records(own, [[0, 1], [1, 0]]), 2, REASON)
+    # Client 1: Acc 40, (30 + 70)/2 = 50; Fgt 40 − 30 = 10; BWT −10.
+    assert s["client_Acc_T"] == [75.0, 50.0] and s["client_Fgt_T"] == [20.0, 10.0]
+    assert s["acc_t"] == [60.0, 62.5]
+    assert (s["Fgt_T"], s["BWT"]) == (15.0, -15.0)
+    assert s["task_orders"] == [[0, 1], [1, 0]]
