@@ -302,7 +302,8 @@ class FedWeIT(Component):
         are set (kb: the broadcast's, zero without one)."""
         past = state["past"]
         assert isinstance(past, list)
-        if int(state["task"]) >= 0:  # type: ignore[call-overload]
+        first = int(state["task"]) < 0  # type: ignore[call-overload]
+        if not first:
             previous = state["task_vector"]
             assert isinstance(previous, torch.Tensor)
             m, p = layout.channels, layout.params
@@ -311,7 +312,9 @@ class FedWeIT(Component):
         own, initial = state["base"], state["initial"]
         assert isinstance(own, torch.Tensor) and isinstance(initial, torch.Tensor)
         state["targets"] = [own * layout.expand(torch.sigmoid(m)) + a for m, a in past]
-        rows = 0 if kb is None or client.task == 0 else int(kb.shape[0])
+        # The client's own first task has no α (the code's tid = 0, which is each client's
+        # own first task: under per-client orders not stream task 0).
+        rows = 0 if kb is None or first else int(kb.shape[0])
         kb_now = own.new_zeros(rows, own.numel()) if kb is None or rows == 0 else kb.clone()
         if rows and self.opts.kb_self == "drop":
             kb_now[client.index].zero_()
