@@ -226,6 +226,13 @@ def print_run_result(console: Console, result: Any, cfg: RunConfig) -> None:
     """The finished run's results table and where its files are."""
     strategy = str(result.summary.get("strategy", cfg.strategy))
     console.print(results_table(result.summary, cfg.stream, strategy))
+    not_scored = result.summary.get("global_not_scored")
+    if not_scored:
+        console.print(
+            f"accuracies are the mean over clients of each client's own model on its own "
+            f"tasks, not the global model's: {not_scored}",
+            highlight=False,
+        )
     status = result.summary.get("status")
     if status != "finished":
         console.print(f"[yellow]run {status}:[/] {result.summary.get('message', '')}")

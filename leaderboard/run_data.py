@@ -198,6 +198,17 @@ def task_end_records(records: pd.DataFrame, ends: list[int], rounds_done: int) -
     return records[~drop]
 
 
+def not_scored_reason(summary: dict[str, Any] | None, config: dict[str, Any]) -> str:
+    """Why the run's global model is not what its method is scored by: what summary.json
+    says, else (an unfinished run) what its strategy's declarations say; empty when it is."""
+    from cfl_bench.strategies.declarations import scored_by_clients_of
+
+    if summary is not None:
+        stated = summary.get("global_not_scored")
+        return stated if isinstance(stated, str) else ""
+    return scored_by_clients_of(config.get("strategy"))
+
+
 def load_run_data(run_dir: str) -> RunData:
     """Read and check everything a report shows about the run in ``run_dir``: the run
     directory as :func:`cfl_bench.core.run_reader.read_run` reads it (a damaged one is refused
@@ -221,8 +232,9 @@ def load_run_data(run_dir: str) -> RunData:
     if total is not None and rounds_done > total:
         raise _refuse(run_dir, f"records.csv has round {rounds_done} of a {total}-round run")
     tasks_done = sum(1 for end in ends if end <= rounds_done) if ends else 0
+    not_scored = not_scored_reason(summary, config)
     try:
-        metrics = summarize(task_end_records(records, ends, rounds_done), num_tasks)
+        metrics = summarize(task_end_records(records, ends, rounds_done), num_tasks, not_scored)
     except ValueError as exc:
         raise _refuse(run_dir, f"records.csv does not fit the run ({exc})") from None
     return RunData(

@@ -67,6 +67,7 @@ hooks are the protocols of ``strategies.roles``.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
@@ -432,6 +433,10 @@ class Declaration:
     server_schedule: bool = False
     transform_order: int | None = None
     server_hook_order: int = 0
+    # Why the global model is not what the method is scored by (its clients keep private
+    # per-task models the global one lacks); empty: the global model is. A run of such a
+    # component reports no global accuracy-derived numbers (``core.metrics.summarize``).
+    scored_by_clients: str = ""
 
     @property
     def is_learner(self) -> bool:
@@ -494,6 +499,8 @@ class Component:
     # tasks 0..t behind it (iCaRL's old/seen classes [0, t·c) and exemplar budget): such a
     # component is refused under ``--task-order per-client`` (``runner.run_checks``).
     assumes_stream_order: ClassVar[bool] = False
+    # From the declaration: why the global model is not what this component is scored by.
+    scored_by_clients: ClassVar[str] = ""
 
     # The typed option values (each component narrows the annotation to its ``Options``).
     opts: Any
@@ -511,6 +518,7 @@ class Component:
             cls.server_schedule = declared.server_schedule
             cls.transform_order = declared.transform_order
             cls.server_hook_order = declared.server_hook_order
+            cls.scored_by_clients = declared.scored_by_clients
             if not cls.random_stream:
                 cls.random_stream = declared.name
         cls.options = options_of(cls.Options)
@@ -698,6 +706,16 @@ class Component:
         while it cannot classify yet (the model's outputs are then scored). None: this
         component leaves evaluation alone."""
         return None
+
+    def own_model(
+        self, client: ClientState, task: int, model: FlatModel
+    ) -> contextlib.AbstractContextManager[bool]:
+        """For a component that declares ``scored_by_clients``: a context inside which
+        ``model`` is ``client``'s own classifier for stream task ``task`` (its private
+        per-task state swapped in), entered with True; with False when the client has no
+        model for that task. The engine scores it on the task's test set at every task end
+        (``own_acc`` records, docs/metrics.md) and restores θ_g after. Default: none."""
+        return contextlib.nullcontext(False)
 
     def answer_request(self, payload: str, client: ClientState, model: FlatModel) -> torch.Tensor:
         """The client half of a request for ``payload`` (one of this component's payloads

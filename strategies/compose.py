@@ -28,9 +28,11 @@ would be recorded as if the user had asked for the defaults.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.text_values import split_options
@@ -47,6 +49,10 @@ from cfl_bench.strategies.base import (
 )
 from cfl_bench.strategies.registry import Catalogue, catalogue, component_table
 from cfl_bench.strategies.roles import Aggregator, GradientTransform, LossTerm, ServerHook
+
+if TYPE_CHECKING:
+    from cfl_bench.core.context import ClientState
+    from cfl_bench.core.flat import FlatModel
 
 # "+" separates components unless it is a number's sign: directly after "=" or after a digit
 # and an exponent letter ("1e+3"), and directly before a digit or ".".
@@ -265,6 +271,22 @@ class Strategy:
     @property
     def needs_buffer(self) -> bool:
         return any(c.needs_buffer for c in self.all)
+
+    def own_model(
+        self, client: ClientState, task: int, model: FlatModel
+    ) -> contextlib.AbstractContextManager[bool]:
+        """The client's own model for ``task`` from the first component scored by its
+        clients' models (``Component.own_model``); a context entered with False if none."""
+        for c in self.all:
+            if c.scored_by_clients:
+                return c.own_model(client, task, model)
+        return contextlib.nullcontext(False)
+
+    @property
+    def scored_by_clients(self) -> str:
+        """Why the global model is not what this strategy is scored by (its components'
+        ``scored_by_clients``, '; '-joined); empty when it is."""
+        return "; ".join(c.scored_by_clients for c in self.all if c.scored_by_clients)
 
     @property
     def name(self) -> str:

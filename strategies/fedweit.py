@@ -44,16 +44,21 @@ Paper vs code: the code's forward reads σ(m) computed when the task's model is 
 (once a round), outside the gradient tape, so m moves only by its decay (``mask_grad=round``,
 the default); ``mask_grad=step`` trains m through σ(m) as the paper writes.
 
+Evaluation (the code's client ``evaluate`` / ``get_model_by_tid``): the global model
+composes θ = B with a zero head (chance), so the declaration's ``scored_by_clients`` has
+the run scored by ``own_model`` instead: each client's base with a trained task's m, A,
+α, bias, kb and head swapped in (kept per task when the client leaves it, as the code
+keeps them), on that task's test set, at every task end.
+
 Not built: the code's validation-driven learning-rate decay and its Adam kept across the
-rounds of a task (the suite restarts the local optimiser every round); per-client task
-orders and each client's evaluation of its own composed model on its past tasks (the
-suite scores the global model, whose layers compose θ = B with a zero head: chance); kb
-and α of past tasks (only the current task's are kept).
+rounds of a task (the suite restarts the local optimiser every round).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -173,7 +178,7 @@ class Private:
     vector: torch.Tensor
     layout: Layout
     kb_rows: int
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | None  # None: evaluated, not trained
     past: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
     def part(self, name: str) -> torch.Tensor:
@@ -184,6 +189,14 @@ class Private:
         bounds["head"] = (2 * m + p + k, 2 * m + p + k + classes * features + classes)
         start, stop = bounds[name]
         return self.vector[start:stop]
+
+
+def detach(module: torch.nn.Module) -> None:
+    """Take a client's private tensors and head off the model: it is the global one again."""
+    assert isinstance(module, FedWeITLeNet)
+    for layer in module.layers():
+        layer.private = None
+    module.head = None
 
 
 def private_size(layout: Layout, kb_rows: int) -> int:
@@ -289,15 +302,19 @@ class FedWeIT(Component):
         are set (kb: the broadcast's, zero without one)."""
         past = state["past"]
         assert isinstance(past, list)
-        if int(state["task"]) >= 0:  # type: ignore[call-overload]
+        first = int(state["task"]) < 0  # type: ignore[call-overload]
+        if not first:
             previous = state["task_vector"]
             assert isinstance(previous, torch.Tensor)
             m, p = layout.channels, layout.params
             past.append((previous[:m].clone(), previous[m : m + p].clone()))
+            self.keep_task_model(state)
         own, initial = state["base"], state["initial"]
         assert isinstance(own, torch.Tensor) and isinstance(initial, torch.Tensor)
         state["targets"] = [own * layout.expand(torch.sigmoid(m)) + a for m, a in past]
-        rows = 0 if kb is None or client.task == 0 else int(kb.shape[0])
+        # The client's own first task has no α (the code's tid = 0, which is each client's
+        # own first task: under per-client orders not stream task 0).
+        rows = 0 if kb is None or first else int(kb.shape[0])
         kb_now = own.new_zeros(rows, own.numel()) if kb is None or rows == 0 else kb.clone()
         if rows and self.opts.kb_self == "drop":
             kb_now[client.index].zero_()
@@ -313,6 +330,55 @@ class FedWeIT(Component):
             offset += out
         state["task_vector"] = torch.cat((mask, initial / ADAPTIVE_FACTOR, atten, bias))
         state["kb"], state["task"] = kb_now, client.task
+
+    def keep_task_model(self, state: dict[str, object]) -> None:
+        """The task just left, as the code keeps it per task for its evaluation: its m, A,
+        α, bias, its head and its knowledge base (``models``, by stream task)."""
+        models = state.setdefault("models", {})
+        assert isinstance(models, dict)
+        vector, head, kb = state["task_vector"], state["head"], state["kb"]
+        assert isinstance(vector, torch.Tensor) and isinstance(head, torch.Tensor)
+        assert isinstance(kb, torch.Tensor)
+        models[int(state["task"])] = (vector.clone(), head.clone(), kb)  # type: ignore[call-overload]
+
+    def task_model(
+        self, state: dict[str, object], task: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The client's (task vector, head, kb) for stream task ``task``: the current task's
+        as trained so far, a past one's as kept when the client left it; None if untrained."""
+        if "base" not in state:
+            return None
+        if state["task"] == task:
+            vector, head, kb = state["task_vector"], state["head"], state["kb"]
+            assert isinstance(vector, torch.Tensor) and isinstance(head, torch.Tensor)
+            assert isinstance(kb, torch.Tensor)
+            return vector, head, kb
+        models = state.get("models", {})
+        assert isinstance(models, dict)
+        return models.get(task)
+
+    @contextmanager
+    def own_model(self, client: ClientState, task: int, model: FlatModel) -> Iterator[bool]:
+        """The client's composed model for ``task`` (the code's ``get_model_by_tid``): its
+        base as it left its last local training (the code evaluates before aggregation)
+        with that task's m, A, α, bias, kb and head swapped in."""
+        state = client.state_for(self.name)
+        kept = self.task_model(state, task)
+        if kept is None:
+            yield False
+            return
+        vector, head, kb = kept
+        base = state["base"]
+        assert isinstance(base, torch.Tensor)
+        layout = layout_of(model)
+        with torch.no_grad():
+            model.params.copy_(base)
+        private = Private(torch.cat((vector, head)), layout, int(kb.shape[0]), None)
+        self.attach(model.module, private, kb)
+        try:
+            yield True
+        finally:
+            detach(model.module)
 
     def past_terms(
         self, state: dict[str, object]
@@ -375,6 +441,7 @@ class FedWeIT(Component):
         if grad_v is not None:
             vector.grad = grad_v if vector.grad is None else vector.grad + grad_v
         if vector.grad is not None:
+            assert private.optimizer is not None
             private.optimizer.step()
             vector.grad = None
         return (grads if grad_b is None else grads + grad_b), value.detach()
@@ -392,11 +459,7 @@ class FedWeIT(Component):
         state["head"] = trained[-head_size:].clone()
         params = local.model.params.detach()
         state["base"] = params.clone()
-        module = local.model.module
-        assert isinstance(module, FedWeITLeNet)
-        for layer in module.layers():
-            layer.private = None
-        module.head = None
+        detach(local.model.module)
         if self.opts.sparse_comm:
             keep = keep_mask(private.part("mask").detach(), layout, self.opts.client_sparsity)
             upload.params = params * layout.expand(keep)

@@ -6,6 +6,7 @@ refusals."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -162,16 +163,27 @@ def bytes_by_round(run_dir: Path, kind: str) -> list[int]:
     return [int(float(r.split(",")[at + 1])) for r in rows[1:] if r.split(",")[at] == kind]
 
 
-def test_a_digits_run_resumes_identically_and_counts_what_travels(tmp_path: Path) -> None:
+@pytest.mark.parametrize("crash_round", [2, 3])
+def test_a_digits_run_resumes_identically_and_counts_what_travels(
+    tmp_path: Path, crash_round: int
+) -> None:
     # The crash after round 2 (task 1's end) leaves the knowledge base built and not yet
     # sent, and every client's masks, A's, heads and bases in its state: all must survive.
-    assert_config_resumes_after_crash(RUN, tmp_path, crash_round=2)
+    # After round 3 each client's kept task-1 model (m, A, α, bias, kb, head) must too: the
+    # round-4 evaluation scores it.
+    assert_config_resumes_after_crash(RUN, tmp_path, crash_round=crash_round)
     up = bytes_by_round(tmp_path / "whole", "bytes_up")
     down = bytes_by_round(tmp_path / "whole", "bytes_down")
     every = 3 * (BASES_BYTES + KEEP_BYTES)  # B ⊙ keep (counted dense) and keep
     assert up == [every, every + 3 * BASES_BYTES, every, every + 3 * BASES_BYTES]
     # θ_g to each client every round; task 2's first round adds the 3 × 585,500 kb.
     assert down == [3 * BASES_BYTES, 3 * BASES_BYTES, 3 * 4 * BASES_BYTES, 3 * BASES_BYTES]
+    # Each client's own model on each task it has trained, at each task end: (round, task).
+    own = bytes_by_round(tmp_path / "whole", "own_acc")
+    assert len(own) == 3 * (1 + 2)
+    summary = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    assert summary["Acc_T"] == pytest.approx(sum(summary["client_Acc_T"]) / 3)
+    assert summary["acc_matrix"] is None and summary["global_not_scored"]
 
 
 @pytest.mark.parametrize(
@@ -266,9 +278,16 @@ def test_a_new_task_keeps_the_past_and_starts_a_from_the_initial_bases(
         "base": torch.ones(4),  # B' = 1
         "initial": torch.full((4,), 3.0),  # B₀ = 3: A starts at 1
         "task_vector": torch.zeros(2 + 4 + 2),  # m = 0, A = 0, bias 0 (task 0: no α)
+        "head": torch.tensor([9.0]),
+        "kb": torch.zeros(0, 4),
     }
     client = ClientState(1, torch.Generator(), None, task=1)
     component.enter_task(state, client, torch.arange(12.0).view(3, 4), LAYOUT)
+    # Task 0's model is kept whole for its evaluation: its vector, head and (empty) kb.
+    kept = component.task_model(state, 0)
+    assert kept is not None
+    assert [t.tolist() for t in kept] == [[0.0] * 8, [9.0], []]
+    assert component.task_model(state, 2) is None
     kb = state["kb"]
     assert isinstance(kb, torch.Tensor)
     assert kb[1].tolist() == own_row and kb[0].tolist() == [0.0, 1.0, 2.0, 3.0]

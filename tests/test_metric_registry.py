@@ -169,7 +169,8 @@ def test_recorded_metrics_feed_the_report_checks() -> None:
     from cfl_bench.runner.trackers import scalars
 
     assert {r.name: r.range for r in registry.RECORDED} == VALUE_RANGES
-    assert set(TASK_END_METRICS) == {"acc", "acc_task_il", "map50", "map", "kl_drift"}
+    task_end = {"acc", "acc_task_il", "map50", "map", "kl_drift", "own_acc", "own_acc_task_il"}
+    assert set(TASK_END_METRICS) == task_end
     accuracy_like = ("acc", "acc_task_il", "map50", "map")
     assert metrics.ACCURACY_METRICS == registry.ACCURACY_METRICS == accuracy_like
     tags = {tag for tag, _, _ in scalars([(1, 0, 0, "global", "acc_task_il", 50.0)])}

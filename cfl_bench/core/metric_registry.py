@@ -106,6 +106,10 @@ RECORDED: tuple[RecordedMetric, ...] = (
     RecordedMetric("test_map50", PERCENT),
     RecordedMetric("test_map", PERCENT),
     RecordedMetric("client_acc", PERCENT),
+    # A method scored by its clients' own models (``Component.scored_by_clients``): client
+    # k's model for task j on task j's test set, at every task end (scope client_k).
+    RecordedMetric("own_acc", PERCENT, task_end=True),
+    RecordedMetric("own_acc_task_il", PERCENT, task_end=True),
     # --diagnostics (cfl_bench.engine.diagnostics): per participant and per round.
     RecordedMetric("in_local_acc", PERCENT),
     RecordedMetric("out_local_acc", PERCENT),

@@ -438,6 +438,44 @@ class ClientInputs(SummaryInputs):
         return np.asarray(self.run.initial(metric), dtype=float)[self.order]
 
 
+class OwnInputs(SummaryInputs):
+    """Client k's own matrix for a method scored by its clients' own models: ``A_k[t, i]``
+    is its model for its i-th task scored on that task after step t (``own_<metric>`` rows
+    of scope ``client_k``, the stream task's column moved to the client's position i by
+    :func:`client_matrix`). Nothing is measured above the diagonal (no model exists for a
+    task not trained yet) nor before training, so FWT is NaN."""
+
+    def __init__(self, run: SummaryInputs, client: int, order: Sequence[int]) -> None:
+        super().__init__(run.records, run.num_tasks)
+        self.run = run
+        self.client = client
+        self.order = list(order)
+
+    def matrix(self, metric: str) -> np.ndarray:
+        own = f"own_{self.run._alias(metric)}"
+        scope = f"client_{self.client}"
+        return self._cached(
+            "own",
+            metric,
+            lambda: client_matrix(
+                matrix_from_records(self.records, own, scope, self.num_tasks), self.order
+            ),
+        )
+
+    def initial(self, metric: str) -> np.ndarray:
+        return np.full(self.num_tasks, np.nan)
+
+
+def own_inputs(inputs: SummaryInputs, orders: list[list[int]] | None) -> list[OwnInputs]:
+    """One :class:`OwnInputs` per client with ``own_`` rows, in client order (the stream's
+    order for every client unless ``orders`` gives each its own)."""
+    records = inputs.records
+    rows = records[records["metric"].astype(str).str.startswith("own_")]
+    clients = sorted({int(str(s).removeprefix("client_")) for s in rows["scope"]})
+    shared = list(range(inputs.num_tasks))
+    return [OwnInputs(inputs, k, shared if orders is None else orders[k]) for k in clients]
+
+
 # --------------------------------------------------------------------------------------------
 # Summary entries: the ``compute`` functions named in cfl_bench.core.metric_registry.METRICS, each
 # called as fn(inputs, source) with ``source`` the entry's recorded metric.
@@ -640,7 +678,13 @@ PER_CLIENT_COMPUTES = frozenset(
 )
 
 
-def summarize(records: pd.DataFrame, num_tasks: int) -> dict[str, object]:
+# The summary entries read from the global model's task-end matrices (accuracy and memory
+# drift): none of them is reported for a run whose global model is not what the method is
+# scored by (``summarize``'s ``not_scored``).
+GLOBAL_MODEL_COMPUTES = PER_CLIENT_COMPUTES | {"accuracy_matrix", "drift_curve", "final_drift"}
+
+
+def summarize(records: pd.DataFrame, num_tasks: int, not_scored: str = "") -> dict[str, object]:
     """The headline metrics of one run as a JSON-able dict (NaN → None, full precision).
 
     A pure function of ``records`` so ``summary.json`` can always be regenerated from
@@ -660,25 +704,45 @@ def summarize(records: pd.DataFrame, num_tasks: int) -> dict[str, object]:
     Memory-drift, byte and client keys are always present (None when not recorded), so
     leaderboard code can rely on a fixed schema; an entry marked ``when_recorded`` is left
     out when its source was not recorded (no task-IL keys on a domain-IL run).
+
+    ``not_scored``: why the global model is not what the run's method is scored by (a
+    component's ``scored_by_clients``, e.g. FedWeIT's private per-task models). The global
+    model's accuracy would then be reported as the method's, so no entry is read from its
+    task-end matrices (:data:`GLOBAL_MODEL_COMPUTES`) and ``global_not_scored`` holds the
+    reason; records.csv keeps its global rows. The matrix metrics are instead the mean over
+    clients of each client's own matrix (:class:`OwnInputs`, the ``own_`` rows), and None
+    where no client has one; ``acc_matrix`` and memory drift stay None.
     """
     _check_records(records)
     if num_tasks < 1:
         raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
     inputs = SummaryInputs(records, num_tasks)
     orders = task_orders_from_records(records)
-    clients = [] if orders is None else [ClientInputs(inputs, order) for order in orders]
+    clients: Sequence[SummaryInputs] = []
+    if orders is not None:
+        clients = [ClientInputs(inputs, order) for order in orders]
+    if not_scored:  # the clients' own models, never the global one's matrices
+        clients, computes = own_inputs(inputs, orders), PER_CLIENT_COMPUTES
+        withheld = GLOBAL_MODEL_COMPUTES - PER_CLIENT_COMPUTES
+    else:
+        computes, withheld = (PER_CLIENT_COMPUTES if clients else frozenset()), frozenset()
     module = sys.modules[__name__]
     out: dict[str, Any] = {}
     for spec in summary_metrics():
         if spec.when_recorded and not inputs.recorded(str(spec.source)):
             continue
         compute = getattr(module, str(spec.compute))
-        if clients and spec.compute in PER_CLIENT_COMPUTES:
+        if spec.compute in withheld or (not_scored and not clients and spec.compute in computes):
+            out[spec.key] = None
+        elif spec.compute in computes:
             out[spec.key] = client_mean([compute(c, spec.source) for c in clients])
         else:
             out[spec.key] = compute(inputs, spec.source)
-    if clients:
+    if orders is not None:
         out["task_orders"] = orders
+    if clients:
         out["client_Acc_T"] = [final_accuracy(c, "acc") for c in clients]
         out["client_Fgt_T"] = [final_forgetting(c, "acc") for c in clients]
+    if not_scored:
+        out["global_not_scored"] = not_scored
     return _jsonable(out)

@@ -55,8 +55,11 @@ def disagreement(
     forgetting fix hold other values there, and their runs are still sound)."""
     from cfl_bench.core.metrics import summarize
 
+    # A run whose global model is not what its method is scored by says so itself; its
+    # records then give no global accuracy-derived numbers either.
+    not_scored = summary.get("global_not_scored")
     try:
-        computed = summarize(records, num_tasks)
+        computed = summarize(records, num_tasks, not_scored if isinstance(not_scored, str) else "")
     except ValueError as exc:
         return f"records.csv does not fit the run ({exc})"
     for key in sorted(summary_keys() - exempt):

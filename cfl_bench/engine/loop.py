@@ -301,6 +301,9 @@ class Federation:
             upto = min(t + 1, s.num_tasks - 1) if self.orders is None else s.num_tasks - 1
             drift = server.is_task_end and self.orders is None
             self.measure.evaluate(out.records, self.global_state, ri, t, upto, drift)
+            if self.strategy.scored_by_clients:  # what the method is scored by
+                own = self.strategy.own_model
+                self.measure.evaluate_own(out.records, self.clients, own, self.global_state, ri, t)
         self.end_tasks(g)
         out.costs += [
             (ri, t, -1, "global", "round_time_s", time.perf_counter() - started),

@@ -10,6 +10,7 @@ until the records are flushed: no host sync per evaluation.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -28,6 +29,8 @@ from cfl_bench.engine.diagnostics import (
 
 # (round, trained_task, eval_task, scope, metric, value); value may be a 0-d tensor until flushed.
 Record = tuple[int, int, int, str, str, object]
+#: A strategy's ``own_model``: a context in which the model is a client's own for a task.
+OwnModel = Callable[[ClientState, int, FlatModel], AbstractContextManager[bool]]
 
 
 class Measurement:
@@ -120,6 +123,43 @@ class Measurement:
         values = torch.stack(list(headlines.values())).tolist()  # one host sync
         self.latest_scores = dict(zip(headlines, values, strict=True))
         return self.latest_acc
+
+    def evaluate_own(
+        self,
+        records: list[Record],
+        clients: list[ClientState],
+        own_model: OwnModel,
+        global_state: tuple[torch.Tensor, torch.Tensor],
+        round_index: int,
+        trained_task: int,
+    ) -> None:
+        """Each client's own model (``own_model``: the strategy's, for a method scored by
+        its clients' models) on every task the client has trained by step ``trained_task``
+        (its own first tasks under per-client orders), on that task's whole test set:
+        ``own_<metric>`` rows of scope ``client_k``; the displayed mean is the mean over
+        clients of each client's mean over its tasks. θ_g is loaded back after."""
+        headline = self.objective.metrics[0]
+        means: list[torch.Tensor] = []
+        for client in clients:
+            steps = range(trained_task + 1)
+            tasks = steps if self.orders is None else [self.orders[client.index][i] for i in steps]
+            seen: list[torch.Tensor] = []
+            for j in tasks:
+                with own_model(client, j, self.model) as present:
+                    if not present:
+                        continue
+                    e = self.eval_sets[j]
+                    logits = self.objective.predict(self.model.module, e.x, self.decode)
+                scores = self.objective.score(logits, e.y, e.classes)
+                scope = f"client_{client.index}"
+                for metric, value in scores.items():
+                    records.append((round_index, trained_task, j, scope, f"own_{metric}", value))
+                seen.append(scores[headline])
+            if seen:
+                means.append(torch.stack(seen).mean())
+        self.model.load(*global_state)
+        if means:
+            self.latest_acc = float(torch.stack(means).mean().item())
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """The scores the evaluation ranks classes by: the classifier's where the strategy

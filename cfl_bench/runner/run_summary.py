@@ -39,7 +39,7 @@ def run_summary(keeper: RoundKeeper, outcome: RunOutcome, plan: RunPlan) -> dict
     return {
         "status": outcome.status,
         "message": outcome.message,
-        **summarize(records, num_tasks),
+        **summarize(records, num_tasks, plan.strategy.scored_by_clients),
         "wall_time_s": keeper.elapsed(),
         "round_time_s_mean": cost_mean(costs, "round_time_s"),
         "train_time_s_total": cost_total(costs, "train_time_s"),
