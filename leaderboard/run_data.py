@@ -200,13 +200,9 @@ def task_end_records(records: pd.DataFrame, ends: list[int], rounds_done: int) -
 
 def not_scored_reason(summary: dict[str, Any] | None, config: dict[str, Any]) -> str:
     """Why the run's global model is not what its method is scored by: what summary.json
-    says, else (an unfinished run) what its strategy's declarations say; empty when it is."""
-    from cfl_bench.strategies.declarations import scored_by_clients_of
-
-    if summary is not None:
-        stated = summary.get("global_not_scored")
-        return stated if isinstance(stated, str) else ""
-    return scored_by_clients_of(config.get("strategy"))
+    says, else (an unfinished run) what config.json says; empty when it is."""
+    stated = (summary if summary is not None else config).get("global_not_scored")
+    return stated if isinstance(stated, str) else ""
 
 
 def load_run_data(run_dir: str) -> RunData:

@@ -894,25 +894,3 @@ TABLE: tuple[Declaration, ...] = (
     FOT,
     FEDWEIT,
 )
-
-
-def scored_by_clients_of(strategy: object) -> str:
-    """Why the global model is not what a run's strategy is scored by, from config.json's
-    description of it (``{"components": [{"name": ...}, ...]}``), through this table alone
-    (no torch); empty when it is, or when the description names no built-in component.
-
-    Why from the table: a reader of an unfinished run (no summary.json yet) must know it
-    without building the strategy. A finished run's summary.json says it itself
-    (``global_not_scored``), which also covers plugins.
-    """
-    components = strategy.get("components") if isinstance(strategy, dict) else None
-    if not isinstance(components, list):
-        return ""
-    by_name = {row.name: row for row in TABLE}
-    reasons = []
-    for component in components:
-        name = component.get("name") if isinstance(component, dict) else None
-        row = by_name.get(name) if isinstance(name, str) else None
-        if row is not None and row.scored_by_clients:
-            reasons.append(row.scored_by_clients)
-    return "; ".join(reasons)

@@ -1,7 +1,7 @@
 """FedWeIT: Federated Weighted Inter-client Transfer (Yoon, Jeong, Lee, Yang, Hwang, ICML 2021),
 as its official TensorFlow code (wyjeong/FedWeIT: ``modules/layers.py``, ``modules/nets.py``,
 ``modules/federated.py``, ``modules/train.py``, ``models/fedweit/{client,server}.py``,
-``config.py``) runs it, on ``--model fedweit-lenet`` (``cfl_bench.runner.decomposed``).
+``config.py``) runs it, on ``--model fedweit-lenet`` (``cfl_bench.strategies.decomposed``).
 
 Each decomposed layer of client c on its task t composes its weight in the forward::
 
@@ -66,15 +66,15 @@ import torch
 
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.seeding import generator
-from cfl_bench.runner.decomposed import (
+from cfl_bench.strategies import declarations
+from cfl_bench.strategies.base import ClientInputs, Component, Declaration, StrategyEnv
+from cfl_bench.strategies.declarations import FedWeITOptions
+from cfl_bench.strategies.decomposed import (
     FedWeITLeNet,
     LayerPrivate,
     prune,
     variance_scaling_,
 )
-from cfl_bench.strategies import declarations
-from cfl_bench.strategies.base import ClientInputs, Component, Declaration, StrategyEnv
-from cfl_bench.strategies.declarations import FedWeITOptions
 
 if TYPE_CHECKING:
     from cfl_bench.core.context import ClientState, LocalRound, ServerState, Upload

@@ -18,11 +18,11 @@ import torch
 from cfl_bench.core.context import ClientState, Upload
 from cfl_bench.core.errors import UserError
 from cfl_bench.runner.config import make_config
-from cfl_bench.runner.decomposed import DecomposedLinear, LayerPrivate, max_pool_same
 from cfl_bench.runner.run import execute
 from cfl_bench.strategies.base import ModelFacts
 from cfl_bench.strategies.compose import build_strategy
 from cfl_bench.strategies.declarations import FedWeITOptions
+from cfl_bench.strategies.decomposed import DecomposedLinear, LayerPrivate, max_pool_same
 from cfl_bench.strategies.fedweit import (
     FedWeIT,
     Layout,

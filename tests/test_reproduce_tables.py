@@ -125,12 +125,7 @@ def test_fot_table_pmnist_maps_the_readmes_acc_and_fgt_cells(tmp_path: Path) -> 
     assert table.runs("smoke") == 4 and table.runs("cpu") == 12  # ACC and FGT: the same runs
     assert table.protocol["model"] == "fot-mlp" and table.protocol["participation"] == 0.512
     # without target_metric each (row, column) names both the ACC and the FGT cell
-    source = (ROOT / "tables" / "fot-table-pmnist.yaml").read_text(encoding="utf-8")
-    (tmp_path / "tables").mkdir()
-    (tmp_path / "targets").mkdir()
-    (tmp_path / "targets" / "fot.csv").write_bytes((ROOT / "targets" / "fot.csv").read_bytes())
-    damaged = tmp_path / "tables" / "fot-table-pmnist.yaml"
-    damaged.write_text(source.replace("    target_metric: FGT (%)\n", "", 1), encoding="utf-8")
+    damaged = damaged_fot_table(tmp_path, "    target_metric: FGT (%)\n", "")
     with pytest.raises(UserError, match="matches 2 printed cells of README Table 1, not one"):
         load_table(damaged, tmp_path)
 
@@ -472,12 +467,19 @@ def test_a_column_metric_with_a_minus_reads_the_metric_negated() -> None:
     assert column_value(code_fgt, empty) == (None, "-BWT")
 
 
-def test_a_column_naming_no_leaderboard_metric_is_refused(tmp_path: Path) -> None:
+def damaged_fot_table(tmp_path: Path, old: str, new: str) -> Path:
+    """A copy of the FOT table under ``tmp_path`` (with its targets) whose first ``old``
+    reads ``new``."""
     source = (ROOT / "tables" / "fot-table-pmnist.yaml").read_text(encoding="utf-8")
     (tmp_path / "tables").mkdir()
     (tmp_path / "targets").mkdir()
     (tmp_path / "targets" / "fot.csv").write_bytes((ROOT / "targets" / "fot.csv").read_bytes())
     damaged = tmp_path / "tables" / "fot-table-pmnist.yaml"
-    damaged.write_text(source.replace("metric: -BWT", "metric: -BTW", 1), encoding="utf-8")
+    damaged.write_text(source.replace(old, new, 1), encoding="utf-8")
+    return damaged
+
+
+def test_a_column_naming_no_leaderboard_metric_is_refused(tmp_path: Path) -> None:
+    damaged = damaged_fot_table(tmp_path, "metric: -BWT", "metric: -BTW")
     with pytest.raises(UserError, match="metric '-BTW' is not a leaderboard metric; use one of"):
         load_table(damaged, tmp_path)

@@ -19,7 +19,6 @@ from cfl_bench.core.run_agreement import disagreement
 from cfl_bench.leaderboard.aggregate import aggregate
 from cfl_bench.leaderboard.runs import load_runs
 from cfl_bench.strategies import declarations
-from cfl_bench.strategies.declarations import scored_by_clients_of
 from cfl_bench.strategies.fedweit import FedWeIT
 from tests.leaderboard_fixtures import write_run
 
@@ -69,12 +68,17 @@ def test_a_withholding_summary_agrees_with_its_records_and_a_stated_number_does_
     )
 
 
-def test_fedweit_declares_it_and_a_config_names_it_without_torch() -> None:
+def test_fedweit_declares_it_and_an_unfinished_runs_config_says_it() -> None:
+    """The leaderboard imports no strategy: config.json carries the reason for a run that
+    has no summary.json yet; a finished run's summary says it itself."""
+    from cfl_bench.leaderboard.run_data import not_scored_reason
+
     assert FedWeIT.scored_by_clients == declarations.FEDWEIT.scored_by_clients != ""
-    fedweit = {"components": [{"name": "fedavg"}, {"name": "fedweit"}]}
-    assert scored_by_clients_of(fedweit) == declarations.FEDWEIT.scored_by_clients
-    assert scored_by_clients_of({"components": [{"name": "fedavg"}]}) == ""
-    assert scored_by_clients_of(None) == ""
+    config = {"global_not_scored": declarations.FEDWEIT.scored_by_clients}
+    assert not_scored_reason(None, config) == declarations.FEDWEIT.scored_by_clients
+    assert not_scored_reason({"global_not_scored": "own"}, config) == "own"
+    assert not_scored_reason({}, config) == ""  # a finished run's summary decides
+    assert not_scored_reason(None, {}) == ""
 
 
 def test_the_leaderboard_does_not_rank_a_run_on_withheld_numbers(tmp_path: Path) -> None:

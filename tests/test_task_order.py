@@ -30,7 +30,7 @@ from tests.cli_helpers import cli, tree_digest
 from tests.helpers import digits_federation
 from tests.synthetic_data import write_tiny_cifar10
 from tests.test_cli import in_process
-from tests.test_resume import assert_config_resumes_after_crash
+from tests.test_resume import BASE, assert_config_resumes_after_crash
 from tests.test_vectorized import assert_same, one_thread  # noqa: F401 - the fixture
 
 # The worked example of docs/metrics.md: a[t][j], the global model after step t on stream
@@ -175,15 +175,7 @@ def test_the_vectorized_executor_agrees(one_thread: None) -> None:  # noqa: F811
 
 
 # rot-digits, 3 tasks × 2 rounds, 4 clients (tests.test_resume.BASE); the orders of seed 0.
-RESUME = {
-    "tasks": 3,
-    "rounds_per_task": 2,
-    "clients": 4,
-    "epochs": 1,
-    "threads": 1,
-    "checkpoint_every": 1,
-    "task_order": "per-client",
-}
+RESUME = {**BASE, "task_order": "per-client"}
 
 
 @pytest.mark.parametrize("strategy", ["ideal", "agem:agem_fill=task_end"])

@@ -291,7 +291,7 @@ def _fot_alexnet(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 
 
 def _fedweit_lenet(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    from cfl_bench.runner.decomposed import build_fedweit_lenet
+    from cfl_bench.strategies.decomposed import build_fedweit_lenet
 
     return build_fedweit_lenet(input_shape, num_classes)
 

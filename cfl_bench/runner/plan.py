@@ -371,6 +371,9 @@ def run_record(
         "client_class_counts": class_count_tables(stream, splits),
         **arrivals_record(schedule),
         **task_order_record(schedule),
+        # A reader of an unfinished run (no summary.json yet) must know it without building
+        # the strategy (the leaderboard imports no strategy).
+        **({"global_not_scored": strategy.scored_by_clients} if strategy.scored_by_clients else {}),
     }
 
 
