@@ -20,10 +20,10 @@ from tests.test_vectorized_replay import REPLAY
 # "Agreement"): FedDF's and FedProj's server Adam distillation. Measured at their defaults
 # on this run: FedDF's θ_g 1.9e-2 apart (records 2.3e-6), FedProj's 2.0e-5 (2.5e-8).
 OPTIONS = {"fedproj": "fedproj:distill_lr=1e-12,eps=1e-6", "feddf": "feddf:distill_lr=1e-12"}
-# Refused by the vectorized executor: the joint learner (its data grows with the history)
-# and iCaRL and GLFC (their exemplars join the shard; and they need a class-IL stream, not
-# rot-digits).
-REFUSED = {"ideal", "icarl", "glfc"}
+# Refused by the vectorized executor: the joint learner (its data grows with the history),
+# iCaRL and GLFC (their exemplars join the shard; and they need a class-IL stream, not
+# rot-digits) and FedWeIT (private per-client layers outside θ; its own model).
+REFUSED = {"ideal", "icarl", "glfc", "fedweit"}
 COMPOSITIONS = [
     "der+fedgp",
     "derpp+fedgp",

@@ -58,7 +58,16 @@ CHANNELS_LAST_ON_CPU: frozenset[str] = frozenset(
 #: The models whose layers treat each example alone in training mode (no BatchNorm): a
 #: step may forward its batch and replay draws as one (``engine.fused_forward``).
 PER_EXAMPLE_MODELS: frozenset[str] = frozenset(
-    {"mnist-cnn", "mlp", "linear", "fedavg-cnn", "centernet", "fot-mlp", "fot-alexnet"}
+    {
+        "mnist-cnn",
+        "mlp",
+        "linear",
+        "fedavg-cnn",
+        "centernet",
+        "fot-mlp",
+        "fot-alexnet",
+        "fedweit-lenet",  # its LRN normalises across one example's channels
+    }
 )
 
 
