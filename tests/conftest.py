@@ -60,11 +60,51 @@ def shared_data() -> Path:
     return requires_shared_data()
 
 
+# The test files whose tests take longest in all (CI's --durations), longest first. Why:
+# pyproject.toml runs the suite with ``--dist loadfile`` (a file's module fixtures are made
+# once) and ``--no-loadscope-reorder``; xdist then hands whole files to the workers in
+# collection order. Its default order (most tests first) put the files of a few minute-long
+# tests (Flower, the tutorial) last, so one worker ran them alone at the end while the other
+# idled. Starting the longest files first leaves only short ones for the end.
+LONGEST_FILES_FIRST = (
+    "test_flower.py",
+    "test_flower_deploy.py",
+    "test_golden.py",
+    "test_sweep_ray.py",
+    "test_carla_stream.py",
+    "test_sweep.py",
+    "test_tutorial.py",
+    "test_interrupts.py",
+    "test_shipped_prefix.py",
+    "test_reproduce_run.py",
+    "test_sweep_slurm.py",
+    "test_vectorized.py",
+    "test_reproduce_safety.py",
+    "test_late_failures.py",
+    "test_cli.py",
+    "test_readme_claims.py",
+    "test_one_judgement.py",
+)
+
+
+def longest_files_first(items: list[pytest.Item]) -> None:
+    """Sort ``items`` in place: the files of ``LONGEST_FILES_FIRST`` in that order, then the
+    others as collected; a file's own tests keep their order. A listed file that no longer
+    exists is an error, so the list cannot silently go stale."""
+    here = Path(__file__).resolve().parent
+    missing = [name for name in LONGEST_FILES_FIRST if not (here / name).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py LONGEST_FILES_FIRST names {missing}")
+    rank = {name: index for index, name in enumerate(LONGEST_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test that uses the ``shared_data`` fixture ``shared_data`` too, so the
     marker alone says which tests need the real datasets (``-m shared_data`` collects them;
     the README's count is checked against that), and skip the marked ones up front when the
-    folder is absent."""
+    folder is absent. Then start the longest files first (``longest_files_first``)."""
+    longest_files_first(items)
     absent = not SHARED_DATA.is_dir()
     for item in items:
         if "shared_data" in getattr(item, "fixturenames", ()):
