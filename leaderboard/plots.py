@@ -438,9 +438,6 @@ def scatter_svg(series: Sequence[StrategySeries], figure_id: str) -> str | None:
     markers collided with the error bars and with each other (strategies without extra
     payloads send exactly the same bytes). Such points are shifted a few points sideways
     (a display offset, so the byte axis stays exact) and differ in marker and colour."""
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-    from matplotlib.transforms import offset_copy
-
     points = [
         (index, s)
         for index, s in enumerate(series)
@@ -456,34 +453,8 @@ def scatter_svg(series: Sequence[StrategySeries], figure_id: str) -> str | None:
         fig = new_figure(5.6, 3.4 + 0.2 * math.ceil(rows))
         ax = fig.subplots()
         sizes = [s.bytes_total[0] for _, s in points]
-        same: dict[float, list[int]] = {}
-        for index, s in points:
-            same.setdefault(s.bytes_total[0], []).append(index)
-        reach: list[float] = []
-        for index, s in points:
-            group = same[s.bytes_total[0]]
-            shift = (group.index(index) - (len(group) - 1) / 2) * SCATTER_DODGE_PT
-            err = s.acc_final[1] if math.isfinite(s.acc_final[1]) else None
-            style = series_style(index)
-            ax.errorbar(
-                s.bytes_total[0],
-                s.acc_final[0],
-                yerr=err,
-                fmt=style["marker"],
-                color=style["color"],
-                capsize=3,
-                markersize=5,
-                label=plain_label(s.strategy, 40),
-                transform=offset_copy(ax.transData, fig=fig, x=shift, units="points"),
-            )
-            reach += [s.acc_final[0] - (err or 0.0), s.acc_final[0] + (err or 0.0)]
-        if max(sizes) / min(sizes) > 20:
-            ax.set_xscale("log")
-            ax.margins(x=0.25)
-        else:  # from zero: ratios of byte counts stay readable, nothing zooms on noise
-            ax.set_xlim(0, max(sizes) * 1.15)
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: human_bytes(v)))
-        ax.xaxis.set_minor_formatter(NullFormatter())
+        reach = _scatter_points(ax, fig, points)
+        _bytes_axis(ax, sizes)
         ax.set(
             xlabel="bytes communicated (up + down, total)",
             ylabel="Acc_T (%)",
@@ -492,3 +463,49 @@ def scatter_svg(series: Sequence[StrategySeries], figure_id: str) -> str | None:
         set_ylimits(ax, reach, min_span=ACC_MIN_SPAN, bounds=PERCENT_RANGE)
         figure_legend(fig, len(points))
         return to_svg(fig, figure_id)
+
+
+def _scatter_points(
+    ax: Axes, fig: Figure, points: Sequence[tuple[int, StrategySeries]]
+) -> list[float]:
+    """One marker with error bar per strategy, points sending the same bytes dodged
+    sideways by a display offset (the byte axis stays exact); returns the accuracies the
+    error bars reach, which the y limits must show."""
+    from matplotlib.transforms import offset_copy
+
+    same: dict[float, list[int]] = {}
+    for index, s in points:
+        same.setdefault(s.bytes_total[0], []).append(index)
+    reach: list[float] = []
+    for index, s in points:
+        group = same[s.bytes_total[0]]
+        shift = (group.index(index) - (len(group) - 1) / 2) * SCATTER_DODGE_PT
+        err = s.acc_final[1] if math.isfinite(s.acc_final[1]) else None
+        style = series_style(index)
+        ax.errorbar(
+            s.bytes_total[0],
+            s.acc_final[0],
+            yerr=err,
+            fmt=style["marker"],
+            color=style["color"],
+            capsize=3,
+            markersize=5,
+            label=plain_label(s.strategy, 40),
+            transform=offset_copy(ax.transData, fig=fig, x=shift, units="points"),
+        )
+        reach += [s.acc_final[0] - (err or 0.0), s.acc_final[0] + (err or 0.0)]
+    return reach
+
+
+def _bytes_axis(ax: Axes, sizes: list[float]) -> None:
+    """The byte axis: logarithmic when the sizes span more than a factor of 20, else linear
+    from zero; ticks in human units."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    if max(sizes) / min(sizes) > 20:
+        ax.set_xscale("log")
+        ax.margins(x=0.25)
+    else:  # from zero: ratios of byte counts stay readable, nothing zooms on noise
+        ax.set_xlim(0, max(sizes) * 1.15)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: human_bytes(v)))
+    ax.xaxis.set_minor_formatter(NullFormatter())

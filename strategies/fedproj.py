@@ -83,6 +83,7 @@ from cfl_bench.strategies.distillation import (
     teacher_log_probs,
     train_labelled,
 )
+from cfl_bench.strategies.fedproj_anchor import AnchorMaterial
 from cfl_bench.strategies.projection import conflict_coefficients
 from cfl_bench.strategies.public_set import PublicSetUser
 
@@ -105,7 +106,7 @@ def memory_batch(
     return torch.randperm(n, generator=gen, device=device)[: min(size, n)]
 
 
-class FedProj(PublicSetUser, Component):
+class FedProj(AnchorMaterial, PublicSetUser, Component):
     declaration: ClassVar[Declaration] = declarations.FEDPROJ
     opts: FedProjOptions
     uses_after_local: ClassVar[bool] = True
@@ -260,31 +261,6 @@ class FedProj(PublicSetUser, Component):
         else:
             self._logit_sum.add_(logits)
         self._logit_count += 1
-
-    def collect_anchor(self, upload: Upload, server: ServerState) -> None:
-        """anchor=mean: sum θ_k; anchor=global: keep θ_g as it was before this round's
-        aggregation replaces it (copied at the round's first upload)."""
-        if self.gamma == 0:
-            return
-        if self.anchor == "mean":
-            if self._param_sum is None:
-                self._param_sum = upload.params.detach().clone()
-            else:
-                self._param_sum.add_(upload.params)
-            self._param_count += 1
-        elif self.anchor == "global" and self._previous is None:
-            self._previous = server.global_params.detach().clone()
-
-    def anchor_params(self, theta_avg: torch.Tensor) -> torch.Tensor:
-        """The round's anchor of γ·‖θ − anchor‖² (snapshot: θ_avg itself); the per-round
-        material is reset for the next round."""
-        param_sum, count, previous = self._param_sum, self._param_count, self._previous
-        self._param_sum, self._param_count, self._previous = None, 0, None
-        if self.anchor == "mean" and param_sum is not None and count > 0:
-            return param_sum.div_(count)
-        if self.anchor == "global" and previous is not None:
-            return previous
-        return theta_avg
 
     # -- server -------------------------------------------------------------------------------
     def aggregate(self, server: ServerState) -> None:

@@ -56,7 +56,6 @@ rounds of a task (the suite restarts the local optimiser every round).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -65,88 +64,29 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from cfl_bench.core.errors import UserError
-from cfl_bench.core.seeding import generator
 from cfl_bench.strategies import declarations
 from cfl_bench.strategies.base import ClientInputs, Component, Declaration, StrategyEnv
 from cfl_bench.strategies.declarations import FedWeITOptions
-from cfl_bench.strategies.decomposed import (
-    FedWeITLeNet,
-    LayerPrivate,
-    prune,
-    variance_scaling_,
+from cfl_bench.strategies.decomposed import FedWeITLeNet, LayerPrivate, prune
+from cfl_bench.strategies.fedweit_layout import (  # noqa: F401 - importable from here too
+    AGGREGATION_EPS,
+    MODEL,
+    Layout,
+    aggregate_bases,
+    keep_mask,
+    layout_of,
 )
+from cfl_bench.strategies.fedweit_server import FedWeITServer
+from cfl_bench.strategies.fedweit_tasks import ADAPTIVE_FACTOR, ClientTasks  # noqa: F401
 
 if TYPE_CHECKING:
-    from cfl_bench.core.context import ClientState, LocalRound, ServerState, Upload
+    from cfl_bench.core.context import ClientState, LocalRound, Upload
     from cfl_bench.core.flat import FlatModel
-
-#: The code's ``adaptive_factor``: every task's A starts at B₀ / 3.
-ADAPTIVE_FACTOR = 3.0
-#: The code's ε in the per-channel division of the aggregated bases.
-AGGREGATION_EPS = 1e-15
-MODEL = "fedweit-lenet"
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where each decomposed layer's base lies in θ: (start, numel, output channels)."""
-
-    layers: tuple[tuple[int, int, int], ...]
-    head: tuple[int, int]  # the head's (classes, features)
-
-    @property
-    def params(self) -> int:
-        return sum(n for _, n, _ in self.layers)
-
-    @property
-    def channels(self) -> int:
-        return sum(out for _, _, out in self.layers)
-
-    def expand(self, per_channel: torch.Tensor) -> torch.Tensor:
-        """A per-output-channel vector (Σ out) spread over θ's layout (out is the first
-        axis of every torch weight, so a channel's entries are contiguous)."""
-        parts, offset = [], 0
-        for _, numel, out in self.layers:
-            parts.append(per_channel[offset : offset + out].repeat_interleave(numel // out))
-            offset += out
-        return torch.cat(parts)
-
-
-def layout_of(model: FlatModel) -> Layout:
-    module = model.module
-    if not isinstance(module, FedWeITLeNet):
-        raise UserError(f"fedweit composes decomposed layers only; use --model {MODEL}.")
-    where = {s.name: s for s in model.slices}
-    names = [n for n, m in module.named_modules() if m in module.layers()]
-    rows = []
-    for name, layer in zip(names, module.layers(), strict=True):
-        s = where[f"{name}.shared"]
-        rows.append((s.start, s.numel, int(layer.shared.shape[0])))
-    return Layout(tuple(rows), (module.num_classes, int(module.fc2.shared.shape[0])))
-
-
-def keep_mask(mask: torch.Tensor, layout: Layout, sparsity: float) -> torch.Tensor:
-    """Per layer, 1 for the channels whose |m| exceeds the ⌊n·s⌋-th smallest |m| (0-based),
-    the code's ``hard_threshold`` of ``get_weights``."""
-    parts, offset = [], 0
-    for _, _, out in layout.layers:
-        m = mask[offset : offset + out].abs()
-        threshold = torch.sort(m).values[math.floor(out * sparsity)]
-        parts.append((m > threshold).to(mask.dtype))
-        offset += out
-    return torch.cat(parts)
 
 
 def code_counted_upload(pruned_bases: torch.Tensor) -> int:
     """The code's per-round upload count: the nonzero entries of B ⊙ keep."""
     return int(torch.count_nonzero(pruned_bases))
-
-
-def aggregate_bases(
-    pruned_sum: torch.Tensor, keep_sum: torch.Tensor, layout: Layout
-) -> torch.Tensor:
-    """B_g = Σ B_c⊙keep_c / (Σ keep_c + ε), channel by channel."""
-    return pruned_sum / (layout.expand(keep_sum) + AGGREGATION_EPS)
 
 
 def regulariser(
@@ -209,7 +149,7 @@ def private_size(layout: Layout, kb_rows: int) -> int:
     )
 
 
-class FedWeIT(Component):
+class FedWeIT(ClientTasks, FedWeITServer, Component):
     declaration: ClassVar[Declaration] = declarations.FEDWEIT
     opts: FedWeITOptions
     uses_after_local: ClassVar[bool] = True
@@ -277,86 +217,6 @@ class FedWeIT(Component):
             return torch.optim.Adam([vector], lr=local.lr, eps=1e-8)
         return torch.optim.SGD([vector], lr=local.lr, momentum=self.momentum)
 
-    def first_visit(
-        self, state: dict[str, object], index: int, theta_g: torch.Tensor, layout: Layout
-    ) -> None:
-        """The first θ_g is the client's base and B₀; its head is drawn (Keras' Dense
-        default: Glorot-uniform weights over one task's head, zero bias)."""
-        state["base"], state["initial"] = theta_g.clone(), theta_g.clone()
-        state["task"], state["past"] = -1, []
-        classes, features = layout.head
-        limit = math.sqrt(6.0 / (features + self.head_width))
-        gen = generator(self.seed, self.random_stream, "head", index)
-        weight = torch.rand(classes * features, generator=gen).mul_(2 * limit).sub_(limit)
-        state["head"] = torch.cat((weight, torch.zeros(classes))).to(theta_g.device)
-
-    def enter_task(
-        self,
-        state: dict[str, object],
-        client: ClientState,
-        kb: torch.Tensor | None,
-        layout: Layout,
-    ) -> None:
-        """A new task: the last task's (m, A) joins the past, the retroactive targets are
-        taken with the client's base as it stands, and the new task's m, bias, A, α and kb
-        are set (kb: the broadcast's, zero without one)."""
-        past = state["past"]
-        assert isinstance(past, list)
-        first = int(state["task"]) < 0  # type: ignore[call-overload]
-        if not first:
-            previous = state["task_vector"]
-            assert isinstance(previous, torch.Tensor)
-            m, p = layout.channels, layout.params
-            past.append((previous[:m].clone(), previous[m : m + p].clone()))
-            self.keep_task_model(state)
-        own, initial = state["base"], state["initial"]
-        assert isinstance(own, torch.Tensor) and isinstance(initial, torch.Tensor)
-        state["targets"] = [own * layout.expand(torch.sigmoid(m)) + a for m, a in past]
-        # The client's own first task has no α (the code's tid = 0, which is each client's
-        # own first task: under per-client orders not stream task 0).
-        rows = 0 if kb is None or first else int(kb.shape[0])
-        kb_now = own.new_zeros(rows, own.numel()) if kb is None or rows == 0 else kb.clone()
-        if rows and self.opts.kb_self == "drop":
-            kb_now[client.index].zero_()
-        gen = generator(self.seed, self.random_stream, client.index, client.task)
-        mask, bias = own.new_empty(layout.channels), own.new_empty(layout.channels)
-        atten = own.new_zeros(rows * len(layout.layers))
-        offset = 0
-        for index, (_, _, out) in enumerate(layout.layers):
-            variance_scaling_(mask[offset : offset + out], out, gen)
-            variance_scaling_(bias[offset : offset + out], out, gen)
-            if rows:
-                variance_scaling_(atten[index * rows : (index + 1) * rows], rows, gen)
-            offset += out
-        state["task_vector"] = torch.cat((mask, initial / ADAPTIVE_FACTOR, atten, bias))
-        state["kb"], state["task"] = kb_now, client.task
-
-    def keep_task_model(self, state: dict[str, object]) -> None:
-        """The task just left, as the code keeps it per task for its evaluation: its m, A,
-        α, bias, its head and its knowledge base (``models``, by stream task)."""
-        models = state.setdefault("models", {})
-        assert isinstance(models, dict)
-        vector, head, kb = state["task_vector"], state["head"], state["kb"]
-        assert isinstance(vector, torch.Tensor) and isinstance(head, torch.Tensor)
-        assert isinstance(kb, torch.Tensor)
-        models[int(state["task"])] = (vector.clone(), head.clone(), kb)  # type: ignore[call-overload]
-
-    def task_model(
-        self, state: dict[str, object], task: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """The client's (task vector, head, kb) for stream task ``task``: the current task's
-        as trained so far, a past one's as kept when the client left it; None if untrained."""
-        if "base" not in state:
-            return None
-        if state["task"] == task:
-            vector, head, kb = state["task_vector"], state["head"], state["kb"]
-            assert isinstance(vector, torch.Tensor) and isinstance(head, torch.Tensor)
-            assert isinstance(kb, torch.Tensor)
-            return vector, head, kb
-        models = state.get("models", {})
-        assert isinstance(models, dict)
-        return models.get(task)
-
     @contextmanager
     def own_model(self, client: ClientState, task: int, model: FlatModel) -> Iterator[bool]:
         """The client's composed model for ``task`` (the code's ``get_model_by_tid``): its
@@ -379,14 +239,6 @@ class FedWeIT(Component):
             yield True
         finally:
             detach(model.module)
-
-    def past_terms(
-        self, state: dict[str, object]
-    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Each earlier task's (m_i, A_i, retroactive target), as ``regulariser`` reads them."""
-        past, targets = state["past"], state.get("targets", [])
-        assert isinstance(past, list) and isinstance(targets, list)
-        return [(m, a, t) for (m, a), t in zip(past, targets, strict=True)]
 
     def attach(self, module: torch.nn.Module, private: Private, kb: torch.Tensor) -> None:
         """Set the client's private tensors (views of its vector) on the decomposed layers
@@ -467,46 +319,3 @@ class FedWeIT(Component):
         if local.broadcast.is_task_end:
             adaptive = private.part("adaptive").detach()
             upload.extras["fedweit.adaptive"] = prune(adaptive, self.opts.lambda_l1)
-
-    # -- server ------------------------------------------------------------------------------
-    def receive_upload(self, upload: Upload, server: ServerState) -> None:
-        """Sum the pruned bases and the keep masks; keep each uploaded A by client."""
-        params = upload.params.detach()
-        if self._pruned is None:
-            self._pruned, self._uploads = params.clone(), 0
-        else:
-            self._pruned.add_(params)
-        self._uploads += 1
-        keep = upload.extras.get("fedweit.keep")
-        if keep is not None:
-            self._kept = keep.clone() if self._kept is None else self._kept.add_(keep)
-        if "fedweit.adaptive" in upload.extras:
-            self._adaptives[upload.client] = upload.extras["fedweit.adaptive"].clone()
-
-    def aggregate(self, server: ServerState) -> None:
-        """B_g per channel over the clients that kept it (sparse), else the plain mean (the
-        code's unweighted ``1/len(clients)``)."""
-        if self._pruned is None:
-            return
-        if self._kept is not None:
-            layout = layout_of(server.model)
-            server.global_params = aggregate_bases(self._pruned, self._kept, layout)
-        else:
-            server.global_params = self._pruned / self._uploads
-        self._pruned, self._kept, self._uploads = None, None, 0
-
-    def after_aggregate(self, server: ServerState) -> None:
-        """At a task end: the knowledge base, one row per client (zero for a client that
-        sent no A), in client order."""
-        if not self._adaptives:
-            return
-        kb = server.global_params.new_zeros(len(server.clients), server.global_params.numel())
-        for index, adaptive in self._adaptives.items():
-            kb[index] = adaptive
-        self.kb, self._adaptives = kb, {}
-
-    def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
-        """The knowledge base goes out once, in the first round of the next task."""
-        if self.kb is None or server.round_in_task != 0 or server.task == 0:
-            return {}
-        return {"fedweit.kb": self.kb}

@@ -546,6 +546,22 @@ def _read_experience(t: int, train_exp: object, test_exp: object, digest: Any) -
 
 def _materialise(experience: object, what: str) -> _Split:
     """Read an experience's whole dataset through its eval transforms into tensors."""
+    dataset, total = _sized_dataset(experience, what)
+    xs, ys = _read_batches(dataset, what)
+    try:
+        x, y = torch.cat(xs), torch.cat(ys)
+    except RuntimeError as exc:  # batches of different input shapes or label layouts
+        raise UserError(
+            f"{what} yields inputs of different shapes ({_one_line(exc)}); give its dataset "
+            "a transform that makes every input the same shape (e.g. Resize)"
+        ) from exc
+    _check_samples(x, y, what, total)
+    return _Split(x.to(torch.float32).contiguous(), y.to(torch.int64).contiguous())
+
+
+def _sized_dataset(experience: object, what: str) -> tuple[Any, int]:
+    """The experience's dataset in eval mode and its length; refused when it has none, no
+    length or no samples, since the adapter reads every sample by index once."""
     dataset = getattr(experience, "dataset", None)
     if dataset is None:
         raise UserError(
@@ -563,6 +579,12 @@ def _materialise(experience: object, what: str) -> _Split:
         ) from exc
     if total == 0:
         raise UserError(f"{what} is empty; every experience needs train and test samples")
+    return dataset, total
+
+
+def _read_batches(dataset: Any, what: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The inputs and labels of every batch, in order; a benchmark whose samples are not
+    (input, label, ...) tuples of tensors is refused with the transform that would fix it."""
     xs: list[torch.Tensor] = []
     ys: list[torch.Tensor] = []
     loader = DataLoader(
@@ -584,13 +606,12 @@ def _materialise(experience: object, what: str) -> _Split:
             f"reading {what} failed ({type(exc).__name__}: {_one_line(exc)}); give its "
             "dataset a transform that returns tensors (e.g. ToTensor)"
         ) from exc
-    try:
-        x, y = torch.cat(xs), torch.cat(ys)
-    except RuntimeError as exc:  # batches of different input shapes or label layouts
-        raise UserError(
-            f"{what} yields inputs of different shapes ({_one_line(exc)}); give its dataset "
-            "a transform that makes every input the same shape (e.g. Resize)"
-        ) from exc
+    return xs, ys
+
+
+def _check_samples(x: torch.Tensor, y: torch.Tensor, what: str, total: int) -> None:
+    """Refuse inputs that are not float and labels that are not one non-negative integer
+    class per sample: the suite's objectives and partitions read them as such."""
     if not x.is_floating_point():
         raise UserError(
             f"{what} yields {x.dtype} inputs; add a transform that returns float tensors "
@@ -605,7 +626,6 @@ def _materialise(experience: object, what: str) -> _Split:
         raise UserError(f"{what} holds negative label {int(y.min())}; class labels start at 0")
     if x.shape[0] != total:
         raise ValueError(f"{what}: read {x.shape[0]} samples of {total}")  # a loader bug
-    return _Split(x.to(torch.float32).contiguous(), y.to(torch.int64).contiguous())
 
 
 def _declared_classes(experience: Any) -> set[int] | None:

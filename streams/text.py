@@ -172,6 +172,22 @@ def read_labelled_json(
     names the file and the offending entry.
     """
     fix = 'fix or replace the file (a JSON list of {"label": ..., "sentence": "..."})'
+    data = _json_list(path, title, fix)
+    by_name = {_norm(n): i for i, n in enumerate(class_names)}
+    by_name.update(aliases or {})
+    texts: list[str] = []
+    labels: list[int] = []
+    for i, item in enumerate(data):
+        sentence, index = _labelled_entry(item, i, path, title, class_names, by_name, fix)
+        texts.append(sentence)
+        labels.append(index)
+    return texts, torch.tensor(labels, dtype=torch.int64)
+
+
+def _json_list(path: Path, title: str, fix: str) -> list[Any]:
+    """The file's decoded non-empty JSON list; every way the file can fail to be one (empty,
+    not UTF-8, not JSON, unreadable numbers or nesting, another JSON value) is refused with
+    a message naming the file and ``fix``."""
     raw = read_bytes(path, title)
     if not raw.strip():
         raise UserError(f"{title} file {path} is empty; {fix}")
@@ -189,40 +205,46 @@ def read_labelled_json(
     if not isinstance(data, list) or not data:
         kind = "an empty list" if data == [] else f"a JSON {_json_kind(data)}"
         raise UserError(f"{title} file {path} holds {kind}, not a non-empty list; {fix}")
-    by_name = {_norm(n): i for i, n in enumerate(class_names)}
-    by_name.update(aliases or {})
-    texts: list[str] = []
-    labels: list[int] = []
-    for i, item in enumerate(data):
-        if not isinstance(item, dict) or "label" not in item or "sentence" not in item:
+    return data
+
+
+def _labelled_entry(
+    item: object,
+    i: int,
+    path: Path,
+    title: str,
+    class_names: Sequence[str],
+    by_name: Mapping[str, int],
+    fix: str,
+) -> tuple[str, int]:
+    """Entry ``i``'s sentence and 0-based label (an in-range int, or a class name or alias
+    as ``by_name`` normalises them); refused with the entry's number otherwise, so a user
+    can find the bad line in a file of thousands."""
+    if not isinstance(item, dict) or "label" not in item or "sentence" not in item:
+        raise UserError(
+            f"{title} file {path} entry {i} is {str(item)[:60]!r}, not an object with "
+            f"'label' and 'sentence'; {fix}"
+        )
+    label, sentence = item["label"], item["sentence"]
+    if not isinstance(sentence, str):
+        raise UserError(
+            f"{title} file {path} entry {i} has a {type(sentence).__name__} sentence, "
+            f"not a string; {fix}"
+        )
+    if isinstance(label, int) and not isinstance(label, bool):
+        if not 0 <= label < len(class_names):
             raise UserError(
-                f"{title} file {path} entry {i} is {str(item)[:60]!r}, not an object with "
-                f"'label' and 'sentence'; {fix}"
+                f"{title} file {path} entry {i} has label {label}, outside "
+                f"0..{len(class_names) - 1}; {fix}"
             )
-        label, sentence = item["label"], item["sentence"]
-        if not isinstance(sentence, str):
-            raise UserError(
-                f"{title} file {path} entry {i} has a {type(sentence).__name__} sentence, "
-                f"not a string; {fix}"
-            )
-        if isinstance(label, int) and not isinstance(label, bool):
-            if not 0 <= label < len(class_names):
-                raise UserError(
-                    f"{title} file {path} entry {i} has label {label}, outside "
-                    f"0..{len(class_names) - 1}; {fix}"
-                )
-            index = label
-        elif isinstance(label, str) and _norm(label) in by_name:
-            index = by_name[_norm(label)]
-        else:
-            raise UserError(
-                f"{title} file {path} entry {i} has label {one_line(repr(label), 60)}, which is "
-                f"neither an int in 0..{len(class_names) - 1} nor one of "
-                f"{', '.join(class_names)}; {fix}"
-            )
-        texts.append(sentence)
-        labels.append(index)
-    return texts, torch.tensor(labels, dtype=torch.int64)
+        return sentence, label
+    if isinstance(label, str) and _norm(label) in by_name:
+        return sentence, by_name[_norm(label)]
+    raise UserError(
+        f"{title} file {path} entry {i} has label {one_line(repr(label), 60)}, which is "
+        f"neither an int in 0..{len(class_names) - 1} nor one of "
+        f"{', '.join(class_names)}; {fix}"
+    )
 
 
 def _json_kind(value: object) -> str:
