@@ -44,3 +44,16 @@ def tree_digest(root: Path) -> dict[str, str]:
         else:
             found[name] = "folder" if p.is_dir() else "other"
     return found
+
+
+def assert_runs_refused(tmp_path: Path, extras: list[list[str]], flag: str) -> None:
+    """Each ``cfl-bench run --tasks 3 EXTRA`` into ``tmp_path/r`` exits 2 with one line naming
+    ``flag`` and no traceback, and leaves ``tmp_path`` as it found it (nothing written)."""
+    before = tree_digest(tmp_path)
+    for extra in extras:
+        result = cli(["run", "--tasks", "3", *extra, "--out", str(tmp_path / "r")], tmp_path)
+        assert result.returncode == 2, result.stderr
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+        assert flag in lines[0], lines[0]
+    assert tree_digest(tmp_path) == before
