@@ -278,9 +278,12 @@ def _running(process: psutil.Process) -> bool:
 
 @pytest.mark.shared_data
 def test_carla_demo_sigterm_keeps_its_rounds_and_resumes(tmp_path: Path) -> None:
+    """SIGTERM in round 2 keeps round 1; the same command resumes and writes the demo's
+    run and page (what the page shows is checked on the resumed run, so one demo serves
+    both checks)."""
     root = requires_shared_data()
     out = tmp_path / "demo"
-    argv = ["carla", "demo", "--source", "replay", "--data-root", str(root), "--clients", "1"]
+    argv = ["carla", "demo", "--source", "replay", "--data-root", str(root), "--clients", "2"]
     argv += ["--rounds", "2", "--shift-round", "1", "--strategy", "fedavg", "--epochs", "1"]
     argv += ["--batch-size", "8", "--threads", "1", "--out", str(out)]
     proc = start(argv)
@@ -293,7 +296,16 @@ def test_carla_demo_sigterm_keeps_its_rounds_and_resumes(tmp_path: Path) -> None
     )
     assert rerun.returncode == 0, rerun.stderr + rerun.stdout
     assert "resuming after round" in rerun.stdout
-    assert (out / "carla_demo.html").exists()
+    assert "round 2/2" in rerun.stdout and "mAP50" in rerun.stdout  # the plain live view
+    page = (out / "carla_demo.html").read_text(encoding="utf-8")
+    assert page.count("<svg") == 1 and page.count("data:image/png;base64,") == 3
+    for domain in ("urban (Town01–03)", "highway (Town04)", "Town05 (test town)"):
+        assert domain in page
+    config = json.loads((out / "config.json").read_text())["config"]
+    assert (config["stream"], config["rounds_per_task"], config["lead_rounds"]) == (
+        "carla-highway", 1, 0,
+    )  # fmt: skip
+    assert (out / "model.pt").exists()
 
 
 def test_run_interrupted_inside_flower_says_how_to_resume(
