@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -684,6 +685,55 @@ PER_CLIENT_COMPUTES = frozenset(
 GLOBAL_MODEL_COMPUTES = PER_CLIENT_COMPUTES | {"accuracy_matrix", "drift_curve", "final_drift"}
 
 
+@dataclass(frozen=True)
+class MetricSources:
+    """Which inputs each summary entry is computed from: ``clients`` (per-client views of
+    the records, empty under the shared order), the computes averaged over them
+    (``computes``) and those withheld as None (``withheld``)."""
+
+    clients: Sequence[SummaryInputs]
+    computes: frozenset[str]
+    withheld: frozenset[str]
+
+
+def metric_sources(
+    inputs: SummaryInputs, orders: list[list[int]] | None, not_scored: str
+) -> MetricSources:
+    """Per-client views under per-client task orders (their matrices are in each client's
+    own order, so a metric is the mean of theirs); the clients' own models when the global
+    model is not scored, never the global one's matrices."""
+    clients: Sequence[SummaryInputs] = []
+    if orders is not None:
+        clients = [ClientInputs(inputs, order) for order in orders]
+    if not_scored:  # the clients' own models, never the global one's matrices
+        clients, computes = own_inputs(inputs, orders), PER_CLIENT_COMPUTES
+        withheld = GLOBAL_MODEL_COMPUTES - PER_CLIENT_COMPUTES
+    else:
+        computes, withheld = (PER_CLIENT_COMPUTES if clients else frozenset()), frozenset()
+    return MetricSources(clients, computes, withheld)
+
+
+def computed_metrics(
+    inputs: SummaryInputs, sources: MetricSources, not_scored: str
+) -> dict[str, Any]:
+    """Every registered summary entry (:func:`summary_metrics`) in registry order, each by
+    the function its ``compute`` names in this module, from ``sources``."""
+    clients, computes, withheld = sources.clients, sources.computes, sources.withheld
+    module = sys.modules[__name__]
+    out: dict[str, Any] = {}
+    for spec in summary_metrics():
+        if spec.when_recorded and not inputs.recorded(str(spec.source)):
+            continue
+        compute = getattr(module, str(spec.compute))
+        if spec.compute in withheld or (not_scored and not clients and spec.compute in computes):
+            out[spec.key] = None
+        elif spec.compute in computes:
+            out[spec.key] = client_mean([compute(c, spec.source) for c in clients])
+        else:
+            out[spec.key] = compute(inputs, spec.source)
+    return out
+
+
 def summarize(records: pd.DataFrame, num_tasks: int, not_scored: str = "") -> dict[str, object]:
     """The headline metrics of one run as a JSON-able dict (NaN → None, full precision).
 
@@ -718,26 +768,9 @@ def summarize(records: pd.DataFrame, num_tasks: int, not_scored: str = "") -> di
         raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
     inputs = SummaryInputs(records, num_tasks)
     orders = task_orders_from_records(records)
-    clients: Sequence[SummaryInputs] = []
-    if orders is not None:
-        clients = [ClientInputs(inputs, order) for order in orders]
-    if not_scored:  # the clients' own models, never the global one's matrices
-        clients, computes = own_inputs(inputs, orders), PER_CLIENT_COMPUTES
-        withheld = GLOBAL_MODEL_COMPUTES - PER_CLIENT_COMPUTES
-    else:
-        computes, withheld = (PER_CLIENT_COMPUTES if clients else frozenset()), frozenset()
-    module = sys.modules[__name__]
-    out: dict[str, Any] = {}
-    for spec in summary_metrics():
-        if spec.when_recorded and not inputs.recorded(str(spec.source)):
-            continue
-        compute = getattr(module, str(spec.compute))
-        if spec.compute in withheld or (not_scored and not clients and spec.compute in computes):
-            out[spec.key] = None
-        elif spec.compute in computes:
-            out[spec.key] = client_mean([compute(c, spec.source) for c in clients])
-        else:
-            out[spec.key] = compute(inputs, spec.source)
+    sources = metric_sources(inputs, orders, not_scored)
+    out = computed_metrics(inputs, sources, not_scored)
+    clients = sources.clients
     if orders is not None:
         out["task_orders"] = orders
     if clients:

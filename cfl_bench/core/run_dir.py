@@ -276,14 +276,11 @@ def sync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-class RunDirectory:
-    """One run directory, claimed for this process while the object is open.
-
-    ``out`` is the directory the user named; ``path`` is where this run writes: ``out``
-    itself, or its staging folder while the run replaces another (see the module
-    docstring). Leaving the ``with`` block by an exception abandons a replacement: the old
-    run stays, and the staging folder only when it holds a checkpoint to resume from.
-    """
+class RunFolder:
+    """The folder a run writes and what it holds: its paths, the folders this process
+    created, the lock on ``out``, the run's own entries and their removal, and the files
+    written into it. :class:`RunDirectory` decides, from these, whether a run may start,
+    resumes or replaces another."""
 
     def __init__(self, path: str | Path) -> None:
         self.out = Path(path)
@@ -311,52 +308,6 @@ class RunDirectory:
     def replacing(self) -> bool:
         """Whether this run is written into the staging folder, to replace the old run."""
         return self.path != self.out
-
-    # -- claiming -------------------------------------------------------------------------
-    def claim(
-        self,
-        config_hash: str,
-        *,
-        overwrite: bool,
-        restart: bool,
-        preflight: Callable[[Path], None] | None = None,
-    ) -> bool:
-        """Create and lock the directory and decide how the run starts.
-
-        Returns True when the run resumes from a checkpoint (same configuration,
-        unfinished, a checkpoint present, no ``restart``): the directory's own, or that of
-        an earlier replacement of it that was stopped. Otherwise the run starts from
-        scratch: in ``out`` when it is empty, else in the staging folder, and the old run is
-        replaced only by :meth:`commit`. Refuses a directory holding something else, a
-        finished run or another configuration's run (unless ``overwrite``), and a directory
-        another process is running in. ``preflight`` runs on the created, locked directory
-        before anything in it changes (e.g. a free-space check: a path the OS refuses to
-        create is reported as such, not as a full disk).
-        """
-        self.check_path()
-        self._create()
-        try:
-            self._lock()
-            if preflight is not None:
-                preflight(self.out)
-            self._finish_swap()
-            return self._decide(config_hash, overwrite=overwrite, restart=restart)
-        except BaseException:
-            self.release(remove_created=True)
-            raise
-
-    def precheck(self, config_hash: str, *, overwrite: bool, restart: bool) -> None:
-        """What :meth:`claim` would refuse, read-only and without the lock: for a run whose
-        host (Flower) takes a minute to start before it claims the directory. A folder in
-        the middle of a swap is left to the claim, which completes the swap first."""
-        self.check_path()
-        if self.out.is_dir() and not os.path.lexists(self.out / ASIDE):
-            self._check_replaceable(config_hash, overwrite=overwrite, restart=restart)
-
-    def check_path(self) -> None:
-        """Refuse an --out that cannot work or lies inside another run, creating nothing."""
-        check_out_path(self.out)
-        refuse_inside_run_directory(self.out, "--out", "this run")
 
     def _create(self) -> None:
         missing = []
@@ -393,86 +344,6 @@ class RunDirectory:
         its launcher: ``flower.handover``)."""
         return self._fd
 
-    @classmethod
-    def adopt(cls, out: Path, path: Path, fd: int) -> RunDirectory:
-        """The directory another process of the same run claimed, with the locked
-        descriptor it handed over (``flower.handover``: the launcher to its ServerApp).
-        Sharing the open file description shares the lock; refused when ``fd`` is not
-        ``out``'s."""
-        same = os.fstat(fd)
-        here = os.stat(out)
-        if (same.st_dev, same.st_ino) != (here.st_dev, here.st_ino):
-            os.close(fd)
-            raise UserError(f"the lock handed over is not that of '{out}'; rerun the command.")
-        run_dir = cls(out)
-        run_dir.path = Path(path)
-        run_dir._fd = fd
-        return run_dir
-
-    def _decide(self, config_hash: str, *, overwrite: bool, restart: bool) -> bool:
-        self._check_replaceable(config_hash, overwrite=overwrite, restart=restart)
-        old_hash = folder_config_hash(self.out)
-        complete = folder_complete(self.out)
-        if old_hash == config_hash and not complete and not restart and self._resumable(self.out):
-            self._drop_staging()
-            self._remove((SUMMARY,))
-            return True
-        if not self._own_entries():
-            self._drop_staging()
-            self._remove(RUN_OUTPUTS)
-            return False
-        return self._stage(config_hash, restart=restart)
-
-    def _check_replaceable(self, config_hash: str, *, overwrite: bool, restart: bool) -> None:
-        """Refuse a folder that is not a run, a finished run or another configuration's
-        unfinished run without ``overwrite``, and a checkpoint that is not a file."""
-        refuse_foreign_folder(self.out, f"--out '{self.out}'")
-        old_hash = folder_config_hash(self.out)
-        if old_hash == config_hash and not restart and not folder_complete(self.out):
-            self._check_checkpoint()
-        if folder_complete(self.out) and not overwrite:
-            raise UserError(
-                f"--out '{self.out}' already holds a finished run; pass --overwrite to "
-                f"replace it or choose another --out."
-            )
-        if old_hash is not None and old_hash != config_hash and not overwrite:
-            raise UserError(
-                f"--out '{self.out}' holds an unfinished run of a different configuration; "
-                f"pass --overwrite to replace it or choose another --out."
-            )
-
-    def _stage(self, config_hash: str, *, restart: bool) -> bool:
-        """Write this run into the staging folder; True when it resumes a replacement that
-        an earlier process of the same configuration left with a checkpoint."""
-        self.path = self.staging
-        resume = (
-            self.staging.is_dir()
-            and not self.staging.is_symlink()
-            and folder_config_hash(self.staging) == config_hash
-            and not folder_complete(self.staging)
-            and not restart
-            and self._resumable(self.staging)
-        )
-        if resume:
-            self._remove((SUMMARY,))
-            return True
-        self._drop_staging()
-        self.staging.mkdir()
-        return False
-
-    def _check_checkpoint(self) -> None:
-        """Refuse a checkpoint.pt that is not a regular file (a folder, a link, a named
-        pipe) in a run that would resume from it: it used to start over from round 1
-        without a word. --restart is the way to start over knowingly."""
-        path = self.out / CHECKPOINT
-        if not os.path.lexists(path) or is_regular_file(path):
-            return
-        kind = "a symbolic link" if path.is_symlink() else path_kind(path)
-        raise UserError(
-            f"'{path}' is {kind}, not a checkpoint file, so the run cannot resume from it; "
-            f"remove it, or pass --restart to start the run over."
-        )
-
     @staticmethod
     def _resumable(folder: Path) -> bool:
         """A checkpoint, or finished client updates kept inside a round (in the first
@@ -507,6 +378,52 @@ class RunDirectory:
         for p in self.path.iterdir():
             if is_temporary(p.name) and p.is_file():
                 p.unlink(missing_ok=True)
+
+    def release(self, remove_created: bool = False) -> None:
+        """Drop the lock; with ``remove_created`` also the folders this process made."""
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+        if remove_created:
+            for p in reversed(self._created):
+                with contextlib.suppress(OSError):
+                    p.rmdir()
+            self._created = []
+
+    # -- files ------------------------------------------------------------------------------
+    def write_config(self, config: dict[str, object]) -> None:
+        atomic_write_json(self.config_path, config)
+
+    def write_summary(self, summary: dict[str, object]) -> None:
+        atomic_write_json(self.summary_path, summary)
+
+    def remove_checkpoint(self) -> None:
+        self.checkpoint_path.unlink(missing_ok=True)
+
+
+class RunReplacement(RunFolder):
+    """How a run replaces another in ``out`` without losing it: this run is written into the
+    staging folder, and :meth:`commit` swaps its entries in for the old run's (resumably, if
+    the process dies in the middle); :meth:`abandon` leaves the old run in place."""
+
+    def _stage(self, config_hash: str, *, restart: bool) -> bool:
+        """Write this run into the staging folder; True when it resumes a replacement that
+        an earlier process of the same configuration left with a checkpoint."""
+        self.path = self.staging
+        resume = (
+            self.staging.is_dir()
+            and not self.staging.is_symlink()
+            and folder_config_hash(self.staging) == config_hash
+            and not folder_complete(self.staging)
+            and not restart
+            and self._resumable(self.staging)
+        )
+        if resume:
+            self._remove((SUMMARY,))
+            return True
+        self._drop_staging()
+        self.staging.mkdir()
+        return False
 
     # -- replacing ------------------------------------------------------------------------
     def commit(self) -> None:
@@ -560,16 +477,122 @@ class RunDirectory:
             with contextlib.suppress(OSError):
                 self._drop_staging()
 
-    def release(self, remove_created: bool = False) -> None:
-        """Drop the lock; with ``remove_created`` also the folders this process made."""
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor releases the flock
-            self._fd = None
-        if remove_created:
-            for p in reversed(self._created):
-                with contextlib.suppress(OSError):
-                    p.rmdir()
-            self._created = []
+
+class RunDirectory(RunReplacement):
+    """One run directory, claimed for this process while the object is open.
+
+    ``out`` is the directory the user named; ``path`` is where this run writes: ``out``
+    itself, or its staging folder while the run replaces another (see the module
+    docstring). Leaving the ``with`` block by an exception abandons a replacement: the old
+    run stays, and the staging folder only when it holds a checkpoint to resume from.
+    """
+
+    # -- claiming -------------------------------------------------------------------------
+    def claim(
+        self,
+        config_hash: str,
+        *,
+        overwrite: bool,
+        restart: bool,
+        preflight: Callable[[Path], None] | None = None,
+    ) -> bool:
+        """Create and lock the directory and decide how the run starts.
+
+        Returns True when the run resumes from a checkpoint (same configuration,
+        unfinished, a checkpoint present, no ``restart``): the directory's own, or that of
+        an earlier replacement of it that was stopped. Otherwise the run starts from
+        scratch: in ``out`` when it is empty, else in the staging folder, and the old run is
+        replaced only by :meth:`commit`. Refuses a directory holding something else, a
+        finished run or another configuration's run (unless ``overwrite``), and a directory
+        another process is running in. ``preflight`` runs on the created, locked directory
+        before anything in it changes (e.g. a free-space check: a path the OS refuses to
+        create is reported as such, not as a full disk).
+        """
+        self.check_path()
+        self._create()
+        try:
+            self._lock()
+            if preflight is not None:
+                preflight(self.out)
+            self._finish_swap()
+            return self._decide(config_hash, overwrite=overwrite, restart=restart)
+        except BaseException:
+            self.release(remove_created=True)
+            raise
+
+    def precheck(self, config_hash: str, *, overwrite: bool, restart: bool) -> None:
+        """What :meth:`claim` would refuse, read-only and without the lock: for a run whose
+        host (Flower) takes a minute to start before it claims the directory. A folder in
+        the middle of a swap is left to the claim, which completes the swap first."""
+        self.check_path()
+        if self.out.is_dir() and not os.path.lexists(self.out / ASIDE):
+            self._check_replaceable(config_hash, overwrite=overwrite, restart=restart)
+
+    def check_path(self) -> None:
+        """Refuse an --out that cannot work or lies inside another run, creating nothing."""
+        check_out_path(self.out)
+        refuse_inside_run_directory(self.out, "--out", "this run")
+
+    @classmethod
+    def adopt(cls, out: Path, path: Path, fd: int) -> RunDirectory:
+        """The directory another process of the same run claimed, with the locked
+        descriptor it handed over (``flower.handover``: the launcher to its ServerApp).
+        Sharing the open file description shares the lock; refused when ``fd`` is not
+        ``out``'s."""
+        same = os.fstat(fd)
+        here = os.stat(out)
+        if (same.st_dev, same.st_ino) != (here.st_dev, here.st_ino):
+            os.close(fd)
+            raise UserError(f"the lock handed over is not that of '{out}'; rerun the command.")
+        run_dir = cls(out)
+        run_dir.path = Path(path)
+        run_dir._fd = fd
+        return run_dir
+
+    def _decide(self, config_hash: str, *, overwrite: bool, restart: bool) -> bool:
+        self._check_replaceable(config_hash, overwrite=overwrite, restart=restart)
+        old_hash = folder_config_hash(self.out)
+        complete = folder_complete(self.out)
+        if old_hash == config_hash and not complete and not restart and self._resumable(self.out):
+            self._drop_staging()
+            self._remove((SUMMARY,))
+            return True
+        if not self._own_entries():
+            self._drop_staging()
+            self._remove(RUN_OUTPUTS)
+            return False
+        return self._stage(config_hash, restart=restart)
+
+    def _check_replaceable(self, config_hash: str, *, overwrite: bool, restart: bool) -> None:
+        """Refuse a folder that is not a run, a finished run or another configuration's
+        unfinished run without ``overwrite``, and a checkpoint that is not a file."""
+        refuse_foreign_folder(self.out, f"--out '{self.out}'")
+        old_hash = folder_config_hash(self.out)
+        if old_hash == config_hash and not restart and not folder_complete(self.out):
+            self._check_checkpoint()
+        if folder_complete(self.out) and not overwrite:
+            raise UserError(
+                f"--out '{self.out}' already holds a finished run; pass --overwrite to "
+                f"replace it or choose another --out."
+            )
+        if old_hash is not None and old_hash != config_hash and not overwrite:
+            raise UserError(
+                f"--out '{self.out}' holds an unfinished run of a different configuration; "
+                f"pass --overwrite to replace it or choose another --out."
+            )
+
+    def _check_checkpoint(self) -> None:
+        """Refuse a checkpoint.pt that is not a regular file (a folder, a link, a named
+        pipe) in a run that would resume from it: it used to start over from round 1
+        without a word. --restart is the way to start over knowingly."""
+        path = self.out / CHECKPOINT
+        if not os.path.lexists(path) or is_regular_file(path):
+            return
+        kind = "a symbolic link" if path.is_symlink() else path_kind(path)
+        raise UserError(
+            f"'{path}' is {kind}, not a checkpoint file, so the run cannot resume from it; "
+            f"remove it, or pass --restart to start the run over."
+        )
 
     def __enter__(self) -> RunDirectory:
         return self
@@ -583,13 +606,3 @@ class RunDirectory:
         if exc_type is not None:
             self.abandon()
         self.release()
-
-    # -- files ------------------------------------------------------------------------------
-    def write_config(self, config: dict[str, object]) -> None:
-        atomic_write_json(self.config_path, config)
-
-    def write_summary(self, summary: dict[str, object]) -> None:
-        atomic_write_json(self.summary_path, summary)
-
-    def remove_checkpoint(self) -> None:
-        self.checkpoint_path.unlink(missing_ok=True)

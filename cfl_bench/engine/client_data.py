@@ -27,8 +27,11 @@ TaskStart = Callable[[int, "torch.Tensor | None"], None]
 HoldoutLabels = Callable[[int, torch.Tensor, torch.Tensor], None]
 
 
-class ClientData:
-    """The clients' training data over the run."""
+class ClientAssignment:
+    """The clients' data state and how a client is given its data: a task's planned split,
+    the client's part of it (with history for learners that keep it), or a per-round stream's
+    rows. :class:`ClientData` decides when each client enters a task and rebuilds the data on
+    resume."""
 
     def __init__(
         self,
@@ -76,87 +79,10 @@ class ClientData:
             self.splits[t] = split
         return split
 
-    def advance(
-        self,
-        g: int,
-        clients: list[ClientState],
-        on_task_start: TaskStart,
-        on_holdout_labels: HoldoutLabels | None = None,
-    ) -> None:
-        """Give every client whose task changes in round ``g`` its shard of the new task.
-
-        A task's start hooks run once, when its first client enters it (the server's public
-        holdout of that task becomes usable then, and its labels go to
-        ``on_holdout_labels``).
-        """
-        if self.stream.per_round:
-            self._receive_round(g, clients, on_task_start)
-            return
-        if self.arrivals is not None:
-            self._arrive(g, clients, on_task_start, on_holdout_labels)
-            return
-        entering: dict[int, list[ClientState]] = {}
-        for client in clients:
-            t = self.stream_task(client.index, self.clock.client_task(client.index, g))
-            if client.train_y is None or t != client.task:
-                entering.setdefault(t, []).append(client)
-        for t, group in sorted(entering.items()):
-            self._enter(t, group, len(clients), on_task_start, on_holdout_labels)
-        if self.orders is not None:  # synchronous: every client entered its task at once
-            self.live_tasks = {}
-            return
-        # Keep a materialised task only while some client has yet to enter it.
-        behind = min(c.task for c in clients)
-        self.live_tasks = {t: d for t, d in self.live_tasks.items() if t > behind}
-
     def stream_task(self, client: int, step: int) -> int:
         """The stream task ``client`` trains at (global) ``step``: the step itself, or the
         client's own order's entry under ``--task-order per-client``."""
         return step if self.orders is None else self.orders[client][step]
-
-    def _enter(
-        self,
-        t: int,
-        group: list[ClientState],
-        num_clients: int,
-        on_task_start: TaskStart,
-        on_holdout_labels: HoldoutLabels | None,
-    ) -> None:
-        """``group`` enters task ``t``: the task's start hooks if it is the first, then each
-        client's part."""
-        task = self.live_tasks.get(t) or self.stream.task_train(t)
-        self.live_tasks[t] = task
-        split = self.split(t, num_clients)
-        if t not in self.started_tasks:
-            self.started_tasks.add(t)
-            held = split.held
-            stored = None if held is None else task.train_x[held.to(task.train_x.device)]
-            holdout = None if stored is None else self.stream.as_model_input(stored)
-            on_task_start(t, holdout)
-            if holdout is not None and held is not None and on_holdout_labels is not None:
-                on_holdout_labels(t, holdout, task.train_y[held.to(task.train_y.device)])
-        for client in group:
-            self.assign(client, t, task.train_x, task.train_y, split.parts)
-
-    def _arrive(
-        self,
-        g: int,
-        clients: list[ClientState],
-        on_task_start: TaskStart,
-        on_holdout_labels: HoldoutLabels | None,
-    ) -> None:
-        """``--arrivals``: at a task's first round its receivers (joining clients among
-        them) enter it; keepers hold on to their data, clients not there yet hold none."""
-        assert self.arrivals is not None
-        t = self.clock.global_task(g)
-        group = [
-            clients[k]
-            for k in self.arrivals.receivers[t]
-            if clients[k].train_y is None or clients[k].task != t
-        ]
-        if group:
-            self._enter(t, group, len(clients), on_task_start, on_holdout_labels)
-        self.live_tasks = {}  # every receiver entered at once
 
     def assign(
         self,
@@ -204,6 +130,89 @@ class ClientData:
                 seen.setdefault(key, (got.x[row], got.y[row]))
             client.train_x = torch.stack([x for x, _ in seen.values()]).to(self.device)
             client.train_y = torch.stack([y for _, y in seen.values()]).to(self.device)
+
+
+class ClientData(ClientAssignment):
+    """The clients' training data over the run: which task each client enters in which
+    round (async shift, arrivals, per-client orders), and the rebuild of every client's data
+    when a run resumes."""
+
+    def advance(
+        self,
+        g: int,
+        clients: list[ClientState],
+        on_task_start: TaskStart,
+        on_holdout_labels: HoldoutLabels | None = None,
+    ) -> None:
+        """Give every client whose task changes in round ``g`` its shard of the new task.
+
+        A task's start hooks run once, when its first client enters it (the server's public
+        holdout of that task becomes usable then, and its labels go to
+        ``on_holdout_labels``).
+        """
+        if self.stream.per_round:
+            self._receive_round(g, clients, on_task_start)
+            return
+        if self.arrivals is not None:
+            self._arrive(g, clients, on_task_start, on_holdout_labels)
+            return
+        entering: dict[int, list[ClientState]] = {}
+        for client in clients:
+            t = self.stream_task(client.index, self.clock.client_task(client.index, g))
+            if client.train_y is None or t != client.task:
+                entering.setdefault(t, []).append(client)
+        for t, group in sorted(entering.items()):
+            self._enter(t, group, len(clients), on_task_start, on_holdout_labels)
+        if self.orders is not None:  # synchronous: every client entered its task at once
+            self.live_tasks = {}
+            return
+        # Keep a materialised task only while some client has yet to enter it.
+        behind = min(c.task for c in clients)
+        self.live_tasks = {t: d for t, d in self.live_tasks.items() if t > behind}
+
+    def _enter(
+        self,
+        t: int,
+        group: list[ClientState],
+        num_clients: int,
+        on_task_start: TaskStart,
+        on_holdout_labels: HoldoutLabels | None,
+    ) -> None:
+        """``group`` enters task ``t``: the task's start hooks if it is the first, then each
+        client's part."""
+        task = self.live_tasks.get(t) or self.stream.task_train(t)
+        self.live_tasks[t] = task
+        split = self.split(t, num_clients)
+        if t not in self.started_tasks:
+            self.started_tasks.add(t)
+            held = split.held
+            stored = None if held is None else task.train_x[held.to(task.train_x.device)]
+            holdout = None if stored is None else self.stream.as_model_input(stored)
+            on_task_start(t, holdout)
+            if holdout is not None and held is not None and on_holdout_labels is not None:
+                on_holdout_labels(t, holdout, task.train_y[held.to(task.train_y.device)])
+        for client in group:
+            self.assign(client, t, task.train_x, task.train_y, split.parts)
+
+    def _arrive(
+        self,
+        g: int,
+        clients: list[ClientState],
+        on_task_start: TaskStart,
+        on_holdout_labels: HoldoutLabels | None,
+    ) -> None:
+        """``--arrivals``: at a task's first round its receivers (joining clients among
+        them) enter it; keepers hold on to their data, clients not there yet hold none."""
+        assert self.arrivals is not None
+        t = self.clock.global_task(g)
+        group = [
+            clients[k]
+            for k in self.arrivals.receivers[t]
+            if clients[k].train_y is None or clients[k].task != t
+        ]
+        if group:
+            self._enter(t, group, len(clients), on_task_start, on_holdout_labels)
+        self.live_tasks = {}  # every receiver entered at once
 
     def restore(self, next_round: int, clients: list[ClientState]) -> None:
         """Give every client the training data it held at the end of round ``next_round``−1.

@@ -140,13 +140,11 @@ class RunOutcome:
     comm_by_payload: dict[str, int] = field(default_factory=dict)
 
 
-class Federation:
-    """One run: a stream, a partitioner, a validated strategy and a model, on one device.
-
-    The conductor of docs/architecture.md, "One round": it owns the units and calls them in
-    the round's order; the work is in ``ClientData``, ``RoundServer``, the ``Executor`` and
-    ``Measurement``.
-    """
+class FederationUnits:
+    """The units of one run and the calls into them that a round makes: the clients and the
+    server state, ``ClientData``, ``RoundServer``, the ``Executor`` and ``Measurement``, with the
+    task hooks and the replay of kept client updates. :class:`Federation` conducts the rounds;
+    the units stay apart so that the conductor reads as the round's order alone."""
 
     def __init__(
         self,
@@ -168,14 +166,7 @@ class Federation:
         self.clients = new_clients(
             stream, s, strategy.needs_buffer, device, stacked=executor.stacked_buffers
         )
-        self.server = ServerState(
-            model=self.model,
-            global_params=self.model.params.detach().clone(),
-            global_buffers=self.model.buffers.detach().clone(),
-            clients=self.clients,
-            device=device,
-            rounds_per_task=s.rounds_per_task,
-        )
+        self.server = new_server(self.model, self.clients, device, s.rounds_per_task)
         self.clock = s.clock()
         self.arrivals = s.arrival_plan()
         self.orders = s.task_orders()
@@ -193,15 +184,7 @@ class Federation:
         self.round_server = RoundServer(
             self.server, strategy, s.clients_per_round, s.weighting, s.seed, self.arrivals
         )
-        self.measure = Measurement(
-            self.model,
-            s.probe_size,
-            stream.objective,
-            stream.as_model_input,
-            s.diagnostics,
-            strategy.evaluation_classifier(),
-        )
-        self.measure.orders = self.orders
+        self.measure = new_measurement(self.model, s, stream, strategy, self.orders)
         trainer = build_trainer(self.model, strategy, s, stream)
         self.executor: Executor = executor.make(trainer)
         # Told after each client update of a round (``ClientsReport``), so a long round
@@ -218,6 +201,74 @@ class Federation:
     @property
     def global_state(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.server.global_params, self.server.global_buffers
+
+    def _prepare_eval_sets(self) -> None:
+        """Every task's test split, in the stream's stored form (decoded per chunk)."""
+        for i in range(self.schedule.num_tasks):
+            task = self.stream.task_test(i)
+            self.measure.add_eval_set(EvalSet(task.test_x, task.test_y, tuple(task.classes)))
+        test = self.stream.test_domain()
+        if test is not None:
+            self.measure.test_domain = EvalSet(test.test_x, test.test_y, tuple(test.classes))
+
+    def enter_round(self, g: int) -> None:
+        """Clients whose task changes in round ``g`` get their shard of the new task."""
+        self.data.advance(g, self.clients, self._start_task, self._holdout_labels)
+
+    def end_tasks(self, g: int) -> None:
+        """The learner's task-end work for the clients that finish a task in round ``g``,
+        at the freshly aggregated θ_g (A-GEM fills its episodic memory)."""
+        if self.arrivals is None:
+            ending = [
+                (self.clients[k], t if self.orders is None else self.orders[k][t])
+                for k, t in self.clock.ending_tasks(g)
+            ]
+        elif g == self.clock.eval_round(t := self.clock.global_task(g)):
+            last = t == self.schedule.num_tasks - 1
+            ks = self.arrivals.ending_clients(t, last)
+            ending = [(self.clients[k], self.clients[k].task) for k in ks]
+        else:
+            ending = []
+        self.executor.end_tasks(ending, self.global_state)
+
+    def _start_task(self, t: int, holdout: torch.Tensor | None) -> None:
+        for component in self.strategy.all:
+            component.on_task_start(self.server, t, holdout)
+
+    def _holdout_labels(self, t: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        for component in self.strategy.all:
+            component.on_holdout_labels(self.server, t, x, y)
+
+    def _kept_updates(self, work: RoundWork, jobs: list[ClientJob]) -> dict[int, KeptLoader]:
+        """The round's client updates an earlier process kept, by client index."""
+        kept = work.opened(self.server.round_index)
+        indices = (job.client.index for job in jobs)
+        return {k: kept[k] for k in indices if k in kept}
+
+    def _train(self, jobs: list[ClientJob], kept: dict[int, KeptLoader], sink: ResultSink) -> None:
+        """The executor trains the jobs; a kept client's update is replayed in its place
+        instead, in the same job order, so the server receives the same sequence."""
+        waiting: list[ClientJob] = []
+        for job in jobs:
+            update = kept.get(job.client.index)
+            if update is None:
+                waiting.append(job)
+                continue
+            if waiting:
+                self.executor.train(waiting, sink)
+                waiting = []
+            sink(replay(self.model, job.client, update()))
+        if waiting:
+            self.executor.train(waiting, sink)
+
+
+class Federation(FederationUnits):
+    """One run: a stream, a partitioner, a validated strategy and a model, on one device.
+
+    The conductor of docs/architecture.md, "One round": it owns the units
+    (:class:`FederationUnits`) and calls them in the round's order; the work is in
+    ``ClientData``, ``RoundServer``, the ``Executor`` and ``Measurement``.
+    """
 
     # -- the run ----------------------------------------------------------------------------------
     def run(
@@ -315,43 +366,6 @@ class Federation:
         out.comm_by_payload = dict(self.round_server.comm.by_payload)
         return out
 
-    def _prepare_eval_sets(self) -> None:
-        """Every task's test split, in the stream's stored form (decoded per chunk)."""
-        for i in range(self.schedule.num_tasks):
-            task = self.stream.task_test(i)
-            self.measure.add_eval_set(EvalSet(task.test_x, task.test_y, tuple(task.classes)))
-        test = self.stream.test_domain()
-        if test is not None:
-            self.measure.test_domain = EvalSet(test.test_x, test.test_y, tuple(test.classes))
-
-    def enter_round(self, g: int) -> None:
-        """Clients whose task changes in round ``g`` get their shard of the new task."""
-        self.data.advance(g, self.clients, self._start_task, self._holdout_labels)
-
-    def end_tasks(self, g: int) -> None:
-        """The learner's task-end work for the clients that finish a task in round ``g``,
-        at the freshly aggregated θ_g (A-GEM fills its episodic memory)."""
-        if self.arrivals is None:
-            ending = [
-                (self.clients[k], t if self.orders is None else self.orders[k][t])
-                for k, t in self.clock.ending_tasks(g)
-            ]
-        elif g == self.clock.eval_round(t := self.clock.global_task(g)):
-            last = t == self.schedule.num_tasks - 1
-            ks = self.arrivals.ending_clients(t, last)
-            ending = [(self.clients[k], self.clients[k].task) for k in ks]
-        else:
-            ending = []
-        self.executor.end_tasks(ending, self.global_state)
-
-    def _start_task(self, t: int, holdout: torch.Tensor | None) -> None:
-        for component in self.strategy.all:
-            component.on_task_start(self.server, t, holdout)
-
-    def _holdout_labels(self, t: int, x: torch.Tensor, y: torch.Tensor) -> None:
-        for component in self.strategy.all:
-            component.on_holdout_labels(self.server, t, x, y)
-
     def _round(self, out: RunOutcome) -> tuple[torch.Tensor, int, float]:
         """One round; returns the summed loss, the step count and the local-training seconds."""
         server = self.server
@@ -403,28 +417,6 @@ class Federation:
         self.round_server.close_round(self.executor)
         return loss_sum, int(totals["steps"]), float(totals["seconds"])
 
-    def _kept_updates(self, work: RoundWork, jobs: list[ClientJob]) -> dict[int, KeptLoader]:
-        """The round's client updates an earlier process kept, by client index."""
-        kept = work.opened(self.server.round_index)
-        indices = (job.client.index for job in jobs)
-        return {k: kept[k] for k in indices if k in kept}
-
-    def _train(self, jobs: list[ClientJob], kept: dict[int, KeptLoader], sink: ResultSink) -> None:
-        """The executor trains the jobs; a kept client's update is replayed in its place
-        instead, in the same job order, so the server receives the same sequence."""
-        waiting: list[ClientJob] = []
-        for job in jobs:
-            update = kept.get(job.client.index)
-            if update is None:
-                waiting.append(job)
-                continue
-            if waiting:
-                self.executor.train(waiting, sink)
-                waiting = []
-            sink(replay(self.model, job.client, update()))
-        if waiting:
-            self.executor.train(waiting, sink)
-
     # -- state (checkpoints) ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything the next round needs, at a round end (``engine.federation_state``)."""
@@ -434,6 +426,42 @@ class Federation:
         """Put the federation back where :meth:`state_dict` found it; :meth:`run` then goes
         on with the next round."""
         load_federation_state(self, state)
+
+
+def new_server(
+    model: FlatModel, clients: list[ClientState], device: torch.device, rounds_per_task: int
+) -> ServerState:
+    """The server's state at the start: θ_g and the global buffers are copies of the working
+    model's (the model then trains each client's update in place)."""
+    return ServerState(
+        model=model,
+        global_params=model.params.detach().clone(),
+        global_buffers=model.buffers.detach().clone(),
+        clients=clients,
+        device=device,
+        rounds_per_task=rounds_per_task,
+    )
+
+
+def new_measurement(
+    model: FlatModel,
+    schedule: Schedule,
+    stream: Stream,
+    strategy: Strategy,
+    orders: tuple[tuple[int, ...], ...] | None,
+) -> Measurement:
+    """The run's measurement unit: the stream's objective and input decoding, the
+    strategy's evaluation classifier, and the per-client task orders it scores under."""
+    measure = Measurement(
+        model,
+        schedule.probe_size,
+        stream.objective,
+        stream.as_model_input,
+        schedule.diagnostics,
+        strategy.evaluation_classifier(),
+    )
+    measure.orders = orders
+    return measure
 
 
 def task_order_records(orders: tuple[tuple[int, ...], ...] | None) -> list[Record]:

@@ -33,8 +33,10 @@ Record = tuple[int, int, int, str, str, object]
 OwnModel = Callable[[ClientState, int, FlatModel], AbstractContextManager[bool]]
 
 
-class Measurement:
-    """The run's evaluation sets, memory-drift references and the latest mean accuracy."""
+class EvaluationState:
+    """What the measurements read and keep across rounds: the model and the objective, every
+    task's evaluation set and its probes, the memory-drift references and the latest scores
+    (checkpointed by ``state_dict``). :class:`Measurement` writes the records from them."""
 
     def __init__(
         self,
@@ -79,6 +81,44 @@ class Measurement:
 
     def probes(self, upto: int) -> list[EvalSet]:
         return [self.probe(i) for i in range(upto + 1)]
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """The scores the evaluation ranks classes by: the classifier's where the strategy
+        replaces the model's classifier and it can classify, else the model's outputs."""
+        module = self.model.module
+        if self.classify is not None:
+            scores = classifier_scores(module, x, self.classify, decode=self.decode)
+            if scores is not None:
+                return scores
+        return self.objective.predict(module, x, self.decode)
+
+    @property
+    def has_distribution(self) -> bool:
+        """Whether the objective's outputs are a predictive distribution (class logits):
+        memory and buffer drift are KL divergences, undefined for a detector's dense maps."""
+        return "class_logits" in self.objective.capabilities
+
+    # -- state (checkpoints) ------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "reference_log_probs": self.reference_log_probs,
+            "latest_acc": self.latest_acc,
+        }
+        if self.forgetting is not None:
+            state["class_forgetting"] = self.forgetting.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.reference_log_probs = dict(state["reference_log_probs"])
+        self.latest_acc = state["latest_acc"]
+        if self.forgetting is not None:
+            self.forgetting.load_state_dict(state["class_forgetting"])
+
+
+class Measurement(EvaluationState):
+    """The run's evaluation sets, memory-drift references and the latest mean accuracy, and
+    the records measured from them: θ_g on the tasks' test sets, the clients' own models,
+    memory and buffer drift, client spread and diagnostics."""
 
     def evaluate(
         self,
@@ -161,22 +201,6 @@ class Measurement:
         if means:
             self.latest_acc = float(torch.stack(means).mean().item())
 
-    def predict(self, x: torch.Tensor) -> torch.Tensor:
-        """The scores the evaluation ranks classes by: the classifier's where the strategy
-        replaces the model's classifier and it can classify, else the model's outputs."""
-        module = self.model.module
-        if self.classify is not None:
-            scores = classifier_scores(module, x, self.classify, decode=self.decode)
-            if scores is not None:
-                return scores
-        return self.objective.predict(module, x, self.decode)
-
-    @property
-    def has_distribution(self) -> bool:
-        """Whether the objective's outputs are a predictive distribution (class logits):
-        memory and buffer drift are KL divergences, undefined for a detector's dense maps."""
-        return "class_logits" in self.objective.capabilities
-
     def _memory_drift(self, records: list[Record], round_index: int, trained_task: int) -> None:
         """KL of each older task's probe predictions from those right after its training."""
         module, objective = self.model.module, self.objective
@@ -242,19 +266,3 @@ class Measurement:
         """A client's local model (before aggregation), mean accuracy on the seen tasks'
         probes — scored by the client itself (``ClientJob.probes``)."""
         records.append((round_index, task, -1, f"client_{client}", "client_acc", value))
-
-    # -- state (checkpoints) ------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {
-            "reference_log_probs": self.reference_log_probs,
-            "latest_acc": self.latest_acc,
-        }
-        if self.forgetting is not None:
-            state["class_forgetting"] = self.forgetting.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.reference_log_probs = dict(state["reference_log_probs"])
-        self.latest_acc = state["latest_acc"]
-        if self.forgetting is not None:
-            self.forgetting.load_state_dict(state["class_forgetting"])

@@ -135,8 +135,10 @@ class FrozenForwards:
             return self.rows(row_views(self.model, params), x, output)
 
 
-class ClientGradients:
-    """Vmapped losses and gradients at stacked parameter rows of one working model."""
+class ClientLosses:
+    """One client's loss at its parameter views (batch, replay rows, the components' output
+    terms, dropout masks), vmapped with its gradient over the clients: what
+    :class:`ClientGradients` differentiates, kept apart from how a request is assembled."""
 
     def __init__(
         self,
@@ -224,19 +226,6 @@ class ClientGradients:
             self.probed[key] = probe(forward, example)
         return self.probed[key]
 
-    def term_values(self, term: ChunkTerm, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        """What ``term``'s ``loss_term`` reads, each with a leading client axis: its frozen
-        forwards on the chunk's batch ``x`` and its term inputs (shared ones expanded)."""
-        component, inputs = term.component, term.inputs
-        count = x.shape[0]
-        values = {}
-        for key in component.term_inputs():
-            value = inputs[key]
-            values[key] = value if key in term.stacked else value.expand(count, *value.shape)
-        for forward in component.frozen_forwards():
-            values[forward.name] = self.frozen(inputs[forward.params], x, forward.output)
-        return values
-
     def _output_terms(
         self,
         outputs: torch.Tensor,
@@ -277,6 +266,23 @@ class ClientGradients:
         z = None if z is None else z[: x.shape[0]]
         extra = extra + self._output_terms(outputs, z, y, mask, aux)
         return scaled(self.objective.masked_loss(outputs, y, mask) + extra, scale), outputs
+
+
+class ClientGradients(ClientLosses):
+    """Vmapped losses and gradients at stacked parameter rows of one working model."""
+
+    def term_values(self, term: ChunkTerm, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What ``term``'s ``loss_term`` reads, each with a leading client axis: its frozen
+        forwards on the chunk's batch ``x`` and its term inputs (shared ones expanded)."""
+        component, inputs = term.component, term.inputs
+        count = x.shape[0]
+        values = {}
+        for key in component.term_inputs():
+            value = inputs[key]
+            values[key] = value if key in term.stacked else value.expand(count, *value.shape)
+        for forward in component.frozen_forwards():
+            values[forward.name] = self.frozen(inputs[forward.params], x, forward.output)
+        return values
 
     def gradients(
         self,

@@ -117,8 +117,11 @@ def option(default: Any, help: str, **spec: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """One run's options. Field order is the order of ``--help`` and of ``config.json``."""
+class FederationOptions:
+    """The first of :class:`RunConfig`'s options: the stream, the method and the federation
+    it runs in (tasks, rounds, clients and how they take part). A base class only so that
+    the options read in groups: field order is inherited (base fields first), and it is the
+    order of ``--help`` and of ``config.json``."""
 
     stream: str = option(
         "rot-digits",
@@ -186,6 +189,14 @@ class RunConfig:
         minimum=0,
         maximum=100_000,
     )
+
+
+@dataclass(frozen=True)
+class LocalTrainingOptions(FederationOptions):
+    """:class:`RunConfig`'s options after :class:`FederationOptions`: how each client trains
+    (epochs, batches, optimizer, replay buffer), how its data is split and how the server
+    weights the uploads."""
+
     epochs: int | None = option(
         None,
         f"local epochs per round (at most {MAX_EPOCHS:,})",
@@ -274,6 +285,14 @@ class RunConfig:
         choices=HEADS,
     )
     weighting: str = option("samples", "aggregation weights", choices=WEIGHTING)
+
+
+@dataclass(frozen=True)
+class RunConfig(LocalTrainingOptions):
+    """One run's options. Field order is the order of ``--help`` and of ``config.json``:
+    those of :class:`FederationOptions`, then :class:`LocalTrainingOptions`, then these
+    (data sizes, evaluation, seed, where and how the run executes, its output)."""
+
     train_size: int | None = option(
         None, "use the first N training examples", minimum=1, default_text="all"
     )

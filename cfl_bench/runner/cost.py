@@ -309,42 +309,99 @@ def workload(
             if t != last_task[k]:
                 seen[k] += shards[t][k]
                 last_task[k] = t
-            for i, extra in enumerate(work.extras):
-                if extra.shard_samples and n:
-                    batches = math.ceil(min(extra.shard_samples, n) / s.steps.batch_size)
-                    parts["client extra passes"] += f * min(n, batches * s.steps.batch_size)
-                if extra.task_end_forward and g in eval_rounds:
-                    parts["task-end activations"] += f * n
-                starts = extra.task_start_samples or extra.task_start_server_units
-                if starts and n and g == clock.client_task_start(k, t):
-                    parts["client extra passes"] += f * extra.task_start_samples
-                    parts["gradient inversion"] += f * extra.task_start_server_units
-                    server_units[i] += f * extra.task_start_server_units
+            at = ClientVisit(g, k, t, f, n, task_end=g in eval_rounds)
+            count_client_extras(parts, server_units, work, s, clock, at)
         filled = [min(s.buffer_size, x) for x in seen]
-        for extra in work.extras:
-            if extra.public_examples is not None:
-                public = work.public_after(extra, min(max(tasks), T - 1))
-                parts["public logits"] += cpr * public
-                parts["distillation"] += extra.distill_epochs * public
-                parts["distillation"] += extra.distill_steps * min(s.steps.batch_size, public)
-        for extra in work.extras:
-            if extra.request_samples and (g + 1) % extra.request_interval == 0:
-                mean_fill = sum(filled) / K
-                parts["client requests"] += cpr * min(extra.request_samples, mean_fill)
+        count_shared_extras(parts, work, s, cpr, filled, tasks, g)
         if needs_buffer:
             parts["buffer drift"] += sum(filled)
-        t = clock.global_task(g)
-        upto = min(t + 1, T - 1) if s.task_order is None else T - 1  # every task then
-        if g in eval_rounds:
-            # No memory drift or client spread under per-client orders (their probes).
-            probed = sum(probes[: t + 1]) if s.task_order is None else 0
-            parts["evaluation"] += sum(test_sizes[: upto + 1]) + probed
-            parts["client spread"] += cpr * probed
-        elif s.eval_every_round:
-            parts["evaluation"] += sum(test_sizes[: upto + 1])
+        count_evaluation(parts, s, clock.global_task(g), test_sizes, probes, cpr, g in eval_rounds)
     forward = sum(parts[k] for k in FORWARD_PARTS)
     backward = sum(parts[k] for k in BACKWARD_PARTS)
     return Workload(steps, forward, backward, 2 * T, visits, parts, tuple(server_units))
+
+
+@dataclass(frozen=True)
+class ClientVisit:
+    """One participating client in one planned round, as the counts need it."""
+
+    round_index: int
+    client: int
+    task: int
+    share: float  # expected participation (1 unless participation is partial)
+    samples: int  # local training samples (older shards included for the joint learner)
+    task_end: bool  # the round ends a task (its evaluation round)
+
+
+def count_client_extras(
+    parts: dict[str, float],
+    server_units: list[float],
+    work: StrategyWork,
+    s: Schedule,
+    clock: TaskClock,
+    at: ClientVisit,
+) -> None:
+    """Add one client visit's declared extra work to ``parts`` and ``server_units``, in
+    place: why separate, each component's extras are counted per participating client."""
+    f, n = at.share, at.samples
+    for i, extra in enumerate(work.extras):
+        if extra.shard_samples and n:
+            batches = math.ceil(min(extra.shard_samples, n) / s.steps.batch_size)
+            parts["client extra passes"] += f * min(n, batches * s.steps.batch_size)
+        if extra.task_end_forward and at.task_end:
+            parts["task-end activations"] += f * n
+        starts = extra.task_start_samples or extra.task_start_server_units
+        if starts and n and at.round_index == clock.client_task_start(at.client, at.task):
+            parts["client extra passes"] += f * extra.task_start_samples
+            parts["gradient inversion"] += f * extra.task_start_server_units
+            server_units[i] += f * extra.task_start_server_units
+
+
+def count_shared_extras(
+    parts: dict[str, float],
+    work: StrategyWork,
+    s: Schedule,
+    cpr: int,
+    filled: list[int],
+    tasks: list[int],
+    g: int,
+) -> None:
+    """Add round ``g``'s public-set work (logits per participant, server distillation) and
+    buffer requests to ``parts``, in place: these depend on the round, not on one client.
+    ``tasks``: the tasks its participants train (the latest sizes the public set)."""
+    for extra in work.extras:
+        if extra.public_examples is not None:
+            public = work.public_after(extra, min(max(tasks), s.num_tasks - 1))
+            parts["public logits"] += cpr * public
+            parts["distillation"] += extra.distill_epochs * public
+            parts["distillation"] += extra.distill_steps * min(s.steps.batch_size, public)
+    for extra in work.extras:
+        if extra.request_samples and (g + 1) % extra.request_interval == 0:
+            mean_fill = sum(filled) / s.num_clients
+            parts["client requests"] += cpr * min(extra.request_samples, mean_fill)
+
+
+def count_evaluation(
+    parts: dict[str, float],
+    s: Schedule,
+    t: int,
+    test_sizes: Sequence[int],
+    probes: list[int],
+    cpr: int,
+    task_end: bool,
+) -> None:
+    """Add one round's evaluation forwards to ``parts``, in place: the seen and next tasks'
+    test sets (every task under per-client orders) at a task end, or every round with
+    ``--eval-every-round``; memory-drift and client-spread probes at task ends only."""
+    T = s.num_tasks
+    upto = min(t + 1, T - 1) if s.task_order is None else T - 1  # every task then
+    if task_end:
+        # No memory drift or client spread under per-client orders (their probes).
+        probed = sum(probes[: t + 1]) if s.task_order is None else 0
+        parts["evaluation"] += sum(test_sizes[: upto + 1]) + probed
+        parts["client spread"] += cpr * probed
+    elif s.eval_every_round:
+        parts["evaluation"] += sum(test_sizes[: upto + 1])
 
 
 def strategy_work(strategy: Strategy, splits: dict[int, TaskSplit]) -> StrategyWork:
@@ -413,29 +470,7 @@ def measure(
         t0 = time.perf_counter()
         task = StoredTask(stream.task_train(0), stream.task_test(0))
         task_seconds = time.perf_counter() - t0
-        # One client, one epoch: a local step costs the same in every epoch, and a shard of
-        # k batches then times exactly k steps. Steps are timed through the sequential
-        # trainer whatever the run's executor: the federation is given no other.
-        scratch = dataclasses.replace(
-            schedule,
-            num_clients=1,
-            participation=1.0,
-            async_shift=0,
-            arrivals=None,
-            steps=dataclasses.replace(schedule.steps, epochs=1),
-        )
-        probe_strategy = copy.deepcopy(strategy)
-        for component in probe_strategy.all:
-            component.probe_copy()
-        fed = Federation(
-            stream,
-            partitioner,
-            probe_strategy,
-            copy.deepcopy(model),
-            scratch,
-            torch.device("cpu"),
-            {},
-        )
+        fed = scratch_federation(stream, partitioner, strategy, model, schedule)
         split = splits[0]
         shard = max(split.parts, key=lambda p: int(p.numel()))
         if shard.numel() == 0:
@@ -452,6 +487,42 @@ def measure(
         if allowed is not None:
             units = steady_step_units(fed, task, split, rows, units, started + allowed)
     return dataclasses.replace(units, probe_seconds=time.perf_counter() - started)
+
+
+def scratch_federation(
+    stream: Stream,
+    partitioner: Partitioner,
+    strategy: Strategy,
+    model: torch.nn.Module,
+    schedule: Schedule,
+) -> Federation:
+    """The probe's one-client CPU federation on deep copies of the model and the strategy,
+    so that timing it leaves the run's own state untouched.
+
+    One client, one epoch: a local step costs the same in every epoch, and a shard of k
+    batches then times exactly k steps. Steps are timed through the sequential trainer
+    whatever the run's executor: the federation is given no other.
+    """
+    scratch = dataclasses.replace(
+        schedule,
+        num_clients=1,
+        participation=1.0,
+        async_shift=0,
+        arrivals=None,
+        steps=dataclasses.replace(schedule.steps, epochs=1),
+    )
+    probe_strategy = copy.deepcopy(strategy)
+    for component in probe_strategy.all:
+        component.probe_copy()
+    return Federation(
+        stream,
+        partitioner,
+        probe_strategy,
+        copy.deepcopy(model),
+        scratch,
+        torch.device("cpu"),
+        {},
+    )
 
 
 def rough_units(
@@ -623,20 +694,26 @@ def announce(plan: RunPlan, say: Callable[[str], None]) -> dict[str, object]:
     work = work_of([units.test_size] * schedule.num_tasks)
     result = estimate(work, units, checkpoints=checkpoints)
     threads = torch.get_num_threads()
-    record.update(
-        seconds=round(result.seconds, 1),
-        threads=threads,
-        probe_seconds=round(units.probe_seconds, 2),
-        steps_timed=units.steps_timed,
-        unit_seconds={
+    record.update(estimate_record(result, units, threads))
+    say_estimate(plan, line, result, units, threads, say)
+    return record
+
+
+def estimate_record(result: Estimate, units: UnitTimes, threads: int) -> dict[str, object]:
+    """The timed estimate's part of config.json's ``cost_estimate``: the duration, what
+    measured it and its parts, so that a reader can see where the seconds come from."""
+    return {
+        "seconds": round(result.seconds, 1),
+        "threads": threads,
+        "probe_seconds": round(units.probe_seconds, 2),
+        "steps_timed": units.steps_timed,
+        "unit_seconds": {
             "local_step": units.step,
             "forward_per_sample": units.forward,
             "forward_backward_per_sample": units.backward,
         },
-        parts={k: round(v, 1) for k, v in result.parts.items()},
-    )
-    say_estimate(plan, line, result, units, threads, say)
-    return record
+        "parts": {k: round(v, 1) for k, v in result.parts.items()},
+    }
 
 
 def say_estimate(

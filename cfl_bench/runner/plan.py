@@ -272,20 +272,11 @@ def plan_run(config: RunConfig) -> RunPlan:
     device = run_device(config)
     check_run_length(config)
     stream, config = load_stream(config, device)
-    check_run_length(config, stream.num_tasks)
-    check_stream_fits(stream, model_name, asked_partition)
-    check_diagnostics(config, stream.objective.capabilities)
-    num_tasks = resolved_int(config.tasks)
-    check_arrivals(config, num_tasks, per_round_stream=stream.per_round)
-    check_task_order(config, per_round_stream=stream.per_round)
+    num_tasks = check_loaded_stream(config, stream, model_name, asked_partition)
     strategy.setup(strategy_env(config, stream, device))
     check_components_follow_orders(config, strategy)
     schedule = make_schedule(config, strategy, num_tasks, device)
-    torch.manual_seed(derive_seed(config.seed, "model-init"))
-    model = build_model(model_name, stream.input_shape, stream.num_classes)
-    config = resolve_channels_last(config, device, model_name)
-    if config.channels_last:
-        use_channels_last(model, model_name)
+    model, config = initial_model(config, stream, device, model_name)
     executor_kind(config.executor).check(PlannedRun(config, stream, strategy, model))
     check_amp(config, device, stream.objective)
     threads = configure_cpu(device, config.threads, model, tuple(stream.input_shape))
@@ -324,6 +315,34 @@ def plan_run(config: RunConfig) -> RunPlan:
         out,
         resolved,
     )
+
+
+def check_loaded_stream(
+    config: RunConfig, stream: Stream, model_name: str, asked_partition: str | None
+) -> int:
+    """The refusals that need the loaded stream (its task count, input shape, objective,
+    per-round data), in the order users meet them; returns the run's number of tasks."""
+    check_run_length(config, stream.num_tasks)
+    check_stream_fits(stream, model_name, asked_partition)
+    check_diagnostics(config, stream.objective.capabilities)
+    num_tasks = resolved_int(config.tasks)
+    check_arrivals(config, num_tasks, per_round_stream=stream.per_round)
+    check_task_order(config, per_round_stream=stream.per_round)
+    return num_tasks
+
+
+def initial_model(
+    config: RunConfig, stream: Stream, device: torch.device, model_name: str
+) -> tuple[torch.nn.Module, RunConfig]:
+    """The run's model from its own seed (``model-init``, so that the initial weights do
+    not depend on what drew before), in channels-last layout where that was resolved on;
+    returns the config with ``channels_last`` resolved."""
+    torch.manual_seed(derive_seed(config.seed, "model-init"))
+    model = build_model(model_name, stream.input_shape, stream.num_classes)
+    config = resolve_channels_last(config, device, model_name)
+    if config.channels_last:
+        use_channels_last(model, model_name)
+    return model, config
 
 
 def check_amp(config: RunConfig, device: torch.device, objective: object) -> None:
