@@ -1,12 +1,12 @@
 """Shipped reproductions tied to the code: a short prefix of shipped runs, rerun at HEAD.
 
-Why: the tables in ``reproductions/results`` were made by commits long before HEAD, and
-the golden cases (``tests/golden_runs.py``) cover neither SCAFFOLD, FedNova, MOON, FedDyn,
-FedDF, FedProj's distillation, IFA's modes, Adam, ResNet-8 nor the CARLA detector. A refactor that
-changed any of them by a bit would leave every shipped number silently stale. Each case
-below reruns one shipped run per row family, from its own ``config.json`` (the full
-resolved configuration), for its first ``rounds`` rounds, and compares the records of those
-rounds with the shipped ``records.csv``.
+Why: the tables in ``reproductions/results`` were made by commits long before HEAD, and the
+golden cases (``tests/golden_runs.py``) cover neither SCAFFOLD, FedNova, MOON, FedDyn,
+FedDF, FedProj's distillation, IFA's modes, Adam, ResNet-8, the CARLA detector nor FOT's
+permuted MNIST. A refactor that changed any of them by a bit would leave every shipped
+number silently stale. Each case below reruns one shipped run per row family, from its own
+``config.json`` (the full resolved configuration), for its first ``rounds`` rounds, and
+compares the records of those rounds with the shipped ``records.csv``.
 
 How the prefix stays the full run's prefix: the run goes through ``cfl_bench.runner.run.execute``
 exactly as ``cfl-bench run --config`` would, and an ``on_round`` callback raises
@@ -44,10 +44,11 @@ because its round 2 is too sensitive to rounding for a useful tolerance (at the 
 
 Cost: the shipped runs are CPU-scale runs of 10 to 100 clients, and a CIFAR-10 round takes
 10-40 s on one thread. The fast suite keeps this file near a minute (measured on 2 cores,
-one thread): FedGP on MNIST (6 s), SCAFFOLD (29 s, for the FedNTD table) and the CARLA
-detector (20 s). The others (FedNova, MOON, FedProj, FedDyn, FedDF, IFA's two modes: 27 to
-74 s each, over 5 minutes together) are marked ``slow``, with their measured times; run
-them with ``python -m pytest -m slow tests/test_shipped_prefix.py``.
+one thread): FedGP on MNIST (6 s), SCAFFOLD (29 s, for the FedNTD table), the CARLA
+detector (20 s) and FOT's permuted MNIST (4 s). The others (FedNova, MOON, FedProj, FedDyn,
+FedDF, IFA's two modes: 27 to 74 s each, over 5 minutes together) are marked ``slow``, with
+their measured times; run them with ``python -m pytest -m slow
+tests/test_shipped_prefix.py``.
 """
 
 from __future__ import annotations
@@ -202,6 +203,13 @@ CASES: dict[str, Case] = {
         rounds=1,
         rel=2e-3,
         ignored=("partition",),
+    ),
+    # FOT projects nothing before its first task end (round 100 of these runs): round 1 is
+    # FedAvg's step on FOT's permuted MNIST (task 1 unpermuted, pixels normalised) with the
+    # code's MLP, so this prefix pins the stream and the model the table ran; FOT's sketches
+    # and projection are the golden case perm-digits-fot-mlp's.
+    "fot-pmnist": Case(
+        "fot-table-pmnist", "perm-mnist-fot_fot_s0-01ad3cbc", rounds=1, acc_points=0.2
     ),
 }
 
