@@ -182,6 +182,10 @@ def run(**values: Any) -> None:
     yaml_path = values.pop("config")
     cfg = make_config(values, yaml_path)
     check_names(cfg)
+    if cfg.out:
+        from cfl_bench.core.run_dir import RunDirectory
+
+        RunDirectory(cfg.out).precheck_owner()  # before torch: a refusal in a fraction of a second
     console = Console()
     try:
         with stop_on_sigterm():

@@ -98,6 +98,31 @@ def test_refusals_from_names_and_numbers_import_no_heavy_package(
     assert not (tmp_path / "r").exists()
 
 
+def test_an_out_that_is_not_a_run_is_refused_without_heavy_packages(tmp_path: Path) -> None:
+    """A folder that is not a run, and a folder inside a run: refused before torch loads
+    (the claim of the run directory checks both again, after the data)."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "records.csv").write_text("epoch,loss\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"config_hash": "abc"}')
+    for out, fragment in (
+        (mine, f"--out '{mine}' is not a cfl-bench run directory"),
+        (run / "sub", f"is inside the cfl-bench run directory '{run}'"),
+    ):
+        heavy, code, output = probe("run", "--out", str(out))
+        assert code == 2, output
+        assert fragment in output
+        assert heavy == [], f"refusing --out {out} imported {heavy}"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [
+        "config.json",
+        "mine",
+        "records.csv",
+        "run",
+    ]
+
+
 def test_bad_yaml_file_is_refused_without_heavy_packages(tmp_path: Path) -> None:
     config = tmp_path / "exp.yaml"
     config.write_text("stream: [rot-digits\n", encoding="utf-8")

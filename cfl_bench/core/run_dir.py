@@ -528,6 +528,17 @@ class RunDirectory(RunReplacement):
         if self.out.is_dir() and not os.path.lexists(self.out / ASIDE):
             self._check_replaceable(config_hash, overwrite=overwrite, restart=restart)
 
+    def precheck_owner(self) -> None:
+        """The part of :meth:`precheck` that needs no configuration (an --out that cannot
+        work, lies inside another run, or is a folder that is not a run), read-only.
+
+        Why: `cfl-bench run` calls it before it imports torch and loads the data, so these
+        refusals come in a fraction of a second instead of after seconds of loading; the
+        claim still checks them all again."""
+        self.check_path()
+        if self.out.is_dir() and not os.path.lexists(self.out / ASIDE):
+            refuse_foreign_folder(self.out, f"--out '{self.out}'")
+
     def check_path(self) -> None:
         """Refuse an --out that cannot work or lies inside another run, creating nothing."""
         check_out_path(self.out)
