@@ -276,6 +276,21 @@ def test_memory_drift_hand_made() -> None:
     np.testing.assert_allclose(md[1:], [0.2, 0.5])
 
 
+def test_mean_kl_by_hand_and_never_below_zero() -> None:
+    """KL([0.5, 0.5] ‖ [0.25, 0.75]) = 0.5·ln 2 + 0.5·ln(2/3) = 0.143841; a q equal to p
+    up to rounding (log q = log p + 1e-7) sums to -1e-7 and is floored at 0, since a
+    negative kl_drift would make the run reader call the run damaged."""
+    import torch
+
+    from cfl_bench.core.evaluation import mean_kl
+
+    log_p = torch.tensor([[0.5, 0.5]]).log()
+    log_q = torch.tensor([[0.25, 0.75]]).log()
+    assert float(mean_kl(log_p, log_q)) == pytest.approx(0.143841, abs=1e-6)
+    assert float((log_p.exp() * (log_p - (log_p + 1e-7))).sum(dim=1).mean()) < 0
+    assert float(mean_kl(log_p, log_p + 1e-7)) == 0.0
+
+
 def test_client_spread_percentiles() -> None:
     # Linear interpolation on 5 sorted values: p10 at position 0.4, p90 at position 3.6.
     spread = client_spread([50.0, 10.0, 30.0, 40.0, 20.0])
