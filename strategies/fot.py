@@ -295,6 +295,7 @@ class FOT(Component):
             )
         self.seed = env.seed
         self.batch_size = env.batch_size
+        self.num_tasks = env.num_tasks
         # The code projects its MLP's output layer (layers.9) but not its AlexNet's per-task
         # heads (``last``): a task-IL stream's output layer is its heads.
         choice = self.opts.last_layer
@@ -386,8 +387,16 @@ class FOT(Component):
         server.global_params = project_update(old, server.global_params, slots, self.bases)
 
     def after_aggregate(self, server: ServerState) -> None:
-        """After a task end's projection: grow every layer's basis, then ε += eps_inc."""
+        """After a task end's projection: grow every layer's basis, then ε += eps_inc.
+
+        Not after the run's last task: no later round projects with those bases, so the
+        SVDs (AlexNet's fc2 sketch is 2,048 x 10,240, about a minute on one CPU thread)
+        would change nothing a run records. The clients' sketches still travel and count."""
         if not self._sketches:
+            return
+        if server.task >= self.num_tasks - 1:
+            self.epsilon += self.opts.eps_inc
+            self._sketches, self._ratios = [], None
             return
         assert self._ratios is not None
         slots = self.projected_slots(server.model)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -224,6 +225,27 @@ def test_a_task_end_adds_the_sketches_up_and_the_bases_down(
     assert len(sent) == 1 and all(k >= 1 for k in sent[0])  # only task 1's last round
     basis = 4 * (64 * sent[0][0] + 100 * sent[0][1] + 100 * sent[0][2]) + 3 * 8
     assert down == [clients * (MLP_BYTES + e) for e in (0, 0, 0, basis)]
+
+
+@pytest.mark.parametrize(("task", "grows"), [(0, True), (1, False)])
+def test_only_a_task_end_before_the_last_task_grows_the_bases(task: int, grows: bool) -> None:
+    """Both layers' sketches (4 x 4 and 3 x 3, uniform law: width d) are summed at every
+    task end, but decomposed only when a later task will be projected with the result:
+    after the run's last task (task 1 of 2) the bases stay as they were and the sums are
+    dropped, and ε still moves by eps_inc."""
+    model = two_layer_model()
+    fot = FOT({"last_layer": "project", "eps_inc": 0.01})
+    fot.setup(env(stream="perm-digits", num_tasks=2))
+    fot._sketches = [torch.cat((torch.eye(4).reshape(-1), torch.eye(3).reshape(-1)))]
+    fot._ratios = torch.tensor([1.0, 1.0, 1.0])
+    server = SimpleNamespace(model=model, task=task)
+    fot.after_aggregate(server)  # type: ignore[arg-type]
+    assert fot._sketches == [] and fot._ratios is None
+    assert fot.epsilon == pytest.approx(0.97)
+    if grows:
+        assert [None if b is None else tuple(b.shape) for b in fot.bases] == [(4, 4), (3, 3)]
+    else:
+        assert fot.bases == []
 
 
 def test_a_digits_run_resumes_identically(tmp_path: Path) -> None:
