@@ -108,9 +108,31 @@ def _mnist_images(root: Path, *, download: bool) -> ImageSplits:
     )
 
 
+# FOT's Split-CIFAR-100 loader (data_preprocess/cifar100/data_loader.py) normalises with
+# these statistics (CIFAR-10's, as that file writes them) and applies no augmentation.
+FOT_CIFAR_MEAN, FOT_CIFAR_STD = (0.4914, 0.4824, 0.4467), (0.2471, 0.24353, 0.2616)
+
+
 def build_class_il(info: StreamInfo, request: StreamRequest) -> Stream:
     """seq-cifar10, seq-cifar100: consecutive class groups in natural order."""
-    loader, mean, std = _CIFAR[info.base]
+    _, mean, std = _CIFAR[info.base]
+    return _class_il(info, request, mean, std, crop_flip=True)
+
+
+def build_class_il_fot(info: StreamInfo, request: StreamRequest) -> Stream:
+    """seq-cifar100-fot: seq-cifar100 as FOT's code builds it (its statistics, no crop/flip)."""
+    return _class_il(info, request, FOT_CIFAR_MEAN, FOT_CIFAR_STD, crop_flip=False)
+
+
+def _class_il(
+    info: StreamInfo,
+    request: StreamRequest,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    *,
+    crop_flip: bool,
+) -> Stream:
+    loader = _CIFAR[info.base][0]
     root = request.require_data_root()
     check_data_root(root, holds=info.data, download_hint=True, may_create=request.download)
     per_task = info.classes_per_task
@@ -126,6 +148,7 @@ def build_class_il(info: StreamInfo, request: StreamRequest) -> Stream:
         mean=mean,
         std=std,
         device=torch.device(request.device),
+        crop_flip=crop_flip,
     )
 
 

@@ -147,6 +147,20 @@ STREAMS: dict[str, StreamInfo] = {
     "perm-digits": _domain_il_info("perm-digits", PERMUTED, "digits", "build_permuted"),
     "seq-cifar10": _cifar_info("seq-cifar10", "cifar10", "CIFAR-10", tasks=5, per_task=2),
     "seq-cifar100": _cifar_info("seq-cifar100", "cifar100", "CIFAR-100", tasks=10, per_task=10),
+    # FOT's Split-CIFAR-100: its loader normalises with CIFAR-10's statistics, never augments.
+    "seq-cifar100-fot": replace(
+        _cifar_info("seq-cifar100", "cifar100", "CIFAR-100", tasks=10, per_task=10),
+        name="seq-cifar100-fot",
+        description="CIFAR-100 as FOT's code builds it: 10 tasks x 10 classes in natural "
+        "order, pixels normalised with its CIFAR-10 statistics, no augmentation (task-IL "
+        "with --heads per-task)",
+        default_model="fot-alexnet",
+        default_partition="iid",
+        default_epochs=1,
+        default_lr=0.01,
+        builder=f"{BUILDERS}:build_class_il_fot",
+        supports_cutout=False,
+    ),
 }
 
 # Text: a linear head on frozen MiniLM embeddings (FedGP trains a head on a frozen encoder).

@@ -60,6 +60,33 @@ def test_seq_cifar10_tasks_hold_two_classes_in_natural_order(cifar_root: Path) -
         assert bool((padded[c] == torch.tensor(black[c])).any())
 
 
+def test_seq_cifar100_fot_normalises_like_fots_loader_and_never_augments(
+    cifar_root: Path,
+) -> None:
+    """FOT's loader: ToTensor, then Normalize((0.4914, 0.4824, 0.4467), (0.2471, 0.24353,
+    0.2616)), no augmentation; the same tasks and rows as seq-cifar100. A black pixel in
+    channel 0 is (0 - 0.4914) / 0.2471 = -1.988669, a full one in channel 2 (1 - 0.4467) /
+    0.2616 = 2.115061."""
+    fot = build_stream(
+        "seq-cifar100-fot", num_tasks=3, seed=0, device=CPU, data_root=str(cifar_root),
+        download=False,
+    )  # fmt: skip
+    plain = build_stream(
+        "seq-cifar100", num_tasks=3, seed=0, device=CPU, data_root=str(cifar_root), download=False
+    )
+    assert not fot.augments and fot.describe()["augmentation"] == "none"
+    assert STREAMS["seq-cifar100-fot"].default_model == "fot-alexnet"
+    for t in range(3):
+        assert fot.task(t).classes == plain.task(t).classes
+        assert torch.equal(fot.task(t).train_y, plain.task(t).train_y)
+    pixels = torch.zeros(1, 3, 1, 1, dtype=torch.uint8)
+    pixels[0, 2] = 255
+    got = fot.as_model_input(pixels).flatten()
+    assert torch.allclose(got[[0, 2]], torch.tensor([-1.988669, 2.115061]), atol=1e-5)
+    x = fot.task(0).train_x[:8]
+    assert torch.equal(fot.augment(x, torch.Generator().manual_seed(0)), x)
+
+
 def test_seq_cifar100_first_tasks_and_refusals(cifar_root: Path) -> None:
     stream = build_stream(
         "seq-cifar100", num_tasks=3, seed=0, device=CPU, data_root=str(cifar_root), download=False
