@@ -14,7 +14,7 @@ from cfl_bench.core.flat import FlatModel
 from cfl_bench.core.objective import Classification
 from cfl_bench.engine.client_update import LocalTrainer, StepSchedule
 from cfl_bench.engine.executor import SequentialExecutor
-from cfl_bench.engine.loop import Federation, Schedule
+from cfl_bench.engine.loop import Federation, Schedule, new_server
 from cfl_bench.engine.optim import FlatSGD
 from cfl_bench.engine.round_server import RoundServer
 from cfl_bench.runner.executors import executor_kind
@@ -80,14 +80,11 @@ def client(index: int, buffer: ReservoirBuffer | None) -> ClientState:
 
 
 def server(model: FlatModel, clients: list[ClientState]) -> ServerState:
-    return ServerState(
-        model=model,
-        global_params=model.params.detach().clone(),
-        global_buffers=model.buffers.detach().clone(),
-        clients=clients,
-        device=CPU,
-        participants=list(clients),
-    )
+    """The engine's starting server (``loop.new_server``, one round per task) with every
+    client taking part."""
+    state = new_server(model, clients, CPU, rounds_per_task=1)
+    state.participants = list(clients)
+    return state
 
 
 def broadcast(srv: ServerState, payloads: dict[str, torch.Tensor] | None = None) -> Broadcast:
