@@ -81,7 +81,7 @@ SMALL = [
     "--epochs", "1", "--batch-size", "32", "--buffer-size", "50", "--device", "cpu",
 ]  # fmt: skip
 SWEEP_GRID = [
-    *SMALL, "--rounds-per-task", "1", "--strategy", "fedavg", "--strategy", "der+fedgp",
+    *SMALL, "--rounds-per-task", "2", "--strategy", "fedavg", "--strategy", "der+fedgp",
     "--jobs", "2", "--no-leaderboard",
 ]  # fmt: skip
 
@@ -90,8 +90,7 @@ def test_a_sweep_runs_two_simulations_at_once_to_the_sequential_records(tmp_path
     """``--executor flower`` inside a sweep: two points at once (``--jobs 2``), each a
     simulation on SuperLink ports of its own with a Ray of one CPU (its share of 2 cores).
     FedAvg, and DER + FedGP (two message phases per round: train, FedGP's g_ref query;
-    buffers in node state), give the sequential executor's records byte for byte. One round
-    per task: task 2's round trains with the g_ref and the buffers of task 1's round."""
+    buffers in node state), give the sequential executor's records byte for byte."""
     before = set(flower_processes())
     flower, seq = tmp_path / "flower", tmp_path / "seq"
     code, output = in_process("sweep", "--out", str(flower), "--executor", "flower", *SWEEP_GRID)
