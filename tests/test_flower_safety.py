@@ -36,6 +36,7 @@ import pytest
 pytest.importorskip("flwr")
 
 from tests.cli_helpers import tree_digest as digest
+from tests.sweep_helpers import in_process
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--stream", "rot-digits", "--tasks", "1", "--rounds-per-task", "1", "--clients", "2",
@@ -72,10 +73,11 @@ def refused(result: subprocess.CompletedProcess, expected: str) -> str:
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One tiny finished run (sequential executor), made once for the module."""
+    """One tiny finished run (sequential executor), made once for the module, in this
+    process (it is what the refusals meet, no test of a process: one import of torch fewer)."""
     out = tmp_path_factory.mktemp("finished") / "run"
-    result = cli(["run", *TINY, "--out", str(out)], out.parent, timeout=300)
-    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    code, output = in_process("run", *TINY, "--out", str(out))
+    assert code == 0, output
     return out
 
 
