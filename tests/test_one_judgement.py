@@ -10,9 +10,9 @@ the point again, saying why, and ends with a finished run). The expected reason 
 
 The four readers run in this process, through the console script's own ``main`` (its exit
 code, stdout and stderr as a process would give them): each only reads a run directory, and
-a fresh process per reader cost ~2 s of imports, 24 of them per class of damage. The sweeps
-stay real processes: a sweep starts a fork server and children, process state this test must
-not leave in the test's own process.
+a fresh process per reader cost ~2 s of imports, four per class of damage, 24 in all. The
+sweeps stay real processes: a sweep starts a fork server and children, process state this
+test must not leave in the test's own process.
 """
 
 from __future__ import annotations
