@@ -7,18 +7,26 @@ of damage: ``leaderboard`` (lists it as damaged, ranks nothing), ``report`` and 
 (refuse it, exit 2), ``reproduce --compare`` (does not count it) and a sweep's skip rule (runs
 the point again, saying why, and ends with a finished run). The expected reason is the one
 :func:`cfl_bench.core.run_reader.read_run` gives, so the five must print exactly that text.
+
+The four readers run in this process, through the console script's own ``main`` (its exit
+code, stdout and stderr as a process would give them): each only reads a run directory, and
+a fresh process per reader cost ~2 s of imports, four per class of damage, 24 in all. The
+sweeps stay real processes: a sweep starts a fork server and children, process state this
+test must not leave in the test's own process.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from cfl_bench.cli import main
 from cfl_bench.core.run_reader import DAMAGED, read_run
 from tests.cli_helpers import cli
 
@@ -35,6 +43,29 @@ def finished_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = cli(["sweep", "--out", str(out), "--threads", "1", *GRID], out.parent, wide=True)
     assert result.returncode == 0, result.stdout + result.stderr
     return out
+
+
+class Reader:
+    """``cfl-bench ARGS`` through :func:`cfl_bench.cli.main` in this process, from ``cwd``,
+    answered as :func:`tests.cli_helpers.cli` answers (``wide``: a 2,000-column terminal)."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+        self.capsys, self.monkeypatch = capsys, monkeypatch
+
+    def __call__(
+        self, args: list[str], cwd: Path, *, wide: bool = False
+    ) -> subprocess.CompletedProcess[str]:
+        self.capsys.readouterr()
+        with self.monkeypatch.context() as patch:
+            patch.chdir(cwd)
+            if wide:
+                patch.setenv("COLUMNS", "2000")
+            with pytest.raises(SystemExit) as stop:
+                main(args)
+        captured = self.capsys.readouterr()
+        code = stop.value.code
+        assert isinstance(code, int), code
+        return subprocess.CompletedProcess(args, code, captured.out, captured.err)
 
 
 def _edit_summary(run: Path) -> None:
@@ -69,8 +100,13 @@ DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
 
 @pytest.mark.parametrize("kind", sorted(DAMAGE))
 def test_five_commands_give_one_status_and_reason(
-    finished_sweep: Path, tmp_path: Path, kind: str
+    finished_sweep: Path,
+    tmp_path: Path,
+    kind: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    reader = Reader(capsys, monkeypatch)
     sweep = tmp_path / "sweep"
     shutil.copytree(finished_sweep, sweep)
     (run,) = sweep.glob("rot-digits_*")
@@ -80,7 +116,9 @@ def test_five_commands_give_one_status_and_reason(
     assert reading.status == DAMAGED and words in reading.reason, reading.reason
     reason = reading.reason
 
-    board = cli(["leaderboard", str(sweep), "--out", str(tmp_path / "board")], tmp_path, wide=True)
+    board = reader(
+        ["leaderboard", str(sweep), "--out", str(tmp_path / "board")], tmp_path, wide=True
+    )
     assert board.returncode == 0, board.stderr
     assert "damaged" in board.stdout and reason in board.stdout, board.stdout
     ranked = pd.read_csv(tmp_path / "board" / "leaderboard.csv")
@@ -88,7 +126,7 @@ def test_five_commands_give_one_status_and_reason(
     assert ranked["n_damaged"].sum() == (0 if ranked.empty else 1)
 
     for command in ("report", "clients"):
-        refused = cli([command, str(run)], tmp_path)
+        refused = reader([command, str(run)], tmp_path)
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert refused.stderr.strip().splitlines() == [
             f"error: run directory '{run}' is damaged: {reason}; re-run that run or pass "
@@ -96,7 +134,7 @@ def test_five_commands_give_one_status_and_reason(
         ]
 
     compare = ["--compare", str(sweep), "--scale", "smoke", "--out", str(tmp_path / "compared")]
-    compared = cli(["reproduce", "fedgp-table1-mnist", *compare], tmp_path)
+    compared = reader(["reproduce", "fedgp-table1-mnist", *compare], tmp_path)
     assert compared.returncode in (0, 1), compared.stderr
     notes = (tmp_path / "compared" / "report.md").read_text()
     assert f"{run.name}: not counted (damaged: {reason})" in notes
