@@ -1,6 +1,7 @@
 """Ctrl-C and SIGTERM everywhere: `run` (also before round 1), `sweep` and `carla demo` end
 with exit code 130 and one line saying what was kept and how to resume, leave no process
-behind, and the same command resumes."""
+behind, and the same command resumes. The interrupted command is a process of its own (a
+real signal); its rerun, which nothing interrupts, runs in this process (``in_process``)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from tests.conftest import requires_shared_data
 from tests.sweep_helpers import summaries, sweep_command
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-RUN = ["--tasks", "2", "--rounds-per-task", "15", "--clients", "4", "--threads", "1"]
+# 16 rounds: a SIGTERM at round 3 lands with 13 rounds (seconds) still to run
+RUN = ["--tasks", "2", "--rounds-per-task", "8", "--clients", "4", "--threads", "1"]
 RUN += ["--train-size", "300", "--test-size", "100", "--checkpoint-every", "1"]
 
 
@@ -154,7 +156,7 @@ def test_run_interrupted_in_the_cost_probe_keeps_nothing_then_starts(
     out = tmp_path / "r"
     result = in_process("run", *RUN, "--out", str(out))
     assert result.exit_code == 130
-    assert "interrupted at round 1 of 30; kept nothing" in result.output
+    assert "interrupted at round 1 of 16; kept nothing" in result.output
     assert list(out.iterdir()) == []  # nothing half-written
     monkeypatch.setattr(cfl_bench.runner.cost, "announce", real)
     result = in_process("run", *RUN, "--out", str(out))
@@ -202,11 +204,9 @@ def test_sigterm_before_round_1_exits_130_in_one_line_and_the_rerun_runs(
     _, err = proc.communicate(timeout=120)
     assert_one_line(proc.returncode, err, "interrupted at round 1 of 2; kept nothing")
     assert not (out / "checkpoint.pt").exists() and not (out / "summary.json").exists()
-    rerun = subprocess.run(
-        [sys.executable, "-m", "cfl_bench.cli", *argv], capture_output=True, text=True, env=ENV
-    )
-    assert rerun.returncode == 0, rerun.stderr
-    assert "resuming" not in rerun.stdout
+    rerun = in_process(*argv)
+    assert rerun.exit_code == 0, rerun.output
+    assert "resuming" not in rerun.output
     assert json.loads((out / "summary.json").read_text())["status"] == "finished"
 
 
@@ -216,11 +216,9 @@ def test_sigterm_mid_run_keeps_the_checkpoint_and_the_rerun_resumes(tmp_path: Pa
     proc = start(argv)
     err = signal_at(proc, lambda line: line.startswith("round 3/"), signal.SIGTERM)
     assert_one_line(proc.returncode, err, "kept", "rerun the same command to resume")
-    rerun = subprocess.run(
-        [sys.executable, "-m", "cfl_bench.cli", *argv], capture_output=True, text=True, env=ENV
-    )
-    assert rerun.returncode == 0, rerun.stderr
-    assert "resuming after round" in rerun.stdout
+    rerun = in_process(*argv)
+    assert rerun.exit_code == 0, rerun.output
+    assert "resuming after round" in rerun.output
 
 
 # --- `sweep` --------------------------------------------------------------------------------
@@ -258,10 +256,8 @@ def test_sweep_stops_in_one_line_leaves_no_process_and_resumes(
     manifest = json.loads((out / "sweep.json").read_text())
     assert [p["status"] for p in manifest["points"]] == ["interrupted", "pending"]
 
-    rerun = subprocess.run(
-        sweep_command(out, *SWEEP, "--no-leaderboard"), capture_output=True, text=True, env=ENV
-    )
-    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    rerun = in_process("sweep", "--out", str(out), *SWEEP, "--no-leaderboard")
+    assert rerun.exit_code == 0, rerun.output
     assert round_logged(out, "resuming after round")
     assert [s["status"] for s in summaries(out).values()] == ["finished"] * 2
 
@@ -291,12 +287,10 @@ def test_carla_demo_sigterm_keeps_its_rounds_and_resumes(tmp_path: Path) -> None
     line = assert_one_line(proc.returncode, err, "interrupted at round 2 of 2", "kept round 1")
     assert line.endswith("rerun the same command to resume")
     assert not (out / "summary.json").exists() and (out / "checkpoint.pt").exists()
-    rerun = subprocess.run(
-        [sys.executable, "-m", "cfl_bench.cli", *argv], capture_output=True, text=True, env=ENV
-    )
-    assert rerun.returncode == 0, rerun.stderr + rerun.stdout
-    assert "resuming after round" in rerun.stdout
-    assert "round 2/2" in rerun.stdout and "mAP50" in rerun.stdout  # the plain live view
+    rerun = in_process(*argv)
+    assert rerun.exit_code == 0, rerun.output
+    assert "resuming after round" in rerun.output
+    assert "round 2/2" in rerun.output and "mAP50" in rerun.output  # the plain live view
     page = (out / "carla_demo.html").read_text(encoding="utf-8")
     assert page.count("<svg") == 1 and page.count("data:image/png;base64,") == 3
     for domain in ("urban (Town01–03)", "highway (Town04)", "Town05 (test town)"):

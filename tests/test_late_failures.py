@@ -1,7 +1,9 @@
 """Issue 39, section 3: inputs that hung, or failed late with a traceback, now answer at once.
 
 Four classes, each through the real command line in a fresh process with a timeout (a hang
-fails here instead of waiting):
+fails here instead of waiting), except addresses whose text alone is wrong: no connection is
+tried for them, so they go through the same entry point (``cfl_bench.cli.main``) in this
+process, where going on to join Ray fails at once (``refused_here``):
 
 - a Ray cluster address (``sweep --backend ray``, ``--address`` or ``RAY_ADDRESS``) where a
   server listens that is not Ray: refused within seconds (it hung for minutes);
@@ -35,6 +37,7 @@ import pytest
 
 from cfl_bench.core.errors import UserError
 from cfl_bench.sweeps import ray_backend
+from tests.sweep_helpers import in_process
 from tests.test_bad_inputs_classes import HANG_SECONDS, REPO, TINY, cli, digest, listing
 
 OUTPUT_CLOSED = 141  # cfl_bench.cli.OUTPUT_CLOSED: 128 + SIGPIPE
@@ -49,13 +52,53 @@ def refused(args: list[str], root: Path, *fragments: str, env: dict[str, str] | 
     result = run_cli(args, root, env)
     elapsed = time.monotonic() - started
     text = result.stderr.decode("utf-8", "replace") + result.stdout.decode("utf-8", "replace")
+    line = one_line_refusal(result.returncode, text, *fragments)
+    assert listing(root) == before and digest(root) == files
+    return line, elapsed
+
+
+def one_line_refusal(code: int | None, text: str, *fragments: str) -> str:
+    """Exit 2 and one line (no traceback) holding every fragment; that line."""
     lines = [line for line in text.splitlines() if line.strip()]
-    assert result.returncode == 2, text
+    assert code == 2, text
     assert "Traceback" not in text and len(lines) == 1, text
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def refused_here(
+    args: list[str],
+    root: Path,
+    here: tuple[pytest.MonkeyPatch, pytest.CaptureFixture[str]],
+    *fragments: str,
+    env: dict[str, str] | None = None,
+) -> str:
+    """``refused``, for an address whose text alone is wrong, through the command line's
+    entry point in this process (``here``: the test's monkeypatch and capsys), in ``root``
+    with ``env`` set. Why not a fresh process: no connection is tried, so the refusal
+    cannot hang, and a process start costs more than the check. A sweep that goes on to
+    join Ray fails at once (a fresh process joined, or hung, there)."""
+    from cfl_bench.cli import main
+
+    monkeypatch, capsys = here
+
+    def joined(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the sweep went on to join Ray: the address was not refused")
+
+    monkeypatch.setattr(ray_backend, "RayBackend", joined)
+    for name, value in (env or {}).items():
+        monkeypatch.setenv(name, value)
+    (root / "keep.txt").write_text("the user's own file\n")
+    before, files = listing(root), digest(root)
+    monkeypatch.chdir(root)  # a file written relative to the working folder shows too
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as ended:
+        main(args)
+    out, err = capsys.readouterr()
+    line = one_line_refusal(ended.value.code, err + out, *fragments)
     assert listing(root) == before and digest(root) == files
-    return lines[0], elapsed
+    return line
 
 
 def run_cli(
@@ -197,25 +240,35 @@ BAD_ADDRESSES = {
 }
 
 
+@pytest.fixture
+def here(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[pytest.MonkeyPatch, pytest.CaptureFixture[str]]:
+    """What ``refused_here`` runs the command line with."""
+    return monkeypatch, capsys
+
+
 @pytest.mark.parametrize("address", sorted(BAD_ADDRESSES))
 def test_an_address_not_of_a_documented_form_is_refused_before_anything(
-    address: str, tmp_path: Path
+    address: str, tmp_path: Path, here: tuple[pytest.MonkeyPatch, pytest.CaptureFixture[str]]
 ) -> None:
     """``bogus`` and ``:`` passed the old check and failed in ray.init after the sweep
     folder was written, with a traceback."""
-    line, _ = refused(
-        ray_sweep(tmp_path, "--address", address), tmp_path, "--address", BAD_ADDRESSES[address]
-    )
+    args = ray_sweep(tmp_path, "--address", address)
+    line = refused_here(args, tmp_path, here, "--address", BAD_ADDRESSES[address])
     if "HOST:PORT" in BAD_ADDRESSES[address]:
         assert "ray://HOST:PORT of its Ray Client server, auto or local" in line
 
 
 @pytest.mark.parametrize("value", ["garbage", ":", "ray://", "localhost:abc"])
-def test_ray_address_not_of_a_documented_form_is_refused_too(value: str, tmp_path: Path) -> None:
+def test_ray_address_not_of_a_documented_form_is_refused_too(
+    value: str, tmp_path: Path, here: tuple[pytest.MonkeyPatch, pytest.CaptureFixture[str]]
+) -> None:
     env = {"RAY_ADDRESS": value}
-    refused(ray_sweep(tmp_path), tmp_path, "RAY_ADDRESS", "is not HOST:PORT", env=env)
+    refused_here(ray_sweep(tmp_path), tmp_path, here, "RAY_ADDRESS", "is not HOST:PORT", env=env)
     # --address auto takes RAY_ADDRESS too (Ray's rule), and is checked the same way
-    refused(ray_sweep(tmp_path, "--address", "auto"), tmp_path, "RAY_ADDRESS", env=env)
+    auto = ray_sweep(tmp_path, "--address", "auto")
+    refused_here(auto, tmp_path, here, "RAY_ADDRESS", env=env)
 
 
 def test_the_forms_ray_resolves_itself_are_left_to_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -267,6 +320,8 @@ def test_yaml_nested_thousands_deep_is_refused_in_one_line(
 
 
 # -- 4. stdout a closed pipe ---------------------------------------------------------------
+# The command whose reader exits is a process of its own (a real pipe); the rerun, whose
+# stdout is open, runs in this process (``in_process``), as a user's rerun in a terminal.
 def started(args: list[str], cwd: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "cfl_bench.cli", *args]
@@ -297,10 +352,10 @@ def test_a_run_whose_reader_exits_says_so_and_the_rerun_resumes(tmp_path: Path) 
     assert "stdout closed (the pipe's reader exited" in lines[0]
     assert "rerun the same command to resume it" in lines[0]
     assert (tmp_path / "o" / "checkpoint.pt").is_file()
-    again = cli(args, tmp_path, timeout=300)
-    assert again.returncode == 0, again.stderr
+    code, output = in_process(*args)
+    assert code == 0, output
     # round 1's line may still have fit in the pipe before the reader exited
-    assert re.search(rb"resuming after round [12] of 3", again.stdout), again.stdout
+    assert re.search(r"resuming after round [12] of 3", output), output
 
 
 def test_a_run_whose_reader_exits_at_once_says_to_rerun(tmp_path: Path) -> None:
@@ -312,7 +367,8 @@ def test_a_run_whose_reader_exits_at_once_says_to_rerun(tmp_path: Path) -> None:
     lines = stderr_lines(proc)
     assert proc.returncode == OUTPUT_CLOSED and len(lines) == 1, lines
     assert "stdout closed" in lines[0] and "rerun the same command" in lines[0]
-    assert cli(args, tmp_path, timeout=300).returncode == 0
+    code, output = in_process(*args)
+    assert code == 0, output
 
 
 def test_sweep_and_leaderboard_whose_reader_exits_say_so(tmp_path: Path) -> None:
@@ -325,8 +381,8 @@ def test_sweep_and_leaderboard_whose_reader_exits_say_so(tmp_path: Path) -> None
     lines = stderr_lines(proc)
     assert proc.returncode == OUTPUT_CLOSED and len(lines) == 1, lines
     assert "the sweep stopped" in lines[0] and "rerun the same command to resume" in lines[0]
-    again = cli(sweep, tmp_path, timeout=300)
-    assert again.returncode == 0, again.stderr
+    code, output = in_process(*sweep)
+    assert code == 0, output
     board = started(["leaderboard", str(tmp_path / "sw"), "--out", str(tmp_path / "lb")], tmp_path)
     assert board.stdout is not None
     board.stdout.close()

@@ -48,6 +48,23 @@ grid:
 """
 
 
+# Two strategies × two seeds of tiny runs: the sweep SIGKILLed and resumed, and the README's
+# first command in miniature (its leaderboard). Run once uninterrupted (``strategy_sweep``),
+# it is the reference of the first and the sweep whose leaderboard the second reads.
+STRATEGY_GRID = ["--strategy", "fedavg", "--strategy", "der", "--seed", "0", "--seed", "1"]
+STRATEGY_GRID += ["--threads", "1", *TINY]
+
+
+@pytest.fixture(scope="module")
+def strategy_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """``STRATEGY_GRID`` swept in this process, uninterrupted (``--jobs 1``): its folder
+    and what it printed. Tests only read it."""
+    out = tmp_path_factory.mktemp("strategy-sweep") / "sweep"
+    code, output = in_process("sweep", "--out", str(out), "--jobs", "1", *STRATEGY_GRID)
+    assert code == 0, output
+    return out, output
+
+
 def write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
@@ -392,9 +409,13 @@ def test_jobs_two_runs_two_children_at_once_with_cores_over_two_threads(tmp_path
 # --- resumption after SIGKILL ----------------------------------------------------------------
 
 
-def test_sigkilled_sweep_resumes_without_running_anything_twice(tmp_path: Path) -> None:
-    args = ["--strategy", "fedavg", "--strategy", "der", "--seed", "0", "--seed", "1"]
-    args += ["--seed", "2", "--threads", "1", *TINY]
+def test_sigkilled_sweep_resumes_without_running_anything_twice(
+    tmp_path: Path, strategy_sweep: tuple[Path, str]
+) -> None:
+    """Killed once two of the four points finished and the third started: the rerun skips
+    the finished ones, restarts the interrupted one, runs the rest, and every point ends
+    as in the uninterrupted sweep (``strategy_sweep``)."""
+    args = STRATEGY_GRID
     out = tmp_path / "killed"
     with open(tmp_path / "first.out", "wb") as sink:
         first = subprocess.Popen(sweep_command(out, "--jobs", "1", *args), stdout=sink, stderr=sink)
@@ -439,9 +460,7 @@ def test_sigkilled_sweep_resumes_without_running_anything_twice(tmp_path: Path) 
         path = out / name / "summary.json"
         assert path.read_bytes() == blob and path.stat().st_mtime_ns == mtime
 
-    reference = tmp_path / "reference"
-    code, output = in_process("sweep", "--out", str(reference), "--jobs", "1", *args)
-    assert code == 0, output
+    reference, _ = strategy_sweep
     resumed, uninterrupted = summaries(out), summaries(reference)
     assert sorted(resumed) == sorted(uninterrupted) == sorted(points)
     for name in points:
@@ -453,7 +472,8 @@ def test_sigkilled_sweep_resumes_without_running_anything_twice(tmp_path: Path) 
 
 def test_a_point_killed_mid_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     args = ["--seed", "3", "--threads", "1", "--checkpoint-every", "1", "--tasks", "2"]
-    args += ["--rounds-per-task", "30", "--train-size", "300", "--test-size", "100"]
+    # 24 rounds: killed at round 5, 19 rounds (seconds) are left to land the kill in
+    args += ["--rounds-per-task", "12", "--train-size", "300", "--test-size", "100"]
     out = tmp_path / "killed"
     (point,) = expand(build_spec(None, args, str(out)))
     log = out / ledger.BOOKKEEPING / f"{point.name}.log"
@@ -497,17 +517,14 @@ def test_log_lines_parse_back(tmp_path: Path) -> None:
         ledger.check_run_dir(tmp_path / "mine")
 
 
-def test_a_sweep_ends_with_the_leaderboard_of_its_runs(tmp_path: Path) -> None:
+def test_a_sweep_ends_with_the_leaderboard_of_its_runs(
+    tmp_path: Path, strategy_sweep: tuple[Path, str]
+) -> None:
     """The README's first command in miniature: strategies × 2 seeds → leaderboard files,
     one row per strategy averaging both seeds; --no-leaderboard writes none."""
     import pandas as pd
 
-    out = tmp_path / "sweep"
-    code, output = in_process(
-        "sweep", "--out", str(out), *TINY, "--threads", "1",
-        "--strategy", "fedavg", "--strategy", "der", "--seed", "0", "--seed", "1",
-    )  # fmt: skip
-    assert code == 0, output
+    out, output = strategy_sweep
     board_dir = out / "leaderboard"
     assert "leaderboard written to" in output and str(board_dir) in output.replace("\n", "")
     board = pd.read_csv(board_dir / "leaderboard.csv")

@@ -2,11 +2,13 @@
 
 The cluster is a head of one CPU and a second node of one CPU (``bench.ray_cluster``:
 ``ray start --block`` children stopped by PID, so no other Ray on the machine is touched).
-The same 6-point grid runs as a local sweep (``--jobs 2``) and on the cluster
-(``--cpus-per-run 1``: at most two points at once, one per node); every point's records
-must be byte-identical, and a rerun of the cluster sweep skips every point. A point whose
-Ray worker is SIGKILLed mid-run is retried by Ray and resumes from its checkpoint; Ctrl-C of
-the driver stops the point and the rerun resumes it.
+The same 4-point grid runs as a local sweep (``--jobs 2``) and on the cluster
+(``--cpus-per-run 1``: at most two points at once, one per node, so two wait their turn);
+every point's records must be byte-identical, and a rerun of the cluster sweep skips every
+point. A point whose Ray worker is SIGKILLed mid-run is retried by Ray and resumes from its
+checkpoint; Ctrl-C of the driver stops the point and the rerun resumes it. Both of those
+tests run the same point, so one uninterrupted run of it (``long_reference``) is the
+reference of both.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ ray = pytest.importorskip("ray")
 
 GRID = [
     "--stream", "rot-digits", "--strategy", "fedavg", "--model", "mlp",
-    *TINY, "--seed", "0", "--seed", "1", "--seed", "2", "--lr", "0.05", "--lr", "0.1",
+    *TINY, "--seed", "0", "--seed", "1", "--lr", "0.05", "--lr", "0.1",
 ]  # fmt: skip
 
 
@@ -69,19 +71,24 @@ def test_a_grid_on_two_nodes_equals_the_local_sweep_and_reruns_skip(
     )
     started = time.monotonic()
     done = subprocess.run(command, env=ray_env(), capture_output=True, text=True, check=False)
-    print(f"ray sweep of 6 points: {time.monotonic() - started:.1f} s")
+    print(f"ray sweep of 4 points: {time.monotonic() - started:.1f} s")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     runs = sorted(p.parent.name for p in local.glob("*/records.csv"))
-    assert len(runs) == 6
+    assert len(runs) == 4
     for name in runs:
         assert (remote / name / "records.csv").read_bytes() == (
             local / name / "records.csv"
         ).read_bytes(), name
-    assert sum(events(remote, "start").values()) == 6
+    assert sum(events(remote, "start").values()) == 4
     again = subprocess.run(command, env=ray_env(), capture_output=True, text=True, check=False)
     assert again.returncode == 0, again.stdout[-3000:]
-    assert sum(events(remote, "skip").values()) == 6
-    assert sum(events(remote, "start").values()) == 6  # nothing ran a second time
+    assert sum(events(remote, "skip").values()) == 4
+    assert sum(events(remote, "start").values()) == 4  # nothing ran a second time
+
+
+#: The seed of ``LongPoint``: both tests that interrupt it run the same point, so one
+#: uninterrupted run (``long_reference``) serves as the reference of both.
+LONG_SEED = 3
 
 
 class LongPoint:
@@ -90,9 +97,9 @@ class LongPoint:
     test finds its process and signals it within a fraction of a second. (160 rounds before:
     the resumed run and the reference each ran the surplus, ~25 s of CI per test.)"""
 
-    def __init__(self, out: Path, seed: int) -> None:
+    def __init__(self, out: Path) -> None:
         self.out = out
-        self.args = ["--seed", str(seed), "--threads", "1", "--checkpoint-every", "1"]
+        self.args = ["--seed", str(LONG_SEED), "--threads", "1", "--checkpoint-every", "1"]
         self.args += ["--tasks", "2", "--rounds-per-task", "20", "--train-size", "300"]
         self.args += ["--test-size", "100"]
         (self.point,) = expand(build_spec(None, self.args, str(out)))
@@ -124,9 +131,9 @@ class LongPoint:
         return found
 
     def assert_resumed_to_the_uninterrupted_run(self, reference: Path) -> None:
+        """The point resumed, and its records and summary are those of ``reference``, the
+        sweep folder of the same point run without interruption."""
         assert "resuming after round" in self.log.read_text()
-        code, text = in_process("sweep", "--out", str(reference), *self.args)
-        assert code == 0, text
         name = self.point.name
         assert (self.out / name / "records.csv").read_bytes() == (
             reference / name / "records.csv"
@@ -134,15 +141,25 @@ class LongPoint:
         assert comparable(summaries(self.out)[name]) == comparable(summaries(reference)[name])
 
 
+@pytest.fixture(scope="module")
+def long_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``LongPoint``'s point run without interruption (in this process, no Ray): the
+    sweep folder both interrupted runs must end up equal to."""
+    reference = tmp_path_factory.mktemp("long-reference") / "sweep"
+    code, text = in_process("sweep", "--out", str(reference), *LongPoint(reference).args)
+    assert code == 0, text
+    return reference
+
+
 def test_a_point_whose_ray_worker_is_killed_mid_run_is_retried_and_resumes(
-    cluster: str, tmp_path: Path
+    cluster: str, long_reference: Path, tmp_path: Path
 ) -> None:
     """A lost worker (here SIGKILLed, as when a node's OOM killer strikes): Ray re-runs the
     task, the point's process died with its worker (``PR_SET_PDEATHSIG``) and released its
     lock, and the retry resumes from the last checkpoint to the uninterrupted records. The
     driver finds the cluster as under ``ray job submit``: ``RAY_ADDRESS``, no ``--address``
     (the job server itself needs Ray's dashboard, which the test environment lacks)."""
-    long = LongPoint(tmp_path / "killed", seed=3)
+    long = LongPoint(tmp_path / "killed")
     sweep = long.start({**ray_env(), "RAY_ADDRESS": cluster})
     runner = long.process()
     ray_worker = runner.parent()
@@ -153,16 +170,16 @@ def test_a_point_whose_ray_worker_is_killed_mid_run_is_retried_and_resumes(
     assert sweep.returncode == 0, output[-3000:]
     name = long.point.name
     assert events(long.out, "start")[name] == 1 and events(long.out, "finish")[name] == 1
-    long.assert_resumed_to_the_uninterrupted_run(tmp_path / "reference")
+    long.assert_resumed_to_the_uninterrupted_run(long_reference)
 
 
 def test_ctrl_c_of_a_ray_sweep_stops_its_point_and_the_rerun_resumes(
-    cluster: str, tmp_path: Path
+    cluster: str, long_reference: Path, tmp_path: Path
 ) -> None:
     """SIGINT to the driver: the running task is cancelled (its worker and the point's
     process die), the sweep ends in its one line with exit code 130, and the rerun resumes
     the point from its checkpoint to the uninterrupted records."""
-    long = LongPoint(tmp_path / "stopped", seed=4)
+    long = LongPoint(tmp_path / "stopped")
     sweep = long.start(ray_env(), "--address", cluster)
     runner = long.process()
     assert sweep.poll() is None, "the point ended before it could be interrupted"
@@ -181,7 +198,7 @@ def test_ctrl_c_of_a_ray_sweep_stops_its_point_and_the_rerun_resumes(
         check=False,
     )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    long.assert_resumed_to_the_uninterrupted_run(tmp_path / "reference")
+    long.assert_resumed_to_the_uninterrupted_run(long_reference)
 
 
 def _runs(process: psutil.Process, name: str) -> bool:
