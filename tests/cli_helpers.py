@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -57,3 +59,31 @@ def assert_runs_refused(tmp_path: Path, extras: list[list[str]], flag: str) -> N
         assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
         assert flag in lines[0], lines[0]
     assert tree_digest(tmp_path) == before
+
+
+def main_here(
+    args: list[str],
+    cwd: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    *,
+    env: dict[str, str] | None = None,
+    wide: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """``cfl-bench ARGS`` through the console script's own ``main`` in this process, from
+    ``cwd`` with ``env`` set (``wide``: a 2,000-column terminal), answered as :func:`cli`
+    answers. Why: a fresh process costs seconds of imports, which a command that only reads
+    or refuses does not need; the directory and variables are restored afterwards."""
+    from cfl_bench.cli import main
+
+    capsys.readouterr()
+    with monkeypatch.context() as patch:
+        patch.chdir(cwd)
+        for name, value in {**(env or {}), **({"COLUMNS": "2000"} if wide else {})}.items():
+            patch.setenv(name, value)
+        with pytest.raises(SystemExit) as stop:
+            main(args)
+    captured = capsys.readouterr()
+    code = stop.value.code
+    assert isinstance(code, int), code
+    return subprocess.CompletedProcess(args, code, captured.out, captured.err)

@@ -37,6 +37,7 @@ import pytest
 
 from cfl_bench.core.errors import UserError
 from cfl_bench.sweeps import ray_backend
+from tests.cli_helpers import main_here
 from tests.sweep_helpers import in_process
 from tests.test_bad_inputs_classes import HANG_SECONDS, REPO, TINY, cli, digest, listing
 
@@ -79,24 +80,17 @@ def refused_here(
     with ``env`` set. Why not a fresh process: no connection is tried, so the refusal
     cannot hang, and a process start costs more than the check. A sweep that goes on to
     join Ray fails at once (a fresh process joined, or hung, there)."""
-    from cfl_bench.cli import main
-
     monkeypatch, capsys = here
 
     def joined(*args: object, **kwargs: object) -> None:
         raise AssertionError("the sweep went on to join Ray: the address was not refused")
 
     monkeypatch.setattr(ray_backend, "RayBackend", joined)
-    for name, value in (env or {}).items():
-        monkeypatch.setenv(name, value)
     (root / "keep.txt").write_text("the user's own file\n")
     before, files = listing(root), digest(root)
-    monkeypatch.chdir(root)  # a file written relative to the working folder shows too
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as ended:
-        main(args)
-    out, err = capsys.readouterr()
-    line = one_line_refusal(ended.value.code, err + out, *fragments)
+    # run from root: a file written relative to the working folder shows too
+    result = main_here(args, root, monkeypatch, capsys, env=env)
+    line = one_line_refusal(result.returncode, result.stderr + result.stdout, *fragments)
     assert listing(root) == before and digest(root) == files
     return line
 

@@ -8,8 +8,9 @@ of damage: ``leaderboard`` (lists it as damaged, ranks nothing), ``report`` and 
 the point again, saying why, and ends with a finished run). The expected reason is the one
 :func:`cfl_bench.core.run_reader.read_run` gives, so the five must print exactly that text.
 
-The four readers run in this process, through the console script's own ``main`` (its exit
-code, stdout and stderr as a process would give them): each only reads a run directory, and
+The four readers run in this process, through the console script's own ``main``
+(``tests.cli_helpers.main_here``: its exit code, stdout and stderr as a process would give
+them): each only reads a run directory, and
 a fresh process per reader cost ~2 s of imports, four per class of damage, 24 in all. The
 sweeps stay real processes: a sweep starts a fork server and children, process state this
 test must not leave in the test's own process.
@@ -17,18 +18,17 @@ test must not leave in the test's own process.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from cfl_bench.cli import main
 from cfl_bench.core.run_reader import DAMAGED, read_run
-from tests.cli_helpers import cli
+from tests.cli_helpers import cli, main_here
 
 GRID = [
     "--stream", "rot-digits", "--strategy", "fedavg", "--seed", "0", "--tasks", "2",
@@ -43,29 +43,6 @@ def finished_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = cli(["sweep", "--out", str(out), "--threads", "1", *GRID], out.parent, wide=True)
     assert result.returncode == 0, result.stdout + result.stderr
     return out
-
-
-class Reader:
-    """``cfl-bench ARGS`` through :func:`cfl_bench.cli.main` in this process, from ``cwd``,
-    answered as :func:`tests.cli_helpers.cli` answers (``wide``: a 2,000-column terminal)."""
-
-    def __init__(self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
-        self.capsys, self.monkeypatch = capsys, monkeypatch
-
-    def __call__(
-        self, args: list[str], cwd: Path, *, wide: bool = False
-    ) -> subprocess.CompletedProcess[str]:
-        self.capsys.readouterr()
-        with self.monkeypatch.context() as patch:
-            patch.chdir(cwd)
-            if wide:
-                patch.setenv("COLUMNS", "2000")
-            with pytest.raises(SystemExit) as stop:
-                main(args)
-        captured = self.capsys.readouterr()
-        code = stop.value.code
-        assert isinstance(code, int), code
-        return subprocess.CompletedProcess(args, code, captured.out, captured.err)
 
 
 def _edit_summary(run: Path) -> None:
@@ -106,7 +83,7 @@ def test_five_commands_give_one_status_and_reason(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    reader = Reader(capsys, monkeypatch)
+    reader = functools.partial(main_here, monkeypatch=monkeypatch, capsys=capsys)
     sweep = tmp_path / "sweep"
     shutil.copytree(finished_sweep, sweep)
     (run,) = sweep.glob("rot-digits_*")
