@@ -394,10 +394,13 @@ class FOT(Component):
         would change nothing a run records. The clients' sketches still travel and count."""
         if not self._sketches:
             return
-        if server.task >= self.num_tasks - 1:
-            self.epsilon += self.opts.eps_inc
-            self._sketches, self._ratios = [], None
-            return
+        if server.task < self.num_tasks - 1:
+            self._grow_bases(server)
+        self.epsilon += self.opts.eps_inc
+        self._sketches, self._ratios = [], None
+
+    def _grow_bases(self, server: ServerState) -> None:
+        """Each layer's basis, expanded by its slice of the summed sketch."""
         assert self._ratios is not None
         slots = self.projected_slots(server.model)
         if not self.bases:
@@ -410,5 +413,3 @@ class FOT(Component):
             sketch = self._sketches[0][offset : offset + d * width].view(d, width)
             offset += d * width
             self.bases[i] = expand_basis(self.bases[i], sketch, ratios[i], self.epsilon)
-        self.epsilon += self.opts.eps_inc
-        self._sketches, self._ratios = [], None
