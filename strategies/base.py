@@ -336,6 +336,19 @@ class ExtraWork:
     task_start_samples: int = 0
     task_start_server_units: int = 0
     server_unit: Callable[[], object] | None = field(default=None, compare=False)
+    # Forward passes over every client's training samples (its shard and exemplars) at each
+    # of its task ends, whether it trained that round or not (iCaRL's herding; with the
+    # nearest-mean classifier a second pass for the class sums).
+    task_end_client_passes: int = 0
+    # Server work at every task end but the run's last, sized by the run's model: called
+    # with the model, it returns (units per task end, one unit's callable for the probe to
+    # time), which the estimate stores as ``task_end_server_units`` and ``server_unit``
+    # (FOT's basis SVDs, one per projected layer, whose sizes the model's layers set). One
+    # declaration uses ``server_unit`` for one kind of server work only.
+    task_end_server: Callable[[torch.nn.Module], tuple[float, Callable[[], object]]] | None = field(
+        default=None, compare=False
+    )
+    task_end_server_units: float = 0
 
 
 def listed_roles(

@@ -79,6 +79,10 @@ PROJECTABLE_MODELS: tuple[str, ...] = (
 )
 
 
+#: The shorter side of the largest SVD the cost probe times (``scaled_svds``).
+SVD_PROBE_SIDE = 384
+
+
 @dataclass(frozen=True)
 class LayerSlot:
     """Where one layer's weight lives in the flat parameter vector, read as the matrix the
@@ -108,21 +112,28 @@ def pair(value: int | tuple[int, ...] | str) -> tuple[int, int]:
 def layer_slots(model: FlatModel) -> list[LayerSlot]:
     """Every Linear and Conv2d weight slot, in the order the modules are registered (the
     order of the sketches and bases)."""
-    where = {s.name: s for s in model.slices}
+    starts = {s.name: s.start for s in model.slices}
+    return module_slots(model.module, starts)
+
+
+def module_slots(model: nn.Module, starts: dict[str, int] | None = None) -> list[LayerSlot]:
+    """``layer_slots`` of a plain module: each weight's start in the flat vector from
+    ``starts`` (0 without it, where only the shapes matter: the cost estimate's sizes)."""
     slots = []
-    for name, module in model.module.named_modules():
+    for name, module in model.named_modules():
         if not isinstance(module, nn.Linear | nn.Conv2d):
             continue
-        flat = where[f"{name}.weight" if name else "weight"]
+        weight = f"{name}.weight" if name else "weight"
+        start = 0 if starts is None else starts[weight]
         if isinstance(module, nn.Linear):
-            slots.append(LayerSlot(flat.name, flat.start, module.out_features, module.in_features))
+            slots.append(LayerSlot(weight, start, module.out_features, module.in_features))
             continue
         if module.groups != 1:
             raise UserError(f"fot cannot project grouped convolution '{name}'; use groups=1.")
         unfold = (module.kernel_size, module.dilation, module.padding, module.stride)
         per_out = module.weight[0].numel()
         conv = (pair(unfold[0]), pair(unfold[1]), pair(unfold[2]), pair(unfold[3]))
-        slots.append(LayerSlot(flat.name, flat.start, module.out_channels, per_out, conv))
+        slots.append(LayerSlot(weight, start, module.out_channels, per_out, conv))
     return slots
 
 
@@ -213,6 +224,32 @@ def sketch_widths(slots: list[LayerSlot], law: str) -> list[int]:
     return [s.in_features * (5 if wide and s.conv is None else 1) for s in slots]
 
 
+def scaled_svds(sizes: list[tuple[int, int]]) -> tuple[float, Callable[[], object]]:
+    """(units, unit): the SVDs of matrices of ``sizes`` priced by one call of ``unit``, the
+    same SVDs with every side scaled by s so that the largest matrix's shorter side is at
+    most ``SVD_PROBE_SIDE``, and ``units`` = Σ d·w·min(d, w) over the scaled sum (an SVD's
+    cost grows as d·w·min(d, w)). Why scaled: the largest real one takes up to a minute,
+    too long for the probe; at a shorter side of 384 one call takes a fraction of a second.
+    Measured on one thread at load 3 for the code's AlexNet (the 48², 576², 512², 1,024 ×
+    5,120 and 2,048 × 10,240 sketches): 151.7 units of 0.185 s predict 28 s; the SVDs took
+    37 s."""
+
+    def work(d: int, w: int) -> float:
+        return float(d * w * min(d, w))
+
+    largest = max(sizes, key=lambda dw: work(*dw))
+    s = min(1.0, SVD_PROBE_SIDE / min(largest))
+    small = [(max(1, round(d * s)), max(1, round(w * s))) for d, w in sizes]
+    units = sum(work(*dw) for dw in sizes) / sum(work(*dw) for dw in small)
+
+    def unit() -> None:
+        gen = torch.Generator().manual_seed(0)
+        for d, w in small:
+            torch.linalg.svd(torch.randn(d, w, generator=gen), full_matrices=False)
+
+    return units, unit
+
+
 def threshold_rank(singular: torch.Tensor, ratio: float, epsilon: float) -> int:
     """How many leading singular vectors the code keeps: the smallest k with
     Σ_{i≤k} σ_i² / Σ σ_i² > (r − (1 − ε)) / r; all of them when no k passes."""
@@ -279,10 +316,19 @@ class FOT(Component):
     state_attributes: ClassVar[tuple[str, ...]] = ("bases", "epsilon", "_sketches", "_ratios")
 
     def extra_work(self) -> ExtraWork:
-        """Each participant's forward pass over its current examples at every task end (the
-        server's SVD of one in × w sketch per layer is not counted: well under a second
-        for the code's MLP, about 24 s per task end on one CPU thread for its AlexNet)."""
-        return ExtraWork(task_end_forward=True)
+        """Each participant's forward pass over its current examples at every task end, and
+        the server's SVD of one d × w sketch per projected layer at every task end but the
+        last (about 24 s a task end on one CPU thread for the code's AlexNet, whose fc2
+        sketch is 2,048 × 10,240; the clients' sketch products are not counted)."""
+        return ExtraWork(task_end_forward=True, task_end_server=self.svd_work)
+
+    def svd_work(self, model: nn.Module) -> tuple[float, Callable[[], object]]:
+        """The task end's SVDs for ``model``'s layers, as units of a scaled-down copy."""
+        slots = module_slots(model)
+        if self.free_last:
+            slots = slots[:-1]
+        widths = sketch_widths(slots, self.recipe(slots)[1])
+        return scaled_svds([(s.in_features, w) for s, w in zip(slots, widths, strict=True)])
 
     def setup(self, env: StrategyEnv) -> None:
         """Refuse a model with weighted layers FOT does not project (it handles Linear and

@@ -60,6 +60,7 @@ local epochs are the run's optimiser settings, not this component's.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -71,6 +72,7 @@ from cfl_bench.strategies.base import (
     Classifier,
     ClientInputs,
     Declaration,
+    ExtraWork,
     Learner,
     StrategyEnv,
 )
@@ -202,6 +204,11 @@ class GLFC(ProxyTeacher, ProxyServer, ICaRL):
         self.known_classes = self.classes_per_task  # as iCaRL: set at every round start
         self.class_sums = torch.zeros(0)
         self._setup_proxy(env)
+
+    def extra_work(self) -> ExtraWork:
+        """The proxy server's work at task starts (``ProxyServer``), and herding's forward
+        over every client's shard and exemplars at its task ends."""
+        return dataclasses.replace(ProxyServer.extra_work(self), task_end_client_passes=1)
 
     def on_task_end(self, client: ClientState, task: int, model: FlatModel) -> None:
         """Herd the exemplars the client keeps for the next tasks (``model`` at θ_g)."""

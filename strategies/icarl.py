@@ -65,6 +65,7 @@ from cfl_bench.strategies.base import (
     Classifier,
     ClientInputs,
     Declaration,
+    ExtraWork,
     FrozenForward,
     Learner,
     StrategyEnv,
@@ -186,6 +187,12 @@ class ICaRL(ExemplarMemory, Learner):
         # The classes the global model knows: those of the global tasks so far (set at
         # every round start, so a resumed run has it before its first evaluation).
         self.known_classes = self.classes_per_task
+
+    def extra_work(self) -> ExtraWork:
+        """Herding's forward over every client's shard and exemplars at its task ends, and
+        with ``classifier=nme`` a second (herding again for the class sums' request)."""
+        herds = self.opts.selection == "herding"
+        return ExtraWork(task_end_client_passes=int(herds) + int(self.opts.classifier == "nme"))
 
     def on_round_start(self, server: ServerState) -> None:
         self.known_classes = min(self.num_classes, (server.task + 1) * self.classes_per_task)

@@ -158,7 +158,53 @@ def test_task_start_work_counts_each_client_with_data_in_its_tasks_first_round()
     work = glfc.extra_work()
     assert (work.task_start_samples, work.task_start_server_units) == (100, 10_000)
     assert work.server_unit is not None and work.server_unit() is None
-    assert build_strategy("glfc:proxy=none").learner.extra_work() == ExtraWork()
+    assert build_strategy("glfc:proxy=none").learner.extra_work() == ExtraWork(
+        task_end_client_passes=1
+    )
+
+
+def test_task_end_server_work_counts_every_task_end_but_the_last() -> None:
+    """FOT's basis SVDs: three tasks end after rounds 1, 3 and 5; the last grows nothing."""
+    s = schedule(num_tasks=3)
+    sized = dataclasses.replace(ExtraWork(task_end_server_units=7.5), server_unit=print)
+    w = cost.workload(
+        s, s.clock(), [*SHARDS, [1, 1, 1]], [10, 10, 10], needs_buffer=False,
+        needs_history=False, work=cost.StrategyWork((sized,), holdouts=(0, 0, 0)),
+    )  # fmt: skip
+    assert w.server_units == (2 * 7.5,) and w.parts["task-end server work"] == 15.0
+    # Declared with a sizing function: the run's model sizes it, no model no units.
+
+    class Sized(Component):
+        name = "sized"
+
+        def extra_work(self) -> ExtraWork:
+            return ExtraWork(task_end_server=lambda model: (float(model.in_features), print))
+
+    strategy = build_strategy("fedavg")
+    strategy.components.append(Sized())
+    (got,) = cost.strategy_work(strategy, {}, torch.nn.Linear(3, 2)).extras
+    assert (got.task_end_server_units, got.server_unit) == (3.0, print)
+    assert cost.strategy_work(strategy, {}).extras == ()  # nothing to size it by
+
+
+def test_exemplar_passes_cover_every_client_with_data_at_task_ends() -> None:
+    """iCaRL's herding runs on every client holding the task, trained this round or not:
+    at half participation the task-end passes are not halved."""
+    s = schedule(participation=1 / 3)
+    work = cost.StrategyWork((ExtraWork(task_end_client_passes=2),), holdouts=(0, 0))
+    w = cost.workload(
+        s, s.clock(), SHARDS, [10, 10], needs_buffer=False, needs_history=False, work=work
+    )
+    assert w.parts["exemplar passes"] == 2 * ((25 + 10 + 0) + (5 + 30 + 11))
+    passes = {
+        spec: build_strategy(spec).learner.extra_work().task_end_client_passes
+        for spec in ("icarl", "icarl:selection=herding", "icarl:selection=herding,classifier=nme")
+    }
+    assert passes == {
+        "icarl": 0,
+        "icarl:selection=herding": 1,
+        "icarl:selection=herding,classifier=nme": 2,
+    }
 
 
 def test_a_task_end_forward_covers_every_participant_at_task_ends() -> None:

@@ -5,6 +5,7 @@ widths and bytes, the code's AlexNet, and the refusals."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from cfl_bench.strategies.fot import (
     layer_slots,
     project_update,
     residual_sketch,
+    scaled_svds,
     sketch_widths,
     unfolded,
 )
@@ -163,6 +165,25 @@ def test_the_official_alexnet() -> None:
     slots = layer_slots(FlatModel(net))
     assert [s.in_features for s in slots] == [3 * 16, 64 * 9, 128 * 4, 1024, 2048, 2048]
     assert net(torch.zeros(2, 3, 32, 32)).shape == (2, 100)
+
+
+def test_the_task_end_svds_are_priced_by_a_scaled_copy() -> None:
+    """The cost estimate's units: one 768 × 3,840 sketch scales by 384 / 768 to 384 × 1,920,
+    whose SVD work d·w·min(d, w) is 1/8 of the real one's; matrices already small are the
+    unit themselves; the AlexNet's five sketches (its per-task heads free) scale by
+    384 / 2,048, every side exactly, so the units are 1 / 0.1875³."""
+    units, unit = scaled_svds([(768, 3840)])
+    assert units == pytest.approx(8.0) and unit() is None
+    assert scaled_svds([(10, 10), (20, 30)])[0] == 1.0
+    fot = FOT()
+    facts = dataclasses.replace(
+        env("seq-cifar100-fot", "task-il", 100, 10), model=ModelFacts(name="fot-alexnet")
+    )
+    fot.setup(facts)
+    work = fot.extra_work()
+    assert work.task_end_forward and work.task_end_server is not None
+    units, _ = work.task_end_server(build_model("fot-alexnet", (3, 32, 32), 100))
+    assert units == pytest.approx(0.1875**-3)
 
 
 # The tiny conv net on 8×8 digits under the CIFAR trainer's recipe: conv (d = 4, 4 wide),

@@ -16,7 +16,10 @@ The estimate is a sum of counts × unit times:
   every client's buffer every round, public-set logits per participant); forward + backward
   samples outside local steps, as each component declares them (``Component.extra_work``:
   client requests over buffers such as FedGP's reference gradient, passes over a
-  participant's examples such as FedCurv's Fisher, server distillation over a public set);
+  participant's examples such as FedCurv's Fisher, server distillation over a public set,
+  forwards over every client's examples at its task ends such as iCaRL's herding); server
+  work in units of a callable the probe times (GLFC's inversions, FOT's task-end SVDs as a
+  scaled-down copy sized by the run's model);
   task materialisations (each task twice) and client visits (load, aggregate). The
   estimate never names a component: a method that does extra work declares it.
 * **unit times** (:func:`measure`): one local step as the engine runs it — the strategy's
@@ -91,10 +94,11 @@ FORWARD_PARTS = (
     "buffer drift",
     "public logits",
     "task-end activations",
+    "exemplar passes",
 )
 BACKWARD_PARTS = ("client requests", "client extra passes", "distillation")
 # Units of server work a component times itself (``ExtraWork.server_unit``), by purpose.
-SERVER_PARTS = ("gradient inversion",)
+SERVER_PARTS = ("gradient inversion", "task-end server work")
 
 
 @dataclass(frozen=True)
@@ -311,6 +315,8 @@ def workload(
                 last_task[k] = t
             at = ClientVisit(g, k, t, f, n, task_end=g in eval_rounds)
             count_client_extras(parts, server_units, work, s, clock, at)
+        if g in eval_rounds and eval_rounds[g] < T - 1:
+            count_task_end_server(parts, server_units, work)
         filled = [min(s.buffer_size, x) for x in seen]
         count_shared_extras(parts, work, s, cpr, filled, tasks, g)
         if needs_buffer:
@@ -350,11 +356,24 @@ def count_client_extras(
             parts["client extra passes"] += f * min(n, batches * s.steps.batch_size)
         if extra.task_end_forward and at.task_end:
             parts["task-end activations"] += f * n
+        if extra.task_end_client_passes and at.task_end:  # every client there, trained or not
+            parts["exemplar passes"] += extra.task_end_client_passes * n
         starts = extra.task_start_samples or extra.task_start_server_units
         if starts and n and at.round_index == clock.client_task_start(at.client, at.task):
             parts["client extra passes"] += f * extra.task_start_samples
             parts["gradient inversion"] += f * extra.task_start_server_units
             server_units[i] += f * extra.task_start_server_units
+
+
+def count_task_end_server(
+    parts: dict[str, float], server_units: list[float], work: StrategyWork
+) -> None:
+    """Add one task end's server work (every task end but the run's last) to ``parts`` and
+    ``server_units``, in place: it is the server's, once per task end, not per client."""
+    for i, extra in enumerate(work.extras):
+        if extra.task_end_server_units:
+            parts["task-end server work"] += extra.task_end_server_units
+            server_units[i] += extra.task_end_server_units
 
 
 def count_shared_extras(
@@ -404,11 +423,24 @@ def count_evaluation(
         parts["evaluation"] += sum(test_sizes[: upto + 1])
 
 
-def strategy_work(strategy: Strategy, splits: dict[int, TaskSplit]) -> StrategyWork:
+def strategy_work(
+    strategy: Strategy, splits: dict[int, TaskSplit], model: torch.nn.Module | None = None
+) -> StrategyWork:
     """What the strategy's components declare they compute besides the local steps
-    (``Component.extra_work``, after setup), and the holdouts that grow a public set."""
-    extras = tuple(c.extra_work() for c in strategy.all)
+    (``Component.extra_work``, after setup), and the holdouts that grow a public set.
+    ``model``: the run's, which sizes the task-end server work a component declares (none
+    is counted without it)."""
+    extras = tuple(sized(c.extra_work(), model) for c in strategy.all)
     return StrategyWork(tuple(e for e in extras if e != ExtraWork()), holdout_totals(splits))
+
+
+def sized(work: ExtraWork, model: torch.nn.Module | None) -> ExtraWork:
+    """``work`` with its task-end server work sized by ``model``: the units per task end
+    and the unit the probe times (``ExtraWork.task_end_server``)."""
+    if work.task_end_server is None or model is None:
+        return work
+    units, unit = work.task_end_server(model)
+    return dataclasses.replace(work, task_end_server_units=units, server_unit=unit)
 
 
 def holdout_totals(splits: dict[int, TaskSplit]) -> tuple[int, ...]:
@@ -481,7 +513,7 @@ def measure(
             return shard[torch.arange(batches * batch) % shard.numel()]
 
         units = rough_units(fed, task, rows(1), batch, task_seconds)
-        extras = strategy_work(strategy, splits).extras
+        extras = strategy_work(strategy, splits, model).extras
         units = dataclasses.replace(units, server=server_unit_seconds(extras))
         allowed = budget(units)
         if allowed is not None:
@@ -672,7 +704,7 @@ def announce(plan: RunPlan, say: Callable[[str], None]) -> dict[str, object]:
         shards,
         needs_buffer=strategy.needs_buffer,
         needs_history=history,
-        work=strategy_work(strategy, plan.splits),
+        work=strategy_work(strategy, plan.splits, plan.model),
         exemplars=exemplars,
     )
     checkpoints = plan.config.checkpoint_every != 0
