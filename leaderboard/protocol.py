@@ -18,6 +18,7 @@ from typing import Any
 _KNOWN = {
     "stream",
     "tasks",
+    "classes_per_task",
     "clients",
     "participation",
     "rounds_per_task",
@@ -87,7 +88,8 @@ def describe_protocol(protocol: Mapping[str, Any], scenario: str | None = None) 
     p = dict(protocol)
     parts = [f"{p.get('stream', '?')}" + (f" ({scenario})" if scenario else "")]
     if "tasks" in p:
-        parts.append(f"{p['tasks']} tasks")
+        per_task = f" × {p['classes_per_task']} classes" if p.get("classes_per_task") else ""
+        parts.append(f"{p['tasks']} tasks{per_task}")
     if "clients" in p:
         parts.append(f"{p['clients']} clients × {p.get('participation', 1.0)}")
     if "rounds_per_task" in p:

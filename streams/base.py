@@ -95,6 +95,9 @@ class StreamRequest:
     num_clients: int = 1
     # Cutout's square side in pixels (0: none); only image streams that declare it take it.
     cutout: int = 0
+    # The classes per task of a class-IL stream that splits its classes (``--classes-per-task``);
+    # None: the stream's own.
+    classes_per_task: int | None = None
 
     def require_data_root(self) -> str:
         """The data folder of a stream that needs one; ``streams.catalogue``'s

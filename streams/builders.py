@@ -135,8 +135,14 @@ def _class_il(
     loader = _CIFAR[info.base][0]
     root = request.require_data_root()
     check_data_root(root, holds=info.data, download_hint=True, may_create=request.download)
-    per_task = info.classes_per_task
-    check_class_tasks(info.name, request.num_tasks, per_task, cifar_layout(info.base).num_classes)
+    per_task = request.classes_per_task or info.classes_per_task
+    check_class_tasks(
+        info.name,
+        request.num_tasks,
+        per_task,
+        cifar_layout(info.base).num_classes,
+        asked=request.classes_per_task is not None,
+    )
     images = loader(Path(root), download=request.download).head(
         request.train_size, request.test_size
     )

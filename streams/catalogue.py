@@ -70,6 +70,10 @@ class StreamInfo:
     classes_per_task: int = 0
     # Whether train batches may get Cutout (``--cutout``): the CIFAR-like image streams.
     supports_cutout: bool = False
+    # Class-IL streams that split their ``num_classes`` classes into consecutive groups
+    # whose size ``--classes-per-task`` may set (the CIFAR class-IL streams).
+    num_classes: int = 0
+    splits_classes: bool = False
 
     def data_line(self) -> str:
         """Where the stream's data comes from, as `cfl-bench list streams` shows it."""
@@ -128,6 +132,8 @@ def _cifar_info(name: str, base: str, label: str, *, tasks: int, per_task: int) 
         base=base,
         classes_per_task=per_task,
         supports_cutout=True,
+        num_classes=tasks * per_task,
+        splits_classes=True,
     )
 
 
@@ -275,6 +281,35 @@ def check_cutout(info: StreamInfo, cutout: int) -> None:
             f"--cutout applies to the image streams {able}; stream {info.name!r} does not "
             "take it, drop --cutout"
         )
+
+
+def check_classes_per_task(info: StreamInfo, classes_per_task: int | None) -> None:
+    """Refuse ``--classes-per-task`` on a stream that does not split classes into groups,
+    and a group size outside 1..the stream's classes (decided from the catalogue alone, so
+    the command line answers before any data is read)."""
+    if classes_per_task is None:
+        return
+    if not info.splits_classes:
+        able = ", ".join(name for name, entry in STREAMS.items() if entry.splits_classes)
+        raise UserError(
+            f"--classes-per-task applies to the class-incremental streams {able}; stream "
+            f"{info.name!r} does not take it, drop --classes-per-task"
+        )
+    if not 1 <= classes_per_task <= info.num_classes:
+        raise UserError(
+            f"stream {info.name!r} has {info.num_classes} classes, so --classes-per-task "
+            f"{classes_per_task} is out of range; use 1 to {info.num_classes}"
+        )
+
+
+def default_task_count(info: StreamInfo, classes_per_task: int | None) -> int:
+    """How many tasks a run has without ``--tasks``: as many whole groups of
+    ``--classes-per-task`` classes as the stream holds when that is given (CIFAR-100 with 20
+    is 5 tasks), else the stream's own count (0: an Avalanche benchmark's, known once
+    built)."""
+    if classes_per_task and info.splits_classes:
+        return max(1, info.num_classes // classes_per_task)
+    return info.default_tasks
 
 
 def stream_info(name: str) -> StreamInfo:

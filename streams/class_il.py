@@ -40,24 +40,28 @@ CROP_PADDING = 4
 
 
 def check_class_tasks(
-    name: str, num_tasks: object, classes_per_task: int, num_classes: int
+    name: str, num_tasks: object, classes_per_task: int, num_classes: int, *, asked: bool = False
 ) -> None:
-    """Refuse a number of tasks the classes cannot fill, naming the allowed range.
+    """Refuse a number of tasks the classes cannot fill, naming the allowed range and the
+    classes per task in use (``asked``: set by ``--classes-per-task``, which the message
+    then names as the other knob).
 
     Why a function of its own: the registry and the text stream call it before any data
     is read or any text encoded, so ``--tasks 8`` on a 7-task stream fails in milliseconds
     rather than after minutes of loading.
     """
     available = num_classes // classes_per_task
+    given = f" with --classes-per-task {classes_per_task}" if asked else ""
     if isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 1:
         raise UserError(
             f"number of tasks must be a positive integer, got {num_tasks!r}; use --tasks 1 "
-            f"to {available} for stream {name!r}"
+            f"to {available} for stream {name!r}{given}"
         )
     if num_tasks > available:
+        smaller = " or a smaller --classes-per-task" if asked else ""
         raise UserError(
-            f"stream {name!r} has {available} tasks of {classes_per_task} classes, so --tasks "
-            f"{num_tasks} is too many; use --tasks {available} or fewer"
+            f"stream {name!r} has {available} tasks of {classes_per_task} classes{given}, so "
+            f"--tasks {num_tasks} is too many; use --tasks {available} or fewer{smaller}"
         )
 
 

@@ -21,6 +21,7 @@ from cfl_bench.streams.catalogue import (
     AVALANCHE_STREAM_HELP,
     STREAMS,
     StreamInfo,
+    check_classes_per_task,
     check_cutout,
     require_data_root,
     stream_info,
@@ -48,6 +49,7 @@ def build_stream(
     test_size: int | None = None,
     num_clients: int = 1,
     cutout: int = 0,
+    classes_per_task: int | None = None,
 ) -> Stream:
     """Load the base data of stream ``name`` and wrap it as a stream on ``device``.
 
@@ -59,6 +61,7 @@ def build_stream(
     # downloaded or encoded (the builders check the folder and --tasks next).
     require_data_root(name, data_root, download)
     check_cutout(info, cutout)
+    check_classes_per_task(info, classes_per_task)
     request = StreamRequest(
         num_tasks=num_tasks,
         seed=seed,
@@ -69,6 +72,7 @@ def build_stream(
         test_size=test_size,
         num_clients=num_clients,
         cutout=cutout,
+        classes_per_task=classes_per_task,
     )
     return builder_of(info)(info, request)
 

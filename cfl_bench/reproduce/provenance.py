@@ -130,13 +130,15 @@ def _jobs(folder: Path) -> int | None:
 def local_steps(repro: ReproTable, scale: str) -> float:
     """A relative count of a scale's local training work (see the module docstring), summed
     over the column groups (a column may set its own stream and tasks)."""
-    from cfl_bench.streams.catalogue import STREAMS
+    from cfl_bench.streams.catalogue import STREAMS, default_task_count
 
     total = 0.0
     for group in repro.column_groups():
         options = {**repro.base_options(scale), **group}
         stream = STREAMS.get(str(options.get("stream")))
-        tasks = options.get("tasks") or (stream.default_tasks if stream else 1) or 1
+        per_task = options.get("classes_per_task")
+        default = default_task_count(stream, per_task) if stream else 1
+        tasks = options.get("tasks") or default or 1
         train = options.get("train_size") or repro.train_per_task
         runs = len(repro.rows) * len(repro.scales[scale].seeds)
         total += runs * tasks * options["rounds_per_task"] * train * options.get("epochs", 1)

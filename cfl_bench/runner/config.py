@@ -141,6 +141,15 @@ class FederationOptions:
         maximum=MAX_TASKS,
         default_text="the stream's",
     )
+    classes_per_task: int | None = option(
+        None,
+        "classes in each task of a class-incremental CIFAR stream (seq-cifar10, seq-cifar100, "
+        "seq-cifar100-fot), consecutive in natural order: seq-cifar100 with 20 is 5 tasks of "
+        "20 classes; without --tasks the run has ⌊classes / N⌋ tasks",
+        minimum=1,
+        maximum=MAX_TASKS,
+        default_text="the stream's",
+    )
     rounds_per_task: int | None = option(
         None,
         f"communication rounds per task (a run has at most {MAX_TOTAL_ROUNDS:,} rounds in all "
@@ -434,6 +443,8 @@ class RunConfig(LocalTrainingOptions):
         protocol = {k: v for k, v in self.to_dict().items() if specs[k].protocol}
         # Absent at their defaults, so the protocols of runs made before they existed keep
         # their hashes (no extra rounds and SGD is what those runs did).
+        if protocol.get("classes_per_task") is None:
+            protocol.pop("classes_per_task", None)
         if protocol.get("arrivals") is None:
             protocol.pop("arrivals", None)
         if not protocol.get("lead_rounds"):

@@ -56,6 +56,7 @@ from cfl_bench.runner.threads import (
 from cfl_bench.strategies.base import ModelFacts, StrategyEnv
 from cfl_bench.strategies.compose import Strategy, build_strategy
 from cfl_bench.streams.base import Stream
+from cfl_bench.streams.catalogue import default_task_count
 from cfl_bench.streams.partition import Partitioner, client_class_counts, partitioner_from_spec
 from cfl_bench.streams.public_data import public_images
 from cfl_bench.streams.registry import build_stream, stream_info
@@ -166,7 +167,7 @@ def resolve_defaults(config: RunConfig) -> RunConfig:
     return dataclasses.replace(
         config,
         model=config.model or info.default_model,
-        tasks=config.tasks or info.default_tasks,
+        tasks=config.tasks or default_task_count(info, config.classes_per_task),
         partition=config.partition or default_partition(config, info.default_partition),
         rounds_per_task=config.rounds_per_task or info.default_rounds_per_task,
         epochs=config.epochs or info.default_epochs,
@@ -433,6 +434,7 @@ def load_stream(config: RunConfig, device: torch.device) -> tuple[Stream, RunCon
         test_size=config.test_size,
         num_clients=config.clients,
         cutout=config.cutout,
+        classes_per_task=config.classes_per_task,
     )
     stream = with_heads(stream, config.heads)
     if num_tasks == 0:  # the stream's own count (all of an Avalanche benchmark's experiences)

@@ -39,7 +39,7 @@ def check_option_pairs(config: RunConfig) -> None:
 
     For `cfl-bench run` (and `flower app`) only: a sweep's base options are shared by all
     its points, so a --data-root for the MNIST points must not refuse the digits points."""
-    from cfl_bench.streams.catalogue import stream_info
+    from cfl_bench.streams.catalogue import check_classes_per_task, stream_info
 
     info = stream_info(config.stream)
     if info.base == "digits":  # embedded: no stream or public set reads a data folder
@@ -61,6 +61,7 @@ def check_option_pairs(config: RunConfig) -> None:
             "--keep-checkpoint keeps the last checkpoint, and --checkpoint-every 0 writes "
             "none, so it has no effect; drop one of them."
         )
+    check_classes_per_task(info, config.classes_per_task)
     check_run_length(config)
     check_arrivals(config)
     check_task_order(config)
@@ -70,10 +71,11 @@ def check_run_length(config: RunConfig, tasks: int | None = None) -> None:
     """A run of ``tasks`` tasks stays within ``MAX_TOTAL_ROUNDS`` rounds and
     ``MAX_CLIENT_ROUNDS`` client-rounds (bounded by --async-shift, the largest lag it can
     draw), so a slip is refused at once rather than hanging in the planning."""
-    from cfl_bench.streams.catalogue import stream_info
+    from cfl_bench.streams.catalogue import default_task_count, stream_info
 
     info = stream_info(config.stream)
-    tasks = tasks or config.tasks or info.default_tasks or 1  # Avalanche: known once built
+    # Avalanche: known once built
+    tasks = tasks or config.tasks or default_task_count(info, config.classes_per_task) or 1
     rounds = config.rounds_per_task or info.default_rounds_per_task
     total = tasks * rounds + config.lead_rounds + config.async_shift
     extra = " + --lead-rounds + --async-shift" if config.lead_rounds or config.async_shift else ""
@@ -100,12 +102,13 @@ def check_arrivals(
     their own data, and the Flower executor (not checked with it). ``tasks``: the stream's
     count once built (an Avalanche benchmark's is known only then)."""
     from cfl_bench.engine.arrivals import parse_arrivals
-    from cfl_bench.streams.catalogue import stream_info
+    from cfl_bench.streams.catalogue import default_task_count, stream_info
 
     if config.arrivals is None:
         return
     arrivals = parse_arrivals(config.arrivals)
-    tasks = tasks or config.tasks or stream_info(config.stream).default_tasks
+    info = stream_info(config.stream)
+    tasks = tasks or config.tasks or default_task_count(info, config.classes_per_task)
     total = arrivals.total_clients(tasks) if tasks else config.clients
     if config.clients != total:
         raise UserError(

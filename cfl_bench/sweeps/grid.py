@@ -347,7 +347,9 @@ def check_grid_size(axes: Axes) -> None:
 def check_sweep_point(config: RunConfig) -> None:
     """What `cfl-bench run` refuses from options alone, and what a sweep cannot run."""
     from cfl_bench.runner.run_checks import check_diagnostics, check_run_length
+    from cfl_bench.streams.catalogue import check_classes_per_task, stream_info
 
+    check_classes_per_task(stream_info(config.stream), config.classes_per_task)
     check_diagnostics(config)
     check_run_length(config)
 
@@ -356,13 +358,13 @@ def resolved_request(config: RunConfig) -> dict[str, Any]:
     """A point's request with the stream's defaults filled in and the strategy in canonical
     form: equal exactly when two points would run the same configuration."""
     from cfl_bench.strategies.compose import validate_strategy
-    from cfl_bench.streams.catalogue import stream_info
+    from cfl_bench.streams.catalogue import default_task_count, stream_info
 
     info = stream_info(config.stream)
     request = point_request(config)
     defaults = {
         "model": info.default_model,
-        "tasks": info.default_tasks or None,
+        "tasks": default_task_count(info, config.classes_per_task) or None,
         # Under --arrivals the GLFC code's split (``runner.plan.default_partition``).
         "partition": ARRIVALS_PARTITION if config.arrivals is not None else info.default_partition,
         "rounds_per_task": info.default_rounds_per_task,
