@@ -18,6 +18,7 @@ from cfl_bench.reproduce.provenance import local_steps
 from cfl_bench.reproduce.tables import load_table
 from cfl_bench.runner.config import RunConfig, canonical_hash
 from cfl_bench.runner.plan import resolve_defaults
+from cfl_bench.runner.run_names import point_request
 from cfl_bench.streams.catalogue import STREAMS
 from cfl_bench.streams.cifar import layout
 from cfl_bench.streams.registry import build_stream
@@ -142,6 +143,14 @@ def test_the_protocol_names_the_option_only_when_it_is_set() -> None:
     assert split["classes_per_task"] == 20
     assert canonical_hash(split) != canonical_hash({**plain, "tasks": 5})
     assert describe_protocol(split).startswith("seq-cifar100 · 5 tasks × 20 classes · ")
+    # A run's folder name (its request's hash) is unchanged too: the shipped reproductions
+    # and existing sweeps find their runs by it (the value before the option existed).
+    assert canonical_hash(point_request(RunConfig(stream="seq-cifar100", tasks=10))) == (
+        "611129b6c3ff"
+    )
+    assert "classes_per_task" in point_request(
+        RunConfig(stream="seq-cifar100", classes_per_task=20)
+    )
 
 
 def test_a_sweep_sets_it_and_fills_in_the_task_count(tmp_path: Path) -> None:
