@@ -267,30 +267,14 @@ class Synthesizer:
         self.meta_optimizer.step()
 
     def kd_round(self) -> list[float]:
-        """``kd_train``: ``kd_steps`` student steps on the kept pool, shuffled per pass (the
-        last batch of a pass may be short), then one step of the cosine schedule."""
+        """``kd_train``: :func:`distil` on the kept pool, then one cosine-schedule step."""
         o = self.options
         images, _ = self.pool()
         kept = images[kept_indices(images.shape[0], o.synthesis_batch_size, o.nums)]
         for hook in self.hooks:
             hook.enabled = False
         self.student.train()
-        order, position, losses = torch.empty(0, dtype=torch.long), kept.shape[0], []
-        for _ in range(o.kd_steps):
-            if position >= kept.shape[0]:
-                order, position = torch.randperm(kept.shape[0], generator=self.gen), 0
-            index = order[position : position + o.sample_batch_size]
-            position += o.sample_batch_size
-            offsets, flips = draw_crop_flip(index.shape[0], self.gen)
-            x = kept[index].to(self.device, torch.float32) / 255
-            x = normalize(crop_flip(x, offsets, flips), o.mean, o.std)
-            with torch.no_grad():
-                t_out = self.teacher(x)
-            loss = kldiv(self.student(x), t_out, o.temperature)
-            self.kd_optimizer.zero_grad()
-            loss.backward()
-            self.kd_optimizer.step()
-            losses.append(loss.item())
+        losses = distil(self.student, self.teacher, kept, self.kd_optimizer, o, self.gen)
         self.kd_scheduler.step()
         for hook in self.hooks:
             hook.enabled = True
@@ -339,3 +323,34 @@ class Synthesizer:
         """Remove the hooks from the teacher copy."""
         for hook in self.hooks:
             hook.remove()
+
+
+def distil(
+    student: nn.Module,
+    teacher: nn.Module,
+    kept: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    o: SynthesisOptions,
+    gen: torch.Generator,
+) -> list[float]:
+    """``kd_train``'s loop: ``kd_steps`` steps on the uint8 images ``kept``, one shuffle per
+    pass as a fresh ``DataLoader(shuffle=True)`` gives (the last batch of a pass may be
+    short), each batch cropped, flipped and normalised as the code's ``train_transform``."""
+    device = next(student.parameters()).device
+    order, position, losses = torch.empty(0, dtype=torch.long), kept.shape[0], []
+    for _ in range(o.kd_steps):
+        if position >= kept.shape[0]:
+            order, position = torch.randperm(kept.shape[0], generator=gen), 0
+        index = order[position : position + o.sample_batch_size]
+        position += o.sample_batch_size
+        offsets, flips = draw_crop_flip(index.shape[0], gen)
+        x = kept[index].to(device, torch.float32) / 255
+        x = normalize(crop_flip(x, offsets, flips), o.mean, o.std)
+        with torch.no_grad():
+            t_out = teacher(x)
+        loss = kldiv(student(x), t_out, o.temperature)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
