@@ -483,3 +483,20 @@ def test_a_column_naming_no_leaderboard_metric_is_refused(tmp_path: Path) -> Non
     damaged = damaged_fot_table(tmp_path, "metric: -BWT", "metric: -BTW")
     with pytest.raises(UserError, match="metric '-BTW' is not a leaderboard metric; use one of"):
         load_table(damaged, tmp_path)
+
+
+def test_a_scale_leaving_an_option_to_the_stream_matches_the_runs_resolved_value() -> None:
+    """GLFC's smoke scale sets a partition, so partition is compared at every scale; its
+    cpu scale leaves it to the default, which a run under --arrivals records as
+    ``class-subsets``. Such a run is a cpu cell; a run with another partition is none."""
+    from cfl_bench.reproduce.collect import scale_of
+
+    table = find_table("glfc-table1-cifar100", ROOT)
+    (column,) = table.columns
+    assert "partition" in table.compared_keys()
+    assert table.base_options("cpu").get("partition") is None
+    recorded = {**table.base_options("cpu"), "partition": "class-subsets"}
+    recorded.update(model="cifar-cnn", tasks=10, lr=2.0, epochs=1, optimizer="sgd")
+    assert scale_of(table, recorded, column) == "cpu"
+    assert scale_of(table, {**recorded, "partition": "dirichlet"}, column) is None
+    assert scale_of(table, {**recorded, "epochs": 2}, column) is None

@@ -91,9 +91,26 @@ def scale_of(table: ReproTable, options: dict[str, Any], column: Column) -> str 
     keys = table.compared_keys() | set(column.options)
     for name in table.scales:
         expected = {**table.base_options(name), **column.options}
-        if all(options.get(k) == expected.get(k) for k in keys):
+        unequal = [k for k in keys if options.get(k) != expected.get(k)]
+        if not unequal:
             return name
+        if all(expected.get(k) is None for k in unequal):
+            defaults = resolved(expected)
+            if all(options.get(k) == defaults.get(k) for k in unequal):
+                return name
     return None
+
+
+def resolved(expected: dict[str, Any]) -> dict[str, Any]:
+    """``expected`` with the options a run fills from its stream when they are not given
+    (``runner.plan.resolve_defaults``: model, tasks, partition, …), as the run's config.json
+    records them. Why: a key one scale sets (the smoke scale's partition) is compared at
+    every scale, and a scale that leaves it to the default must match the default the run
+    chose (``class-subsets`` under ``--arrivals``), not None."""
+    from cfl_bench.runner.config import make_config
+    from cfl_bench.runner.plan import resolve_defaults
+
+    return resolve_defaults(make_config(expected)).to_dict()
 
 
 def _place(
