@@ -324,9 +324,7 @@ class FOT(Component):
 
     def svd_work(self, model: nn.Module) -> tuple[float, Callable[[], object]]:
         """The task end's SVDs for ``model``'s layers, as units of a scaled-down copy."""
-        slots = module_slots(model)
-        if self.free_last:
-            slots = slots[:-1]
+        slots = self.projected(module_slots(model))
         widths = sketch_widths(slots, self.recipe(slots)[1])
         return scaled_svds([(s.in_features, w) for s, w in zip(slots, widths, strict=True)])
 
@@ -355,7 +353,10 @@ class FOT(Component):
     def projected_slots(self, model: FlatModel) -> list[LayerSlot]:
         """The layers FOT bases and projects: every Linear and Conv2d, or all but the output
         layer."""
-        slots = layer_slots(model)
+        return self.projected(layer_slots(model))
+
+    def projected(self, slots: list[LayerSlot]) -> list[LayerSlot]:
+        """``slots`` without the output layer when it is left free (``last_layer``)."""
         return slots[:-1] if self.free_last else slots
 
     def recipe(self, slots: list[LayerSlot]) -> tuple[bool, str]:
