@@ -1,12 +1,25 @@
-"""TARGET's client objective (``strategies.target_loss``) against values computed by hand
-from the equations of its official code (methods/target.py), on small tensors."""
+"""TARGET: its client objective (``strategies.target_loss``, ``strategies.target``) against
+values computed by hand from the equations of its official code (methods/target.py), on
+small tensors; its defaults; a tiny run, its resume and its refusals."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+from pathlib import Path
+from types import SimpleNamespace
 
+import pandas as pd
+import pytest
 import torch
+from torch import nn
 
+from cfl_bench.core.context import Broadcast, ClientState, LocalRound
+from cfl_bench.core.flat import FlatModel
+from cfl_bench.strategies.declarations import TARGETOptions
+from cfl_bench.strategies.synthesis import SynthesisOptions
+from cfl_bench.strategies.target import TARGET, split_loss, stream_normalisation
 from cfl_bench.strategies.target_loss import (
     finetune_loss,
     kd_loss,
@@ -14,6 +27,10 @@ from cfl_bench.strategies.target_loss import (
     steps_per_epoch,
     synthetic_batch_size,
 )
+from tests.helpers import env
+from tests.synthetic_data import write_tiny_cifar10
+from tests.test_cli import in_process
+from tests.test_resume import assert_config_resumes_after_crash
 
 LN3 = math.log(3.0)
 # Row 1: teacher softmax([ln 3, 0]) = (3/4, 1/4) at T = 2, student uniform: −ln ½ = ln 2.
@@ -54,3 +71,160 @@ def test_the_synthetic_batch_and_the_epoch_length_follow_the_codes_arithmetic() 
     # a client with 2000 rows (16 batches) and the 2,560-image pool in batches of 500 (6)
     assert steps_per_epoch(2000, 128, 2560, 500) == 6
     assert steps_per_epoch(300, 128, 2560, 500) == 3
+
+
+# -- the component ----------------------------------------------------------------------------
+
+TINY = "target:syn_round=2,g_steps=2,synthesis_batch_size=4"
+
+
+@pytest.fixture(scope="module")
+def cifar_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cifar-format")
+    write_tiny_cifar10(root, n=40, n_test=20)
+    return root
+
+
+def test_the_options_default_to_the_official_codes_values() -> None:
+    o = TARGETOptions()
+    # main.py:87 (kd), target.py:716 (T), main.py:86 (nums), target.py:40, 26, 24, 29, 28
+    assert (o.kd, o.temperature, o.nums) == (25.0, 2.0, 8000)
+    assert (o.syn_round, o.g_steps, o.synthesis_batch_size) == (10, 10, 256)
+    assert (o.warmup, o.kd_steps) == (20, 400)
+    # the engine's own defaults are the code's where TARGET does not set them
+    e = SynthesisOptions()
+    assert (e.nz, e.lr_g, e.lr_z, e.bn, e.oh) == (256, 0.002, 0.01, 10.0, 0.5)
+
+
+def test_the_joined_batch_splits_into_the_codes_two_losses() -> None:
+    # known = 2, task classes {2, 3}; rows 0 and 1 are the task's data (labels 3 and 2), rows
+    # 2 and 3 synthetic (placeholder label 0). CE rows: softmax([0, ln 3]) → ln 4/3 for
+    # label 3, ln 4 for label 2: mean ½(ln 4/3 + ln 4). KD rows: the two of KD_TWO_ROWS.
+    outputs = torch.tensor(
+        [
+            [5.0, 5.0, 0.0, LN3, 9.0],
+            [5.0, 5.0, 0.0, LN3, 9.0],
+            [0.0, 0.0, 7.0, 1.0, 2.0],
+            [2 * LN3, 0.0, -5.0, 0.0, 3.0],
+        ]
+    )
+    teacher = torch.tensor(
+        [
+            [1.0, 2.0, 3.0, 4.0, 5.0],
+            [1.0, 2.0, 3.0, 4.0, 5.0],
+            [2 * LN3, 0.0, 4.0, 4.0, 4.0],
+            [0.0, 0.0, 1.0, -1.0, 8.0],
+        ]
+    )
+    y = torch.tensor([3, 2, 0, 0])
+    value = split_loss(outputs, teacher, y, known=2, classes=2, kd=25.0, temperature=2.0)
+    ce = 0.5 * (math.log(4 / 3) + math.log(4.0))
+    assert math.isclose(value.item(), ce + 25 * KD_TWO_ROWS, rel_tol=1e-6)
+    # task 0 (known 0): plain CE over the task's classes, every row real
+    first = split_loss(outputs[:1, :2], teacher[:1, :2], torch.tensor([1]), 0, 2, 25.0, 2.0)
+    assert math.isclose(first.item(), math.log(2.0), rel_tol=1e-6)  # softmax([5, 5])
+
+
+def test_the_stream_normalisation_is_read_off_its_inputs() -> None:
+    mean, std = (0.5, 0.25, 0.0), (0.5, 0.25, 1.0)
+
+    def inputs(x: torch.Tensor) -> torch.Tensor:
+        scaled = x.float() / 255
+        return (scaled - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+
+    facts = dataclasses.replace(
+        env("seq-cifar10", "class-il", 10, 5, input_shape=(3, 2, 2)), public_inputs=inputs
+    )
+    got_mean, got_std = stream_normalisation(facts)
+    assert got_mean == pytest.approx(mean, abs=1e-6) and got_std == pytest.approx(std, abs=1e-6)
+
+
+def run_args(root: Path, out: Path, strategy: str, *extra: str) -> list[str]:
+    return [
+        "run",
+        *("--stream", "seq-cifar10", "--data-root", str(root), "--model", "cifar-cnn"),
+        *("--strategy", strategy, "--tasks", "2", "--rounds-per-task", "1", "--epochs", "1"),
+        *("--clients", "2", "--threads", "1", "--out", str(out), *extra),
+    ]
+
+
+def test_a_run_sends_the_pool_once_in_the_next_task(cifar_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    code, output = in_process(*run_args(cifar_root, out, TINY))
+    assert code == 0, output
+    records = pd.read_csv(out / "records.csv")
+    down = records[records.metric == "bytes_down"].value.to_numpy()
+    # 2 synthesis rounds × 4 images of 3×32×32 uint8, to each of the 2 clients
+    assert down[1] - down[0] == 2 * (2 * 4) * 3 * 32 * 32
+    assert json.loads((out / "summary.json").read_text())["bytes_down_total"] == down.sum()
+
+
+@pytest.mark.parametrize("crash_round", [1, 2])
+def test_a_crashed_run_resumes_to_the_same_records(
+    cifar_root: Path, tmp_path: Path, crash_round: int
+) -> None:
+    # 2 tasks × 2 rounds: round 2 ends task 0 (the synthesis), round 3 is task 1's first
+    values = {
+        "stream": "seq-cifar10",
+        "data_root": str(cifar_root),
+        "model": "cifar-cnn",
+        "strategy": TINY,
+        "tasks": 2,
+        "rounds_per_task": 2,
+        "clients": 2,
+        "epochs": 1,
+        "threads": 1,
+        "checkpoint_every": 1,
+    }
+    assert_config_resumes_after_crash(values, tmp_path, crash_round=crash_round + 1)
+
+
+@pytest.mark.parametrize(
+    ("stream", "extra", "fragment"),
+    [
+        ("rot-digits", (), "needs a class-incremental stream"),
+        ("seq-cifar10", ("--model", "mlp"), "lacks; use --model resnet32"),
+        ("seq-cifar10", ("--executor", "vectorized"), "synthetic images joined to their data"),
+    ],
+)
+def test_what_target_cannot_run_is_refused_in_one_line(
+    cifar_root: Path, tmp_path: Path, stream: str, extra: tuple[str, ...], fragment: str
+) -> None:
+    out = tmp_path / "run"
+    args = run_args(cifar_root, out, TINY, *extra)
+    if stream != "seq-cifar10":  # an embedded stream: no data root
+        at = args.index("seq-cifar10")
+        args[at : at + 3] = [stream]
+    code, output = in_process(*args)
+    assert code == 2, output
+    assert fragment in " ".join(output.split()) and "Traceback" not in output
+    assert not (out / "records.csv").exists()
+
+
+def test_a_client_joins_the_pool_it_receives_and_rejoins_it_on_resume() -> None:
+    learner = TARGET()
+    facts = env("seq-cifar10", "class-il", 4, 2, input_shape=(3, 2, 2))
+    learner.setup(dataclasses.replace(facts, classes_per_task=2))
+    model = FlatModel(nn.Sequential(nn.Flatten(), nn.Linear(12, 4)))
+    client = ClientState(index=0, generator=torch.Generator().manual_seed(0), buffer=None)
+    shard_x = torch.full((3, 3, 2, 2), 7, dtype=torch.uint8)
+    pool = torch.full((2, 3, 2, 2), 9, dtype=torch.uint8)
+    client.task = 1
+    client.train_x, client.train_y = learner.local_data(client, shard_x, torch.tensor([2, 3, 2]))
+    assert client.train_x.shape[0] == 3  # no pool for task 1 yet
+    server = SimpleNamespace(
+        global_params=model.params.detach(),
+        global_buffers=model.buffers.detach(),
+        version=1,
+        round_index=3,
+        task=1,
+        is_task_end=False,
+        device=torch.device("cpu"),
+    )
+    broadcast = Broadcast.of(server, {"target.pool": pool})  # type: ignore[arg-type]
+    inputs = learner.client_inputs(client, LocalRound(model, broadcast))
+    assert client.train_y.tolist() == [2, 3, 2, 0, 0]  # the pool's rows: placeholder 0
+    assert (client.train_x[3:] == 9).all() and int(inputs["known"]) == 2
+    # a resumed run rebuilds the client's data from its shard and its kept state
+    again = learner.local_data(client, shard_x, torch.tensor([2, 3, 2]))
+    assert again[1].tolist() == [2, 3, 2, 0, 0] and (again[0][:3] == 7).all()
