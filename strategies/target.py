@@ -238,6 +238,11 @@ class TARGET(Learner):
     def offers_batches(self) -> bool:
         return False
 
+    def exemplar_memory(self) -> int:
+        """The pool's rows a client joins to its task data from task 1 on (the cost
+        estimate's training rows): ``syn_round`` × the synthesis batch, at most ``nums``."""
+        return min(self.opts.nums, self.opts.syn_round * self.opts.synthesis_batch_size)
+
     def local_data(
         self, client: ClientState, x: torch.Tensor, y: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

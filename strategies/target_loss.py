@@ -74,7 +74,7 @@ def synthetic_batch_size(
 
 def steps_per_epoch(real_rows: int, local_bs: int, pool_rows: int, syn_bs: int) -> int:
     """The code zips the task loader with the synthetic loader (``enumerate(zip(...))``,
-    699), so an epoch ends with the shorter one: min(⌈real/local_bs⌉, ⌈pool/syn_bs⌉) steps
+    698), so an epoch ends with the shorter one: min(⌈real/local_bs⌉, ⌈pool/syn_bs⌉) steps
     (neither loader drops its last batch). With the code's CIFAR-100 defaults the pool holds
     10 × 256 = 2,560 images, not ``nums`` = 8,000, and this is what cuts the epochs."""
     return min(math.ceil(real_rows / local_bs), math.ceil(pool_rows / syn_bs))

@@ -16,7 +16,10 @@ import torch
 from torch import nn
 
 from cfl_bench.core.context import Broadcast, ClientState, LocalRound
+from cfl_bench.core.errors import UserError
 from cfl_bench.core.flat import FlatModel
+from cfl_bench.flower.kind import check_flower
+from cfl_bench.strategies.compose import build_strategy
 from cfl_bench.strategies.declarations import TARGETOptions
 from cfl_bench.strategies.synthesis import SynthesisOptions
 from cfl_bench.strategies.target import TARGET, split_loss, stream_normalisation
@@ -228,3 +231,38 @@ def test_a_client_joins_the_pool_it_receives_and_rejoins_it_on_resume() -> None:
     # a resumed run rebuilds the client's data from its shard and its kept state
     again = learner.local_data(client, shard_x, torch.tensor([2, 3, 2]))
     assert again[1].tolist() == [2, 3, 2, 0, 0] and (again[0][:3] == 7).all()
+
+
+def test_the_flower_executor_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cfl_bench.flower
+
+    monkeypatch.setattr(cfl_bench.flower, "require_flwr", lambda: None)
+    run = SimpleNamespace(
+        config=SimpleNamespace(clients_per_chunk=None, compile=False),
+        stream=SimpleNamespace(per_round=False),
+        strategy=build_strategy("target"),
+    )
+    with pytest.raises(UserError, match="cannot run 'target': TARGET's clients train on"):
+        check_flower(run)  # type: ignore[arg-type]
+
+
+def test_the_synthesis_is_priced_in_syn_round_units_and_off_on_the_probe_copy() -> None:
+    learner = TARGET({"syn_round": 3, "g_steps": 1, "synthesis_batch_size": 2})
+    facts = env("seq-cifar10", "class-il", 4, 2, input_shape=(3, 8, 8))
+    learner.setup(dataclasses.replace(facts, classes_per_task=2))
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(256, 4)
+    )
+    work = learner.extra_work().task_end_server
+    assert work is not None
+    units, unit = work(model)
+    assert units == 3.0
+    unit()  # one synthesis round runs on a copy of the model
+    learner.probe_copy()
+    assert not learner.synthesizes
+
+
+def test_the_cost_estimate_counts_the_joined_pool_rows() -> None:
+    # 10 rounds × 256 images = 2,560 below nums = 8,000; 2 × 4 = 8 above nums = 5
+    assert build_strategy("target").learner.exemplar_memory() == 2560
+    assert TARGET({"syn_round": 2, "synthesis_batch_size": 4, "nums": 5}).exemplar_memory() == 5
