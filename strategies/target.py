@@ -13,7 +13,8 @@ below are of that file). The round of task t is FedAvg's; what TARGET adds:
 - **Broadcast**: the pool travels to the clients as uint8 images (``target.pool``), once a
   task: in the rounds of task t > 0 while a participant has not received task t's pool
   (every client takes part in every round in the code, so once a task), counted as bytes
-  down. Labels do not travel: the code's synthetic loader is unlabelled.
+  down. Each client keeps its copy in its state (the checkpoint holds one per client).
+  Labels do not travel: the code's synthetic loader is unlabelled.
 - **Clients**: task 0 is CE (``_local_update``); in task t > 0 the loss of
   ``_local_finetune`` (``strategies.target_loss.finetune_loss``): CE over the task's own
   classes on its data, plus kd · KD_T of the old model (the global model the client received
@@ -29,9 +30,9 @@ each averaged over its own rows as the code's two batches are. So (1) one forwar
 both kinds of row, and BatchNorm's batch statistics mix them; (2) an epoch runs over shard +
 pool in batches of the run's batch size, while the code's epoch ends with the shorter of its
 two loaders (``target_loss.steps_per_epoch``: 6 steps of 128 + 500 rows at its defaults);
-(3) FedAvg weights clients by shard + pool rows (the code averages unweighted). The losses
-themselves are the code's. The vectorized and Flower executors are refused (they do not build
-the joined data).
+(3) under ``--weighting samples`` FedAvg weights clients by shard + pool rows (``uniform`` is
+the code's unweighted mean). The losses themselves are the code's. The vectorized and Flower
+executors are refused (they do not build the joined data).
 
 Evaluation scores the outputs of the classes seen so far (the code's head grows with the
 tasks, so its argmax never sees a future class).
