@@ -238,6 +238,12 @@ class TARGETOptions:
         "KD student steps per synthesis round after warmup (target.py:28: 400)",
         positive_int,
     )
+    synthetic_batch: int = option(
+        0,
+        "synthetic images per client step; 0 = the code's ⌊nums / ⌈50000 / (clients · tasks "
+        "· batch size)⌉⌋ (target.py:616–624: 500 at its defaults)",
+        non_negative_int,
+    )
 
 
 @dataclass(frozen=True)

@@ -21,18 +21,21 @@ below are of that file). The round of task t is FedAvg's; what TARGET adds:
   when it entered task t, kept as the teacher: nothing extra travels) on synthetic images,
   over the old classes.
 
-**How the synthetic batch reaches a step (differs from the code).** The code zips its task
-loader (local_bs rows) with a synthetic loader (syn_bs rows, ``get_syn_data_loader``) and
-forwards the two batches separately. The suite's step forwards one batch, so the client joins
-the pool to its task data (as iCaRL joins exemplars) with placeholder label 0, and a step's
-rows are split by label: rows of the task's classes (≥ known) take the CE, the others the KD,
-each averaged over its own rows as the code's two batches are. So (1) one forward holds
-both kinds of row, and BatchNorm's batch statistics mix them; (2) an epoch runs over shard +
-pool in batches of the run's batch size, while the code's epoch ends with the shorter of its
-two loaders (``target_loss.steps_per_epoch``: 6 steps of 128 + 500 rows at its defaults);
-(3) under ``--weighting samples`` FedAvg weights clients by shard + pool rows (``uniform`` is
-the code's unweighted mean). The losses themselves are the code's. The vectorized and Flower
-executors are refused (they do not build the joined data).
+**How a client step runs (the code's, ``_local_finetune`` 691–723).** The new-class CE on
+the task batch is the component's ``loss_term`` (it replaces the objective's loss); the
+synthetic batch is the learner's replay draw (``replay_plan``): one draw of syn_bs images per
+step (``target_loss.synthetic_batch_size``: 500 at the code's defaults) from a walk over the
+client's pool (``PoolWalk``: a fresh permutation each epoch, as the code's shuffled loader
+restarted by its zip), its own forward of the working model in training mode (BatchNorm sees
+the synthetic batch apart from the real one, as in the code), and a "kd" term: the teacher's
+outputs on the same augmented draw, distilled over the old classes at T with weight kd. The
+epoch ends with the shorter of the two loaders (``epoch_steps``: min(⌈n_k/128⌉,
+⌈pool/syn_bs⌉) steps). What still differs: the draws' randomness is the suite's generators,
+not the code's; the synthetic images get the stream's replay augmentation (the code's
+``train_transform``: the same random crop with 4 pixels of padding and horizontal flip on
+CIFAR); under ``--weighting samples`` FedAvg weights clients by their shard rows
+(``uniform`` is the code's unweighted mean). The vectorized and Flower executors are refused
+(the pool walk and the capped epochs are the sequential executor's).
 
 Evaluation scores the outputs of the classes seen so far (the code's head grows with the
 tasks, so its argmax never sees a future class).
@@ -40,11 +43,15 @@ tasks, so its argmax never sees a future class).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
 
+from cfl_bench.core.buffer import BufferDraw
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.seeding import derive_seed
 from cfl_bench.strategies import declarations
@@ -53,21 +60,63 @@ from cfl_bench.strategies.base import (
     ClientInputs,
     Declaration,
     ExtraWork,
-    FrozenForward,
     Learner,
     StrategyEnv,
 )
 from cfl_bench.strategies.declarations import TARGETOptions
-from cfl_bench.strategies.replay import ReplayPlan
+from cfl_bench.strategies.replay import ReplayPlan, ReplayTerm
 from cfl_bench.strategies.synthesis import SynthesisOptions, Synthesizer, kept_indices
-from cfl_bench.strategies.target_loss import kd_loss, new_class_ce
+from cfl_bench.strategies.target_loss import new_class_ce, synthetic_batch_size
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from cfl_bench.core.context import ClientState, LocalRound, ServerState
 
 POOL = "target.pool"
+#: ``get_syn_data_loader``'s dataset_size for CIFAR-100 (target.py:617–618), a constant of
+#: the code whatever the run's data; CIFAR-10's training split has as many images.
+CODE_DATASET_SIZE = 50_000
+
+
+@dataclass
+class PoolWalk:
+    """The code's synthetic loader over one client's pool in one round: a ``DataLoader``
+    with ``shuffle=True`` that the code's zip starts afresh every epoch, so each epoch walks
+    a new permutation in consecutive batches (the last one short). The permutation comes
+    from the client's generator. The draws carry no labels (the code's loader is
+    unlabelled): label 0 and no stored outputs, which the "kd" term does not read."""
+
+    images: torch.Tensor
+    decode: Callable[[torch.Tensor], torch.Tensor]
+    generator: torch.Generator
+    device: torch.device
+    epoch: int = -1
+    order: torch.Tensor | None = None
+    start: int = 0
+
+    @property
+    def filled(self) -> int:
+        return int(self.images.shape[0])
+
+    def at(self, epoch: int) -> PoolWalk:
+        """The walk positioned in ``epoch``: a new permutation when the epoch is new."""
+        if epoch != self.epoch:
+            gen_device = self.generator.device
+            self.order = torch.randperm(self.filled, generator=self.generator, device=gen_device)
+            self.epoch, self.start = epoch, 0
+        return self
+
+    def sample(self, m: int) -> BufferDraw | None:
+        """The epoch's next batch of at most m images (None once the epoch's walk is
+        through: the step's epoch cap keeps it from happening)."""
+        assert self.order is not None, "a walk is positioned with at() before it is drawn"
+        rows = self.order[self.start : self.start + m]
+        self.start += m
+        if rows.numel() == 0:
+            return None
+        x = self.decode(self.images[rows.to(self.images.device)].to(self.device))
+        n = int(rows.numel())
+        zeros = torch.zeros(n, dtype=torch.long, device=self.device)
+        return BufferDraw(x, zeros, torch.zeros((n, 0), device=self.device), zeros)
 
 
 def stream_normalisation(env: StrategyEnv) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -103,37 +152,14 @@ def require_batchnorm(model: nn.Module) -> None:
         )
 
 
-def split_loss(
-    outputs: torch.Tensor,
-    teacher: torch.Tensor,
-    y: torch.Tensor,
-    known: int,
-    classes: int,
-    kd: float,
-    temperature: float,
-) -> torch.Tensor:
-    """``_local_finetune``'s loss on a joined batch: rows labelled ≥ ``known`` (the task's
-    data) take the new-class CE, the others (synthetic) kd · KD_T over the old classes; each
-    part is the code's mean over its own rows, and a part without rows is 0."""
-    real = y >= known
-    loss = outputs.new_zeros(())
-    if bool(real.any()):
-        loss = loss + new_class_ce(outputs[real], y[real], known, classes)
-    synthetic = ~real
-    if known > 0 and bool(synthetic.any()):
-        old_student, old_teacher = outputs[synthetic][:, :known], teacher[synthetic][:, :known]
-        loss = loss + kd * kd_loss(old_student, old_teacher, temperature)
-    return loss
-
-
 class TARGET(Learner):
     declaration: ClassVar[Declaration] = declarations.TARGET
     opts: TARGETOptions
     requires: ClassVar[frozenset[str]] = frozenset({"class_logits"})
-    keeps_exemplars: ClassVar[bool] = True
     assumes_stream_order: ClassVar[bool] = True
     sequential_only: ClassVar[str] = (
-        "TARGET's clients train on the server's synthetic images joined to their data"
+        "TARGET's clients draw the server's synthetic images from their own pool and end "
+        "their epochs with it"
     )
     state_attributes: ClassVar[tuple[str, ...]] = ("pool", "pool_task", "delivered", "engine")
 
@@ -158,6 +184,21 @@ class TARGET(Learner):
         self.pool_task = -1
         self.delivered: list[int] = []
         self.engine: dict[str, object] = {}
+        # This round's walk over each training client's pool (rebuilt every round from the
+        # client's kept pool, so it is not state).
+        self.walks: dict[int, PoolWalk] = {}
+        self.syn_bs = self.opts.synthetic_batch or synthetic_batch_size(
+            self.opts.nums,
+            CODE_DATASET_SIZE,
+            max(1, env.num_clients),
+            env.num_tasks,
+            env.batch_size,
+        )
+        if self.syn_bs <= 0:
+            raise UserError(
+                f"target's synthetic batch ⌊nums / ⌈50000 / (clients · tasks · batch size)⌉⌋ "
+                f"is 0 for nums={self.opts.nums}; raise nums or set target:synthetic_batch=N."
+            )
 
     def synthesis_options(self, classifier: str) -> SynthesisOptions:
         o = self.opts
@@ -229,9 +270,20 @@ class TARGET(Learner):
 
     # -- client ----------------------------------------------------------------------------------
     def replay_plan(self) -> ReplayPlan:
-        """No buffer; the split loss replaces the objective's CE (synthetic rows have no
-        label)."""
-        return ReplayPlan(batch_weight=0.0)
+        """One draw of the code's synthetic batch from the pool per step, distilled from
+        the teacher over the old classes (weight kd, temperature T); the new-class CE
+        (``loss_term``) replaces the objective's loss on the batch."""
+        o = self.opts
+        old = max(0, self.known_classes - self.classes_per_task)
+        distil = ReplayTerm(
+            draw=0,
+            kind="kd",
+            weight=o.kd,
+            temperature=o.temperature,
+            outputs=old,
+            teacher=("teacher", "teacher_buffers"),
+        )
+        return ReplayPlan(draws=1, terms=(distil,), batch_weight=0.0, draw_size=self.syn_bs)
 
     def replaces_batch_loss(self) -> bool:
         return True
@@ -240,26 +292,30 @@ class TARGET(Learner):
         return False
 
     def exemplar_memory(self) -> int:
-        """The pool's rows a client joins to its task data from task 1 on (the cost
-        estimate's training rows): ``syn_round`` × the synthesis batch, at most ``nums``."""
+        """The synthetic rows a client forwards per epoch from task 1 on, counted as
+        training rows by the cost estimate: about the pool, ``syn_round`` × the synthesis
+        batch, at most ``nums`` (an over-count where the client's data ends its epoch
+        first; the teacher's forwards are not counted)."""
         return min(self.opts.nums, self.opts.syn_round * self.opts.synthesis_batch_size)
 
-    def local_data(
-        self, client: ClientState, x: torch.Tensor, y: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The task's shard, then the pool once the client holds its task's (a resumed run)."""
-        state = client.state_for(self.name)
-        state["rows"] = int(y.shape[0])
-        pool = state.get("pool")
-        if state.get("pool_task") != client.task or not isinstance(pool, torch.Tensor):
-            return x, y
-        return joined(x, y, pool)
+    def replay_source(self, client: ClientState, epoch: int) -> PoolWalk | None:
+        """The client's walk over its pool this round, reshuffled at each new epoch."""
+        walk = self.walks.get(client.index)
+        return None if walk is None else walk.at(epoch)
+
+    def epoch_steps(self, client: ClientState) -> int:
+        """The code zips the task loader with the synthetic one (``target_loss.
+        steps_per_epoch``): an epoch ends with the shorter; uncapped without a pool."""
+        walk = self.walks.get(client.index)
+        if walk is None:
+            return 0
+        return math.ceil(walk.filled / self.syn_bs)
 
     def client_inputs(self, client: ClientState, local: LocalRound) -> ClientInputs:
         """Keep the teacher (θ_g when the client first trains in its task: the end of the
         previous task when it takes part in the task's first round, as every client does in
-        the code); join a received pool to the client's data; the old classes' count (0 in
-        task 0, where the teacher is unused)."""
+        the code); keep a received pool and start this round's walk over it; the old
+        classes' count (0 in task 0, where the teacher is unused)."""
         state = client.state_for(self.name)
         broadcast = local.broadcast
         if state.get("teacher_task") != client.task:
@@ -268,19 +324,18 @@ class TARGET(Learner):
             state["teacher_task"] = client.task
         pool = broadcast.payloads.get(POOL)
         if pool is not None and state.get("pool_task") != client.task:
-            assert client.train_x is not None and client.train_y is not None
-            rows = int(state["rows"])  # type: ignore[call-overload]
             state["pool"], state["pool_task"] = pool.detach().clone(), client.task
-            shard = client.train_x[:rows], client.train_y[:rows]
-            client.train_x, client.train_y = joined(*shard, state["pool"])  # type: ignore[arg-type]
+        self.walks.pop(client.index, None)
+        held = state.get("pool")
+        if state.get("pool_task") == client.task and isinstance(held, torch.Tensor):
+            assert client.train_x is not None
+            device = client.train_x.device
+            self.walks[client.index] = PoolWalk(held, client.decode, client.generator, device)
         return {
             "teacher": state["teacher"],
             "teacher_buffers": state["teacher_buffers"],
             "known": torch.tensor(client.task * self.classes_per_task),
         }
-
-    def frozen_forwards(self) -> tuple[FrozenForward, ...]:
-        return (FrozenForward("teacher_outputs", "teacher", "teacher_buffers"),)
 
     def term_inputs(self) -> tuple[str, ...]:
         return ("known",)
@@ -293,11 +348,9 @@ class TARGET(Learner):
         mask: torch.Tensor | None,
         values: dict[str, torch.Tensor],
     ) -> torch.Tensor:
-        """The code's client loss on the joined batch (``split_loss``)."""
-        known = int(values["known"])
-        teacher = values["teacher_outputs"]
-        o = self.opts
-        return split_loss(outputs, teacher, y, known, self.classes_per_task, o.kd, o.temperature)
+        """The code's CE on the task batch over the task's own outputs (``new_class_ce``);
+        the distillation is the replay plan's "kd" term on the synthetic draw."""
+        return new_class_ce(outputs, y, int(values["known"]), self.classes_per_task)
 
     def evaluation_classifier(self) -> Classifier | None:
         return self.known_outputs
@@ -307,12 +360,3 @@ class TARGET(Learner):
         outputs = module(x)
         unknown = torch.arange(outputs.shape[1], device=outputs.device) >= self.known_classes
         return outputs.masked_fill(unknown, float("-inf"))
-
-
-def joined(
-    x: torch.Tensor, y: torch.Tensor, pool: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The shard followed by the pool's images, labelled 0 (a placeholder below every task
-    t > 0's classes, so ``split_loss`` takes them as synthetic rows)."""
-    placeholder = torch.zeros(pool.shape[0], dtype=y.dtype, device=y.device)
-    return torch.cat([x, pool.to(x.device, x.dtype)]), torch.cat([y, placeholder])

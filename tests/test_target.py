@@ -4,25 +4,31 @@ small tensors; its defaults; a tiny run, its resume and its refusals."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
 
 import pandas as pd
 import pytest
 import torch
 from torch import nn
 
-from cfl_bench.core.context import Broadcast, ClientState, LocalRound
+from cfl_bench.core.context import Broadcast, ClientState, LocalRound, StepContext
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.flat import FlatModel
+from cfl_bench.engine.amp import Precision
+from cfl_bench.engine.batches import ClientBatches
+from cfl_bench.engine.one_client import ClientStepFunctions, OneClientBackend
 from cfl_bench.flower.kind import check_flower
 from cfl_bench.strategies.compose import build_strategy
 from cfl_bench.strategies.declarations import TARGETOptions
+from cfl_bench.strategies.replay import ReplayTerm, replay_term_loss
 from cfl_bench.strategies.synthesis import SynthesisOptions
-from cfl_bench.strategies.target import TARGET, split_loss, stream_normalisation
+from cfl_bench.strategies.target import TARGET, PoolWalk, stream_normalisation
 from cfl_bench.strategies.target_loss import (
     finetune_loss,
     kd_loss,
@@ -34,6 +40,9 @@ from tests.helpers import env
 from tests.synthetic_data import write_tiny_cifar10
 from tests.test_cli import in_process
 from tests.test_resume import assert_config_resumes_after_crash
+
+if TYPE_CHECKING:
+    from cfl_bench.engine.optim import LocalOptimizer
 
 LN3 = math.log(3.0)
 # Row 1: teacher softmax([ln 3, 0]) = (3/4, 1/4) at T = 2, student uniform: −ln ½ = ln 2.
@@ -99,33 +108,142 @@ def test_the_options_default_to_the_official_codes_values() -> None:
     assert (e.nz, e.lr_g, e.lr_z, e.bn, e.oh) == (256, 0.002, 0.01, 10.0, 0.5)
 
 
-def test_the_joined_batch_splits_into_the_codes_two_losses() -> None:
-    # known = 2, task classes {2, 3}; rows 0 and 1 are the task's data (labels 3 and 2), rows
-    # 2 and 3 synthetic (placeholder label 0). CE rows: softmax([0, ln 3]) → ln 4/3 for
-    # label 3, ln 4 for label 2: mean ½(ln 4/3 + ln 4). KD rows: the two of KD_TWO_ROWS.
-    outputs = torch.tensor(
-        [
-            [5.0, 5.0, 0.0, LN3, 9.0],
-            [5.0, 5.0, 0.0, LN3, 9.0],
-            [0.0, 0.0, 7.0, 1.0, 2.0],
-            [2 * LN3, 0.0, -5.0, 0.0, 3.0],
-        ]
+def tiny_model() -> nn.Module:
+    """A 4-class model with BatchNorm (so the step's two forwards are visibly apart)."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 2, 1), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(2 * 2 * 2, 4)
     )
-    teacher = torch.tensor(
-        [
-            [1.0, 2.0, 3.0, 4.0, 5.0],
-            [1.0, 2.0, 3.0, 4.0, 5.0],
-            [2 * LN3, 0.0, 4.0, 4.0, 4.0],
-            [0.0, 0.0, 1.0, -1.0, 8.0],
-        ]
+
+
+def target_client(learner: TARGET, model: FlatModel, pool: torch.Tensor) -> tuple:
+    """A task-1 client of 3 examples that receives ``pool`` with the global θ as teacher."""
+    client = ClientState(index=0, generator=torch.Generator().manual_seed(0), buffer=None)
+    client.task = 1
+    client.train_x = torch.arange(3 * 12, dtype=torch.uint8).reshape(3, 3, 2, 2)
+    client.train_y = torch.tensor([2, 3, 2])
+    client.decode = lambda x: x.float() / 255
+    server = SimpleNamespace(
+        global_params=model.params.detach(),
+        global_buffers=model.buffers.detach(),
+        version=1,
+        round_index=3,
+        task=1,
+        is_task_end=False,
+        device=torch.device("cpu"),
     )
-    y = torch.tensor([3, 2, 0, 0])
-    value = split_loss(outputs, teacher, y, known=2, classes=2, kd=25.0, temperature=2.0)
-    ce = 0.5 * (math.log(4 / 3) + math.log(4.0))
-    assert math.isclose(value.item(), ce + 25 * KD_TWO_ROWS, rel_tol=1e-6)
-    # task 0 (known 0): plain CE over the task's classes, every row real
-    first = split_loss(outputs[:1, :2], teacher[:1, :2], torch.tensor([1]), 0, 2, 25.0, 2.0)
-    assert math.isclose(first.item(), math.log(2.0), rel_tol=1e-6)  # softmax([5, 5])
+    broadcast = Broadcast.of(server, {"target.pool": pool})  # type: ignore[arg-type]
+    local = LocalRound(model, broadcast)
+    return client, local, learner.client_inputs(client, local)
+
+
+def test_a_step_is_the_codes_ce_on_the_batch_plus_kd_on_a_separate_synthetic_forward() -> None:
+    learner = TARGET({"synthetic_batch": 4})
+    facts = env("seq-cifar10", "class-il", 4, 2, input_shape=(3, 2, 2))
+    learner.setup(dataclasses.replace(facts, classes_per_task=2))
+    learner.known_classes = 4  # task 1 of 2 classes each
+    model = FlatModel(tiny_model())
+    teacher = FlatModel(copy.deepcopy(model.module))
+    with torch.no_grad():  # the student has moved away from the teacher it received
+        teacher.module[3].weight.mul_(-2.0)
+    pool = torch.randint(0, 256, (6, 3, 2, 2), dtype=torch.uint8, generator=torch.Generator())
+    t_params, t_buffers = teacher.params.detach().clone(), teacher.buffers.detach().clone()
+    client, local, inputs = target_client(learner, teacher, pool)
+    inputs = {**inputs, "teacher": t_params, "teacher_buffers": t_buffers}
+    x = client.decode(client.train_x[:2])
+    step = StepContext(
+        model=model,
+        client=client,
+        broadcast=local.broadcast,
+        x=x,
+        y=client.train_y[:2],
+        task=1,
+        epoch=0,
+        offer_to_buffer=False,
+        buffer_batch_size=32,
+        inputs={"target": inputs},
+    )
+    functions = ClientStepFunctions(model)
+    no_optimizer = cast("LocalOptimizer", None)  # the loss alone is checked
+    backend = OneClientBackend(model, no_optimizer, learner, [learner], functions, Precision())
+    backend.current = step
+    model.module.train()
+    loss = backend.loss()
+    # The reference: the walk's first batch of 4 synthetic rows (the client's generator's
+    # first permutation of 6), both forwards in training mode apart, the teacher in eval.
+    order = torch.randperm(6, generator=torch.Generator().manual_seed(0))[:4]
+    s = pool[order].float() / 255
+    reference_model = FlatModel(copy.deepcopy(model.module))
+    reference_model.module.train()
+    frozen = copy.deepcopy(teacher.module).eval()
+    with torch.no_grad():
+        t_out = frozen(s)
+    expected = finetune_loss(
+        reference_model.module(x), torch.tensor([2, 3]), reference_model.module(s), t_out,
+        known=2, classes=2, kd=25.0, temperature=2.0,
+    )  # fmt: skip
+    assert torch.allclose(loss, expected, rtol=1e-6)
+
+
+def test_the_pool_walk_is_a_new_permutation_each_epoch_in_consecutive_batches() -> None:
+    images = torch.arange(5, dtype=torch.uint8).reshape(5, 1, 1, 1)
+    walk = PoolWalk(
+        images, lambda x: x.float(), torch.Generator().manual_seed(3), torch.device("cpu")
+    )
+    seen = []
+    for epoch in (0, 1):
+        batches = [walk.at(epoch).sample(2) for _ in range(3)]
+        rows = [b.x.flatten().long().tolist() for b in batches if b is not None]
+        assert [len(r) for r in rows] == [2, 2, 1]  # the last batch short
+        walked = [row for batch in rows for row in batch]
+        assert sorted(walked) == [0, 1, 2, 3, 4]  # every image once an epoch
+        seen.append(walked)
+        assert walk.at(epoch).sample(2) is None  # the epoch's walk is through
+    gen = torch.Generator().manual_seed(3)
+    assert seen == [torch.randperm(5, generator=gen).tolist() for _ in range(2)]
+
+
+def test_an_epoch_ends_with_the_shorter_of_the_data_and_the_pool() -> None:
+    client = ClientState(index=0, generator=torch.Generator().manual_seed(0), buffer=None)
+    client.train_x, client.train_y = torch.arange(10.0)[:, None], torch.arange(10)
+    batches = ClientBatches(client, 2, 3, None, torch.device("cpu"), epoch_steps=2)
+    assert batches.total == 4  # 2 epochs × min(⌈10/3⌉, 2)
+    rows = [batches.next()[1].tolist() for _ in range(batches.total)]
+    assert [batches.epoch] == [1] and all(len(r) == 3 for r in rows)
+    gen = torch.Generator().manual_seed(0)
+    first, second = (torch.randperm(10, generator=gen)[:6].tolist() for _ in range(2))
+    assert rows[0] + rows[1] == first and rows[2] + rows[3] == second
+    uncapped = ClientBatches(client, 2, 3, None, torch.device("cpu"))
+    assert uncapped.total == 8
+
+
+def test_a_client_keeps_the_pool_it_receives_and_walks_it_again_next_round() -> None:
+    learner = TARGET({"synthetic_batch": 2})
+    facts = env("seq-cifar10", "class-il", 4, 2, input_shape=(3, 2, 2))
+    learner.setup(dataclasses.replace(facts, classes_per_task=2))
+    model = FlatModel(tiny_model())
+    pool = torch.full((5, 3, 2, 2), 9, dtype=torch.uint8)
+    client, local, inputs = target_client(learner, model, pool)
+    assert int(inputs["known"]) == 2 and learner.epoch_steps(client) == 3  # ⌈5 / 2⌉
+    walk = learner.replay_source(client, 0)
+    assert walk is not None and walk.filled == 5
+    # the next round's broadcast carries no pool: the client walks the copy it kept
+    quiet = dataclasses.replace(local.broadcast, payloads={})
+    learner.client_inputs(client, LocalRound(model, quiet))
+    again = learner.replay_source(client, 0)
+    assert again is not None and again is not walk and again.filled == 5
+    state = client.state_for("target")
+    assert state["pool_task"] == 1 and torch.equal(state["pool"], pool)  # type: ignore[arg-type]
+
+
+def test_the_synthetic_batch_follows_the_codes_formula_for_the_run() -> None:
+    learner = TARGET()
+    facts = env("seq-cifar100", "class-il", 100, 5, input_shape=(3, 32, 32))
+    learner.setup(dataclasses.replace(facts, classes_per_task=20, batch_size=128, num_clients=5))
+    assert learner.syn_bs == 500  # ⌊8000 / ⌈50000 / (5 · 5 · 128)⌉⌋ = ⌊8000 / 16⌋
+    tiny = TARGET({"nums": 3})
+    with pytest.raises(UserError, match=r"synthetic batch .* is 0 for nums=3"):
+        tiny.setup(dataclasses.replace(facts, classes_per_task=20, batch_size=1, num_clients=1))
 
 
 def test_the_stream_normalisation_is_read_off_its_inputs() -> None:
@@ -187,7 +305,7 @@ def test_a_crashed_run_resumes_to_the_same_records(
     [
         ("rot-digits", (), "needs a class-incremental stream"),
         ("seq-cifar10", ("--model", "mlp"), "lacks; use --model resnet32"),
-        ("seq-cifar10", ("--executor", "vectorized"), "synthetic images joined to their data"),
+        ("seq-cifar10", ("--executor", "vectorized"), "draw the server's synthetic images"),
     ],
 )
 def test_what_target_cannot_run_is_refused_in_one_line(
@@ -204,35 +322,6 @@ def test_what_target_cannot_run_is_refused_in_one_line(
     assert not (out / "records.csv").exists()
 
 
-def test_a_client_joins_the_pool_it_receives_and_rejoins_it_on_resume() -> None:
-    learner = TARGET()
-    facts = env("seq-cifar10", "class-il", 4, 2, input_shape=(3, 2, 2))
-    learner.setup(dataclasses.replace(facts, classes_per_task=2))
-    model = FlatModel(nn.Sequential(nn.Flatten(), nn.Linear(12, 4)))
-    client = ClientState(index=0, generator=torch.Generator().manual_seed(0), buffer=None)
-    shard_x = torch.full((3, 3, 2, 2), 7, dtype=torch.uint8)
-    pool = torch.full((2, 3, 2, 2), 9, dtype=torch.uint8)
-    client.task = 1
-    client.train_x, client.train_y = learner.local_data(client, shard_x, torch.tensor([2, 3, 2]))
-    assert client.train_x.shape[0] == 3  # no pool for task 1 yet
-    server = SimpleNamespace(
-        global_params=model.params.detach(),
-        global_buffers=model.buffers.detach(),
-        version=1,
-        round_index=3,
-        task=1,
-        is_task_end=False,
-        device=torch.device("cpu"),
-    )
-    broadcast = Broadcast.of(server, {"target.pool": pool})  # type: ignore[arg-type]
-    inputs = learner.client_inputs(client, LocalRound(model, broadcast))
-    assert client.train_y.tolist() == [2, 3, 2, 0, 0]  # the pool's rows: placeholder 0
-    assert (client.train_x[3:] == 9).all() and int(inputs["known"]) == 2
-    # a resumed run rebuilds the client's data from its shard and its kept state
-    again = learner.local_data(client, shard_x, torch.tensor([2, 3, 2]))
-    assert again[1].tolist() == [2, 3, 2, 0, 0] and (again[0][:3] == 7).all()
-
-
 def test_the_flower_executor_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     import cfl_bench.flower
 
@@ -242,7 +331,7 @@ def test_the_flower_executor_is_refused(monkeypatch: pytest.MonkeyPatch) -> None
         stream=SimpleNamespace(per_round=False),
         strategy=build_strategy("target"),
     )
-    with pytest.raises(UserError, match="cannot run 'target': TARGET's clients train on"):
+    with pytest.raises(UserError, match="cannot run 'target': TARGET's clients draw"):
         check_flower(run)  # type: ignore[arg-type]
 
 
@@ -262,7 +351,22 @@ def test_the_synthesis_is_priced_in_syn_round_units_and_off_on_the_probe_copy() 
     assert not learner.synthesizes
 
 
-def test_the_cost_estimate_counts_the_joined_pool_rows() -> None:
+def test_the_cost_estimate_counts_the_pool_rows() -> None:
     # 10 rounds × 256 images = 2,560 below nums = 8,000; 2 × 4 = 8 above nums = 5
     assert build_strategy("target").learner.exemplar_memory() == 2560
     assert TARGET({"syn_round": 2, "synthesis_batch_size": 4, "nums": 5}).exemplar_memory() == 5
+
+
+def test_the_kd_replay_term_distils_the_leading_outputs_over_the_real_rows() -> None:
+    term = ReplayTerm(draw=0, kind="kd", weight=1.0, temperature=2.0, outputs=2)
+    # the first two outputs are KD_TWO_ROWS's rows; the third output and row must not count
+    student = torch.tensor([[0.0, 0.0, 9.0], [2 * LN3, 0.0, -9.0], [7.0, 1.0, 0.0]])
+    stored = torch.tensor([[2 * LN3, 0.0, 5.0], [0.0, 0.0, 5.0], [0.0, 3.0, 0.0]])
+    objective = build_strategy("target").learner.objective
+    mask = torch.tensor([1.0, 1.0, 0.0])  # the third row is padding
+    value = replay_term_loss(
+        term, student, torch.zeros(3, dtype=torch.long), stored, objective, mask
+    )
+    assert math.isclose(value.item(), KD_TWO_ROWS, rel_tol=1e-6)
+    unmasked = replay_term_loss(term, student[:2], torch.zeros(2), stored[:2], objective)
+    assert math.isclose(unmasked.item(), KD_TWO_ROWS, rel_tol=1e-6)
