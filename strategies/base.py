@@ -102,6 +102,7 @@ if TYPE_CHECKING:
 
     from cfl_bench.core.context import ClientState
     from cfl_bench.core.flat import FlatModel
+    from cfl_bench.strategies.replay import ReplaySource
 
 
 class Role(str, enum.Enum):
@@ -299,6 +300,9 @@ class StrategyEnv:
     # A class-incremental stream's classes per task (task t holds [t·c, (t+1)·c)); 0 for
     # every other stream. iCaRL distils the classes of the tasks before the client's.
     classes_per_task: int = 0
+    # The run's --clients (0: not known, e.g. a pilot run); TARGET sizes its synthetic batch
+    # by it as its code does by num_users.
+    num_clients: int = 0
 
 
 @dataclass(frozen=True)
@@ -579,6 +583,19 @@ class Learner(Component):
         executor runs it its own way (``engine.one_client.plan_loss`` on one client,
         ``engine.vectorized_grad`` on a chunk)."""
         return ReplayPlan()
+
+    def replay_source(self, client: ClientState, epoch: int) -> ReplaySource | None:
+        """Where a step's replay draws come from in ``epoch`` of the client's round: its
+        reservoir buffer (the default). TARGET walks its synthetic pool instead; a learner
+        that overrides this is ``sequential_only`` (the vectorized executor stacks the
+        clients' buffers)."""
+        return client.buffer
+
+    def epoch_steps(self, client: ClientState) -> int:
+        """At most how many batches an epoch of the client's data takes (0: all of them, the
+        default). TARGET's code zips its data loader with the synthetic one, so its epoch
+        ends with the shorter; a learner that caps is ``sequential_only``."""
+        return 0
 
     def replaces_batch_loss(self) -> bool:
         """Whether the learner's own loss replaces the objective's loss on the batch (its

@@ -198,6 +198,55 @@ class ICaRLOptions:
 
 
 @dataclass(frozen=True)
+class TARGETOptions:
+    """``target:…`` options (defaults: TARGET's official code, zj-jayzhang/
+    Federated-Class-Continual-Learning; methods/target.py and main.py line numbers)."""
+
+    kd: float = option(
+        25.0,
+        "weight of the old model's distillation on synthetic images (main.py:87: 25)",
+        non_negative_float,
+    )
+    temperature: float = option(
+        2.0, "temperature T of the clients' distillation (target.py:716: 2)", positive_float
+    )
+    nums: int = option(
+        8000,
+        "synthetic images the clients read at most, the first in the code's sorted file "
+        "names (main.py:86: 8000; the code's schedule makes only 2,560)",
+        positive_int,
+    )
+    syn_round: int = option(
+        10,
+        "synthesis rounds per task end (target.py:40: 10, the CIFAR-100 constants)",
+        positive_int,
+    )
+    g_steps: int = option(
+        10, "generator steps per synthesis round (target.py:26: 10)", positive_int
+    )
+    synthesis_batch_size: int = option(
+        256, "images per synthesis round (target.py:24: 256)", positive_int
+    )
+    warmup: int = option(
+        20,
+        "synthesis rounds before the adversarial term and the KD student run (target.py:29: "
+        "20, more than syn_round: the code never runs them)",
+        non_negative_int,
+    )
+    kd_steps: int = option(
+        400,
+        "KD student steps per synthesis round after warmup (target.py:28: 400)",
+        positive_int,
+    )
+    synthetic_batch: int = option(
+        0,
+        "synthetic images per client step; 0 = the code's ⌊nums / ⌈50000 / (clients · tasks "
+        "· batch size)⌉⌋ (target.py:616–624: 500 at its defaults)",
+        non_negative_int,
+    )
+
+
+@dataclass(frozen=True)
 class GLFCOptions:
     """``glfc:…`` options (defaults: GLFC's official code, conditionWang/FCIL)."""
 
@@ -701,6 +750,21 @@ GLFC = Declaration(
     server_schedule=True,
 )
 
+TARGET = Declaration(
+    name="target",
+    target="cfl_bench.strategies.target:TARGET",
+    summary=(
+        "TARGET's clients: CE on the task's own classes + kd·KD of the previous task's model "
+        "on server-synthesised images of the old classes (data-free, class-IL)"
+    ),
+    paper="Zhang et al., ICCV 2023 (TARGET), as its official code runs it",
+    roles=frozenset({Role.LEARNER, Role.LOSS_TERM}),
+    options=TARGETOptions,
+    payloads=(Payload("target.pool", "broadcast"),),
+    # The synthesis at every task end but the last, after the task's last aggregation.
+    server_schedule=True,
+)
+
 EWC = Declaration(
     name="ewc",
     target="cfl_bench.strategies.ewc:OnlineEWC",
@@ -876,6 +940,7 @@ TABLE: tuple[Declaration, ...] = (
     IDEAL,
     ICARL,
     GLFC,
+    TARGET,
     FEDPROX,
     FEDCURV,
     FEDNTD,

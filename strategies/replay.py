@@ -6,6 +6,12 @@ buffer draws (ER, DER, DER++; interpreted by ``engine.one_client.plan_loss`` on 
     draws    d_1 … d_D ← buffer.sample(m) each (buffer generator), only when filled > 0
     loss     ℓ(f(x), y) + Σ_t w_t · ℓ_t(f(aug(x_{d(t)})), target_t)
 
+The draws come from the learner's ``replay_source`` (the client's reservoir buffer, or
+TARGET's synthetic pool walked epoch by epoch). A "kd" term's target is not stored: it is a
+frozen teacher's outputs on the same augmented draw (TARGET's distillation on synthetic
+images), so only the one-client reading (``plan_loss``) runs it; the vectorized executor
+refuses such learners (they are ``sequential_only``).
+
 Why data and not code: an executor needs to know what a step draws and computes to run it
 its own way — the sequential executor forwards each draw separately, the vectorized one
 forwards every client's batch and draws as one padded, masked batch inside ``vmap`` — and
@@ -22,16 +28,33 @@ declarations it serves stay torch-free (``strategies.declarations``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
 
+    from cfl_bench.core.buffer import BufferDraw
     from cfl_bench.core.objective import Objective
 
-#: The replay terms a plan can hold: the objective's loss on the draw's stored labels, or
-#: the mean squared error to the outputs stored with them (DER's logits).
-KINDS = ("ce", "mse")
+
+class ReplaySource(Protocol):
+    """What a step's replay draws come from (``Learner.replay_source``): the reservoir
+    buffer, or a learner's own store such as TARGET's synthetic pool."""
+
+    @property
+    def filled(self) -> int:
+        """How many rows a draw can come from (0: the step makes no draws)."""
+        ...
+
+    def sample(self, m: int) -> BufferDraw | None:
+        """The next draw of m rows (None when empty)."""
+        ...
+
+
+#: The replay terms a plan can hold: the objective's loss on the draw's stored labels, the
+#: mean squared error to the outputs stored with them (DER's logits), or the distillation
+#: of a frozen teacher's outputs on the draw at a temperature (``soft_cross_entropy``).
+KINDS = ("ce", "mse", "kd")
 
 
 @dataclass(frozen=True)
@@ -43,6 +66,12 @@ class ReplayTerm:
     draw: int
     kind: str
     weight: float
+    # "kd" only: the temperature, how many leading outputs are distilled (0: all of them),
+    # and the keys of the learner's client inputs holding the teacher's parameters and
+    # buffers (run on the draw in eval mode, without gradient).
+    temperature: float = 1.0
+    outputs: int = 0
+    teacher: tuple[str, str] = ("", "")
 
 
 @dataclass(frozen=True)
@@ -55,6 +84,9 @@ class ReplayPlan:
     # The weight of the objective's loss on the batch: 0 when the learner's own loss term
     # replaces it (iCaRL's sigmoid binary cross-entropy, the paper's form).
     batch_weight: float = 1.0
+    # Rows per draw; 0: the run's --buffer-batch-size (TARGET draws its code's synthetic
+    # batch size instead).
+    draw_size: int = 0
 
 
 def logit_mse(
@@ -71,6 +103,26 @@ def logit_mse(
     return masked_mean((diff * diff).flatten(1).mean(dim=1), mask)
 
 
+def soft_cross_entropy(
+    student: torch.Tensor,
+    teacher: torch.Tensor,
+    temperature: float,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Distillation at temperature T as FCL codes write it (TARGET's ``_KD_loss``):
+    −Σ_c softmax(teacher/T)_c · log softmax(student/T)_c per row, averaged over the rows
+    (the real rows under ``mask``). No T² factor, and the soft cross-entropy rather than KL:
+    the two differ by the teacher's entropy, a constant of the student."""
+    from torch.nn import functional as F
+
+    from cfl_bench.core.objective import masked_mean
+
+    log_p = F.log_softmax(student / temperature, dim=1)
+    q = F.softmax(teacher / temperature, dim=1)
+    per_row = -(q * log_p).sum(dim=1)
+    return per_row.mean() if mask is None else masked_mean(per_row, mask)
+
+
 def replay_term_loss(
     term: ReplayTerm,
     outputs: torch.Tensor,
@@ -80,7 +132,10 @@ def replay_term_loss(
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``term``'s loss (unweighted) of the replayed ``outputs`` against the draw's stored
-    ``labels`` or outputs (``stored``)."""
+    ``labels`` or outputs (``stored``; for "kd", the teacher's outputs on the draw)."""
     if term.kind == "ce":
         return objective.masked_loss(outputs, labels, mask)
+    if term.kind == "kd":
+        width = term.outputs or outputs.shape[1]
+        return soft_cross_entropy(outputs[:, :width], stored[:, :width], term.temperature, mask)
     return logit_mse(outputs, stored, mask)

@@ -48,7 +48,10 @@ class ClientBatches:
         batch_size: int,
         augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None,
         device: torch.device,
+        epoch_steps: int = 0,
     ) -> None:
+        """``epoch_steps``: at most this many batches an epoch (0: every batch; the
+        learner's ``epoch_steps``, TARGET's zip with its synthetic loader)."""
         self.client, self.batch_size, self.augment, self.device = (
             client,
             batch_size,
@@ -58,7 +61,10 @@ class ClientBatches:
         n = client.num_samples
         has_data = n > 0 and client.train_x is not None and client.train_y is not None
         self.n = n if has_data else 0
-        self.total = epochs * math.ceil(self.n / self.batch_size)
+        per_epoch = math.ceil(self.n / self.batch_size)
+        # The rows an epoch covers before it ends (all n unless capped).
+        self.end = self.n if epoch_steps <= 0 else min(self.n, epoch_steps * batch_size)
+        self.total = epochs * (per_epoch if epoch_steps <= 0 else min(per_epoch, epoch_steps))
         self.order: torch.Tensor | None = None
         self.start = self.n  # the first draw starts an epoch
         self.epoch = -1
@@ -67,7 +73,7 @@ class ClientBatches:
         """The client's next batch: inputs as the model sees them, labels, and the inputs
         before augmentation (what a replay buffer stores)."""
         client, gen = self.client, self.client.generator
-        if self.start >= self.n:
+        if self.start >= self.end:
             self.order = torch.randperm(self.n, device=self.device, generator=gen)
             self.start = 0
             self.epoch += 1

@@ -28,11 +28,15 @@ from cfl_bench.engine.batches import ClientBatches, offers, start_visit
 from cfl_bench.engine.fused_forward import FusedForward
 from cfl_bench.engine.optim import LocalOptimizer
 from cfl_bench.strategies.base import ClientInputs, Learner
-from cfl_bench.strategies.replay import replay_term_loss
+from cfl_bench.strategies.replay import ReplayTerm, replay_term_loss
 from cfl_bench.strategies.roles import LossTerm
 
 if TYPE_CHECKING:
     from cfl_bench.engine.client_update import LocalTrainer
+
+
+#: ``ClientStepFunctions.frozen_forward``: (params, buffers, x, output) ↦ outputs.
+FrozenForwardFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, str], torch.Tensor]
 
 
 class FeatureModel(Protocol):
@@ -157,38 +161,62 @@ def weighted_batch_loss(learner: Learner, loss: torch.Tensor) -> torch.Tensor:
 
 
 def plan_loss(
-    learner: Learner, step: StepContext, fused: FusedForward | None = None
+    learner: Learner,
+    step: StepContext,
+    fused: FusedForward | None = None,
+    frozen: FrozenForwardFn | None = None,
 ) -> torch.Tensor:
     """The learner's loss as its ``replay_plan`` declares it: the batch loss plus each
-    replay term, each draw sampled from the buffer (when it holds anything), each term its
-    own forward of its draw's (augmented) inputs, as in Mammoth.
+    replay term, each draw sampled from the learner's ``replay_source`` (when it holds
+    anything), each term its own forward of its draw's (augmented) inputs, as in Mammoth.
 
     ``fused``: the batch's and the terms' forwards as one (``engine.fused_forward``), where
     the plan allows it and no component needs the batch's representation. The order of
     every generator's draws is the same either way: the buffer's and the client's
     generators serve the draws and their augmentation, torch's default one the forwards'
-    dropout, each in the order of the separate forwards.
+    dropout, each in the order of the separate forwards. ``frozen``: the teacher's forward
+    a "kd" term distils (``ClientStepFunctions.frozen_forward``).
     """
     plan = learner.replay_plan()
-    buffer = step.client.buffer
-    if not plan.draws or buffer is None or buffer.filled == 0:
+    source = learner.replay_source(step.client, step.epoch)
+    if not plan.draws or source is None or source.filled == 0:
         return batch_loss(learner, step)
+    size = plan.draw_size or step.buffer_batch_size
+    draws = [source.sample(size) for _ in range(plan.draws)]
+    inputs: list[torch.Tensor] = []
     if fused is None or step.keep_representation:
         loss = batch_loss(learner, step)
-        draws = [buffer.sample(step.buffer_batch_size) for _ in range(plan.draws)]
-        replays = [
-            step.model.module(step.replay_input(replay_draw(draws, t.draw).x)) for t in plan.terms
-        ]
+        replays = []
+        for term in plan.terms:
+            inputs.append(step.replay_input(replay_draw(draws, term.draw).x))
+            replays.append(step.model.module(inputs[-1]))
     else:
-        draws = [buffer.sample(step.buffer_batch_size) for _ in range(plan.draws)]
-        parts = [step.replay_input(replay_draw(draws, t.draw).x) for t in plan.terms]
-        step.outputs, *replays = fused([step.x, *parts])
+        inputs = [step.replay_input(replay_draw(draws, t.draw).x) for t in plan.terms]
+        step.outputs, *replays = fused([step.x, *inputs])
         loss = weighted_batch_loss(learner, learner.objective.loss(step.outputs, step.y))
-    for term, replay in zip(plan.terms, replays, strict=True):
+    for term, x, replay in zip(plan.terms, inputs, replays, strict=True):
         draw = replay_draw(draws, term.draw)
-        value = replay_term_loss(term, replay, draw.y, draw.logits, learner.objective)
+        stored = draw.logits
+        if term.kind == "kd":
+            stored = teacher_outputs(learner, step, term, x, frozen)
+        value = replay_term_loss(term, replay, draw.y, stored, learner.objective)
         loss = loss + term.weight * value
     return loss
+
+
+def teacher_outputs(
+    learner: Learner,
+    step: StepContext,
+    term: ReplayTerm,
+    x: torch.Tensor,
+    frozen: FrozenForwardFn | None,
+) -> torch.Tensor:
+    """A "kd" term's target: the teacher held in the learner's client inputs (the keys
+    ``term.teacher``) on the draw's inputs ``x`` as the student saw them."""
+    inputs = step.inputs.get(learner.name)
+    assert frozen is not None and inputs is not None, "a kd term needs its teacher"
+    params, buffers = (inputs[key] for key in term.teacher)
+    return frozen(params, buffers, x, "outputs")
 
 
 def replay_draw(draws: list[BufferDraw | None], index: int) -> BufferDraw:
@@ -245,7 +273,7 @@ class OneClientBackend:
         back fp32)."""
         step = self.step
         with self.precision.autocast():
-            loss = plan_loss(self.learner, step, self.fused)
+            loss = plan_loss(self.learner, step, self.fused, self.functions.frozen_forward)
             for term in self.loss_terms:
                 extra = self.functions.loss_term(term, step)
                 if extra is not None:
@@ -306,7 +334,8 @@ def local_steps(
     trainer.optimizer.lr = trainer.round_lr(local.broadcast.round_index)
     first_visit = start_visit(client)
     loss_sum = torch.zeros((), device=trainer.model.params.device)
-    batches = ClientBatches(client, s.epochs, s.batch_size, trainer.augment, loss_sum.device)
+    cap = trainer.driver.learner.epoch_steps(client)
+    batches = ClientBatches(client, s.epochs, s.batch_size, trainer.augment, loss_sum.device, cap)
     if batches.total == 0:
         return loss_sum, 0
     augment, gen = trainer.augment, client.generator

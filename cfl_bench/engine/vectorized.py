@@ -112,6 +112,7 @@ from cfl_bench.engine.vectorized_step import (
     Drawn,
     pad_lock_step,
 )
+from cfl_bench.strategies.base import Learner
 from cfl_bench.strategies.compose import Strategy
 
 __all__ = [  # ``BatchedOptimizer`` and ``pad_lock_step`` live in ``vectorized_step``
@@ -147,6 +148,12 @@ def check_strategy(strategy: Strategy) -> None:
         raise UserError(
             f"the vectorized executor adds the objective's loss on the batch at weight 1, "
             f"which '{learner.name}' replaces with its own loss; {FALLBACK}."
+        )
+    own_walk = type(learner).replay_source is not Learner.replay_source
+    if own_walk or type(learner).epoch_steps is not Learner.epoch_steps:
+        raise UserError(
+            f"the vectorized executor draws replay rows from the stacked buffers and walks "
+            f"every epoch whole, not '{learner.name}''s own draws and epochs; {FALLBACK}."
         )
     if learner.keeps_exemplars:
         raise UserError(

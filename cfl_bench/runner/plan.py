@@ -489,6 +489,7 @@ def strategy_env(config: RunConfig, stream: Stream, device: torch.device) -> Str
         optimizer=str(config.optimizer or "sgd"),
         momentum=float(config.momentum),
         classes_per_task=int(getattr(stream, "classes_per_task", 0)),
+        num_clients=int(config.clients),
     )
 
 
