@@ -209,6 +209,19 @@ CASES: dict[str, tuple[bool, list[str]]] = {
             *("--strategy", "glfc:memory=60,inversion_iterations=2"),
         ],
     ),
+    # TARGET: after task 1 the server inverts the CNN (BatchNorm statistics + CE, 2 rounds
+    # of 2 generator steps on 16 images) into the pool; in task 2 each client's step adds
+    # a separate synthetic batch from its pool walk, distilled from the previous task's
+    # model, and its epoch ends with the synthetic loader.
+    "seq-cifar10-cnn-target": (
+        True,
+        [
+            *("--stream", "seq-cifar10", "--model", "cifar-cnn", "--tasks", "2"),
+            *("--rounds-per-task", "1", "--clients", "3"),
+            *("--train-size", "2000", "--test-size", "500"),
+            *("--strategy", "target:syn_round=2,g_steps=2,synthesis_batch_size=16"),
+        ],
+    ),
     "seq-dbpedia-der+fedgp": (
         True,
         [
