@@ -70,14 +70,17 @@ STD_TEXT: dict[str, tuple[str, str]] = {
 }
 
 
-def content_security_policy(script: str) -> str:
-    """No network, no plugins, no base/form tricks; styles inline; only our script."""
+def content_security_policy(script: str, images: bool = False) -> str:
+    """No network, no plugins, no base/form tricks; styles inline; only our script.
+    ``images``: allow images embedded in the page itself (data: URIs, the run report's
+    synthetic-image grids), still nothing fetched."""
     digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+    img_src = "data:" if images else "'none'"
     return (
         "default-src 'none'; "
         f"script-src 'sha256-{digest}'; "
         "style-src 'unsafe-inline'; "
-        "img-src 'none'; font-src 'none'; connect-src 'none'; "
+        f"img-src {img_src}; font-src 'none'; connect-src 'none'; "
         "base-uri 'none'; form-action 'none'"
     )
 

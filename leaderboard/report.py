@@ -479,6 +479,49 @@ def provenance(data: RunData) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
+#: How much larger than its pixels a synthetic-image grid is shown (32×32 images are small).
+IMAGE_ZOOM = 3
+
+
+def image_sets(run_path: str) -> list[dict[str, Any]]:
+    """The run's synthetic-image grids (``runner.image_sets``), each as a data: URI for the
+    self-contained page, in task order; a file that is not a readable PNG is left out."""
+    import base64
+    import io
+    import re
+
+    from PIL import Image, UnidentifiedImageError
+
+    from cfl_bench.core.run_dir import IMAGE_SETS
+
+    folder = Path(run_path) / IMAGE_SETS
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.glob("*.png"):
+        match = re.fullmatch(r"after-task-(\d+)\.png", path.name)
+        if match is None or not path.is_file():
+            continue
+        raw = path.read_bytes()
+        try:
+            with Image.open(io.BytesIO(raw)) as image:
+                width, height = image.size
+                classes = str(image.info.get("classes", ""))
+                image.verify()
+        except (UnidentifiedImageError, OSError, SyntaxError):
+            continue
+        task = int(match.group(1))
+        found.append((task, {
+            "name": path.stem,
+            "src": "data:image/png;base64," + base64.b64encode(raw).decode("ascii"),
+            "width": width * IMAGE_ZOOM,
+            "height": height * IMAGE_ZOOM,
+            "caption": f"After task {task}: the pool the clients of task {task + 1} distil on"
+            + (f"; rows: classes {classes.replace(',', ', ')}." if classes else "."),
+        }))  # fmt: skip
+    return [entry for _, entry in sorted(found, key=lambda pair: pair[0])]
+
+
 def render_report(data: RunData) -> str:
     """The whole page as one HTML string (a pure function of ``data``)."""
     import jinja2
@@ -497,7 +540,7 @@ def render_report(data: RunData) -> str:
     client_tasks, client_rows = client_table(data)
     options = data.config.get("config")
     context = {
-        "csp": content_security_policy(SORT_JS),
+        "csp": content_security_policy(SORT_JS, images=True),
         "css": Markup(REPORT_CSS),
         "script": Markup(SORT_JS),
         "status": data.status,
@@ -523,6 +566,7 @@ def render_report(data: RunData) -> str:
         "offsets": any(data.offsets),
         "class_tables": class_table_context(data),
         "components": components(data.config),
+        "image_sets": image_sets(data.path),
         "stream_facts": stream_facts(data.config, data.offsets),
         "options_json": _json(options if isinstance(options, dict) else {}),
         "protocol_json": _json(identity.get("protocol") or {}),

@@ -30,6 +30,7 @@ table.metrics td.what { color: var(--muted); }
 td.wrap, dd.wrap { overflow-wrap: anywhere; }
 caption { text-align: left; color: var(--muted); font-size: 0.85rem; padding: 0.2rem 0; }
 table.class-table, table.client-acc { margin-bottom: 1rem; }
+figure.synthetic img { image-rendering: pixelated; max-width: 100%; height: auto; }
 """
 )
 
@@ -76,6 +77,9 @@ The page shows the records it wrote before it stopped: {{ progress }}.</div>
 <li><a href="#tasks">Per task: accuracy, forgetting, memory drift</a></li>
 <li><a href="#rounds">Per round: loss and communication</a></li>
 <li><a href="#clients">Clients: spread, buffer drift, data</a></li>
+{% if image_sets %}
+<li><a href="#synthetic">Synthetic images</a></li>
+{% endif %}
 <li><a href="#configuration">Configuration</a></li>
 <li><a href="#provenance">Provenance and cost</a></li>
 </ul></nav>
@@ -166,6 +170,22 @@ round); "–" where a value does not exist (yet). Definitions: docs/metrics.md.<
 <p class="muted">This run did not record which classes each client holds.</p>
 {% endif %}
 </section>
+{% if image_sets %}
+<section id="synthetic">
+<h2>Synthetic images</h2>
+<p class="muted">What the server synthesised from the global model at each task end (the
+images the clients distil on in the next task): one row per class asked for (the first
+10 classes, ascending), its first 8 images. The PNGs are in the run folder's
+synthetic-images/.</p>
+{% for image in image_sets %}
+<figure class="synthetic" id="synthetic-{{ image.name }}">
+<img src="{{ image.src }}" alt="synthetic images {{ image.name }}" width="{{ image.width }}"
+height="{{ image.height }}">
+<figcaption>{{ image.caption }}</figcaption>
+</figure>
+{% endfor %}
+</section>
+{% endif %}
 <section id="configuration">
 <h2>Configuration</h2>
 <p>{{ run.protocol_summary }}</p>

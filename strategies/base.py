@@ -537,6 +537,13 @@ class Component(ServerHooks, ClientHooks):
         ``setup``), for the run's cost estimate; the base component does nothing extra."""
         return ExtraWork()
 
+    def images(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Image sets for a person to look at, by name: uint8 images (N, C, H, W) and their
+        classes (N,). The run writes each new set once as a PNG grid into its folder
+        (``runner.image_sets``) and the run report shows them (TARGET: the synthetic pool
+        after each task). The default offers none."""
+        return {}
+
     def probe_copy(self) -> None:
         """Called on the cost probe's copy of this component before its warm-up round: a
         component whose server work ``extra_work`` prices (GLFC's gradient inversion, minutes

@@ -161,7 +161,13 @@ class TARGET(Learner):
         "TARGET's clients draw the server's synthetic images from their own pool and end "
         "their epochs with it"
     )
-    state_attributes: ClassVar[tuple[str, ...]] = ("pool", "pool_task", "delivered", "engine")
+    state_attributes: ClassVar[tuple[str, ...]] = (
+        "pool",
+        "pool_labels",
+        "pool_task",
+        "delivered",
+        "engine",
+    )
 
     def setup(self, env: StrategyEnv) -> None:
         """Refuse streams without classes per task; read the stream's normalisation."""
@@ -181,6 +187,9 @@ class TARGET(Learner):
         # The latest task end's pool (uint8, the images the clients read), the task it is
         # for, the clients that received it, and the engine's state that made it.
         self.pool = torch.zeros((0, *self.image_shape), dtype=torch.uint8)
+        # The classes the synthesis asked for, per pool image (the report's grid; the
+        # clients' loader is unlabelled and never reads them).
+        self.pool_labels = torch.zeros(0, dtype=torch.long)
         self.pool_task = -1
         self.delivered: list[int] = []
         self.engine: dict[str, object] = {}
@@ -247,11 +256,18 @@ class TARGET(Learner):
             synthesizer.run()
         finally:
             synthesizer.close()
-        images, _ = synthesizer.pool()
+        images, labels = synthesizer.pool()
         kept = kept_indices(images.shape[0], options.synthesis_batch_size, options.nums)
         self.pool = images[kept].contiguous()
+        self.pool_labels = labels[kept].contiguous()
         self.pool_task, self.delivered = server.task + 1, []
         self.engine = synthesizer.state_dict()
+
+    def images(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """The latest pool, named by the task whose end made it (``after-task-<t>``, 1-based)."""
+        if self.pool_task < 1:
+            return {}
+        return {f"after-task-{self.pool_task}": (self.pool, self.pool_labels)}
 
     def extra_work(self) -> ExtraWork:
         """The synthesis at every task end but the last: ``syn_round`` rounds, one unit each."""

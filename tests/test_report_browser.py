@@ -339,3 +339,56 @@ def test_single_run_report_in_chromium(browser: Any, run_reports: dict[str, Path
     )
     assert notice and "has not finished" in notice and "round 3 of 6" in notice
     screenshot(browser, "report-unfinished.png")
+
+
+def test_the_synthetic_image_grids_show_in_chromium(
+    browser: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A TARGET-like run folder with two synthetic-image grids: the report embeds both as
+    data: images, in task order, the page still fetches nothing and logs no error (the CSP
+    allows data: images only), and each image decodes at its PNG's size."""
+    import torch
+
+    from cfl_bench.leaderboard.report import IMAGE_ZOOM, build_report
+    from cfl_bench.runner.image_sets import grid_classes, image_grid, write_png
+
+    root = tmp_path_factory.mktemp("synthetic")
+    run = write_recorded_run(
+        root, "tgt", tasks=3, clients=2, rounds_per_task=1, scenario="class-il"
+    )
+    gen = torch.Generator().manual_seed(0)
+    for task in (2, 1):  # written out of order: the page sorts by task
+        images = torch.randint(0, 256, (12, 3, 32, 32), dtype=torch.uint8, generator=gen)
+        labels = torch.arange(12) % (2 * task)
+        grid = image_grid(images, labels)
+        write_png(run / "synthetic-images" / f"after-task-{task}.png", grid, grid_classes(labels))
+    page, _ = build_report(str(run))
+    browser.set_window_size(WIDTH, 1000)
+    browser.get_log("browser")
+    browser.get_log("performance")
+    browser.get(page.as_uri())
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+    requested = {
+        m["params"]["request"]["url"]
+        for m in (json.loads(e["message"])["message"] for e in browser.get_log("performance"))
+        if m["method"] == "Network.requestWillBeSent"
+    }
+    assert page.as_uri() in requested
+    assert all(u == page.as_uri() or u.startswith("data:image/png;base64,") for u in requested)
+    shown = browser.execute_script(
+        "return Array.prototype.map.call(document.querySelectorAll('#synthetic img'),"
+        " function (i) { return [i.closest('figure').id, i.complete, i.naturalWidth,"
+        " i.naturalHeight, i.width]; })"
+    )
+    # 2 classes (task 1) and 4 classes (task 2) a row each; 8 columns of 32 px, 1 px gaps
+    width = 8 * 32 + 7
+    assert shown == [
+        ["synthetic-after-task-1", True, width, 2 * 32 + 1, width * IMAGE_ZOOM],
+        ["synthetic-after-task-2", True, width, 4 * 32 + 3, width * IMAGE_ZOOM],
+    ]
+    captions = browser.execute_script(
+        "return Array.prototype.map.call(document.querySelectorAll('#synthetic figcaption'),"
+        " function (c) { return c.textContent; })"
+    )
+    assert captions[1].endswith("rows: classes 0, 1, 2, 3.")
+    screenshot(browser, "report-synthetic.png")

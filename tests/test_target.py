@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, cast
 import pandas as pd
 import pytest
 import torch
+from PIL import Image
 from torch import nn
 
 from cfl_bench.core.context import Broadcast, ClientState, LocalRound, StepContext
@@ -24,6 +25,7 @@ from cfl_bench.engine.amp import Precision
 from cfl_bench.engine.batches import ClientBatches
 from cfl_bench.engine.one_client import ClientStepFunctions, OneClientBackend
 from cfl_bench.flower.kind import check_flower
+from cfl_bench.leaderboard.report import build_report
 from cfl_bench.strategies.compose import build_strategy
 from cfl_bench.strategies.declarations import TARGETOptions
 from cfl_bench.strategies.replay import ReplayTerm, replay_term_loss
@@ -278,6 +280,12 @@ def test_a_run_sends_the_pool_once_in_the_next_task(cifar_root: Path, tmp_path: 
     # 2 synthesis rounds × 4 images of 3×32×32 uint8, to each of the 2 clients
     assert down[1] - down[0] == 2 * (2 * 4) * 3 * 32 * 32
     assert json.loads((out / "summary.json").read_text())["bytes_down_total"] == down.sum()
+    # the pool can be looked at: a grid of task 1's 2 classes, 8 columns, in the report
+    with Image.open(out / "synthetic-images" / "after-task-1.png") as grid:
+        assert grid.size == (8 * 32 + 7, 2 * 32 + 1) and grid.info["classes"] == "0,1"
+    page, _ = build_report(str(out))
+    html = page.read_text()
+    assert 'id="synthetic-after-task-1"' in html and "data:image/png;base64," in html
 
 
 @pytest.mark.parametrize("crash_round", [1, 2])

@@ -83,7 +83,18 @@ CHECKPOINT = "checkpoint.pt"
 # killed inside its first round resumes from them alone (no checkpoint yet).
 PARTIAL_ROUND = "partial-round"
 KEPT_CLIENT_FILES = "client-*.pt"
-RUN_FILES = ("config.json", "records.csv", "costs.csv", CHECKPOINT, PARTIAL_ROUND, SUMMARY)
+# A component's image sets for a person to look at (``runner.image_sets``: TARGET's
+# synthetic images after each task), one PNG grid each.
+IMAGE_SETS = "synthetic-images"
+RUN_FILES = (
+    "config.json",
+    "records.csv",
+    "costs.csv",
+    CHECKPOINT,
+    PARTIAL_ROUND,
+    SUMMARY,
+    IMAGE_SETS,
+)
 # What --log trackers write into a run directory (cfl_bench.runner.trackers): kept when a run
 # resumes, removed with the run files when it starts over.
 TRACKER_OUTPUTS = ("tensorboard", "mlflow.db", "mlruns")

@@ -25,6 +25,7 @@ from cfl_bench.engine.progress import RoundReport
 from cfl_bench.runner import cost
 from cfl_bench.runner.config import RunConfig
 from cfl_bench.runner.executors import executor_kind
+from cfl_bench.runner.image_sets import write_image_sets
 from cfl_bench.runner.plan import (
     RunPlan,
     check_amp,
@@ -154,6 +155,7 @@ def run_in(
             keeper = start_keeper(run_dir, plan, federation, resume, say)
             trackers = open_run_trackers(plan, run_dir)
             keeper.observers.extend(tracker.log for tracker in trackers)
+            keeper.observers.append(image_writer(run_dir.path, federation))
         # A display may also follow the clients inside a round (``RoundLog.clients_done``).
         federation.on_client = getattr(on_round, "clients_done", None)
         federation.round_work = keeper  # finished clients of a long round are kept
@@ -170,6 +172,16 @@ def run_in(
             tracker.close()
         plan.stream.close()
     return run_summary(keeper, outcome, plan)
+
+
+def image_writer(run_path: Path, federation: Federation) -> Callable[[object], None]:
+    """A round keeper's observer (called once each round's rows are on disk) that writes
+    the components' new image sets into the run folder (``runner.image_sets``)."""
+
+    def write(_rows: object) -> None:
+        write_image_sets(run_path, federation.strategy)
+
+    return write
 
 
 def resuming_line(saved: int, total: int, kept: int = 0, clients: int = 0) -> str:
