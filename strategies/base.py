@@ -99,6 +99,7 @@ from cfl_bench.strategies.replay import ReplayPlan
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from cfl_bench.core.context import ClientState
     from cfl_bench.core.flat import FlatModel
@@ -510,6 +511,14 @@ class Component(ServerHooks, ClientHooks):
         """Whether the local steps must keep the batch's representation
         (``StepContext.representation``); only a component requiring ``features`` may ask."""
         return False
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """The run's model as this component trains it, called once after the model is
+        built (from its seeded initialisation) and before anything reads its parameters: a
+        component whose method adds trained layers to the network (LANDER's embedding
+        head) returns the model with them, which every client trains and FedAvg averages.
+        The base component leaves the model as it is."""
+        return model
 
     def resolved_options(self) -> dict[str, object]:
         """The options the run's config records: every value, except quiet options left at

@@ -247,6 +247,63 @@ class TARGETOptions:
 
 
 @dataclass(frozen=True)
+class LANDEROptions:
+    """``lander:…`` options (defaults: LANDER's official code, tmtuan1307/LANDER;
+    main.py and methods/lander.py line numbers)."""
+
+    anchors: str = option(
+        "minilm",
+        "label-text-embedding anchors: minilm (the suite's MiniLM encoder on the class "
+        "names; the code loads CLIP vectors it ships without a licence) or the PATH of a "
+        "torch.save'd tensor of classes × dim",
+        text,
+    )
+    ltc: float = option(
+        5.0, "weight of the bounding loss around the anchors (main.py:109: 5)", non_negative_float
+    )
+    r: float = option(0.015, "radius of the bounding loss (main.py:108: 0.015)", non_negative_float)
+    cur: float = option(
+        0.2,
+        "base weight of the current task's loss, alpha_cur (main.py:111: 0.2)",
+        non_negative_float,
+    )
+    pre: float = option(
+        0.4,
+        "base weight of the old tasks' distillation, alpha_pre (main.py:110: 0.4)",
+        non_negative_float,
+    )
+    tau: float = option(
+        2.0, "temperature of the clients' distillation (lander.py:23: 2)", positive_float
+    )
+    syn_bs: int = option(
+        1,
+        "synthetic images per client step, in local batches (main.py:104: 1, lander.py:633)",
+        positive_int,
+    )
+    nums: int = option(
+        10000,
+        "synthetic images kept, the first in the code's sorted file names (main.py:95: 10000)",
+        positive_int,
+    )
+    syn_round: int = option(
+        40, "synthesis rounds per task end after the warm-up (main.py:97: 40)", positive_int
+    )
+    warmup: int = option(
+        10,
+        "synthesis rounds before images are kept (main.py:96: 10; the adversarial term "
+        "starts at round warmup + 3, lander.py:301, 360)",
+        non_negative_int,
+    )
+    g_steps: int = option(40, "generator steps per synthesis round (main.py:98: 40)", positive_int)
+    synthesis_batch_size: int = option(
+        256, "images per synthesis round (main.py:90: 256)", positive_int
+    )
+    kd_steps: int = option(
+        50, "KD student steps per kept synthesis round (lander.py:25: 50)", positive_int
+    )
+
+
+@dataclass(frozen=True)
 class GLFCOptions:
     """``glfc:…`` options (defaults: GLFC's official code, conditionWang/FCIL)."""
 
@@ -765,6 +822,21 @@ TARGET = Declaration(
     server_schedule=True,
 )
 
+LANDER = Declaration(
+    name="lander",
+    target="cfl_bench.strategies.lander:LANDER",
+    summary=(
+        "LANDER's clients: TARGET's step with features bounded around label-text-embedding "
+        "anchors and the old model's embeddings distilled; NAYER synthesis (class-IL)"
+    ),
+    paper="Tran et al., CVPR 2024 (LANDER), as its official code runs it",
+    roles=frozenset({Role.LEARNER, Role.LOSS_TERM}),
+    options=LANDEROptions,
+    payloads=(Payload("lander.pool", "broadcast"),),
+    # The synthesis at every task end but the last, after the task's last aggregation.
+    server_schedule=True,
+)
+
 EWC = Declaration(
     name="ewc",
     target="cfl_bench.strategies.ewc:OnlineEWC",
@@ -941,6 +1013,7 @@ TABLE: tuple[Declaration, ...] = (
     ICARL,
     GLFC,
     TARGET,
+    LANDER,
     FEDPROX,
     FEDCURV,
     FEDNTD,

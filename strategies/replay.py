@@ -72,6 +72,10 @@ class ReplayTerm:
     temperature: float = 1.0
     outputs: int = 0
     teacher: tuple[str, str] = ("", "")
+    # "kd" only: ≥ 0 adds the mean squared error between the draw's representation columns
+    # from this one on under the model and under the teacher (LANDER's embeddings of the
+    # synthetic batch, ``embedding_mse``), at the same weight, from the same forwards.
+    features_from: int = -1
 
 
 @dataclass(frozen=True)
@@ -139,3 +143,12 @@ def replay_term_loss(
         width = term.outputs or outputs.shape[1]
         return soft_cross_entropy(outputs[:, :width], stored[:, :width], term.temperature, mask)
     return logit_mse(outputs, stored, mask)
+
+
+def embedding_mse(
+    student: torch.Tensor, teacher: torch.Tensor, start: int, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """LANDER's feature term on a draw: the mean squared error between the student's and
+    the teacher's representation columns from ``start`` on (the embeddings), over rows ×
+    columns (the real rows under ``mask``)."""
+    return logit_mse(student[:, start:], teacher[:, start:].detach(), mask)

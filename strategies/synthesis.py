@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -169,12 +170,7 @@ class Synthesizer:
         self.kd_scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
             self.kd_optimizer, options.kd_cosine_rounds, eta_min=options.kd_eta_min
         )
-        norms = [m for m in self.teacher.modules() if isinstance(m, nn.BatchNorm2d)]
-        if not norms:
-            raise UserError(
-                "data-free synthesis needs a model with BatchNorm2d layers; use resnet32"
-            )
-        self.hooks = [BNStatHook(m, options.bn_mmt) for m in norms]
+        self.hooks = teacher_hooks(self.teacher, options.bn_mmt)
         self.ep = 0
         self.images: list[torch.Tensor] = []
         self.targets: list[torch.Tensor] = []
@@ -282,10 +278,7 @@ class Synthesizer:
 
     def pool(self) -> tuple[torch.Tensor, torch.Tensor]:
         """All synthetic images (N, C, H, W) as uint8 and the classes they were asked for."""
-        if not self.images:
-            shape = (0, len(self.options.mean), 0, 0)
-            return torch.empty(shape, dtype=torch.uint8), torch.empty(0, dtype=torch.long)
-        return torch.cat(self.images), torch.cat(self.targets)
+        return joined_pool(self.images, self.targets, len(self.options.mean))
 
     def state_dict(self) -> dict[str, object]:
         """Everything a resumed synthesis needs; the teacher is an input, not state."""
@@ -311,8 +304,7 @@ class Synthesizer:
         self.student.load_state_dict(state["student"])  # type: ignore[arg-type]
         self.kd_optimizer.load_state_dict(state["kd_optimizer"])  # type: ignore[arg-type]
         self.kd_scheduler.load_state_dict(state["kd_scheduler"])  # type: ignore[arg-type]
-        for hook, mmt in zip(self.hooks, state["mmt"], strict=True):  # type: ignore[call-overload]
-            hook.mmt = None if mmt is None else (mmt[0].to(self.device), mmt[1].to(self.device))
+        restore_mmt(self.hooks, state["mmt"], self.device)
         images, targets = state["images"], state["targets"]
         assert isinstance(images, torch.Tensor) and isinstance(targets, torch.Tensor)
         self.images = [images] if images.shape[0] else []
@@ -325,6 +317,49 @@ class Synthesizer:
             hook.remove()
 
 
+#: A KD step's loss of the student against the teacher on a batch of images x.
+PairLoss = Callable[[nn.Module, nn.Module, torch.Tensor], torch.Tensor]
+
+
+def output_kldiv(temperature: float) -> PairLoss:
+    """TARGET's KD loss: ``kldiv`` of the student's outputs against the teacher's (the
+    teacher's forward first, without gradient) at ``temperature``."""
+
+    def loss(student: nn.Module, teacher: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            t_out = teacher(x)
+        return kldiv(student(x), t_out, temperature)
+
+    return loss
+
+
+def teacher_hooks(teacher: nn.Module, bn_mmt: float) -> list[BNStatHook]:
+    """A :class:`BNStatHook` on every BatchNorm2d of the teacher (its copy); refused
+    without any: there would be no statistics to invert."""
+    norms = [m for m in teacher.modules() if isinstance(m, nn.BatchNorm2d)]
+    if not norms:
+        raise UserError("data-free synthesis needs a model with BatchNorm2d layers; use resnet32")
+    return [BNStatHook(m, bn_mmt) for m in norms]
+
+
+def joined_pool(
+    images: list[torch.Tensor], targets: list[torch.Tensor], channels: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rounds' kept images (N, C, H, W) as one uint8 tensor and their requested
+    classes; empty tensors before the first round is kept."""
+    if not images:
+        shape = (0, channels, 0, 0)
+        return torch.empty(shape, dtype=torch.uint8), torch.empty(0, dtype=torch.long)
+    return torch.cat(images), torch.cat(targets)
+
+
+def restore_mmt(hooks: list[BNStatHook], saved: object, device: torch.device) -> None:
+    """The hooks' momentum of the batch statistics from a state dict's ``mmt`` list."""
+    assert isinstance(saved, list)
+    for hook, mmt in zip(hooks, saved, strict=True):
+        hook.mmt = None if mmt is None else (mmt[0].to(device), mmt[1].to(device))
+
+
 def distil(
     student: nn.Module,
     teacher: nn.Module,
@@ -332,10 +367,14 @@ def distil(
     optimizer: torch.optim.Optimizer,
     o: SynthesisOptions,
     gen: torch.Generator,
+    pair_loss: PairLoss | None = None,
 ) -> list[float]:
     """``kd_train``'s loop: ``kd_steps`` steps on the uint8 images ``kept``, one shuffle per
     pass as a fresh ``DataLoader(shuffle=True)`` gives (the last batch of a pass may be
-    short), each batch cropped, flipped and normalised as the code's ``train_transform``."""
+    short), each batch cropped, flipped and normalised as the code's ``train_transform``.
+    ``pair_loss``: the step's loss (default TARGET's :func:`output_kldiv` at T; LANDER adds
+    its embeddings' MSE)."""
+    step_loss = pair_loss or output_kldiv(o.temperature)
     device = next(student.parameters()).device
     order, position, losses = torch.empty(0, dtype=torch.long), kept.shape[0], []
     for _ in range(o.kd_steps):
@@ -346,9 +385,7 @@ def distil(
         offsets, flips = draw_crop_flip(index.shape[0], gen)
         x = kept[index].to(device, torch.float32) / 255
         x = normalize(crop_flip(x, offsets, flips), o.mean, o.std)
-        with torch.no_grad():
-            t_out = teacher(x)
-        loss = kldiv(student(x), t_out, o.temperature)
+        loss = step_loss(student, teacher, x)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -247,3 +247,59 @@ def reinit_student(model: nn.Module, gen: torch.Generator, classifier: str = "fc
         elif isinstance(module, nn.BatchNorm2d | nn.BatchNorm1d):
             nn.init.normal_(module.weight, mean=1.0, std=0.02, generator=gen)
             nn.init.constant_(module.bias, 0.0)
+
+
+class LabelGenerator(nn.Module):
+    """LANDER's (NAYER's) ``NLGenerator`` (LANDER's ``methods/generator.py``, 6–62): the
+    image of a requested class y grows from its label-text embedding e_y instead of noise.
+
+    e_y → BatchNorm1d(le_size) over the batch → the rows in consecutive chunks of ``nl``,
+    chunk i through its own Linear ``le1[i]`` (le_size → nz; ⌈batch/nl⌉ of them) → the
+    same Linear → BN → upsampling convolutions → Sigmoid as TARGET's :class:`Generator`.
+    :meth:`reinit_embedding` redraws the chunk layers (N(0, 1) weights, zero biases) at the
+    start of every synthesis round (``re_init_le``): their fresh draws are what varies the
+    images of one class, as z does in TARGET. The embeddings are a fixed buffer (the code
+    holds them as a parameter with ``requires_grad=False``)."""
+
+    label_emb: torch.Tensor
+
+    def __init__(
+        self,
+        anchors: torch.Tensor,
+        nz: int,
+        ngf: int,
+        img_size: int,
+        nc: int,
+        nl: int,
+        batch: int,
+        gen: torch.Generator,
+    ) -> None:
+        super().__init__()
+        le_size = int(anchors.shape[1])
+        self.register_buffer("label_emb", anchors.detach().float().clone())
+        self.nl = nl
+        self.n1 = nn.BatchNorm1d(le_size)
+        self.le1 = nn.ModuleList(nn.Linear(le_size, nz) for _ in range(math.ceil(batch / nl)))
+        self.body = Generator(nz, ngf, img_size, nc)
+        torch_default_init(self, gen)
+
+    def forward(self, targets: torch.Tensor) -> torch.Tensor:
+        le = self.n1(self.label_emb[targets])
+        chunks = [layer(le[i * self.nl : (i + 1) * self.nl]) for i, layer in enumerate(self.le1)]
+        v = torch.cat([c for c in chunks if c.shape[0] > 0])
+        return self.body(v)
+
+    def reinit_embedding(self, gen: torch.Generator) -> None:
+        """``re_init_le``: every chunk layer's weight N(0, 1), its bias 0."""
+        for layer in self.le1:
+            assert isinstance(layer, nn.Linear)
+            nn.init.normal_(layer.weight, 0.0, 1.0, generator=gen)
+            nn.init.constant_(layer.bias, 0.0)
+
+
+def balanced_targets(batch: int, num_classes: int, gen: torch.Generator) -> torch.Tensor:
+    """NAYER's ``generate_ys`` (LANDER's lander.py:436–449): ⌊batch/C⌋ copies of 0..C−1,
+    then batch mod C classes drawn uniformly (the code prepends the copies to the draws)."""
+    extra = torch.randint(num_classes, (batch % num_classes,), generator=gen)
+    cycles = [torch.arange(num_classes)] * (batch // num_classes)
+    return torch.cat([*cycles, extra])

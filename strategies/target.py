@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -71,7 +71,6 @@ from cfl_bench.strategies.target_loss import new_class_ce, synthetic_batch_size
 if TYPE_CHECKING:
     from cfl_bench.core.context import ClientState, LocalRound, ServerState
 
-POOL = "target.pool"
 #: ``get_syn_data_loader``'s dataset_size for CIFAR-100 (target.py:617–618), a constant of
 #: the code whatever the run's data; CIFAR-10's training split has as many images.
 CODE_DATASET_SIZE = 50_000
@@ -92,23 +91,34 @@ class PoolWalk:
     epoch: int = -1
     order: torch.Tensor | None = None
     start: int = 0
+    # LANDER's walk: one ``DataIter`` over the pool for the client's whole round, which
+    # reshuffles when a pass is through, not at each epoch (and never runs dry).
+    cycle: bool = False
 
     @property
     def filled(self) -> int:
         return int(self.images.shape[0])
 
     def at(self, epoch: int) -> PoolWalk:
-        """The walk positioned in ``epoch``: a new permutation when the epoch is new."""
-        if epoch != self.epoch:
-            gen_device = self.generator.device
-            self.order = torch.randperm(self.filled, generator=self.generator, device=gen_device)
-            self.epoch, self.start = epoch, 0
+        """The walk positioned in ``epoch``: a new permutation when the epoch is new (a
+        cycling walk: only at its first epoch)."""
+        if epoch != self.epoch and not (self.cycle and self.order is not None):
+            self.reshuffle()
+        self.epoch = epoch
         return self
+
+    def reshuffle(self) -> None:
+        """A new permutation of the pool from the client's generator, walked from its start."""
+        gen_device = self.generator.device
+        self.order = torch.randperm(self.filled, generator=self.generator, device=gen_device)
+        self.start = 0
 
     def sample(self, m: int) -> BufferDraw | None:
         """The epoch's next batch of at most m images (None once the epoch's walk is
         through: the step's epoch cap keeps it from happening)."""
         assert self.order is not None, "a walk is positioned with at() before it is drawn"
+        if self.cycle and self.start >= self.filled:
+            self.reshuffle()
         rows = self.order[self.start : self.start + m]
         self.start += m
         if rows.numel() == 0:
@@ -117,6 +127,21 @@ class PoolWalk:
         n = int(rows.numel())
         zeros = torch.zeros(n, dtype=torch.long, device=self.device)
         return BufferDraw(x, zeros, torch.zeros((n, 0), device=self.device), zeros)
+
+
+class TaskSynthesis(Protocol):
+    """One task end's synthesis as the learner drives it (TARGET's ``Synthesizer``,
+    LANDER's ``NayerSynthesizer``)."""
+
+    options: SynthesisOptions
+
+    def run(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def pool(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def state_dict(self) -> dict[str, object]: ...
 
 
 def stream_normalisation(env: StrategyEnv) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -142,12 +167,12 @@ def classifier_name(model: nn.Module) -> str:
     return names[-1] if names else ""
 
 
-def require_batchnorm(model: nn.Module) -> None:
+def require_batchnorm(model: nn.Module, name: str = "target") -> None:
     """Refuse a model without BatchNorm2d: the synthesis matches the teacher's BatchNorm
     statistics, and without them there is nothing to invert."""
     if not any(isinstance(m, nn.BatchNorm2d) for m in model.modules()):
         raise UserError(
-            "target inverts the global model's BatchNorm statistics, which this model "
+            f"{name} inverts the global model's BatchNorm statistics, which this model "
             "lacks; use --model resnet32 (the code's) or another model with BatchNorm."
         )
 
@@ -168,12 +193,32 @@ class TARGET(Learner):
         "delivered",
         "engine",
     )
+    # Whether a client's walk over its pool runs through its whole round (LANDER's DataIter)
+    # rather than anew each epoch (TARGET's loader restarted by its zip).
+    cycles_pool: ClassVar[bool] = False
 
     def setup(self, env: StrategyEnv) -> None:
-        """Refuse streams without classes per task; read the stream's normalisation."""
+        """The shared set-up (``setup_pool``), then the code's synthetic batch."""
+        self.setup_pool(env)
+        self.syn_bs = self.opts.synthetic_batch or synthetic_batch_size(
+            self.opts.nums,
+            CODE_DATASET_SIZE,
+            max(1, env.num_clients),
+            env.num_tasks,
+            env.batch_size,
+        )
+        if self.syn_bs <= 0:
+            raise UserError(
+                f"target's synthetic batch ⌊nums / ⌈50000 / (clients · tasks · batch size)⌉⌋ "
+                f"is 0 for nums={self.opts.nums}; raise nums or set target:synthetic_batch=N."
+            )
+
+    def setup_pool(self, env: StrategyEnv) -> None:
+        """Refuse streams without classes per task; read the stream's normalisation; an
+        empty pool (what TARGET and LANDER share)."""
         if env.scenario != "class-il" or env.classes_per_task <= 0:
             raise UserError(
-                f"target synthesises images of the classes of earlier tasks, so it needs a "
+                f"{self.name} synthesises images of the classes of earlier tasks, so it needs a "
                 f"class-incremental stream (seq-cifar10, seq-cifar100), not "
                 f"{env.stream_name!r} ({env.scenario})."
             )
@@ -196,18 +241,6 @@ class TARGET(Learner):
         # This round's walk over each training client's pool (rebuilt every round from the
         # client's kept pool, so it is not state).
         self.walks: dict[int, PoolWalk] = {}
-        self.syn_bs = self.opts.synthetic_batch or synthetic_batch_size(
-            self.opts.nums,
-            CODE_DATASET_SIZE,
-            max(1, env.num_clients),
-            env.num_tasks,
-            env.batch_size,
-        )
-        if self.syn_bs <= 0:
-            raise UserError(
-                f"target's synthetic batch ⌊nums / ⌈50000 / (clients · tasks · batch size)⌉⌋ "
-                f"is 0 for nums={self.opts.nums}; raise nums or set target:synthetic_batch=N."
-            )
 
     def synthesis_options(self, classifier: str) -> SynthesisOptions:
         o = self.opts
@@ -226,7 +259,7 @@ class TARGET(Learner):
     # -- server ----------------------------------------------------------------------------------
     def on_task_start(self, server: ServerState, task: int, holdout: torch.Tensor | None) -> None:
         """Refuse a model without BatchNorm before any training (``require_batchnorm``)."""
-        require_batchnorm(server.model.module)
+        require_batchnorm(server.model.module, self.name)
 
     def on_round_start(self, server: ServerState) -> None:
         self.known_classes = min(self.num_classes, (server.task + 1) * self.classes_per_task)
@@ -240,7 +273,7 @@ class TARGET(Learner):
         if not missing:
             return {}
         self.delivered = sorted({*self.delivered, *(c.index for c in server.participants)})
-        return {POOL: self.pool}
+        return {f"{self.name}.pool": self.pool}
 
     def after_aggregate(self, server: ServerState) -> None:
         """At a task end but the last: synthesise the next task's pool from θ_g."""
@@ -249,15 +282,15 @@ class TARGET(Learner):
         model = server.model
         model.load(server.global_params, server.global_buffers)
         seen = min(self.num_classes, (server.task + 1) * self.classes_per_task)
-        options = self.synthesis_options(classifier_name(model.module))
         seed = derive_seed(self.seed, self.random_stream, server.task)
-        synthesizer = Synthesizer(model.module, seen, self.image_shape, options, seed)
+        synthesizer = self.synthesizer(model.module, seen, seed)
         try:
             synthesizer.run()
         finally:
             synthesizer.close()
         images, labels = synthesizer.pool()
-        kept = kept_indices(images.shape[0], options.synthesis_batch_size, options.nums)
+        o = synthesizer.options
+        kept = kept_indices(images.shape[0], o.synthesis_batch_size, o.nums)
         self.pool = images[kept].contiguous()
         self.pool_labels = labels[kept].contiguous()
         self.pool_task, self.delivered = server.task + 1, []
@@ -269,15 +302,20 @@ class TARGET(Learner):
             return {}
         return {f"after-task-{self.pool_task}": (self.pool, self.pool_labels)}
 
+    def synthesizer(self, model: nn.Module, seen: int, seed: int) -> TaskSynthesis:
+        """TARGET's synthesis of the ``seen`` classes with ``model`` as the teacher."""
+        options = self.synthesis_options(classifier_name(model))
+        return Synthesizer(model, seen, self.image_shape, options, seed)
+
     def extra_work(self) -> ExtraWork:
         """The synthesis at every task end but the last: ``syn_round`` rounds, one unit each."""
         return ExtraWork(task_end_server=self.synthesis_work)
 
     def synthesis_work(self, model: nn.Module) -> tuple[float, Callable[[], object]]:
         """``syn_round`` units of one synthesis round each, on ``model`` as the teacher."""
-        require_batchnorm(model)
-        options = self.synthesis_options(classifier_name(model))
-        synthesizer = Synthesizer(model, self.num_classes, self.image_shape, options, self.seed)
+        require_batchnorm(model, self.name)
+        synthesizer = self.synthesizer(model, self.num_classes, self.seed)
+        assert isinstance(synthesizer, Synthesizer)
         return float(self.opts.syn_round), synthesizer.synthesize
 
     def probe_copy(self) -> None:
@@ -338,7 +376,7 @@ class TARGET(Learner):
             state["teacher"] = broadcast.params.detach().clone()
             state["teacher_buffers"] = broadcast.buffers.detach().clone()
             state["teacher_task"] = client.task
-        pool = broadcast.payloads.get(POOL)
+        pool = broadcast.payloads.get(f"{self.name}.pool")
         if pool is not None and state.get("pool_task") != client.task:
             state["pool"], state["pool_task"] = pool.detach().clone(), client.task
         self.walks.pop(client.index, None)
@@ -346,7 +384,9 @@ class TARGET(Learner):
         if state.get("pool_task") == client.task and isinstance(held, torch.Tensor):
             assert client.train_x is not None
             device = client.train_x.device
-            self.walks[client.index] = PoolWalk(held, client.decode, client.generator, device)
+            self.walks[client.index] = PoolWalk(
+                held, client.decode, client.generator, device, cycle=self.cycles_pool
+            )
         return {
             "teacher": state["teacher"],
             "teacher_buffers": state["teacher_buffers"],

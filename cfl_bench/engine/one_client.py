@@ -28,7 +28,7 @@ from cfl_bench.engine.batches import ClientBatches, offers, start_visit
 from cfl_bench.engine.fused_forward import FusedForward
 from cfl_bench.engine.optim import LocalOptimizer
 from cfl_bench.strategies.base import ClientInputs, Learner
-from cfl_bench.strategies.replay import ReplayTerm, replay_term_loss
+from cfl_bench.strategies.replay import ReplayTerm, embedding_mse, replay_term_loss
 from cfl_bench.strategies.roles import LossTerm
 
 if TYPE_CHECKING:
@@ -184,24 +184,46 @@ def plan_loss(
     size = plan.draw_size or step.buffer_batch_size
     draws = [source.sample(size) for _ in range(plan.draws)]
     inputs: list[torch.Tensor] = []
-    if fused is None or step.keep_representation:
+    features: list[torch.Tensor | None] = [None] * len(plan.terms)
+    if fused is None or step.keep_representation or wants_features(plan.terms):
         loss = batch_loss(learner, step)
         replays = []
-        for term in plan.terms:
+        for i, term in enumerate(plan.terms):
             inputs.append(step.replay_input(replay_draw(draws, term.draw).x))
-            replays.append(step.model.module(inputs[-1]))
+            out, features[i] = replay_forward(step.model.module, inputs[-1], term)
+            replays.append(out)
     else:
         inputs = [step.replay_input(replay_draw(draws, t.draw).x) for t in plan.terms]
         step.outputs, *replays = fused([step.x, *inputs])
         loss = weighted_batch_loss(learner, learner.objective.loss(step.outputs, step.y))
-    for term, x, replay in zip(plan.terms, inputs, replays, strict=True):
+    for term, x, replay, z in zip(plan.terms, inputs, replays, features, strict=True):
         draw = replay_draw(draws, term.draw)
         stored = draw.logits
         if term.kind == "kd":
             stored = teacher_outputs(learner, step, term, x, frozen)
         value = replay_term_loss(term, replay, draw.y, stored, learner.objective)
+        if z is not None:
+            teacher_z = teacher_outputs(learner, step, term, x, frozen, "representation")
+            value = value + embedding_mse(z, teacher_z, term.features_from)
         loss = loss + term.weight * value
     return loss
+
+
+def wants_features(terms: tuple[ReplayTerm, ...]) -> bool:
+    """Whether a term reads its draw's representation (then no forward is fused)."""
+    return any(term.features_from >= 0 for term in terms)
+
+
+def replay_forward(
+    module: torch.nn.Module, x: torch.Tensor, term: ReplayTerm
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A term's forward of its draw: the outputs, and the representation they were
+    classified from where the term reads it (the same operations as ``module(x)``)."""
+    if term.features_from < 0:
+        return module(x), None
+    model = cast(FeatureModel, module)
+    z = model.representation(x).float()
+    return model.classify(z).float(), z
 
 
 def teacher_outputs(
@@ -210,13 +232,15 @@ def teacher_outputs(
     term: ReplayTerm,
     x: torch.Tensor,
     frozen: FrozenForwardFn | None,
+    output: str = "outputs",
 ) -> torch.Tensor:
     """A "kd" term's target: the teacher held in the learner's client inputs (the keys
-    ``term.teacher``) on the draw's inputs ``x`` as the student saw them."""
+    ``term.teacher``) on the draw's inputs ``x`` as the student saw them (its
+    ``output``: "outputs", or "representation" for a term's embeddings)."""
     inputs = step.inputs.get(learner.name)
     assert frozen is not None and inputs is not None, "a kd term needs its teacher"
     params, buffers = (inputs[key] for key in term.teacher)
-    return frozen(params, buffers, x, "outputs")
+    return frozen(params, buffers, x, output)
 
 
 def replay_draw(draws: list[BufferDraw | None], index: int) -> BufferDraw:

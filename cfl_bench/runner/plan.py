@@ -277,7 +277,7 @@ def plan_run(config: RunConfig) -> RunPlan:
     strategy.setup(strategy_env(config, stream, device))
     check_components_follow_orders(config, strategy)
     schedule = make_schedule(config, strategy, num_tasks, device)
-    model, config = initial_model(config, stream, device, model_name)
+    model, config = initial_model(config, stream, device, model_name, strategy)
     executor_kind(config.executor).check(PlannedRun(config, stream, strategy, model))
     check_amp(config, device, stream.objective)
     threads = configure_cpu(device, config.threads, model, tuple(stream.input_shape))
@@ -333,13 +333,16 @@ def check_loaded_stream(
 
 
 def initial_model(
-    config: RunConfig, stream: Stream, device: torch.device, model_name: str
+    config: RunConfig, stream: Stream, device: torch.device, model_name: str, strategy: Strategy
 ) -> tuple[torch.nn.Module, RunConfig]:
     """The run's model from its own seed (``model-init``, so that the initial weights do
-    not depend on what drew before), in channels-last layout where that was resolved on;
+    not depend on what drew before), with the layers its components add
+    (``Component.wrap_model``), in channels-last layout where that was resolved on;
     returns the config with ``channels_last`` resolved."""
     torch.manual_seed(derive_seed(config.seed, "model-init"))
     model = build_model(model_name, stream.input_shape, stream.num_classes)
+    for component in strategy.all:
+        model = component.wrap_model(model)
     config = resolve_channels_last(config, device, model_name)
     if config.channels_last:
         use_channels_last(model, model_name)
