@@ -131,7 +131,32 @@ class RoundTrace:
     best: float = math.inf
 
 
-class Synthesizer:
+class HookedPool:
+    """What every synthesizer holds besides its own generator: the BatchNorm hooks on its
+    teacher copy, the pool so far and its random stream; restored and closed alike."""
+
+    hooks: list[BNStatHook]
+    device: torch.device
+    images: list[torch.Tensor]
+    targets: list[torch.Tensor]
+    gen: torch.Generator
+
+    def restore_pool(self, state: dict[str, object]) -> None:
+        """The hooks' momentum, the pool and the random stream from a ``state_dict``."""
+        restore_mmt(self.hooks, state["mmt"], self.device)
+        images, targets = state["images"], state["targets"]
+        assert isinstance(images, torch.Tensor) and isinstance(targets, torch.Tensor)
+        self.images = [images] if images.shape[0] else []
+        self.targets = [targets] if targets.shape[0] else []
+        self.gen.set_state(state["rng"])  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        """Remove the hooks from the teacher copy."""
+        for hook in self.hooks:
+            hook.remove()
+
+
+class Synthesizer(HookedPool):
     """TARGET's synthesis for one task: the generator, the hooked teacher, the KD student and
     the pool. ``teacher`` is copied (hooks go on the copy, as the code's deepcopy, 587); the
     student is another copy re-initialised by the code's ``weight_init``."""
@@ -304,17 +329,7 @@ class Synthesizer:
         self.student.load_state_dict(state["student"])  # type: ignore[arg-type]
         self.kd_optimizer.load_state_dict(state["kd_optimizer"])  # type: ignore[arg-type]
         self.kd_scheduler.load_state_dict(state["kd_scheduler"])  # type: ignore[arg-type]
-        restore_mmt(self.hooks, state["mmt"], self.device)
-        images, targets = state["images"], state["targets"]
-        assert isinstance(images, torch.Tensor) and isinstance(targets, torch.Tensor)
-        self.images = [images] if images.shape[0] else []
-        self.targets = [targets] if targets.shape[0] else []
-        self.gen.set_state(state["rng"])  # type: ignore[arg-type]
-
-    def close(self) -> None:
-        """Remove the hooks from the teacher copy."""
-        for hook in self.hooks:
-            hook.remove()
+        self.restore_pool(state)
 
 
 #: A KD step's loss of the student against the teacher on a batch of images x.

@@ -40,11 +40,11 @@ from torch.nn import functional as F
 
 from cfl_bench.strategies.lander_loss import bounding_loss
 from cfl_bench.strategies.synthesis import (
+    HookedPool,
     SynthesisOptions,
     distil,
     joined_pool,
     kept_indices,
-    restore_mmt,
     teacher_hooks,
 )
 from cfl_bench.strategies.synthesis_parts import (
@@ -99,7 +99,7 @@ def nayer_defaults(**changes: object) -> SynthesisOptions:
     return SynthesisOptions(**values)  # type: ignore[arg-type]
 
 
-class NayerSynthesizer:
+class NayerSynthesizer(HookedPool):
     """One task end's NAYER synthesis: the label generator, the hooked teacher, the KD
     student and the pool. ``forward`` splits a model's batch into class outputs and
     embeddings; ``anchors`` are the label-text embeddings, one row per class."""
@@ -263,14 +263,4 @@ class NayerSynthesizer:
         self.mean.copy_(norm[0])
         self.std.copy_(norm[1])
         self.student.load_state_dict(state["student"])  # type: ignore[arg-type]
-        restore_mmt(self.hooks, state["mmt"], self.device)
-        images, targets = state["images"], state["targets"]
-        assert isinstance(images, torch.Tensor) and isinstance(targets, torch.Tensor)
-        self.images = [images] if images.shape[0] else []
-        self.targets = [targets] if targets.shape[0] else []
-        self.gen.set_state(state["rng"])  # type: ignore[arg-type]
-
-    def close(self) -> None:
-        """Remove the hooks from the teacher copy."""
-        for hook in self.hooks:
-            hook.remove()
+        self.restore_pool(state)

@@ -22,8 +22,6 @@ from cfl_bench.core.errors import UserError
 from cfl_bench.core.flat import FlatModel
 from cfl_bench.engine.amp import Precision
 from cfl_bench.engine.one_client import ClientStepFunctions, OneClientBackend
-from cfl_bench.flower.kind import check_flower
-from cfl_bench.strategies.compose import build_strategy
 from cfl_bench.strategies.declarations import LANDEROptions
 from cfl_bench.strategies.lander import LANDER
 from cfl_bench.strategies.lander_anchors import CIFAR100_NAMES, load_anchors
@@ -456,17 +454,7 @@ def test_anchors_that_do_not_match_the_streams_classes_are_refused(
     assert "have 7 rows but the stream has 10 classes" in " ".join(output.split())
 
 
-def test_the_flower_executor_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    import cfl_bench.flower
-
-    monkeypatch.setattr(cfl_bench.flower, "require_flwr", lambda: None)
-    run = SimpleNamespace(
-        config=SimpleNamespace(clients_per_chunk=None, compile=False),
-        stream=SimpleNamespace(per_round=False),
-        strategy=build_strategy("lander"),
-    )
-    with pytest.raises(UserError, match="cannot run 'lander': LANDER's clients draw"):
-        check_flower(run)  # type: ignore[arg-type]
+# The Flower executor's refusal: tests/test_target.py (parametrized over both).
 
 
 def test_lander_is_listed_with_its_options() -> None:

@@ -330,16 +330,19 @@ def test_what_target_cannot_run_is_refused_in_one_line(
     assert not (out / "records.csv").exists()
 
 
-def test_the_flower_executor_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("name", "method"), [("target", "TARGET"), ("lander", "LANDER")])
+def test_the_flower_executor_is_refused(
+    monkeypatch: pytest.MonkeyPatch, name: str, method: str
+) -> None:
     import cfl_bench.flower
 
     monkeypatch.setattr(cfl_bench.flower, "require_flwr", lambda: None)
     run = SimpleNamespace(
         config=SimpleNamespace(clients_per_chunk=None, compile=False),
         stream=SimpleNamespace(per_round=False),
-        strategy=build_strategy("target"),
+        strategy=build_strategy(name),
     )
-    with pytest.raises(UserError, match="cannot run 'target': TARGET's clients draw"):
+    with pytest.raises(UserError, match=f"cannot run '{name}': {method}'s clients draw"):
         check_flower(run)  # type: ignore[arg-type]
 
 
