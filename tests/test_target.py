@@ -8,6 +8,10 @@ import copy
 import dataclasses
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, cast
@@ -26,6 +30,8 @@ from cfl_bench.engine.batches import ClientBatches
 from cfl_bench.engine.one_client import ClientStepFunctions, OneClientBackend
 from cfl_bench.flower.kind import check_flower
 from cfl_bench.leaderboard.report import build_report
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.run import execute
 from cfl_bench.strategies.compose import build_strategy
 from cfl_bench.strategies.declarations import TARGETOptions
 from cfl_bench.strategies.replay import ReplayTerm, replay_term_loss
@@ -41,7 +47,7 @@ from cfl_bench.strategies.target_loss import (
 from tests.helpers import env
 from tests.synthetic_data import write_tiny_cifar10
 from tests.test_cli import in_process
-from tests.test_resume import assert_config_resumes_after_crash
+from tests.test_resume import assert_config_resumes_after_crash, assert_same_run
 
 if TYPE_CHECKING:
     from cfl_bench.engine.optim import LocalOptimizer
@@ -306,6 +312,66 @@ def test_a_crashed_run_resumes_to_the_same_records(
         "checkpoint_every": 1,
     }
     assert_config_resumes_after_crash(values, tmp_path, crash_round=crash_round + 1)
+
+
+MID_SYNTHESIS_KILLER = """
+import json, os, signal, sys
+from cfl_bench.runner.config import make_config
+from cfl_bench.runner.run import execute
+from cfl_bench.strategies.synthesis import Synthesizer
+from cfl_bench.strategies.synthesis_nayer import NayerSynthesizer
+
+def one_round_then_kill(self):  # the task end's synthesis: its first round, then SIGKILL
+    self.step()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+Synthesizer.run = NayerSynthesizer.run = one_round_then_kill
+execute(make_config(json.loads(sys.argv[1])))
+"""
+
+
+@pytest.mark.parametrize(
+    "strategy", [TINY, "lander:syn_round=2,warmup=0,g_steps=2,synthesis_batch_size=4,kd_steps=2"]
+)
+def test_a_run_killed_mid_synthesis_resumes_to_the_same_records(
+    cifar_root: Path, tmp_path: Path, strategy: str
+) -> None:
+    # 2 tasks × 2 rounds: round 2 ends task 0, and its server step synthesises 2 rounds; the
+    # child process is SIGKILLed after the first of them (its last checkpoint is round 1's),
+    # then the same command resumes it.
+    values = {
+        "stream": "seq-cifar10",
+        "data_root": str(cifar_root),
+        "model": "cifar-cnn",
+        "strategy": strategy,
+        "tasks": 2,
+        "rounds_per_task": 2,
+        "clients": 2,
+        "epochs": 1,
+        "threads": 1,
+        "checkpoint_every": 1,
+    }
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    execute(make_config({**values, "out": str(whole)}))
+    env_vars = {**os.environ, "OMP_NUM_THREADS": "1"}
+    child = subprocess.run(
+        [sys.executable, "-c", MID_SYNTHESIS_KILLER, json.dumps({**values, "out": str(killed)})],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env_vars,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    rows = (killed / "records.csv").read_text().splitlines()
+    # only our patched synthesis kills (the return code); round 2 never ended
+    assert {row.split(",")[0] for row in rows[1:]} == {"0", "1"}
+    assert (killed / "checkpoint.pt").is_file()
+    assert not (killed / "summary.json").exists()
+    execute(make_config({**values, "out": str(killed)}))
+    assert_same_run(killed, whole)
+    assert (killed / "synthetic-images" / "after-task-1.png").read_bytes() == (
+        whole / "synthetic-images" / "after-task-1.png"
+    ).read_bytes()
 
 
 @pytest.mark.parametrize(
