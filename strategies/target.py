@@ -167,13 +167,13 @@ def classifier_name(model: nn.Module) -> str:
     return names[-1] if names else ""
 
 
-def require_batchnorm(model: nn.Module, name: str = "target") -> None:
+def require_batchnorm(model: nn.Module, name: str = "target", code_model: str = "resnet32") -> None:
     """Refuse a model without BatchNorm2d: the synthesis matches the teacher's BatchNorm
     statistics, and without them there is nothing to invert."""
     if not any(isinstance(m, nn.BatchNorm2d) for m in model.modules()):
         raise UserError(
             f"{name} inverts the global model's BatchNorm statistics, which this model "
-            "lacks; use --model resnet32 (the code's) or another model with BatchNorm."
+            f"lacks; use --model {code_model} (the code's) or another model with BatchNorm."
         )
 
 
