@@ -5,7 +5,7 @@ Code: SaraBabakN/MFCL-NeurIPS23 (``main.py``, ``clients/MFCL.py``, ``clients/hel
 ``models/generator.py``, ``utiles.py``; the paper was not read here: the code decides). The
 round is FedAvg's; what MFCL adds:
 
-- **Server, at every task end but the last** (main.py:71–79): the run's one generator is
+- **Server, at every task end but the last** (main.py:83–89): the run's one generator is
   trained again on the frozen global model (``strategies.synthesis_mfcl``); it is the
   component's checkpointed state from the start (its seeded initialisation) on.
 - **Broadcast**: the generator (its parameters and BatchNorm running statistics, float32,

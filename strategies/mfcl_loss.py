@@ -23,7 +23,7 @@ norms), and ``smooth`` a 5 × 5 Gaussian blur (σ = 1, the code's ``Gaussiansmoo
 135–163, whose exponent is −((i − 2)/(2σ))², written as the code has it) of the image
 reflect-padded by 2.
 
-**The clients in task t > 0** (``clients/MFCL.py``, ``train_cl`` 36–61 and ``kd`` 63–68):
+**The clients in task t > 0** (``clients/MFCL.py``, ``train_cl`` 37–60 and ``kd`` 62–68):
 the task batch (x, y) and a synthetic batch x̃ = G(z̃), labelled ỹ = argmax of the old
 model's outputs over the old classes, go through the model as one batch x̂ = [x; x̃], ŷ =
 [y; ỹ] (the code's ``combine_data``): z = φ(x̂), o = h(z), and
@@ -34,7 +34,7 @@ model's outputs over the old classes, go through the model as one batch x̂ = [x
 
 where sg is a second forward without gradient (its features feed only the head), h_old and
 φ_old the old model's head and feature extractor (frozen; the gradient of the last term
-reaches φ through z). Task 0 is plain CE (``train``, 21–34).
+reaches φ through z). Task 0 is plain CE (``train``, 21–35).
 """
 
 from __future__ import annotations
