@@ -141,34 +141,23 @@ class MFCL(TARGET):
             self.teacher_net.module.eval().requires_grad_(False)
 
     def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
-        """The generator in task t > 0 while a participant lacks it (then every participant
-        of the round receives it, and is counted)."""
-        if server.task == 0 or self.generator_task != server.task:
+        """The generator in task t > 0 while a participant lacks it (``delivers``)."""
+        if not self.delivers(server, self.generator_task):
             return {}
-        missing = [c.index for c in server.participants if c.index not in self.delivered]
-        if not missing:
-            return {}
-        self.delivered = sorted({*self.delivered, *(c.index for c in server.participants)})
         return {f"{self.name}.generator": flat_state(self.generator())}
 
     def after_aggregate(self, server: ServerState) -> None:
         """At a task end but the last: train the generator on θ_g over the seen classes,
         and keep a sample of its images for the report."""
-        if not server.is_task_end or server.task + 1 >= self.num_tasks or not self.synthesizes:
+        synthesizer = self.task_end_synthesis(server)
+        if synthesizer is None:
             return
-        model = server.model
-        model.load(server.global_params, server.global_buffers)
-        seen = min(self.num_classes, (server.task + 1) * self.classes_per_task)
-        seed = derive_seed(self.seed, self.random_stream, server.task)
-        synthesizer = self.synthesizer(model.module, seen, seed)
-        try:
-            synthesizer.run()
-        finally:
-            synthesizer.close()
+        assert isinstance(synthesizer, MFCLSynthesizer)
         self.generator_state = {
             k: v.detach().cpu().clone() for k, v in synthesizer.generator.state_dict().items()
         }
         self.generator_task, self.delivered, self.sampler = server.task + 1, [], None
+        seed = derive_seed(self.seed, self.random_stream, server.task)
         self.shown, self.shown_labels = self.show(synthesizer, seed)
 
     def synthesizer(self, model: nn.Module, seen: int, seed: int) -> MFCLSynthesizer:  # type: ignore[override]
@@ -218,6 +207,8 @@ class MFCL(TARGET):
         return ReplayPlan(draws=1, terms=terms, batch_weight=0.0, draw_size=o.syn_size, joint=True)
 
     def exemplar_memory(self) -> int:
+        """No kept rows join a client's data: the generated rows ride along each step (the
+        cost estimate does not count them; docs/methods.md says so)."""
         return 0
 
     def replay_source(self, client: ClientState, epoch: int) -> GeneratedDraws | None:  # type: ignore[override]

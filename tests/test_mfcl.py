@@ -23,6 +23,7 @@ from cfl_bench.core.context import Broadcast, ClientState, LocalRound, StepConte
 from cfl_bench.core.flat import FlatModel
 from cfl_bench.engine.amp import Precision
 from cfl_bench.engine.one_client import ClientStepFunctions, OneClientBackend
+from cfl_bench.leaderboard.report import build_report
 from cfl_bench.strategies.declarations import MFCLOptions
 from cfl_bench.strategies.mfcl import MFCL, flat_state
 from cfl_bench.strategies.mfcl_loss import (
@@ -304,6 +305,9 @@ def test_a_run_sends_the_generator_once_in_the_next_task(cifar_root: Path, tmp_p
         # one row of up to 8 per class the teacher gives the 32 images
         rows = len(grid.info["classes"].split(","))
         assert grid.size == (8 * 32 + 7, rows * 32 + rows - 1)
+    page, _ = build_report(str(out))
+    html = page.read_text()
+    assert 'id="synthetic-after-task-1"' in html and "data:image/png;base64," in html
 
 
 @pytest.mark.parametrize("crash_round", [1, 2])
