@@ -304,6 +304,51 @@ class LANDEROptions:
 
 
 @dataclass(frozen=True)
+class MFCLOptions:
+    """``mfcl:…`` options (defaults: MFCL's official code, SaraBabakN/MFCL-NeurIPS23;
+    ``utiles.py`` lines of its argument parser)."""
+
+    syn_size: int = option(
+        128, "synthetic images a client generates per local step (utiles.py:91: 128)", positive_int
+    )
+    w_kd: float = option(
+        0.1,
+        "weight of the old head's feature distillation on the joint batch (utiles.py:102: 1e-1)",
+        non_negative_float,
+    )
+    w_ft: float = option(
+        1.0,
+        "weight of the head's CE on every row's detached features (utiles.py:103: 1)",
+        non_negative_float,
+    )
+    server_ss: int = option(
+        128, "images per generator training step (utiles.py:92: 128)", positive_int
+    )
+    pi: int = option(
+        100, "generator training steps at each task end (utiles.py:93: 100)", positive_int
+    )
+    generator_lr: float = option(
+        0.001, "Adam learning rate of the generator (utiles.py:94: 0.001)", positive_float
+    )
+    z_dim: int = option(1000, "noise dimension of the generator (utiles.py:95: 1000)", positive_int)
+    w_ie: float = option(
+        1.0,
+        "weight of the information-entropy term; 0 = the code's ie_loss=0 (utiles.py:101, 97)",
+        non_negative_float,
+    )
+    w_bn: float = option(
+        50.0,
+        "weight of the BatchNorm-statistics term; 0 = bn_loss=0 (utiles.py:106: 5e1, 99)",
+        non_negative_float,
+    )
+    w_noise: float = option(
+        0.001,
+        "weight of the image-smoothness prior; 0 = noise=0 (utiles.py:105: 1e-3, 100)",
+        non_negative_float,
+    )
+
+
+@dataclass(frozen=True)
 class GLFCOptions:
     """``glfc:…`` options (defaults: GLFC's official code, conditionWang/FCIL)."""
 
@@ -837,6 +882,21 @@ LANDER = Declaration(
     server_schedule=True,
 )
 
+MFCL = Declaration(
+    name="mfcl",
+    target="cfl_bench.strategies.mfcl:MFCL",
+    summary=(
+        "MFCL's clients: new-class CE + the head's CE + the old head's feature distillation "
+        "on the batch joined with images from a server-trained generator (data-free, class-IL)"
+    ),
+    paper="Babakniya et al., NeurIPS 2023 (MFCL), as its official code runs it",
+    roles=frozenset({Role.LEARNER, Role.LOSS_TERM}),
+    options=MFCLOptions,
+    payloads=(Payload("mfcl.generator", "broadcast"),),
+    # The generator's training at every task end but the last, after the last aggregation.
+    server_schedule=True,
+)
+
 EWC = Declaration(
     name="ewc",
     target="cfl_bench.strategies.ewc:OnlineEWC",
@@ -1014,6 +1074,7 @@ TABLE: tuple[Declaration, ...] = (
     GLFC,
     TARGET,
     LANDER,
+    MFCL,
     FEDPROX,
     FEDCURV,
     FEDNTD,

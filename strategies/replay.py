@@ -54,7 +54,11 @@ class ReplaySource(Protocol):
 #: The replay terms a plan can hold: the objective's loss on the draw's stored labels, the
 #: mean squared error to the outputs stored with them (DER's logits), or the distillation
 #: of a frozen teacher's outputs on the draw at a temperature (``soft_cross_entropy``).
-KINDS = ("ce", "mse", "kd")
+#: A ``joint`` plan's terms read the batch and the draw forwarded as one: "head_ce" (the
+#: classifier's CE on features of a second forward without gradient, MFCL's ``w_ft`` term)
+#: and "head_kd" (the teacher's classifier on the student's and on the teacher's features,
+#: ``head_distillation``: MFCL's ``kd``).
+KINDS = ("ce", "mse", "kd", "head_ce", "head_kd")
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,11 @@ class ReplayPlan:
     # Rows per draw; 0: the run's --buffer-batch-size (TARGET draws its code's synthetic
     # batch size instead).
     draw_size: int = 0
+    # The batch and the first draw go through the model as one batch (MFCL's
+    # ``combine_data``: BatchNorm sees both in one set of statistics), the draw as its source
+    # made it (no replay augmentation); the batch loss reads the batch's rows, the terms
+    # every row (the batch's first) with the labels y then the draw's.
+    joint: bool = False
 
 
 def logit_mse(
@@ -152,3 +161,19 @@ def embedding_mse(
     the teacher's representation columns from ``start`` on (the embeddings), over rows ×
     columns (the real rows under ``mask``)."""
     return logit_mse(student[:, start:], teacher[:, start:].detach(), mask)
+
+
+def head_distillation(student_old: torch.Tensor, teacher_old: torch.Tensor) -> torch.Tensor:
+    """A "head_kd" term before its weight (MFCL's ``kd``): the teacher's classifier outputs
+    on the student's features against those on the teacher's, squared differences summed
+    over the outputs, averaged over the rows, divided by the number of outputs."""
+    per_row = ((student_old - teacher_old.detach()) ** 2).sum(dim=1)
+    return per_row.mean() / student_old.shape[1]
+
+
+def head_cross_entropy(head_outputs: torch.Tensor, y: torch.Tensor, width: int) -> torch.Tensor:
+    """A "head_ce" term before its weight (MFCL's ``w_ft`` term): the CE of the classifier's
+    outputs on every row over the leading ``width`` outputs (0: all of them)."""
+    from torch.nn import functional as F
+
+    return F.cross_entropy(head_outputs[:, : width or head_outputs.shape[1]], y)

@@ -167,13 +167,13 @@ def classifier_name(model: nn.Module) -> str:
     return names[-1] if names else ""
 
 
-def require_batchnorm(model: nn.Module, name: str = "target") -> None:
+def require_batchnorm(model: nn.Module, name: str = "target", code_model: str = "resnet32") -> None:
     """Refuse a model without BatchNorm2d: the synthesis matches the teacher's BatchNorm
     statistics, and without them there is nothing to invert."""
     if not any(isinstance(m, nn.BatchNorm2d) for m in model.modules()):
         raise UserError(
             f"{name} inverts the global model's BatchNorm statistics, which this model "
-            "lacks; use --model resnet32 (the code's) or another model with BatchNorm."
+            f"lacks; use --model {code_model} (the code's) or another model with BatchNorm."
         )
 
 
@@ -265,20 +265,28 @@ class TARGET(Learner):
         self.known_classes = min(self.num_classes, (server.task + 1) * self.classes_per_task)
 
     def broadcast(self, server: ServerState) -> dict[str, torch.Tensor]:
-        """The pool for task t > 0 while a participant lacks it (then every participant of
-        the round receives it, and is counted)."""
-        if server.task == 0 or self.pool_task != server.task:
+        """The pool for task t > 0 while a participant lacks it (``delivers``)."""
+        if not self.delivers(server, self.pool_task):
             return {}
-        missing = [c.index for c in server.participants if c.index not in self.delivered]
-        if not missing:
-            return {}
-        self.delivered = sorted({*self.delivered, *(c.index for c in server.participants)})
         return {f"{self.name}.pool": self.pool}
 
-    def after_aggregate(self, server: ServerState) -> None:
-        """At a task end but the last: synthesise the next task's pool from θ_g."""
+    def delivers(self, server: ServerState, made_for: int) -> bool:
+        """Whether this round's broadcast carries the server's task-end payload (made for
+        task ``made_for``): in task t > 0 once it is made for t, while a participant lacks it;
+        then every participant of the round receives it (and is counted) and is listed."""
+        if server.task == 0 or made_for != server.task:
+            return False
+        missing = [c.index for c in server.participants if c.index not in self.delivered]
+        if not missing:
+            return False
+        self.delivered = sorted({*self.delivered, *(c.index for c in server.participants)})
+        return True
+
+    def task_end_synthesis(self, server: ServerState) -> TaskSynthesis | None:
+        """At a task end but the last (unless on the cost probe's copy): the synthesis on θ_g
+        over the classes seen, run and closed; None at any other time."""
         if not server.is_task_end or server.task + 1 >= self.num_tasks or not self.synthesizes:
-            return
+            return None
         model = server.model
         model.load(server.global_params, server.global_buffers)
         seen = min(self.num_classes, (server.task + 1) * self.classes_per_task)
@@ -288,6 +296,13 @@ class TARGET(Learner):
             synthesizer.run()
         finally:
             synthesizer.close()
+        return synthesizer
+
+    def after_aggregate(self, server: ServerState) -> None:
+        """At a task end but the last: synthesise the next task's pool from θ_g."""
+        synthesizer = self.task_end_synthesis(server)
+        if synthesizer is None:
+            return
         images, labels = synthesizer.pool()
         o = synthesizer.options
         kept = kept_indices(images.shape[0], o.synthesis_batch_size, o.nums)

@@ -326,7 +326,7 @@ def test_bad_arrivals_on_the_command_line_exit_2_in_one_line(tmp_path: Path) -> 
     assert_runs_refused(tmp_path, bad, "--arrivals")
 
 
-CLASS_IL_ONLY = {"icarl", "glfc", "target", "lander"}
+CLASS_IL_ONLY = {"icarl", "glfc", "target", "lander", "mfcl"}
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ OPTIONS = {"fedproj": "fedproj:distill_lr=1e-12,eps=1e-6", "feddf": "feddf:disti
 # Refused by the vectorized executor: the joint learner (its data grows with the history),
 # iCaRL and GLFC (their exemplars join the shard; and they need a class-IL stream, not
 # rot-digits) and FedWeIT (private per-client layers outside θ; its own model).
-REFUSED = {"ideal", "icarl", "glfc", "target", "lander", "fedweit"}
+REFUSED = {"ideal", "icarl", "glfc", "target", "lander", "mfcl", "fedweit"}
 COMPOSITIONS = [
     "der+fedgp",
     "derpp+fedgp",

@@ -320,18 +320,24 @@ from cfl_bench.runner.config import make_config
 from cfl_bench.runner.run import execute
 from cfl_bench.strategies.synthesis import Synthesizer
 from cfl_bench.strategies.synthesis_nayer import NayerSynthesizer
+from cfl_bench.strategies.synthesis_mfcl import MFCLSynthesizer
 
 def one_round_then_kill(self):  # the task end's synthesis: its first round, then SIGKILL
     self.step()
     os.kill(os.getpid(), signal.SIGKILL)
 
-Synthesizer.run = NayerSynthesizer.run = one_round_then_kill
+Synthesizer.run = NayerSynthesizer.run = MFCLSynthesizer.run = one_round_then_kill
 execute(make_config(json.loads(sys.argv[1])))
 """
 
 
 @pytest.mark.parametrize(
-    "strategy", [TINY, "lander:syn_round=2,warmup=0,g_steps=2,synthesis_batch_size=4,kd_steps=2"]
+    "strategy",
+    [
+        TINY,
+        "lander:syn_round=2,warmup=0,g_steps=2,synthesis_batch_size=4,kd_steps=2",
+        "mfcl:pi=2,server_ss=4,z_dim=4,syn_size=4",
+    ],
 )
 def test_a_run_killed_mid_synthesis_resumes_to_the_same_records(
     cifar_root: Path, tmp_path: Path, strategy: str
@@ -396,7 +402,9 @@ def test_what_target_cannot_run_is_refused_in_one_line(
     assert not (out / "records.csv").exists()
 
 
-@pytest.mark.parametrize(("name", "method"), [("target", "TARGET"), ("lander", "LANDER")])
+@pytest.mark.parametrize(
+    ("name", "method"), [("target", "TARGET"), ("lander", "LANDER"), ("mfcl", "MFCL")]
+)
 def test_the_flower_executor_is_refused(
     monkeypatch: pytest.MonkeyPatch, name: str, method: str
 ) -> None:

@@ -28,7 +28,13 @@ from cfl_bench.engine.batches import ClientBatches, offers, start_visit
 from cfl_bench.engine.fused_forward import FusedForward
 from cfl_bench.engine.optim import LocalOptimizer
 from cfl_bench.strategies.base import ClientInputs, Learner
-from cfl_bench.strategies.replay import ReplayTerm, embedding_mse, replay_term_loss
+from cfl_bench.strategies.replay import (
+    ReplayTerm,
+    embedding_mse,
+    head_cross_entropy,
+    head_distillation,
+    replay_term_loss,
+)
 from cfl_bench.strategies.roles import LossTerm
 
 if TYPE_CHECKING:
@@ -125,13 +131,16 @@ class ClientStepFunctions:
     ) -> torch.Tensor:
         """The model at ``params`` (and ``buffers``) on ``x``: eval mode, no gradient, on a
         private copy of the module made once (the working model is never touched); fp32
-        under ``--amp``'s autocast."""
+        under ``--amp``'s autocast. ``output`` "classify": its classifier on features ``x``
+        with their gradient kept (its own parameters have none: a "head_kd" term)."""
         if self.frozen is None:
             self.frozen = FlatModel(copy.deepcopy(self.model.module))
             self.frozen.module.eval()
             self.frozen.module.requires_grad_(False)
         frozen = self.frozen
         frozen.load(params, buffers)
+        if output == "classify":
+            return cast(FeatureModel, frozen.module).classify(x).float()
         with torch.no_grad():
             if output == "representation":
                 return cast(FeatureModel, frozen.module).representation(x).float()
@@ -183,6 +192,8 @@ def plan_loss(
         return batch_loss(learner, step)
     size = plan.draw_size or step.buffer_batch_size
     draws = [source.sample(size) for _ in range(plan.draws)]
+    if plan.joint:
+        return joint_loss(learner, step, replay_draw(draws, 0), frozen)
     inputs: list[torch.Tensor] = []
     features: list[torch.Tensor | None] = [None] * len(plan.terms)
     if fused is None or step.keep_representation or wants_features(plan.terms):
@@ -205,6 +216,38 @@ def plan_loss(
         if z is not None:
             teacher_z = teacher_outputs(learner, step, term, x, frozen, "representation")
             value = value + embedding_mse(z, teacher_z, term.features_from)
+        loss = loss + term.weight * value
+    return loss
+
+
+def joint_loss(
+    learner: Learner, step: StepContext, draw: BufferDraw, frozen: FrozenForwardFn | None
+) -> torch.Tensor:
+    """A ``joint`` plan's loss (MFCL's ``train_cl``): the batch and the draw as one forward
+    x̂ = [x; draw] (no replay augmentation), the batch loss on the batch's rows, each term
+    on every row with the labels ŷ = [y; draw's]. "head_ce" forwards x̂ a second time
+    without gradient, in the step's mode (BatchNorm's running statistics move again, as in
+    the code), and reads the classifier's outputs on those features; "head_kd" reads the
+    teacher's classifier on the student's features and on the teacher's own."""
+    model = cast(FeatureModel, step.model.module)
+    x, y = torch.cat([step.x, draw.x]), torch.cat([step.y, draw.y])
+    z = model.representation(x).float()
+    outputs = model.classify(z).float()
+    rows = step.x.shape[0]
+    step.representation, step.outputs = z[:rows], outputs[:rows]
+    loss = weighted_batch_loss(learner, learner.objective.loss(step.outputs, step.y))
+    for term in learner.replay_plan().terms:
+        if term.kind == "head_ce":
+            with torch.no_grad():
+                detached = model.representation(x).float()
+            value = head_cross_entropy(model.classify(detached).float(), y, term.outputs)
+        else:
+            assert term.kind == "head_kd", f"a joint plan's terms are head terms, not {term.kind}"
+            teacher_z = teacher_outputs(learner, step, term, x, frozen, "representation")
+            student_old = teacher_outputs(learner, step, term, z, frozen, "classify")
+            teacher_old = teacher_outputs(learner, step, term, teacher_z, frozen, "classify")
+            width = term.outputs or student_old.shape[1]
+            value = head_distillation(student_old[:, :width], teacher_old[:, :width])
         loss = loss + term.weight * value
     return loss
 
