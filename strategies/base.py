@@ -69,7 +69,7 @@ hooks are the protocols of ``strategies.roles``.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -304,6 +304,10 @@ class StrategyEnv:
     # The run's --clients (0: not known, e.g. a pilot run); TARGET sizes its synthetic batch
     # by it as its code does by num_users.
     num_clients: int = 0
+    # The sentence encoder (texts → float32 unit vectors, ``streams.text.encode_texts``),
+    # bound by the runner so strategies import no stream module; None: this run offers
+    # none. LANDER encodes its class names with it.
+    encode_texts: Callable[[Sequence[str]], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)

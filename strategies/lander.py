@@ -72,7 +72,9 @@ class LANDER(TARGET):
         self.setup_pool(env)
         self.syn_bs = synthetic_batch(self.opts.syn_bs, env.batch_size)
         self.kd_batch = env.batch_size
-        self.anchors = load_anchors(self.opts.anchors, env.stream_name, env.num_classes)
+        self.anchors = load_anchors(
+            self.opts.anchors, env.stream_name, env.num_classes, env.encode_texts
+        )
         self.feature_width = 0
 
     def wrap_model(self, model: nn.Module) -> nn.Module:

@@ -8,7 +8,8 @@ order). That repository has no licence, so its vectors are not shipped here, and
 cannot be fetched; two sources instead (the option ``anchors``):
 
 - ``minilm`` (default): the suite's sentence encoder (all-MiniLM-L6-v2, 384-d, unit norm;
-  ``streams.text.encode_texts``) on the stream's class names, underscores read as spaces;
+  ``streams.text.encode_texts``, bound by the runner as ``StrategyEnv.encode_texts``) on
+  the stream's class names, underscores read as spaces;
 - ``PATH`` (any other value: a file): a tensor of classes × dim saved with ``torch.save``
   (e.g. the code's CLIP vectors, which a user may hold), rows in the stream's label order.
   Written as the path alone, not ``file:PATH``: the strategy grammar keeps ':' for the one
@@ -20,11 +21,15 @@ datasets, the same as their ``batches.meta`` / ``meta`` files list).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 from cfl_bench.core.errors import UserError
+
+#: Texts → float32 (N, dim) unit vectors (``StrategyEnv.encode_texts``).
+TextEncoder = Callable[[Sequence[str]], torch.Tensor]
 
 CIFAR10_NAMES: tuple[str, ...] = (
     "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
@@ -65,12 +70,16 @@ def class_names(stream_name: str) -> tuple[str, ...]:
     return names
 
 
-def minilm_anchors(names: tuple[str, ...]) -> torch.Tensor:
+def minilm_anchors(names: tuple[str, ...], encode: TextEncoder | None) -> torch.Tensor:
     """The sentence encoder's unit vectors of the names (underscores read as spaces).
-    The encoder is imported here: loading it costs seconds no other path should pay."""
-    from cfl_bench.streams.text import encode_texts
-
-    return encode_texts([name.replace("_", " ") for name in names])
+    ``encode`` is the run's (``StrategyEnv.encode_texts``: the runner binds
+    ``streams.text.encode_texts``, so this layer imports no stream module)."""
+    if encode is None:
+        raise UserError(
+            "lander:anchors=minilm needs the sentence encoder, which this run does not offer; "
+            "give lander:anchors=PATH, a torch.save'd tensor with one row per class"
+        )
+    return encode([name.replace("_", " ") for name in names])
 
 
 def file_anchors(path: str) -> torch.Tensor:
@@ -95,10 +104,12 @@ def file_anchors(path: str) -> torch.Tensor:
     return value.float()
 
 
-def load_anchors(source: str, stream_name: str, num_classes: int) -> torch.Tensor:
+def load_anchors(
+    source: str, stream_name: str, num_classes: int, encode: TextEncoder | None = None
+) -> torch.Tensor:
     """The anchors of ``source`` for the stream: one row per class, checked."""
     if source == "minilm":
-        anchors = minilm_anchors(class_names(stream_name))
+        anchors = minilm_anchors(class_names(stream_name), encode)
     else:
         anchors = file_anchors(source)
     if anchors.shape[0] != num_classes:

@@ -22,6 +22,7 @@ from cfl_bench.core.errors import UserError
 from cfl_bench.core.flat import FlatModel
 from cfl_bench.engine.amp import Precision
 from cfl_bench.engine.one_client import ClientStepFunctions, OneClientBackend
+from cfl_bench.runner.plan import encode_texts
 from cfl_bench.strategies.declarations import LANDEROptions
 from cfl_bench.strategies.lander import LANDER
 from cfl_bench.strategies.lander_anchors import CIFAR100_NAMES, load_anchors
@@ -127,7 +128,7 @@ def test_the_options_default_to_the_official_codes_values() -> None:
 
 @pytest.fixture(scope="module")
 def minilm10() -> torch.Tensor:
-    return load_anchors("minilm", "seq-cifar10", 10)
+    return load_anchors("minilm", "seq-cifar10", 10, encode_texts)
 
 
 def test_a_saved_tensor_gives_the_same_anchors_as_the_encoder(
@@ -145,7 +146,7 @@ def test_a_saved_tensor_gives_the_same_anchors_as_the_encoder(
 
 
 def test_related_class_names_have_closer_anchors_than_unrelated_ones() -> None:
-    anchors = load_anchors("minilm", "seq-cifar100", 100)
+    anchors = load_anchors("minilm", "seq-cifar100", 100, encode_texts)
     index = {name: i for i, name in enumerate(CIFAR100_NAMES)}
 
     def cos(a: str, b: str) -> float:
@@ -158,7 +159,7 @@ def test_related_class_names_have_closer_anchors_than_unrelated_ones() -> None:
 
 def test_the_encoder_source_needs_known_class_names() -> None:
     with pytest.raises(UserError, match="knows the class names of seq-cifar10, seq-cifar100"):
-        load_anchors("minilm", "split-mnist", 10)
+        load_anchors("minilm", "split-mnist", 10, encode_texts)
     with pytest.raises(UserError, match="does not exist"):
         load_anchors("/no/such/anchors.pt", "seq-cifar10", 10)
 
@@ -474,3 +475,8 @@ def test_the_synthesis_is_priced_in_rounds_and_off_on_the_probe_copy(tmp_path: P
     unit()  # one synthesis round runs on a copy of the model
     learner.probe_copy()
     assert not learner.synthesizes
+
+
+def test_minilm_anchors_without_the_runs_encoder_are_refused() -> None:
+    with pytest.raises(UserError, match="needs the sentence encoder, which this run does not"):
+        load_anchors("minilm", "seq-cifar10", 10)

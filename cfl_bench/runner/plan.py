@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -493,7 +493,16 @@ def strategy_env(config: RunConfig, stream: Stream, device: torch.device) -> Str
         momentum=float(config.momentum),
         classes_per_task=int(getattr(stream, "classes_per_task", 0)),
         num_clients=int(config.clients),
+        encode_texts=encode_texts,
     )
+
+
+def encode_texts(texts: Sequence[str]) -> torch.Tensor:
+    """The suite's sentence encoder (``streams.text.encode_texts``, all-MiniLM-L6-v2), for
+    components that embed text (LANDER's class names); imported on use, as it loads a model."""
+    from cfl_bench.streams.text import encode_texts as encode
+
+    return encode(list(texts))
 
 
 def provenance_record(device: torch.device, threads: ThreadsChoice | None) -> dict[str, object]:
