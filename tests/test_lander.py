@@ -9,7 +9,7 @@ import dataclasses
 import math
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import pandas as pd
 import pytest
@@ -20,8 +20,6 @@ from torch.nn import functional as F
 from cfl_bench.core.context import Broadcast, ClientState, LocalRound, StepContext
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.flat import FlatModel
-from cfl_bench.engine.amp import Precision
-from cfl_bench.engine.one_client import ClientStepFunctions, OneClientBackend
 from cfl_bench.runner.plan import encode_texts
 from cfl_bench.strategies.declarations import LANDEROptions
 from cfl_bench.strategies.lander import LANDER
@@ -42,13 +40,14 @@ from cfl_bench.strategies.synthesis_parts import (
     draw_crop_flip,
 )
 from cfl_bench.strategies.target import PoolWalk
+from tests import data_free_runs
+from tests.data_free_runs import engine_loss, run_args, two_task_values
 from tests.helpers import env
-from tests.synthetic_data import write_tiny_cifar10
 from tests.test_cli import in_process
 from tests.test_resume import assert_config_resumes_after_crash
 
-if TYPE_CHECKING:
-    from cfl_bench.engine.optim import LocalOptimizer
+# The tiny CIFAR-10 folder (a module fixture shared with the other data-free learners).
+cifar_root = data_free_runs.cifar_root
 
 
 # -- the losses by hand -------------------------------------------------------------------------
@@ -322,12 +321,7 @@ def test_a_step_is_the_codes_weighted_ce_bound_kd_and_embedding_mse(tmp_path: Pa
         offer_to_buffer=False, buffer_batch_size=32, inputs={"lander": inputs},
         keep_representation=True,
     )  # fmt: skip
-    no_optimizer = cast("LocalOptimizer", None)  # the loss alone is checked
-    functions = ClientStepFunctions(model)
-    backend = OneClientBackend(model, no_optimizer, learner, [learner], functions, Precision())
-    backend.current = step
-    model.module.train()
-    loss = backend.loss()
+    loss = engine_loss(model, learner, step)
     # The reference: the walk's first 4 synthetic rows (the client's generator's first
     # permutation of 6), both forwards in training mode apart, the teacher in eval.
     order = torch.randperm(6, generator=torch.Generator().manual_seed(0))[:4]
@@ -365,26 +359,10 @@ TINY = "lander:syn_round=1,warmup=1,g_steps=2,synthesis_batch_size=4,kd_steps=2"
 
 
 @pytest.fixture(scope="module")
-def cifar_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("cifar-format")
-    write_tiny_cifar10(root, n=40, n_test=20)
-    return root
-
-
-@pytest.fixture(scope="module")
 def anchors_file(tmp_path_factory: pytest.TempPathFactory, minilm10: torch.Tensor) -> Path:
     path = tmp_path_factory.mktemp("anchors") / "cifar10.pt"
     torch.save(minilm10, path)
     return path
-
-
-def run_args(root: Path, out: Path, strategy: str, *extra: str) -> list[str]:
-    return [
-        "run",
-        *("--stream", "seq-cifar10", "--data-root", str(root), "--model", "cifar-cnn"),
-        *("--strategy", strategy, "--tasks", "2", "--rounds-per-task", "1", "--epochs", "1"),
-        *("--clients", "2", "--threads", "1", "--out", str(out), *extra),
-    ]
 
 
 def test_a_run_sends_the_pool_once_in_the_next_task(cifar_root: Path, tmp_path: Path) -> None:
@@ -401,18 +379,7 @@ def test_a_crashed_run_resumes_to_the_same_records(
     cifar_root: Path, anchors_file: Path, tmp_path: Path
 ) -> None:
     # 2 tasks × 2 rounds: round 2 ends task 0 (the synthesis), round 3 is task 1's first
-    values = {
-        "stream": "seq-cifar10",
-        "data_root": str(cifar_root),
-        "model": "cifar-cnn",
-        "strategy": f"{TINY},anchors={anchors_file}",
-        "tasks": 2,
-        "rounds_per_task": 2,
-        "clients": 2,
-        "epochs": 1,
-        "threads": 1,
-        "checkpoint_every": 1,
-    }
+    values = two_task_values(cifar_root, f"{TINY},anchors={anchors_file}")
     assert_config_resumes_after_crash(values, tmp_path, crash_round=3)
 
 

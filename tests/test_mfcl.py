@@ -10,7 +10,6 @@ import dataclasses
 import math
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, cast
 
 import pandas as pd
 import pytest
@@ -21,8 +20,6 @@ from torch.nn import functional as F
 
 from cfl_bench.core.context import Broadcast, ClientState, LocalRound, StepContext
 from cfl_bench.core.flat import FlatModel
-from cfl_bench.engine.amp import Precision
-from cfl_bench.engine.one_client import ClientStepFunctions, OneClientBackend
 from cfl_bench.leaderboard.report import build_report
 from cfl_bench.strategies.declarations import MFCLOptions
 from cfl_bench.strategies.mfcl import MFCL, flat_state
@@ -38,13 +35,14 @@ from cfl_bench.strategies.mfcl_loss import (
 )
 from cfl_bench.strategies.replay import head_cross_entropy, head_distillation
 from cfl_bench.strategies.synthesis_mfcl import CodeGenerator, MFCLSynthesizer
+from tests import data_free_runs
+from tests.data_free_runs import engine_loss, run_args, two_task_values
 from tests.helpers import env
-from tests.synthetic_data import write_tiny_cifar10
 from tests.test_cli import in_process
 from tests.test_resume import assert_config_resumes_after_crash
 
-if TYPE_CHECKING:
-    from cfl_bench.engine.optim import LocalOptimizer
+# The tiny CIFAR-10 folder (a module fixture shared with the other data-free learners).
+cifar_root = data_free_runs.cifar_root
 
 LN3 = math.log(3.0)
 TINY = "mfcl:pi=2,server_ss=4,z_dim=4,syn_size=4"
@@ -249,12 +247,7 @@ def test_a_step_is_the_codes_train_cl_on_the_joined_batch() -> None:
         inputs={"mfcl": inputs},
     )
     reference = copy.deepcopy(model.module).train()
-    no_optimizer = cast("LocalOptimizer", None)  # the loss alone is checked
-    functions = ClientStepFunctions(model)
-    backend = OneClientBackend(model, no_optimizer, learner, [learner], functions, Precision())
-    backend.current = step
-    model.module.train()
-    loss = backend.loss()
+    loss = engine_loss(model, learner, step)
     # The reference: 3 generated rows (z from the client's generator), labelled by the
     # teacher over the 2 old classes, joined to the batch; a second forward without gradient
     generator = learner.generator().eval()
@@ -273,22 +266,6 @@ def test_a_step_is_the_codes_train_cl_on_the_joined_batch() -> None:
     # BatchNorm's running statistics moved twice, as the code's two training-mode forwards
     assert torch.allclose(model.module.bn.running_mean, reference.bn.running_mean)
     assert torch.allclose(model.module.bn.running_var, reference.bn.running_var)
-
-
-@pytest.fixture(scope="module")
-def cifar_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("cifar-format")
-    write_tiny_cifar10(root, n=40, n_test=20)
-    return root
-
-
-def run_args(root: Path, out: Path, strategy: str, *extra: str) -> list[str]:
-    return [
-        "run",
-        *("--stream", "seq-cifar10", "--data-root", str(root), "--model", "cifar-cnn"),
-        *("--strategy", strategy, "--tasks", "2", "--rounds-per-task", "1", "--epochs", "1"),
-        *("--clients", "2", "--threads", "1", "--out", str(out), *extra),
-    ]
 
 
 def test_a_run_sends_the_generator_once_in_the_next_task(cifar_root: Path, tmp_path: Path) -> None:
@@ -315,18 +292,7 @@ def test_a_crashed_run_resumes_to_the_same_records(
     cifar_root: Path, tmp_path: Path, crash_round: int
 ) -> None:
     # 2 tasks × 2 rounds: round 2 ends task 0 (the generator's training), round 3 is task 1's
-    values = {
-        "stream": "seq-cifar10",
-        "data_root": str(cifar_root),
-        "model": "cifar-cnn",
-        "strategy": TINY,
-        "tasks": 2,
-        "rounds_per_task": 2,
-        "clients": 2,
-        "epochs": 1,
-        "threads": 1,
-        "checkpoint_every": 1,
-    }
+    values = two_task_values(cifar_root, TINY)
     assert_config_resumes_after_crash(values, tmp_path, crash_round=crash_round + 1)
 
 

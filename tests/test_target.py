@@ -14,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, cast
 
 import pandas as pd
 import pytest
@@ -25,9 +24,7 @@ from torch import nn
 from cfl_bench.core.context import Broadcast, ClientState, LocalRound, StepContext
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.flat import FlatModel
-from cfl_bench.engine.amp import Precision
 from cfl_bench.engine.batches import ClientBatches
-from cfl_bench.engine.one_client import ClientStepFunctions, OneClientBackend
 from cfl_bench.flower.kind import check_flower
 from cfl_bench.leaderboard.report import build_report
 from cfl_bench.runner.config import make_config
@@ -44,13 +41,14 @@ from cfl_bench.strategies.target_loss import (
     steps_per_epoch,
     synthetic_batch_size,
 )
+from tests import data_free_runs
+from tests.data_free_runs import engine_loss, run_args, two_task_values
 from tests.helpers import env
-from tests.synthetic_data import write_tiny_cifar10
 from tests.test_cli import in_process
 from tests.test_resume import assert_config_resumes_after_crash, assert_same_run
 
-if TYPE_CHECKING:
-    from cfl_bench.engine.optim import LocalOptimizer
+# The tiny CIFAR-10 folder (a module fixture shared with the other data-free learners).
+cifar_root = data_free_runs.cifar_root
 
 LN3 = math.log(3.0)
 # Row 1: teacher softmax([ln 3, 0]) = (3/4, 1/4) at T = 2, student uniform: −ln ½ = ln 2.
@@ -96,13 +94,6 @@ def test_the_synthetic_batch_and_the_epoch_length_follow_the_codes_arithmetic() 
 # -- the component ----------------------------------------------------------------------------
 
 TINY = "target:syn_round=2,g_steps=2,synthesis_batch_size=4"
-
-
-@pytest.fixture(scope="module")
-def cifar_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("cifar-format")
-    write_tiny_cifar10(root, n=40, n_test=20)
-    return root
 
 
 def test_the_options_default_to_the_official_codes_values() -> None:
@@ -171,12 +162,7 @@ def test_a_step_is_the_codes_ce_on_the_batch_plus_kd_on_a_separate_synthetic_for
         buffer_batch_size=32,
         inputs={"target": inputs},
     )
-    functions = ClientStepFunctions(model)
-    no_optimizer = cast("LocalOptimizer", None)  # the loss alone is checked
-    backend = OneClientBackend(model, no_optimizer, learner, [learner], functions, Precision())
-    backend.current = step
-    model.module.train()
-    loss = backend.loss()
+    loss = engine_loss(model, learner, step)
     # The reference: the walk's first batch of 4 synthetic rows (the client's generator's
     # first permutation of 6), both forwards in training mode apart, the teacher in eval.
     order = torch.randperm(6, generator=torch.Generator().manual_seed(0))[:4]
@@ -268,15 +254,6 @@ def test_the_stream_normalisation_is_read_off_its_inputs() -> None:
     assert got_mean == pytest.approx(mean, abs=1e-6) and got_std == pytest.approx(std, abs=1e-6)
 
 
-def run_args(root: Path, out: Path, strategy: str, *extra: str) -> list[str]:
-    return [
-        "run",
-        *("--stream", "seq-cifar10", "--data-root", str(root), "--model", "cifar-cnn"),
-        *("--strategy", strategy, "--tasks", "2", "--rounds-per-task", "1", "--epochs", "1"),
-        *("--clients", "2", "--threads", "1", "--out", str(out), *extra),
-    ]
-
-
 def test_a_run_sends_the_pool_once_in_the_next_task(cifar_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     code, output = in_process(*run_args(cifar_root, out, TINY))
@@ -299,18 +276,7 @@ def test_a_crashed_run_resumes_to_the_same_records(
     cifar_root: Path, tmp_path: Path, crash_round: int
 ) -> None:
     # 2 tasks × 2 rounds: round 2 ends task 0 (the synthesis), round 3 is task 1's first
-    values = {
-        "stream": "seq-cifar10",
-        "data_root": str(cifar_root),
-        "model": "cifar-cnn",
-        "strategy": TINY,
-        "tasks": 2,
-        "rounds_per_task": 2,
-        "clients": 2,
-        "epochs": 1,
-        "threads": 1,
-        "checkpoint_every": 1,
-    }
+    values = two_task_values(cifar_root, TINY)
     assert_config_resumes_after_crash(values, tmp_path, crash_round=crash_round + 1)
 
 
@@ -345,18 +311,7 @@ def test_a_run_killed_mid_synthesis_resumes_to_the_same_records(
     # 2 tasks × 2 rounds: round 2 ends task 0, and its server step synthesises 2 rounds; the
     # child process is SIGKILLed after the first of them (its last checkpoint is round 1's),
     # then the same command resumes it.
-    values = {
-        "stream": "seq-cifar10",
-        "data_root": str(cifar_root),
-        "model": "cifar-cnn",
-        "strategy": strategy,
-        "tasks": 2,
-        "rounds_per_task": 2,
-        "clients": 2,
-        "epochs": 1,
-        "threads": 1,
-        "checkpoint_every": 1,
-    }
+    values = two_task_values(cifar_root, strategy)
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     execute(make_config({**values, "out": str(whole)}))
     env_vars = {**os.environ, "OMP_NUM_THREADS": "1"}
