@@ -177,15 +177,16 @@ def require_batchnorm(model: nn.Module, name: str = "target", code_model: str = 
         )
 
 
-class TARGET(Learner):
-    declaration: ClassVar[Declaration] = declarations.TARGET
+class PoolServer(Learner):
+    """The server side TARGET, LANDER and MFCL share: the stream checks, the synthesis at
+    every task end but the last (``synthesizer``, overridden per method), its pool and
+    engine state (checkpointed), the pool's delivery once a task, its image grid and its
+    price in the cost estimate. Why a class of its own: the clients' side (``TARGET``)
+    differs per method, this does not."""
+
     opts: TARGETOptions
     requires: ClassVar[frozenset[str]] = frozenset({"class_logits"})
     assumes_stream_order: ClassVar[bool] = True
-    sequential_only: ClassVar[str] = (
-        "TARGET's clients draw the server's synthetic images from their own pool and end "
-        "their epochs with it"
-    )
     state_attributes: ClassVar[tuple[str, ...]] = (
         "pool",
         "pool_labels",
@@ -196,22 +197,6 @@ class TARGET(Learner):
     # Whether a client's walk over its pool runs through its whole round (LANDER's DataIter)
     # rather than anew each epoch (TARGET's loader restarted by its zip).
     cycles_pool: ClassVar[bool] = False
-
-    def setup(self, env: StrategyEnv) -> None:
-        """The shared set-up (``setup_pool``), then the code's synthetic batch."""
-        self.setup_pool(env)
-        self.syn_bs = self.opts.synthetic_batch or synthetic_batch_size(
-            self.opts.nums,
-            CODE_DATASET_SIZE,
-            max(1, env.num_clients),
-            env.num_tasks,
-            env.batch_size,
-        )
-        if self.syn_bs <= 0:
-            raise UserError(
-                f"target's synthetic batch ⌊nums / ⌈50000 / (clients · tasks · batch size)⌉⌋ "
-                f"is 0 for nums={self.opts.nums}; raise nums or set target:synthetic_batch=N."
-            )
 
     def setup_pool(self, env: StrategyEnv) -> None:
         """Refuse streams without classes per task; read the stream's normalisation; an
@@ -336,6 +321,30 @@ class TARGET(Learner):
     def probe_copy(self) -> None:
         """The cost probe times the synthesis as ``extra_work``'s units, not in its round."""
         self.synthesizes = False
+
+
+class TARGET(PoolServer):
+    declaration: ClassVar[Declaration] = declarations.TARGET
+    sequential_only: ClassVar[str] = (
+        "TARGET's clients draw the server's synthetic images from their own pool and end "
+        "their epochs with it"
+    )
+
+    def setup(self, env: StrategyEnv) -> None:
+        """The shared set-up (``setup_pool``), then the code's synthetic batch."""
+        self.setup_pool(env)
+        self.syn_bs = self.opts.synthetic_batch or synthetic_batch_size(
+            self.opts.nums,
+            CODE_DATASET_SIZE,
+            max(1, env.num_clients),
+            env.num_tasks,
+            env.batch_size,
+        )
+        if self.syn_bs <= 0:
+            raise UserError(
+                f"target's synthetic batch ⌊nums / ⌈50000 / (clients · tasks · batch size)⌉⌋ "
+                f"is 0 for nums={self.opts.nums}; raise nums or set target:synthetic_batch=N."
+            )
 
     # -- client ----------------------------------------------------------------------------------
     def replay_plan(self) -> ReplayPlan:
