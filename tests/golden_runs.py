@@ -222,6 +222,32 @@ CASES: dict[str, tuple[bool, list[str]]] = {
             *("--strategy", "target:syn_round=2,g_steps=2,synthesis_batch_size=16"),
         ],
     ),
+    # LANDER: the MiniLM label-text anchors and the mapping head beside the CNN's classifier;
+    # after task 1 the server's NAYER synthesis (1 warm-up round, then 2 rounds of 2
+    # generator steps on 16 images, 2 student KD steps each) fills the pool; in task 2 the
+    # clients' steps add w_pre · (KD over the old classes + the embeddings' MSE) on it.
+    "seq-cifar10-cnn-lander": (
+        True,
+        [
+            *("--stream", "seq-cifar10", "--model", "cifar-cnn", "--tasks", "2"),
+            *("--rounds-per-task", "1", "--clients", "3"),
+            *("--train-size", "2000", "--test-size", "500"),
+            "--strategy",
+            "lander:syn_round=2,warmup=1,g_steps=2,synthesis_batch_size=16,kd_steps=2",
+        ],
+    ),
+    # MFCL: after task 1 the server trains its generator (2 steps of CE, diversity and
+    # BatchNorm statistics on 8 images, z of 16) and broadcasts it; in task 2 each step
+    # joins 16 generated images of the old classes to the batch (head CE and head KD).
+    "seq-cifar10-cnn-mfcl": (
+        True,
+        [
+            *("--stream", "seq-cifar10", "--model", "cifar-cnn", "--tasks", "2"),
+            *("--rounds-per-task", "1", "--clients", "3"),
+            *("--train-size", "2000", "--test-size", "500"),
+            *("--strategy", "mfcl:pi=2,server_ss=8,z_dim=16,syn_size=16"),
+        ],
+    ),
     "seq-dbpedia-der+fedgp": (
         True,
         [

@@ -209,12 +209,14 @@ def plan_loss(
         loss = weighted_batch_loss(learner, learner.objective.loss(step.outputs, step.y))
     for term, x, replay, z in zip(plan.terms, inputs, replays, features, strict=True):
         draw = replay_draw(draws, term.draw)
-        stored = draw.logits
-        if term.kind == "kd":
-            stored = teacher_outputs(learner, step, term, x, frozen)
-        value = replay_term_loss(term, replay, draw.y, stored, learner.objective)
+        stored, teacher_z = draw.logits, None
         if z is not None:
             teacher_z = teacher_outputs(learner, step, term, x, frozen, "representation")
+        if term.kind == "kd":
+            stored = kd_target(learner, step, term, x, frozen, teacher_z)
+        value = replay_term_loss(term, replay, draw.y, stored, learner.objective)
+        if z is not None:
+            assert teacher_z is not None
             value = value + embedding_mse(z, teacher_z, term.features_from)
         loss = loss + term.weight * value
     return loss
@@ -284,6 +286,23 @@ def teacher_outputs(
     assert frozen is not None and inputs is not None, "a kd term needs its teacher"
     params, buffers = (inputs[key] for key in term.teacher)
     return frozen(params, buffers, x, output)
+
+
+def kd_target(
+    learner: Learner,
+    step: StepContext,
+    term: ReplayTerm,
+    x: torch.Tensor,
+    frozen: FrozenForwardFn | None,
+    teacher_z: torch.Tensor | None,
+) -> torch.Tensor:
+    """A "kd" term's target outputs: the teacher's classifier on its representation when
+    the term already forwarded it for its embeddings (one teacher forward, not two: a
+    feature model's forward is ``classify(representation(x))``, the same operations),
+    else the teacher's forward of ``x``."""
+    if teacher_z is None:
+        return teacher_outputs(learner, step, term, x, frozen)
+    return teacher_outputs(learner, step, term, teacher_z, frozen, "classify")
 
 
 def replay_draw(draws: list[BufferDraw | None], index: int) -> BufferDraw:
