@@ -310,6 +310,10 @@ class StrategyEnv:
     encode_texts: Callable[[Sequence[str]], torch.Tensor] | None = None
 
 
+#: A task end's server work by kind: (units per task end, one unit's callable) each.
+TaskEndWork = tuple[tuple[float, Callable[[], object]], ...]
+
+
 @dataclass(frozen=True)
 class ExtraWork:
     """The work a component adds to each round outside the local steps, as sample counts.
@@ -350,11 +354,13 @@ class ExtraWork:
     # nearest-mean classifier a second pass for the class sums).
     task_end_client_passes: int = 0
     # Server work at every task end but the run's last, sized by the run's model: called
-    # with the model, it returns (units per task end, one unit's callable for the probe to
-    # time), which the estimate stores as ``task_end_server_units`` and ``server_unit``
-    # (FOT's basis SVDs, one per projected layer, whose sizes the model's layers set). One
+    # with the model, it returns its kinds of work, each (units per task end, one unit's
+    # callable for the probe to time), which the estimate stores as
+    # ``task_end_server_units`` and ``server_unit`` of one declaration per kind (FOT's
+    # basis SVDs, one per projected layer, whose sizes the model's layers set; a synthesis's
+    # plain and adversarial generator steps and its KD steps, whose costs differ). One
     # declaration uses ``server_unit`` for one kind of server work only.
-    task_end_server: Callable[[torch.nn.Module], tuple[float, Callable[[], object]]] | None = field(
+    task_end_server: Callable[[torch.nn.Module], TaskEndWork] | None = field(
         default=None, compare=False
     )
     task_end_server_units: float = 0

@@ -60,7 +60,7 @@ from torch.nn import functional as F
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.seeding import generator, seed_torch_default
 from cfl_bench.strategies import declarations
-from cfl_bench.strategies.base import Component, Declaration, ExtraWork, StrategyEnv
+from cfl_bench.strategies.base import Component, Declaration, ExtraWork, StrategyEnv, TaskEndWork
 from cfl_bench.strategies.declarations import FOTOptions
 
 if TYPE_CHECKING:
@@ -322,11 +322,11 @@ class FOT(Component):
         sketch is 2,048 × 10,240; the clients' sketch products are not counted)."""
         return ExtraWork(task_end_forward=True, task_end_server=self.svd_work)
 
-    def svd_work(self, model: nn.Module) -> tuple[float, Callable[[], object]]:
+    def svd_work(self, model: nn.Module) -> TaskEndWork:
         """The task end's SVDs for ``model``'s layers, as units of a scaled-down copy."""
         slots = self.projected(module_slots(model))
         widths = sketch_widths(slots, self.recipe(slots)[1])
-        return scaled_svds([(s.in_features, w) for s, w in zip(slots, widths, strict=True)])
+        return (scaled_svds([(s.in_features, w) for s, w in zip(slots, widths, strict=True)]),)
 
     def setup(self, env: StrategyEnv) -> None:
         """Refuse a model with weighted layers FOT does not project (it handles Linear and

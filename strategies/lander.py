@@ -30,7 +30,7 @@ augmentation (the code's ``train_transform``, the same crop and flip on CIFAR).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -39,7 +39,7 @@ from torch import nn
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.seeding import derive_seed
 from cfl_bench.strategies import declarations
-from cfl_bench.strategies.base import ClientInputs, Declaration, StrategyEnv
+from cfl_bench.strategies.base import ClientInputs, Declaration, StrategyEnv, TaskEndWork
 from cfl_bench.strategies.declarations import LANDEROptions
 from cfl_bench.strategies.lander_anchors import load_anchors
 from cfl_bench.strategies.lander_loss import current_task_loss, synthetic_batch, task_weights
@@ -49,6 +49,7 @@ from cfl_bench.strategies.lander_model import (
     outputs_and_embedding,
 )
 from cfl_bench.strategies.replay import ReplayPlan, ReplayTerm
+from cfl_bench.strategies.synthesis import SynthesisOptions
 from cfl_bench.strategies.synthesis_nayer import NayerOptions, NayerSynthesizer, nayer_defaults
 from cfl_bench.strategies.target import TARGET, classifier_name, require_batchnorm
 
@@ -95,6 +96,13 @@ class LANDER(TARGET):
     def synthesizer(self, model: nn.Module, seen: int, seed: int) -> NayerSynthesizer:
         """NAYER's synthesis of the ``seen`` classes with ``model`` (an
         ``EmbeddingModel``) as the teacher, at the code's settings and these options."""
+        options, nayer = self.nayer_options(model)
+        return NayerSynthesizer(
+            model, self.anchors, seen, outputs_and_embedding, (options, nayer), seed
+        )
+
+    def nayer_options(self, model: nn.Module) -> tuple[SynthesisOptions, NayerOptions]:
+        """The engine's and NAYER's settings: the code's values and these options."""
         assert isinstance(model, EmbeddingModel), "lander's model carries its embedding head"
         o = self.opts
         options = nayer_defaults(
@@ -109,17 +117,18 @@ class LANDER(TARGET):
             std=self.std,
             classifier="base." + classifier_name(model.base),
         )
-        nayer = NayerOptions(ltc=o.ltc, radius=o.r, image_size=self.image_shape[1])
-        return NayerSynthesizer(
-            model, self.anchors, seen, outputs_and_embedding, (options, nayer), seed
-        )
+        return options, NayerOptions(ltc=o.ltc, radius=o.r, image_size=self.image_shape[1])
 
-    def synthesis_work(self, model: nn.Module) -> tuple[float, Callable[[], object]]:
-        """``syn_round + warmup`` units of one NAYER round each (the first rounds' cost:
-        the generator steps, the student's 50 steps from round ``warmup`` on)."""
+    def synthesis_work(self, model: nn.Module) -> TaskEndWork:
+        """The task end's ``syn_round + warmup`` NAYER rounds in steps by kind
+        (``NayerSynthesizer.price``: a probe copy of one step per round times each kind)."""
         require_batchnorm(model, self.name)
-        synthesizer = self.synthesizer(model, self.num_classes, self.seed)
-        return float(synthesizer.rounds), synthesizer.step
+        options, nayer = self.nayer_options(model)
+        probe = (dataclasses.replace(options, g_steps=1, kd_steps=1), nayer)
+        synthesizer = NayerSynthesizer(
+            model, self.anchors, self.num_classes, outputs_and_embedding, probe, self.seed
+        )
+        return synthesizer.price(options)
 
     def exemplar_memory(self) -> int:
         """The pool's rows (``syn_round + 1`` kept rounds, at most ``nums``), as TARGET's

@@ -41,7 +41,13 @@ from cfl_bench.core.errors import UserError
 from cfl_bench.core.flat import FlatModel
 from cfl_bench.core.seeding import derive_seed
 from cfl_bench.strategies import declarations
-from cfl_bench.strategies.base import ClientInputs, Declaration, ExtraWork, StrategyEnv
+from cfl_bench.strategies.base import (
+    ClientInputs,
+    Declaration,
+    ExtraWork,
+    StrategyEnv,
+    TaskEndWork,
+)
 from cfl_bench.strategies.declarations import MFCLOptions
 from cfl_bench.strategies.replay import ReplayPlan, ReplayTerm
 from cfl_bench.strategies.synthesis_mfcl import CodeGenerator, MFCLSynthesizer
@@ -188,11 +194,11 @@ class MFCL(TARGET):
         """The generator's training at every task end but the last: ``pi`` steps."""
         return ExtraWork(task_end_server=self.synthesis_work)
 
-    def synthesis_work(self, model: nn.Module) -> tuple[float, Callable[[], object]]:
+    def synthesis_work(self, model: nn.Module) -> TaskEndWork:
         """``pi`` units of one generator step each, on ``model`` as the teacher."""
         require_batchnorm(model, self.name, "resnet18")
         synthesizer = self.synthesizer(model, self.num_classes, self.seed)
-        return float(self.opts.pi), synthesizer.step
+        return ((float(self.opts.pi), synthesizer.step),)
 
     # -- client ----------------------------------------------------------------------------------
     def replay_plan(self) -> ReplayPlan:

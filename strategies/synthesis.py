@@ -52,6 +52,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from cfl_bench.core.errors import UserError
+from cfl_bench.strategies.base import TaskEndWork
 from cfl_bench.strategies.synthesis_parts import (
     BNStatHook,
     Generator,
@@ -64,6 +65,7 @@ from cfl_bench.strategies.synthesis_parts import (
     reset_first_layers,
     to_uint8,
 )
+from cfl_bench.strategies.synthesis_pricing import count_steps, priced
 
 
 @dataclass(frozen=True)
@@ -248,6 +250,36 @@ class Synthesizer(HookedPool):
         self.images.append(to_uint8(best))
         self.targets.append(targets.cpu())
         return trace
+
+    def price(self, schedule: SynthesisOptions) -> TaskEndWork:
+        """``schedule``'s task end in steps by kind (``synthesis_pricing``), each kind's
+        step timed on this synthesizer, a probe copy of one generator step and one KD step
+        per round: rounds from ``warmup`` on have the adversarial term, rounds after it KD."""
+        o = schedule
+        counts = count_steps(
+            o.syn_round,
+            (o.g_steps, o.kd_steps),
+            adversarial=lambda ep: o.adv > 0 and ep >= o.warmup,
+            distils=lambda ep: ep - 1 >= o.warmup,
+        )
+        return priced(
+            counts,
+            lambda: self.round_at(1),
+            lambda: self.round_at(max(1, o.warmup)),
+            self.probe_kd_round,
+        )
+
+    def round_at(self, ep: int) -> None:
+        """A synthesis round as round ``ep`` of the schedule (the probe's)."""
+        self.ep = ep - 1
+        self.synthesize()
+
+    def probe_kd_round(self) -> None:
+        """A KD round on the pool, made first if empty (the probe's fastest of three calls
+        leaves that out)."""
+        if not self.images:
+            self.synthesize()
+        self.kd_round()
 
     def _loss(self, inputs: torch.Tensor, targets: torch.Tensor, trace: RoundTrace) -> torch.Tensor:
         """bn·L_BN + oh·CE + adv·L_adv on the augmented images (target.py:414–431)."""

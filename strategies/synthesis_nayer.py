@@ -38,6 +38,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from cfl_bench.strategies.base import TaskEndWork
 from cfl_bench.strategies.lander_loss import bounding_loss
 from cfl_bench.strategies.synthesis import (
     HookedPool,
@@ -57,6 +58,7 @@ from cfl_bench.strategies.synthesis_parts import (
     reinit_student,
     to_uint8,
 )
+from cfl_bench.strategies.synthesis_pricing import count_steps, priced
 
 #: A model's class outputs and label-text embedding of a batch (``att`` in the code).
 EmbeddingForward = Callable[[nn.Module, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -162,6 +164,40 @@ class NayerSynthesizer(HookedPool):
             self.targets.append(targets.cpu())
             self.student_round()
         return best[0]
+
+    def price(self, schedule: SynthesisOptions) -> TaskEndWork:
+        """``schedule``'s task end in steps by kind (``synthesis_pricing``), each kind's
+        step timed on this synthesizer, a probe copy of one generator step and one KD step
+        per round: rounds from ``warmup`` + 3 on have the adversarial term (301, 360),
+        rounds from ``warmup`` on KD (397)."""
+        o = schedule
+        counts = count_steps(
+            o.syn_round + o.warmup,
+            (o.g_steps, o.kd_steps),
+            adversarial=lambda ep: o.adv > 0 and ep - 1 > o.warmup + 1,
+            distils=lambda ep: o.warmup <= ep,
+        )
+        batch = self.options.synthesis_batch_size
+        targets = balanced_targets(batch, self.seen, self.gen).to(self.device)
+        return priced(
+            counts,
+            lambda: self.steps_at(1, targets),
+            lambda: self.steps_at(o.warmup + 3, targets),
+            lambda: self.probe_student_round(targets),
+        )
+
+    def steps_at(self, ep: int, targets: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """The generator's steps as in round ``ep`` of the schedule (the probe's)."""
+        self.ep = ep
+        return self.generator_steps(targets)
+
+    def probe_student_round(self, targets: torch.Tensor) -> None:
+        """The student's round on the pool, made first if empty (the probe's fastest of
+        three calls leaves that out)."""
+        if not self.images:
+            self.images.append(to_uint8(self.steps_at(1, targets)[1]))
+            self.targets.append(targets.cpu())
+        self.student_round()
 
     def generator_steps(self, targets: torch.Tensor) -> tuple[float, torch.Tensor]:
         """``g_steps`` Adam steps of the generator and the learnt normalisation; the images

@@ -43,6 +43,7 @@ tasks, so its argmax never sees a future class).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ from cfl_bench.strategies.base import (
     ExtraWork,
     Learner,
     StrategyEnv,
+    TaskEndWork,
 )
 from cfl_bench.strategies.declarations import TARGETOptions
 from cfl_bench.strategies.replay import ReplayPlan, ReplayTerm
@@ -311,12 +313,14 @@ class PoolServer(Learner):
         """The synthesis at every task end but the last: ``syn_round`` rounds, one unit each."""
         return ExtraWork(task_end_server=self.synthesis_work)
 
-    def synthesis_work(self, model: nn.Module) -> tuple[float, Callable[[], object]]:
-        """``syn_round`` units of one synthesis round each, on ``model`` as the teacher."""
+    def synthesis_work(self, model: nn.Module) -> TaskEndWork:
+        """The task end's generator and KD steps by kind, on ``model`` as the teacher
+        (``Synthesizer.price``: a probe copy of one step per round times each kind)."""
         require_batchnorm(model, self.name)
-        synthesizer = self.synthesizer(model, self.num_classes, self.seed)
-        assert isinstance(synthesizer, Synthesizer)
-        return float(self.opts.syn_round), synthesizer.synthesize
+        options = self.synthesis_options(classifier_name(model))
+        probe = dataclasses.replace(options, g_steps=1, kd_steps=1)
+        synthesizer = Synthesizer(model, self.num_classes, self.image_shape, probe, self.seed)
+        return synthesizer.price(options)
 
     def probe_copy(self) -> None:
         """The cost probe times the synthesis as ``extra_work``'s units, not in its round."""

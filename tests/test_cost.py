@@ -178,13 +178,24 @@ def test_task_end_server_work_counts_every_task_end_but_the_last() -> None:
         name = "sized"
 
         def extra_work(self) -> ExtraWork:
-            return ExtraWork(task_end_server=lambda model: (float(model.in_features), print))
+            return ExtraWork(
+                task_end_forward=True,
+                task_end_server=lambda model: ((float(model.in_features), print), (2.0, repr)),
+            )
 
     strategy = build_strategy("fedavg")
     strategy.components.append(Sized())
-    (got,) = cost.strategy_work(strategy, {}, torch.nn.Linear(3, 2)).extras
-    assert (got.task_end_server_units, got.server_unit) == (3.0, print)
-    assert cost.strategy_work(strategy, {}).extras == ()  # nothing to size it by
+    # Two kinds of work: the first stays in the declaration, the second is one of its own.
+    first, second = cost.strategy_work(strategy, {}, torch.nn.Linear(3, 2)).extras
+    assert (first.task_end_server_units, first.server_unit, first.task_end_forward) == (
+        3.0,
+        print,
+        True,
+    )
+    assert second == ExtraWork(task_end_server_units=2.0, server_unit=repr)
+    assert not second.task_end_forward
+    (only,) = cost.strategy_work(strategy, {}).extras  # nothing to size the server work by
+    assert only.task_end_forward and only.task_end_server_units == 0
 
 
 def test_exemplar_passes_cover_every_client_with_data_at_task_ends() -> None:

@@ -182,7 +182,7 @@ def test_the_task_end_svds_are_priced_by_a_scaled_copy() -> None:
     fot.setup(facts)
     work = fot.extra_work()
     assert work.task_end_forward and work.task_end_server is not None
-    units, _ = work.task_end_server(build_model("fot-alexnet", (3, 32, 32), 100))
+    ((units, _),) = work.task_end_server(build_model("fot-alexnet", (3, 32, 32), 100))
     assert units == pytest.approx(0.1875**-3)
 
 

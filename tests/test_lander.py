@@ -430,16 +430,22 @@ def test_lander_is_listed_with_its_options() -> None:
     assert code == 0 and "lander" in output and "Tran et al., CVPR 2024" in " ".join(output.split())
 
 
-def test_the_synthesis_is_priced_in_rounds_and_off_on_the_probe_copy(tmp_path: Path) -> None:
+def test_the_synthesis_is_priced_in_steps_by_kind_and_off_on_the_probe_copy(
+    tmp_path: Path,
+) -> None:
     learner, model = lander_learner(tmp_path, side=8)
-    learner.opts = dataclasses.replace(
-        learner.opts, syn_round=2, warmup=1, g_steps=1, synthesis_batch_size=4
-    )
+    learner.opts = dataclasses.replace(learner.opts, synthesis_batch_size=4)
     work = learner.extra_work().task_end_server
     assert work is not None
-    units, unit = work(model.module)
-    assert units == 3.0  # syn_round + warmup
-    unit()  # one synthesis round runs on a copy of the model
+    # The code's schedule: 50 rounds of 40 generator steps; the adversarial term from round
+    # 13 on (12 rounds without), 50 KD steps after each round from round 10 on (41 rounds).
+    kinds = work(model.module)
+    assert [n for n, _ in kinds] == [12 * 40.0, 38 * 40.0, 41 * 50.0]
+    for _, unit in reversed(kinds):
+        unit()  # one step of each kind on a copy of the model; the KD step makes its pool
+    learner.opts = dataclasses.replace(learner.opts, syn_round=2, warmup=1, g_steps=1)
+    # 3 rounds: none reaches warmup + 3; all 3 from warmup on end with 50 KD steps.
+    assert [n for n, _ in work(model.module)] == [3.0, 150.0]
     learner.probe_copy()
     assert not learner.synthesizes
 

@@ -327,7 +327,7 @@ def test_the_generator_training_is_priced_in_pi_units_and_off_on_the_probe_copy(
     learner.setup(dataclasses.replace(facts, classes_per_task=2))
     work = learner.extra_work().task_end_server
     assert work is not None
-    units, unit = work(feature_net())
+    ((units, unit),) = work(feature_net())
     assert units == 3.0
     unit()  # one generator step on a copy of the model
     learner.probe_copy()

@@ -375,8 +375,9 @@ def test_the_flower_executor_is_refused(
         check_flower(run)  # type: ignore[arg-type]
 
 
-def test_the_synthesis_is_priced_in_syn_round_units_and_off_on_the_probe_copy() -> None:
-    learner = TARGET({"syn_round": 3, "g_steps": 1, "synthesis_batch_size": 2})
+def test_the_synthesis_is_priced_in_steps_by_kind_and_off_on_the_probe_copy() -> None:
+    # The code's schedule: 10 rounds of 10 generator steps, warm-up 20: plain steps only.
+    learner = TARGET({"synthesis_batch_size": 2})
     facts = env("seq-cifar10", "class-il", 4, 2, input_shape=(3, 8, 8))
     learner.setup(dataclasses.replace(facts, classes_per_task=2))
     model = nn.Sequential(
@@ -384,9 +385,16 @@ def test_the_synthesis_is_priced_in_syn_round_units_and_off_on_the_probe_copy() 
     )
     work = learner.extra_work().task_end_server
     assert work is not None
-    units, unit = work(model)
-    assert units == 3.0
-    unit()  # one synthesis round runs on a copy of the model
+    ((units, unit),) = work(model)
+    assert units == 100.0
+    unit()  # one generator step runs on a copy of the model
+    # 5 rounds of 3 steps, warm-up 2: rounds 1 plain, 2–5 adversarial, 3–5 followed by 4
+    # KD steps each.
+    learner.opts = dataclasses.replace(learner.opts, syn_round=5, g_steps=3, warmup=2, kd_steps=4)
+    kinds = learner.extra_work().task_end_server(model)  # type: ignore[misc]
+    assert [n for n, _ in kinds] == [3.0, 12.0, 12.0]
+    for _, unit in kinds:
+        unit()  # the KD step makes its pool first
     learner.probe_copy()
     assert not learner.synthesizes
 

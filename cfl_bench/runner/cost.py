@@ -430,17 +430,22 @@ def strategy_work(
     (``Component.extra_work``, after setup), and the holdouts that grow a public set.
     ``model``: the run's, which sizes the task-end server work a component declares (none
     is counted without it)."""
-    extras = tuple(sized(c.extra_work(), model) for c in strategy.all)
+    extras = tuple(e for c in strategy.all for e in sized(c.extra_work(), model))
     return StrategyWork(tuple(e for e in extras if e != ExtraWork()), holdout_totals(splits))
 
 
-def sized(work: ExtraWork, model: torch.nn.Module | None) -> ExtraWork:
-    """``work`` with its task-end server work sized by ``model``: the units per task end
-    and the unit the probe times (``ExtraWork.task_end_server``)."""
+def sized(work: ExtraWork, model: torch.nn.Module | None) -> tuple[ExtraWork, ...]:
+    """``work`` with its task-end server work sized by ``model``: per kind of work, the
+    units per task end and the unit the probe times (``ExtraWork.task_end_server``); the
+    first kind stays in ``work``, each further kind is a declaration of its own."""
     if work.task_end_server is None or model is None:
-        return work
-    units, unit = work.task_end_server(model)
-    return dataclasses.replace(work, task_end_server_units=units, server_unit=unit)
+        return (work,)
+    kinds = work.task_end_server(model)
+    if not kinds:
+        return (dataclasses.replace(work, task_end_server=None),)
+    (units, unit), *more = kinds
+    first = dataclasses.replace(work, task_end_server_units=units, server_unit=unit)
+    return (first, *(ExtraWork(task_end_server_units=n, server_unit=u) for n, u in more))
 
 
 def holdout_totals(splits: dict[int, TaskSplit]) -> tuple[int, ...]:
