@@ -37,6 +37,7 @@ from cfl_bench.core.objective import Objective
 from cfl_bench.core.seeding import seed_torch_default
 from cfl_bench.engine.amp import Precision, install
 from cfl_bench.engine.fused_forward import FusedForward
+from cfl_bench.engine.lr_schedule import TaskLR
 from cfl_bench.engine.one_client import ClientStepFunctions, OneClientBackend, local_steps
 from cfl_bench.engine.optim import LocalOptimizer
 from cfl_bench.engine.step_driver import StepDriver
@@ -57,6 +58,9 @@ class StepSchedule:
     # The local learning rate is multiplied by this every round (FedNTD's 0.99): round r
     # (1-based) trains with lr · lr_decay^(r−1).
     lr_decay: float = 1.0
+    # ``--lr-schedule task-*``: the rate restarts at every task (LANDER's, MFCL's codes);
+    # None: ``lr_decay`` over the run.
+    task_lr: TaskLR | None = None
     # The run's seed: each client update reseeds torch's default generator (dropout) from
     # (seed, round, client) — ``seeding.seed_torch_default``.
     seed: int = 0
@@ -181,7 +185,10 @@ class LocalTrainer:
         return local
 
     def round_lr(self, round_index: int) -> float:
-        """The local learning rate of 1-based round ``round_index``: lr · decay^(r−1)."""
+        """The local learning rate of 1-based round ``round_index``: lr · decay^(r−1), or
+        the per-task schedule's rate (``engine.lr_schedule``)."""
+        if self.steps.task_lr is not None:
+            return self.steps.task_lr.lr(self.base_lr, round_index)
         return self.base_lr * self.steps.lr_decay ** max(round_index - 1, 0)
 
     def finish(self, client: ClientState, local: LocalRound) -> Upload:

@@ -34,6 +34,7 @@ from typing import Any
 from cfl_bench.core.atomic import path_kind
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.text_values import FLOAT_TEXT, INT_TEXT, quoted, utf8_text
+from cfl_bench.engine.lr_schedule import LR_SCHEDULES
 from cfl_bench.engine.task_order import check_task_order_text
 from cfl_bench.runner.trackers import parse_trackers
 
@@ -238,6 +239,21 @@ class LocalTrainingOptions(FederationOptions):
         minimum=0,
         minimum_exclusive=True,
         maximum=1,
+    )
+    lr_schedule: str = option(
+        "run",
+        "how the local learning rate moves: run (--lr-decay's lr·decay^(r-1) over the run), "
+        "task-cosine (cosine from lr to --lr-end over each task's rounds, restarted at every "
+        "task: LANDER's code) or task-exponential (round i of a task's R trains with "
+        "lr·(lr_end/lr)^(i/R): MFCL's code)",
+        choices=LR_SCHEDULES,
+    )
+    lr_end: float | None = option(
+        None,
+        "the rate a per-task --lr-schedule moves towards (LANDER's code: 1e-3, MFCL's: 0.01)",
+        minimum=0,
+        maximum=1000,
+        default_text="none",
     )
     optimizer: str | None = option(
         None,
@@ -453,6 +469,10 @@ class RunConfig(LocalTrainingOptions):
             protocol.pop("optimizer", None)
         if protocol.get("lr_decay") == 1.0:
             protocol.pop("lr_decay", None)
+        if protocol.get("lr_schedule") == "run":
+            protocol.pop("lr_schedule", None)
+        if protocol.get("lr_end") is None:
+            protocol.pop("lr_end", None)
         if not protocol.get("cutout"):
             protocol.pop("cutout", None)
         if protocol.get("amp") == "off":

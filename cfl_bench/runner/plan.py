@@ -26,7 +26,9 @@ from cfl_bench.core.seeding import derive_seed
 from cfl_bench.engine.arrivals import ARRIVALS_PARTITION, parse_arrivals
 from cfl_bench.engine.client_update import StepSchedule
 from cfl_bench.engine.loop import Federation, Schedule
+from cfl_bench.engine.lr_schedule import TaskLR
 from cfl_bench.engine.splits import TaskSplit, plan_splits
+from cfl_bench.engine.task_clock import TaskClock
 from cfl_bench.engine.task_order import parse_task_order
 from cfl_bench.runner import provenance
 from cfl_bench.runner.config import RunConfig, canonical_hash
@@ -43,6 +45,7 @@ from cfl_bench.runner.run_checks import (
     check_arrivals,
     check_components_follow_orders,
     check_diagnostics,
+    check_lr_schedule,
     check_run_length,
     check_task_order,
 )
@@ -184,6 +187,18 @@ def default_partition(config: RunConfig, streams: str) -> str:
     return ARRIVALS_PARTITION if config.arrivals is not None else streams
 
 
+def task_lr(config: RunConfig, num_tasks: int, rounds: int) -> TaskLR | None:
+    """``--lr-schedule task-*`` over the run's synchronous tasks (the first one longer by
+    ``--lead-rounds``; ``check_lr_schedule`` refuses asynchronous boundaries)."""
+    if config.lr_schedule == "run":
+        return None
+    assert config.lr_end is not None and config.async_shift == 0  # check_lr_schedule
+    clock = TaskClock(num_tasks, rounds, (config.lead_rounds,))
+    starts = tuple(clock.task_start(t) for t in range(num_tasks))
+    lengths = tuple(clock.task_rounds(t) for t in range(num_tasks))
+    return TaskLR(config.lr_schedule, config.lr_end, starts, lengths)
+
+
 def make_schedule(
     config: RunConfig, strategy: Strategy, num_tasks: int, device: torch.device
 ) -> Schedule:
@@ -197,6 +212,7 @@ def make_schedule(
         buffer_offer=config.buffer_offer,
         replay_augment=bool(config.replay_augment),
         lr_decay=config.lr_decay,
+        task_lr=task_lr(config, num_tasks, rounds),
         seed=config.seed,
         amp=config.amp,
         fused_forwards=fuses_forwards(config, device),
@@ -329,6 +345,7 @@ def check_loaded_stream(
     num_tasks = resolved_int(config.tasks)
     check_arrivals(config, num_tasks, per_round_stream=stream.per_round)
     check_task_order(config, per_round_stream=stream.per_round)
+    check_lr_schedule(config)
     return num_tasks
 
 

@@ -65,6 +65,41 @@ def check_option_pairs(config: RunConfig) -> None:
     check_run_length(config)
     check_arrivals(config)
     check_task_order(config)
+    check_lr_schedule(config)
+
+
+def check_lr_schedule(config: RunConfig) -> None:
+    """Refuse a per-task ``--lr-schedule`` without the rate it ends at, beside ``--lr-decay``
+    (two schedules for one rate) or under ``--async-shift`` (clients' tasks start in
+    different rounds, and the schedule follows the run's synchronous tasks); refuse
+    ``--lr-end`` with no per-task schedule to read it, and a zero end for the exponential."""
+    schedule = config.lr_schedule
+    if schedule == "run":
+        if config.lr_end is not None:
+            raise UserError(
+                "--lr-end sets where a per-task --lr-schedule ends, and this run has none; "
+                "pass --lr-schedule task-cosine or task-exponential, or drop --lr-end."
+            )
+        return
+    if config.lr_end is None:
+        raise UserError(
+            f"--lr-schedule {schedule} needs the rate it moves towards; pass --lr-end "
+            "(LANDER's code: 1e-3, MFCL's: 0.01)."
+        )
+    if schedule == "task-exponential" and config.lr_end == 0:
+        raise UserError(
+            "--lr-schedule task-exponential cannot reach a rate of 0 (lr·(0/lr)^(i/R)); "
+            "pass a positive --lr-end or use task-cosine."
+        )
+    for flag, given in (
+        ("--lr-decay", config.lr_decay != 1.0),
+        ("--async-shift", config.async_shift != 0),
+    ):
+        if given:
+            raise UserError(
+                f"--lr-schedule {schedule} restarts the rate at the run's synchronous task "
+                f"starts, which {flag} does not follow; drop one of them."
+            )
 
 
 def check_run_length(config: RunConfig, tasks: int | None = None) -> None:
