@@ -301,6 +301,12 @@ class LANDEROptions:
     kd_steps: int = option(
         50, "KD student steps per kept synthesis round (lander.py:25: 50)", positive_int
     )
+    best_model: bool = option(
+        True,
+        "at each task's end, restore the round-start global model whose round's clients "
+        "summed the lowest first-epoch loss (lander.py:748-771); false keeps the last average",
+        boolean,
+    )
 
 
 @dataclass(frozen=True)
@@ -877,7 +883,7 @@ LANDER = Declaration(
     paper="Tran et al., CVPR 2024 (LANDER), as its official code runs it",
     roles=frozenset({Role.LEARNER, Role.LOSS_TERM}),
     options=LANDEROptions,
-    payloads=(Payload("lander.pool", "broadcast"),),
+    payloads=(Payload("lander.pool", "broadcast"), Payload("lander.loss", "upload")),
     # The synthesis at every task end but the last, after the task's last aggregation.
     server_schedule=True,
 )

@@ -42,6 +42,7 @@ from cfl_bench.strategies import declarations
 from cfl_bench.strategies.base import ClientInputs, Declaration, StrategyEnv, TaskEndWork
 from cfl_bench.strategies.declarations import LANDEROptions
 from cfl_bench.strategies.lander_anchors import load_anchors
+from cfl_bench.strategies.lander_best import LOSS, LowestLossStart
 from cfl_bench.strategies.lander_loss import current_task_loss, synthetic_batch, task_weights
 from cfl_bench.strategies.lander_model import (
     EmbeddingModel,
@@ -54,7 +55,7 @@ from cfl_bench.strategies.synthesis_nayer import NayerOptions, NayerSynthesizer,
 from cfl_bench.strategies.target import TARGET, classifier_name, require_batchnorm
 
 if TYPE_CHECKING:
-    from cfl_bench.core.context import ClientState, LocalRound
+    from cfl_bench.core.context import ClientState, LocalRound, ServerState, Upload
 
 
 class LANDER(TARGET):
@@ -77,6 +78,7 @@ class LANDER(TARGET):
             self.opts.anchors, env.stream_name, env.num_classes, env.encode_texts
         )
         self.feature_width = 0
+        self.best = LowestLossStart()
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """The run's model with the code's ``mapping`` head into the anchors' space."""
@@ -153,6 +155,31 @@ class LANDER(TARGET):
             features_from=self.feature_width,
         )
         return ReplayPlan(draws=1, terms=(distil,), batch_weight=0.0, draw_size=self.syn_bs)
+
+    # -- the code's best_model (strategies.lander_best) -------------------------------------------
+    def after_local(self, client: ClientState, upload: Upload, local: LocalRound) -> None:
+        """Upload the first local epoch's summed loss (the code's ``total_loss``)."""
+        if self.opts.best_model:
+            assert local.first_epoch_loss is not None, "the sequential executor sums it"
+            upload.extras[LOSS] = local.first_epoch_loss.detach().reshape(1)
+
+    def receive_upload(self, upload: Upload, server: ServerState) -> None:
+        loss = upload.extras.get(LOSS)
+        if loss is not None:
+            self.best.add(loss, server)
+
+    def after_aggregate(self, server: ServerState) -> None:
+        """The task's lowest-loss round start into θ_g at its end, then the synthesis."""
+        if self.opts.best_model:
+            self.best.close_round(server)
+        super().after_aggregate(server)
+
+    def state_dict(self) -> dict[str, object]:
+        return {**super().state_dict(), "best": self.best.state()}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        super().load_state_dict(state)
+        self.best.load(state["best"])  # type: ignore[arg-type]
 
     def epoch_steps(self, client: ClientState) -> int:
         """Uncapped: the code's epochs walk the task data; the pool's walk cycles."""

@@ -223,14 +223,16 @@ CASES: dict[str, tuple[bool, list[str]]] = {
         ],
     ),
     # LANDER: the MiniLM label-text anchors and the mapping head beside the CNN's classifier;
-    # after task 1 the server's NAYER synthesis (1 warm-up round, then 2 rounds of 2
-    # generator steps on 16 images, 2 student KD steps each) fills the pool; in task 2 the
-    # clients' steps add w_pre · (KD over the old classes + the embeddings' MSE) on it.
+    # at each task end the round-start model of the lower summed first-epoch loss becomes
+    # θ_g (the code's best_model); after task 1 the server's NAYER synthesis (1 warm-up
+    # round, then 2 rounds of 2 generator steps on 16 images, 2 student KD steps each)
+    # fills the pool; in task 2 the clients' steps add w_pre · (KD over the old classes +
+    # the embeddings' MSE) on it.
     "seq-cifar10-cnn-lander": (
         True,
         [
             *("--stream", "seq-cifar10", "--model", "cifar-cnn", "--tasks", "2"),
-            *("--rounds-per-task", "1", "--clients", "3"),
+            *("--rounds-per-task", "2", "--clients", "3"),
             *("--train-size", "2000", "--test-size", "500"),
             "--strategy",
             "lander:syn_round=2,warmup=1,g_steps=2,synthesis_batch_size=16,kd_steps=2",

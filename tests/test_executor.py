@@ -185,3 +185,29 @@ def test_dropout_masks_depend_only_on_seed_round_and_client() -> None:
     assert torch.equal(F.dropout(ones, 0.5, training=True), first)
     seed_torch_default(3, "dropout", 2, 6)
     assert not torch.equal(F.dropout(ones, 0.5, training=True), first)
+
+
+def test_a_client_update_sums_its_first_epochs_step_losses_apart() -> None:
+    """``LocalRound.first_epoch_loss`` (LANDER's best-model criterion): with one batch an
+    epoch and lr 0, both epochs' steps have the same loss, so the first epoch's sum is half
+    the round's; with one epoch it is the round's."""
+    from cfl_bench.core.context import LocalRound
+
+    seen: list[LocalRound] = []
+
+    class Spy(Component):
+        name = "spy"
+
+        def after_local(self, client, upload, local):  # type: ignore[no-untyped-def]
+            seen.append(local)
+
+    for epochs in (2, 1):
+        strategy = build_strategy("fedavg")
+        strategy.components.append(Spy())
+        fed = digits_federation(strategy, epochs=epochs, lr=1e-30, batch_size=10_000)
+        fed.enter_round(0)
+        trainer = fed.executor.trainer  # type: ignore[attr-defined]
+        result = trainer.update(ClientJob(fed.clients[0], fed.round_server.make_broadcast()))
+        first = seen[-1].first_epoch_loss
+        assert first is not None and result.steps == epochs
+        assert first.item() == pytest.approx(result.loss_sum.item() / epochs, rel=1e-6)

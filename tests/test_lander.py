@@ -112,6 +112,7 @@ def test_the_options_default_to_the_official_codes_values() -> None:
     assert (o.ltc, o.r, o.cur, o.pre, o.tau) == (5.0, 0.015, 0.2, 0.4, 2.0)
     assert (o.syn_bs, o.nums, o.syn_round, o.warmup) == (1, 10000, 40, 10)
     assert (o.g_steps, o.synthesis_batch_size, o.kd_steps, o.anchors) == (40, 256, 50, "minilm")
+    assert o.best_model  # lander.py:748-771: _fl_train always loads best_model at its end
     e = nayer_defaults()
     # main.py:89, 91–94; lander.py:24, 22, 402
     assert (e.lr_g, e.bn, e.oh, e.adv, e.nz) == (2e-3, 1.0, 0.5, 1.0, 256)
@@ -453,3 +454,58 @@ def test_the_synthesis_is_priced_in_steps_by_kind_and_off_on_the_probe_copy(
 def test_minilm_anchors_without_the_runs_encoder_are_refused() -> None:
     with pytest.raises(UserError, match="needs the sentence encoder, which this run does not"):
         load_anchors("minilm", "seq-cifar10", 10)
+
+
+# -- the code's best_model ----------------------------------------------------------------------
+
+
+def best_model_server(round_index: int, params: float, task_end: bool) -> SimpleNamespace:
+    """The server's view the best-model hooks read: θ_g (all ``params``), one buffer."""
+    return SimpleNamespace(
+        round_index=round_index,
+        task=0,
+        global_params=torch.full((3,), params),
+        global_buffers=torch.full((1,), -params),
+        is_task_end=task_end,
+    )
+
+
+def test_the_task_end_model_is_the_round_start_with_the_lowest_summed_loss(
+    tmp_path: Path,
+) -> None:
+    """Three rounds of a task start from θ_g = 1, 2, 3; their clients' first-epoch losses
+    sum to 5, 3 and 3: round 2's start (the first of the two lowest, the code's strict <)
+    becomes θ_g after the task's last aggregation; the next task starts over."""
+    learner, _ = lander_learner(tmp_path)
+    learner.synthesizes = False  # no synthesis: the probe's copy
+    sums = {1: (2.0, 3.0), 2: (1.0, 2.0), 3: (1.5, 1.5)}
+    for round_index, losses in sums.items():
+        server = best_model_server(round_index, float(round_index), task_end=round_index == 3)
+        for client, loss in enumerate(losses):
+            upload = SimpleNamespace(client=client, extras={"lander.loss": torch.tensor([loss])})
+            learner.receive_upload(upload, server)  # type: ignore[arg-type]
+        server.global_params = torch.full((3,), 10.0 * round_index)  # the round's average
+        learner.after_aggregate(server)  # type: ignore[arg-type]
+    assert torch.equal(server.global_params, torch.full((3,), 2.0))
+    assert torch.equal(server.global_buffers, torch.full((1,), -2.0))
+    assert learner.best.lowest == math.inf and learner.best.params is None
+    # The option off: the last average stays.
+    learner.opts = dataclasses.replace(learner.opts, best_model=False)
+    server = best_model_server(4, 4.0, task_end=True)
+    server.global_params = torch.full((3,), 40.0)
+    learner.after_aggregate(server)  # type: ignore[arg-type]
+    assert torch.equal(server.global_params, torch.full((3,), 40.0))
+
+
+def test_a_client_uploads_its_first_epochs_summed_loss(tmp_path: Path) -> None:
+    learner, model = lander_learner(tmp_path)
+    client = ClientState(index=0, generator=torch.Generator(), buffer=None)
+    broadcast = cast(Broadcast, SimpleNamespace(device=torch.device("cpu")))
+    local = LocalRound(model, broadcast, first_epoch_loss=torch.tensor(7.5))
+    upload = SimpleNamespace(extras={})
+    learner.after_local(client, upload, local)  # type: ignore[arg-type]
+    assert torch.equal(upload.extras["lander.loss"], torch.tensor([7.5]))
+    learner.opts = dataclasses.replace(learner.opts, best_model=False)
+    upload = SimpleNamespace(extras={})
+    learner.after_local(client, upload, local)  # type: ignore[arg-type]
+    assert upload.extras == {}

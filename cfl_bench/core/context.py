@@ -165,6 +165,9 @@ class LocalRound:
     # Each component's ``client_inputs`` for this client's round, by component name (absent:
     # the component does nothing on this client's steps this round).
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The summed step losses of the first local epoch (LANDER's ``best_model`` criterion,
+    # the code's ``total_loss``); None before training and on executors that do not keep it.
+    first_epoch_loss: torch.Tensor | None = None
 
 
 @dataclass

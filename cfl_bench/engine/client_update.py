@@ -149,8 +149,8 @@ class LocalTrainer:
         """The whole client update: start, local steps (timed), probes, upload."""
         local = self.start(job)
         started = time.perf_counter()
-        loss_sum, steps = self.local_steps(job.client, local)
-        local = dataclasses.replace(local, steps=steps)
+        loss_sum, steps, first_epoch = self.local_steps(job.client, local)
+        local = dataclasses.replace(local, steps=steps, first_epoch_loss=first_epoch)
         if self.model.params.device.type == "cuda":
             torch.cuda.synchronize(self.model.params.device)  # once per client: honest timing
         seconds = time.perf_counter() - started
@@ -221,8 +221,10 @@ class LocalTrainer:
         ]
         return torch.stack(scores).mean()
 
-    def local_steps(self, client: ClientState, local: LocalRound) -> tuple[torch.Tensor, int]:
+    def local_steps(
+        self, client: ClientState, local: LocalRound
+    ) -> tuple[torch.Tensor, int, torch.Tensor]:
         """The client's epochs over its data (``engine.one_client.local_steps``: each batch
-        one ``StepDriver.step`` on this client's backend); returns the summed loss and the
-        step count."""
+        one ``StepDriver.step`` on this client's backend); returns the summed loss, the
+        step count and the first epoch's summed loss."""
         return local_steps(self, client, local)

@@ -411,19 +411,21 @@ class OneClientBackend:
 
 def local_steps(
     trainer: LocalTrainer, client: ClientState, local: LocalRound
-) -> tuple[torch.Tensor, int]:
+) -> tuple[torch.Tensor, int, torch.Tensor]:
     """The client's epochs over its data, each batch one ``StepDriver.step`` on
-    ``trainer.backend``; returns the summed loss and the step count."""
+    ``trainer.backend``; returns the summed loss, the step count and the first epoch's
+    summed loss (``LocalRound.first_epoch_loss``)."""
     s, backend = trainer.steps, trainer.backend
     trainer.model.module.train()
     trainer.optimizer.reset()
     trainer.optimizer.lr = trainer.round_lr(local.broadcast.round_index)
     first_visit = start_visit(client)
     loss_sum = torch.zeros((), device=trainer.model.params.device)
+    first_epoch = torch.zeros((), device=loss_sum.device)
     cap = trainer.driver.learner.epoch_steps(client)
     batches = ClientBatches(client, s.epochs, s.batch_size, trainer.augment, loss_sum.device, cap)
     if batches.total == 0:
-        return loss_sum, 0
+        return loss_sum, 0, first_epoch
     augment, gen = trainer.augment, client.generator
 
     def augmented(x: torch.Tensor) -> torch.Tensor:
@@ -450,9 +452,12 @@ def local_steps(
             keep_representation=trainer.keep_representation,
             inputs=local.inputs,
         )
-        loss_sum += trainer.driver.step(backend)
+        step_loss = trainer.driver.step(backend)
+        loss_sum += step_loss
+        if batches.epoch == 0:
+            first_epoch += step_loss
     backend.current = None
     if backend.scaler is not None:
         backend.scaler.save([client])
         backend.scaler = None
-    return loss_sum, batches.total
+    return loss_sum, batches.total, first_epoch
