@@ -364,6 +364,10 @@ class ExtraWork:
         default=None, compare=False
     )
     task_end_server_units: float = 0
+    # Rows each local step forwards and back-propagates besides its batch, in every task
+    # after the first (MFCL's ``syn_size`` generated rows joined to the batch), priced as
+    # forward + backward samples.
+    step_rows_after_first_task: int = 0
 
 
 def listed_roles(

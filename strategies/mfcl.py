@@ -191,8 +191,11 @@ class MFCL(TARGET):
         return {f"after-task-{self.generator_task}": (self.shown, self.shown_labels)}
 
     def extra_work(self) -> ExtraWork:
-        """The generator's training at every task end but the last: ``pi`` steps."""
-        return ExtraWork(task_end_server=self.synthesis_work)
+        """The generator's training at every task end but the last (``pi`` steps), and the
+        ``syn_size`` generated rows every local step of a later task trains on."""
+        return ExtraWork(
+            task_end_server=self.synthesis_work, step_rows_after_first_task=self.opts.syn_size
+        )
 
     def synthesis_work(self, model: nn.Module) -> TaskEndWork:
         """``pi`` units of one generator step each, on ``model`` as the teacher."""

@@ -198,6 +198,21 @@ def test_task_end_server_work_counts_every_task_end_but_the_last() -> None:
     assert only.task_end_forward and only.task_end_server_units == 0
 
 
+def test_generated_rows_count_each_later_task_step() -> None:
+    """MFCL's syn_size generated rows per local step, in task 2 only: clients of 5, 30 and
+    11 samples take 1, 3 and 2 batches of 10, twice (2 epochs), in each of task 2's 2 rounds:
+    2 · 2 · (1 + 3 + 2) = 24 steps of 7 rows."""
+    s = schedule()
+    extra = ExtraWork(step_rows_after_first_task=7)
+    w = cost.workload(
+        s, s.clock(), SHARDS, [10, 10], needs_buffer=False, needs_history=False,
+        work=cost.StrategyWork((extra,), holdouts=(0, 0)),
+    )  # fmt: skip
+    assert w.parts["generated rows"] == 24 * 7
+    mfcl = build_strategy("mfcl:syn_size=16").learner.extra_work()
+    assert mfcl.step_rows_after_first_task == 16
+
+
 def test_exemplar_passes_cover_every_client_with_data_at_task_ends() -> None:
     """iCaRL's herding runs on every client holding the task, trained this round or not:
     at half participation the task-end passes are not halved."""

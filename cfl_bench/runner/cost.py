@@ -96,7 +96,7 @@ FORWARD_PARTS = (
     "task-end activations",
     "exemplar passes",
 )
-BACKWARD_PARTS = ("client requests", "client extra passes", "distillation")
+BACKWARD_PARTS = ("client requests", "client extra passes", "distillation", "generated rows")
 # Units of server work a component times itself (``ExtraWork.server_unit``), by purpose.
 SERVER_PARTS = ("gradient inversion", "task-end server work")
 
@@ -356,6 +356,9 @@ def count_client_extras(
             parts["client extra passes"] += f * min(n, batches * s.steps.batch_size)
         if extra.task_end_forward and at.task_end:
             parts["task-end activations"] += f * n
+        if extra.step_rows_after_first_task and at.task > 0 and n:
+            steps = math.ceil(n / s.steps.batch_size) * s.steps.epochs
+            parts["generated rows"] += f * steps * extra.step_rows_after_first_task
         if extra.task_end_client_passes and at.task_end:  # every client there, trained or not
             parts["exemplar passes"] += extra.task_end_client_passes * n
         starts = extra.task_start_samples or extra.task_start_server_units
