@@ -12,7 +12,7 @@ from cfl_bench.core.buffer import ReservoirBuffer
 from cfl_bench.core.context import Broadcast, ClientState, LocalRound, ServerState, StepContext
 from cfl_bench.core.flat import FlatModel
 from cfl_bench.core.objective import Classification
-from cfl_bench.engine.client_update import LocalTrainer, StepSchedule
+from cfl_bench.engine.client_update import ClientJob, LocalTrainer, StepSchedule
 from cfl_bench.engine.executor import SequentialExecutor
 from cfl_bench.engine.loop import Federation, Schedule, new_server
 from cfl_bench.engine.optim import FlatSGD
@@ -240,3 +240,15 @@ def round_server(
     trainer = LocalTrainer(model, optimizer, strategy, steps, None, Classification())
     executor = SequentialExecutor(trainer)
     return RoundServer(srv, strategy, len(srv.clients), "samples", 0), executor
+
+
+def first_update(fed: Federation, round_index: int) -> tuple[float, torch.Tensor]:
+    """Client 0's update in run round ``round_index`` (1-based) from the federation's
+    initial θ_g: the learning rate it trained with and how far its parameters moved."""
+    fed.enter_round(0)
+    trainer = fed.executor.trainer  # type: ignore[attr-defined]
+    fed.server.round_index = round_index
+    broadcast = fed.round_server.make_broadcast()
+    before = broadcast.params.clone()
+    trainer.update(ClientJob(fed.clients[0], broadcast))
+    return trainer.optimizer.lr, trainer.model.params.detach() - before

@@ -151,22 +151,17 @@ def test_listed_roles_follow_from_hooks_and_payloads() -> None:
 def test_lr_decay_scales_each_rounds_step_and_one_changes_nothing() -> None:
     """Round r trains with lr·decay^(r−1); decay 1 gives the undecayed run bit for bit."""
     from tests.helpers import digits_federation as federation
+    from tests.helpers import first_update
 
-    def first_update(decay: float, round_index: int) -> torch.Tensor:
-        fed = federation("fedavg", lr_decay=decay)
-        fed.enter_round(0)
-        trainer = fed.executor.trainer  # type: ignore[attr-defined]
-        fed.server.round_index = round_index
-        broadcast = fed.round_server.make_broadcast()
-        before = broadcast.params.clone()
-        trainer.update(ClientJob(fed.clients[0], broadcast))
-        assert trainer.optimizer.lr == pytest.approx(0.05 * decay ** (round_index - 1))
-        return trainer.model.params.detach() - before
+    def update(decay: float, round_index: int) -> torch.Tensor:
+        lr, moved = first_update(federation("fedavg", lr_decay=decay), round_index)
+        assert lr == pytest.approx(0.05 * decay ** (round_index - 1))
+        return moved
 
-    assert torch.equal(first_update(1.0, 3), first_update(1.0, 1))
-    step = first_update(0.5, 1)
-    assert torch.equal(first_update(0.5, 1), step)
-    assert not torch.equal(first_update(0.5, 3), step)
+    assert torch.equal(update(1.0, 3), update(1.0, 1))
+    step = update(0.5, 1)
+    assert torch.equal(update(0.5, 1), step)
+    assert not torch.equal(update(0.5, 3), step)
 
 
 def test_dropout_masks_depend_only_on_seed_round_and_client() -> None:

@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from cfl_bench.engine.client_update import ClientJob
 from cfl_bench.engine.lr_schedule import TaskLR
 from cfl_bench.runner.config import make_config
 from cfl_bench.runner.plan import task_lr
-from tests.helpers import digits_federation
+from tests.helpers import digits_federation, first_update
 from tests.sweep_helpers import in_process
 
 
@@ -62,21 +61,14 @@ def test_each_rounds_client_update_trains_at_its_tasks_rate() -> None:
     rounds 2 and 4 at 0.05 · 0.1^(1/2); the steps differ with the rate."""
     schedule = TaskLR("task-exponential", 0.005, starts=(0, 2), lengths=(2, 2))
 
-    def first_update(round_index: int) -> tuple[float, torch.Tensor]:
-        fed = digits_federation("fedavg", task_lr=schedule)
-        fed.enter_round(0)
-        trainer = fed.executor.trainer  # type: ignore[attr-defined]
-        fed.server.round_index = round_index
-        broadcast = fed.round_server.make_broadcast()
-        before = broadcast.params.clone()
-        trainer.update(ClientJob(fed.clients[0], broadcast))
-        return trainer.optimizer.lr, trainer.model.params.detach() - before
+    def update(round_index: int) -> tuple[float, torch.Tensor]:
+        return first_update(digits_federation("fedavg", task_lr=schedule), round_index)
 
-    rates = [first_update(r)[0] for r in (1, 2, 3, 4)]
+    rates = [update(r)[0] for r in (1, 2, 3, 4)]
     low = 0.05 * 0.1**0.5
     assert rates == pytest.approx([0.05, low, 0.05, low], rel=1e-12)
-    assert torch.equal(first_update(3)[1], first_update(1)[1])  # the same rate, the same step
-    assert not torch.equal(first_update(2)[1], first_update(1)[1])
+    assert torch.equal(update(3)[1], update(1)[1])  # the same rate, the same step
+    assert not torch.equal(update(2)[1], update(1)[1])
 
 
 def test_the_default_schedule_leaves_the_protocol_unchanged() -> None:

@@ -15,6 +15,11 @@ if TYPE_CHECKING:
     from cfl_bench.strategies.compose import Strategy
 
 
+def first_given(*flags: tuple[str, object]) -> str | None:
+    """The first of (flag, given) pairs whose value is set: the option a refusal names."""
+    return next((flag for flag, given in flags if given), None)
+
+
 def check_diagnostics(config: RunConfig, capabilities: frozenset[str] | None = None) -> None:
     """``--diagnostics`` reads the global model every round and class logits: refuse it
     without ``--eval-every-round`` and on streams whose models give no class logits."""
@@ -91,15 +96,14 @@ def check_lr_schedule(config: RunConfig) -> None:
             "--lr-schedule task-exponential cannot reach a rate of 0 (lr·(0/lr)^(i/R)); "
             "pass a positive --lr-end or use task-cosine."
         )
-    for flag, given in (
-        ("--lr-decay", config.lr_decay != 1.0),
-        ("--async-shift", config.async_shift != 0),
-    ):
-        if given:
-            raise UserError(
-                f"--lr-schedule {schedule} restarts the rate at the run's synchronous task "
-                f"starts, which {flag} does not follow; drop one of them."
-            )
+    other = first_given(
+        ("--lr-decay", config.lr_decay != 1.0), ("--async-shift", config.async_shift != 0)
+    )
+    if other is not None:
+        raise UserError(
+            f"--lr-schedule {schedule} restarts the rate at the run's synchronous task "
+            f"starts, which {other} does not follow; drop one of them."
+        )
 
 
 def check_run_length(config: RunConfig, tasks: int | None = None) -> None:
@@ -151,16 +155,16 @@ def check_arrivals(
             f"{arrivals.new} = {total} clients over {tasks} tasks, and --clients is "
             f"{config.clients}; pass --clients {total}."
         )
-    for flag, given in (
+    flag = first_given(
         ("--participation", config.participation != 1.0),
         ("--async-shift", config.async_shift != 0),
         ("--lead-rounds", config.lead_rounds != 0),
-    ):
-        if given:
-            raise UserError(
-                f"--arrivals fixes who trains when (per_round clients of those there, at "
-                f"synchronous task boundaries), so {flag} does not apply; drop {flag}."
-            )
+    )
+    if flag is not None:
+        raise UserError(
+            f"--arrivals fixes who trains when (per_round clients of those there, at "
+            f"synchronous task boundaries), so {flag} does not apply; drop {flag}."
+        )
     if per_round_stream:
         raise UserError(
             f"stream {config.stream!r} gives each client its own data every round, so "
@@ -182,18 +186,18 @@ def check_task_order(config: RunConfig, *, per_round_stream: bool = False) -> No
     if config.task_order == "shared":
         return
     flag = "--task-order per-client"
-    for other, given in (
+    other = first_given(
         ("--arrivals", config.arrivals is not None),
         ("--async-shift", config.async_shift != 0),
         ("--lead-rounds", config.lead_rounds != 0),
         ("--diagnostics", config.diagnostics),
-    ):
-        if given:
-            raise UserError(
-                f"{flag} has every client enter its next task at the same synchronous "
-                f"boundary and scores each on its own tasks, which {other} does not follow; "
-                f"drop one of them."
-            )
+    )
+    if other is not None:
+        raise UserError(
+            f"{flag} has every client enter its next task at the same synchronous "
+            f"boundary and scores each on its own tasks, which {other} does not follow; "
+            f"drop one of them."
+        )
     if per_round_stream:
         raise UserError(
             f"stream {config.stream!r} gives each client its own data every round, so "
