@@ -21,9 +21,7 @@ belong here: a partitioner only says *what* data a client holds within one task.
 
 from __future__ import annotations
 
-import abc
 import math
-from typing import ClassVar
 
 import numpy as np
 import torch
@@ -31,6 +29,13 @@ import torch
 from cfl_bench.core.errors import UserError
 from cfl_bench.core.seeding import derive_seed, generator
 from cfl_bench.core.text_values import quoted
+from cfl_bench.streams.partition_base import (
+    Partitioner,
+    check_labels,
+    check_positive_int,
+    task_classes,
+)
+from cfl_bench.streams.partition_quantity import LabelQuantityPartitioner
 from cfl_bench.streams.partition_spec import (  # noqa: F401 - re-exported: the partition names
     OPTION_PARSERS,
     PARTITIONERS,
@@ -38,22 +43,6 @@ from cfl_bench.streams.partition_spec import (  # noqa: F401 - re-exported: the 
     unknown_option,
     unknown_partition,
 )
-
-
-class Partitioner(abc.ABC):
-    """Splits one task's training indices among clients."""
-
-    name: ClassVar[str]
-
-    @abc.abstractmethod
-    def split(
-        self, labels: torch.Tensor, num_clients: int, *, task: int, seed: int
-    ) -> list[torch.Tensor]:
-        """One ascending int64 CPU index tensor per client, into the task's train split."""
-
-    def describe(self) -> dict[str, object]:
-        """JSON-able options that define the split, for the protocol hash."""
-        return {"name": self.name}
 
 
 class ShardPartitioner(Partitioner):
@@ -70,14 +59,14 @@ class ShardPartitioner(Partitioner):
     name = "shards"
 
     def __init__(self, shards_per_client: int = 2) -> None:
-        _check_positive_int("shards_per_client", shards_per_client)
+        check_positive_int("shards_per_client", shards_per_client)
         self.shards_per_client = shards_per_client
 
     def split(
         self, labels: torch.Tensor, num_clients: int, *, task: int, seed: int
     ) -> list[torch.Tensor]:
-        labels = _check_labels(labels)
-        _check_positive_int("number of clients", num_clients)
+        labels = check_labels(labels)
+        check_positive_int("number of clients", num_clients)
         num_shards = self.shards_per_client * num_clients
         total = labels.shape[0]
         if total < num_shards:
@@ -119,14 +108,14 @@ class ClassShardPartitioner(Partitioner):
     name = "class-shards"
 
     def __init__(self, shards_per_client: int = 2) -> None:
-        _check_positive_int("shards_per_client", shards_per_client)
+        check_positive_int("shards_per_client", shards_per_client)
         self.shards_per_client = shards_per_client
 
     def split(
         self, labels: torch.Tensor, num_clients: int, *, task: int, seed: int
     ) -> list[torch.Tensor]:
-        labels = _check_labels(labels)
-        _check_positive_int("number of clients", num_clients)
+        labels = check_labels(labels)
+        check_positive_int("number of clients", num_clients)
         classes = torch.unique(labels)
         per_class = self._shards_per_class(num_clients, int(classes.numel()))
         rng = generator(seed, "partition", "class-shards")
@@ -181,8 +170,8 @@ class IIDPartitioner(Partitioner):
     def split(
         self, labels: torch.Tensor, num_clients: int, *, task: int, seed: int
     ) -> list[torch.Tensor]:
-        labels = _check_labels(labels)
-        _check_positive_int("number of clients", num_clients)
+        labels = check_labels(labels)
+        check_positive_int("number of clients", num_clients)
         total = labels.shape[0]
         if total < num_clients:
             raise UserError(
@@ -239,7 +228,7 @@ class DirichletPartitioner(Partitioner):
             raise UserError(
                 f"dirichlet min_size must be an integer >= 0, got {min_size!r}; use e.g. 10"
             )
-        _check_positive_int("dirichlet max_redraws", max_redraws)
+        check_positive_int("dirichlet max_redraws", max_redraws)
         self.alpha = float(alpha)
         self.min_size = min_size
         self.max_redraws = max_redraws
@@ -247,8 +236,8 @@ class DirichletPartitioner(Partitioner):
     def split(
         self, labels: torch.Tensor, num_clients: int, *, task: int, seed: int
     ) -> list[torch.Tensor]:
-        labels = _check_labels(labels)
-        _check_positive_int("number of clients", num_clients)
+        labels = check_labels(labels)
+        check_positive_int("number of clients", num_clients)
         total = labels.shape[0]
         if total < num_clients * self.min_size:
             raise UserError(
@@ -336,21 +325,14 @@ class ClassSubsetPartitioner(Partitioner):
     name = "class-subsets"
 
     def __init__(self, classes_per_client: int = 6) -> None:
-        _check_positive_int("classes_per_client", classes_per_client)
+        check_positive_int("classes_per_client", classes_per_client)
         self.classes_per_client = classes_per_client
 
     def split(
         self, labels: torch.Tensor, num_clients: int, *, task: int, seed: int
     ) -> list[torch.Tensor]:
-        labels = _check_labels(labels)
-        _check_positive_int("number of clients", num_clients)
-        classes = torch.unique(labels)
-        if self.classes_per_client > classes.numel():
-            raise UserError(
-                f"the class-subsets partition gives every client {self.classes_per_client} "
-                f"classes of the task but task {task + 1} has {classes.numel()}; use "
-                f"class-subsets:classes_per_client={classes.numel()} or fewer"
-            )
+        per_client = (self.name, "classes_per_client", self.classes_per_client)
+        labels, classes = task_classes(labels, num_clients, per_client, task)
         rng = generator(seed, "partition", "class-subsets", task)
         parts = []
         for _ in range(num_clients):
@@ -374,6 +356,7 @@ _PARTITIONER_TYPES: dict[str, type[Partitioner]] = {
     IIDPartitioner.name: IIDPartitioner,
     DirichletPartitioner.name: DirichletPartitioner,
     ClassSubsetPartitioner.name: ClassSubsetPartitioner,
+    LabelQuantityPartitioner.name: LabelQuantityPartitioner,
 }
 
 
@@ -424,8 +407,8 @@ def client_class_counts(
     Why: the per-client label mix is the one number that says how skewed a split is, so it
     is written to config.json next to the partition options.
     """
-    labels = _check_labels(labels)
-    _check_positive_int("number of classes", num_classes)
+    labels = check_labels(labels)
+    check_positive_int("number of classes", num_classes)
     if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
         raise ValueError(
             f"labels must lie in [0, {num_classes}), got {int(labels.min())}..{int(labels.max())}"
@@ -446,15 +429,3 @@ def _group_by_owner(owner: np.ndarray, sizes: np.ndarray) -> list[torch.Tensor]:
     order = torch.from_numpy(np.argsort(owner, kind="stable"))
     # Clone so each part owns its storage (saving one part must not serialise them all).
     return [part.clone() for part in torch.split(order, sizes.tolist())]
-
-
-def _check_labels(labels: torch.Tensor) -> torch.Tensor:
-    """Labels as a 1-D int64 CPU tensor (partitioning is host-side bookkeeping)."""
-    if labels.dim() != 1 or labels.dtype != torch.int64:
-        raise ValueError(f"labels must be 1-D int64, got {labels.dtype} {tuple(labels.shape)}")
-    return labels.cpu()
-
-
-def _check_positive_int(what: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UserError(f"{what} must be a positive integer, got {value!r}")

@@ -30,6 +30,9 @@ PARTITIONERS: dict[str, str] = {
     "redrawn until every client has min_size (default 10); drawn afresh per task",
     "class-subsets": "GLFC: every client holds all examples of classes_per_client (default "
     "6) random classes of the task, so clients share examples; drawn afresh per task",
+    "label-quantity": "NIID-Bench's #C=k: every client holds labels_per_client (default 2) "
+    "distinct classes of the task (client i class i mod C, then random), each class split "
+    "evenly among its holders; drawn afresh per task",
 }
 
 
@@ -121,4 +124,5 @@ OPTION_PARSERS: dict[str, dict[str, Callable[[str], object]]] = {
         "max_redraws": positive_int,
     },
     "class-subsets": {"classes_per_client": positive_int},
+    "label-quantity": {"labels_per_client": positive_int},
 }

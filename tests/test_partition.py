@@ -86,12 +86,19 @@ def test_too_few_samples_is_a_user_error() -> None:
 
 
 def test_build_partitioner_by_name() -> None:
-    assert set(PARTITIONERS) == {"shards", "class-shards", "iid", "dirichlet", "class-subsets"}
+    assert set(PARTITIONERS) == {
+        "shards",
+        "class-shards",
+        "iid",
+        "dirichlet",
+        "class-subsets",
+        "label-quantity",
+    }
     shards = build_partitioner("shards", shards_per_client=3)
     assert isinstance(shards, ShardPartitioner) and shards.shards_per_client == 3
     assert shards.describe()["shards_per_client"] == 3
     assert build_partitioner("iid").describe()["name"] == "iid"
-    with pytest.raises(UserError, match=r"unknown partition 'lda'.*iid, shards"):
+    with pytest.raises(UserError, match=r"unknown partition 'lda'.*iid, label-quantity, shards"):
         build_partitioner("lda")
     with pytest.raises(UserError, match="partition 'iid' takes no options"):
         build_partitioner("iid", alpha=0.3)

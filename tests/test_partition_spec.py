@@ -203,14 +203,14 @@ BAD: list[tuple[str, str]] = [
     (
         "dirichlt",
         "unknown partition 'dirichlt' (did you mean 'dirichlet'?); choose one of: "
-        "class-shards, class-subsets, dirichlet, iid, shards.",
+        "class-shards, class-subsets, dirichlet, iid, label-quantity, shards.",
     ),
     ("shard", "unknown partition 'shard' (did you mean 'shards'?)"),
     ("lda", "unknown partition 'lda' (did you mean 'dirichlet'?)"),
     (
         "foo",
         "unknown partition 'foo'; choose one of: class-shards, class-subsets, dirichlet, iid, "
-        "shards.",
+        "label-quantity, shards.",
     ),
     (
         "DIRICHLET",
