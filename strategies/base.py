@@ -308,6 +308,10 @@ class StrategyEnv:
     # bound by the runner so strategies import no stream module; None: this run offers
     # none. LANDER encodes its class names with it.
     encode_texts: Callable[[Sequence[str]], torch.Tensor] | None = None
+    # A class-split stream's ``--class-order``: ``class_order[i]`` is the original class of
+    # label i (None: natural order), so what names classes by label (LANDER's anchors)
+    # names label i after that class.
+    class_order: tuple[int, ...] | None = None
 
 
 #: A task end's server work by kind: (units per task end, one unit's callable) each.

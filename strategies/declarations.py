@@ -255,7 +255,8 @@ class LANDEROptions:
         "minilm",
         "label-text-embedding anchors: minilm (the suite's MiniLM encoder on the class "
         "names; the code loads CLIP vectors it ships without a licence) or the PATH of a "
-        "torch.save'd tensor of classes × dim",
+        "torch.save'd tensor of classes × dim, rows in the data's own label order (under "
+        "--class-order both are permuted as the labels are)",
         text,
     )
     ltc: float = option(

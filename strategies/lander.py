@@ -75,7 +75,11 @@ class LANDER(TARGET):
         self.syn_bs = synthetic_batch(self.opts.syn_bs, env.batch_size)
         self.kd_batch = env.batch_size
         self.anchors = load_anchors(
-            self.opts.anchors, env.stream_name, env.num_classes, env.encode_texts
+            self.opts.anchors,
+            env.stream_name,
+            env.num_classes,
+            env.encode_texts,
+            env.class_order,
         )
         self.feature_width = 0
         self.best = LowestLossStart()

@@ -11,7 +11,8 @@ cannot be fetched; two sources instead (the option ``anchors``):
   ``streams.text.encode_texts``, bound by the runner as ``StrategyEnv.encode_texts``) on
   the stream's class names, underscores read as spaces;
 - ``PATH`` (any other value: a file): a tensor of classes × dim saved with ``torch.save``
-  (e.g. the code's CLIP vectors, which a user may hold), rows in the stream's label order.
+  (e.g. the code's CLIP vectors, which a user may hold), rows in the data's own label order
+  (natural, also under ``--class-order``: the rows are then permuted as the labels are).
   Written as the path alone, not ``file:PATH``: the strategy grammar keeps ':' for the one
   between a component and its options (and a path must hold no ',', '=', ':' or '+').
 
@@ -105,9 +106,16 @@ def file_anchors(path: str) -> torch.Tensor:
 
 
 def load_anchors(
-    source: str, stream_name: str, num_classes: int, encode: TextEncoder | None = None
+    source: str,
+    stream_name: str,
+    num_classes: int,
+    encode: TextEncoder | None = None,
+    class_order: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
-    """The anchors of ``source`` for the stream: one row per class, checked."""
+    """The anchors of ``source`` for the stream: one row per class, checked, row i for label
+    i. Both sources are in the data's own label order; under a ``--class-order``
+    (``StrategyEnv.class_order``: label i is original class ``class_order[i]``) the rows are
+    taken in that order, as LANDER's code indexes its file (``label_emb[class_order]``)."""
     if source == "minilm":
         anchors = minilm_anchors(class_names(stream_name), encode)
     else:
@@ -115,6 +123,8 @@ def load_anchors(
     if anchors.shape[0] != num_classes:
         raise UserError(
             f"lander anchors have {anchors.shape[0]} rows but the stream has {num_classes} "
-            "classes; give one anchor per class, in label order"
+            "classes; give one anchor per class, in the data's label order"
         )
-    return anchors
+    if class_order is None:
+        return anchors
+    return anchors[torch.tensor(class_order)]

@@ -98,6 +98,9 @@ class StreamRequest:
     # The classes per task of a class-IL stream that splits its classes (``--classes-per-task``);
     # None: the stream's own.
     classes_per_task: int | None = None
+    # ``--class-order``: natural, or numpy:seed=N (``streams.class_order``); only the
+    # class-split streams take it, the catalogue refuses it elsewhere.
+    class_order: str = "natural"
 
     def require_data_root(self) -> str:
         """The data folder of a stream that needs one; ``streams.catalogue``'s
@@ -129,6 +132,9 @@ class Stream(abc.ABC):
     # Whether clients receive new data every round (:meth:`round_data`) instead of one shard
     # of each task's training split (a CARLA frame stream: vehicles keep driving).
     per_round: bool = False
+    # A class-split stream's ``--class-order``: ``class_order[i]`` is the original class of
+    # label i; None: the labels as the data has them (every other stream).
+    class_order: tuple[int, ...] | None = None
 
     def round_data(
         self, round_index: int, entries: dict[int, tuple[int, ...]]

@@ -30,6 +30,7 @@ from cfl_bench.streams.class_il import (
     ClassILStream,
     check_class_tasks,
 )
+from cfl_bench.streams.class_order import class_order
 from cfl_bench.streams.datafiles import check_data_root
 from cfl_bench.streams.digits import digits_images
 from cfl_bench.streams.domain_il import (
@@ -114,7 +115,8 @@ FOT_CIFAR_MEAN, FOT_CIFAR_STD = (0.4914, 0.4824, 0.4467), (0.2471, 0.24353, 0.26
 
 
 def build_class_il(info: StreamInfo, request: StreamRequest) -> Stream:
-    """seq-cifar10, seq-cifar100: consecutive class groups in natural order."""
+    """seq-cifar10, seq-cifar100: consecutive class groups, in natural order unless
+    ``--class-order`` permutes the labels first."""
     _, mean, std = _CIFAR[info.base]
     return _class_il(info, request, mean, std, crop_flip=True)
 
@@ -155,6 +157,7 @@ def _class_il(
         std=std,
         device=torch.device(request.device),
         crop_flip=crop_flip,
+        class_order=class_order(request.class_order, images.num_classes),
     )
 
 
@@ -236,7 +239,11 @@ def build_text(info: StreamInfo, request: StreamRequest) -> Stream:
             checked_size("test_size", request.test_size, len(texts.test_texts), texts.name),
         )
     return EmbeddedTextStream(
-        texts, name=info.name, num_tasks=request.num_tasks, device=torch.device(request.device)
+        texts,
+        name=info.name,
+        num_tasks=request.num_tasks,
+        device=torch.device(request.device),
+        class_order=class_order(request.class_order, num_classes),
     )
 
 

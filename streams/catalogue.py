@@ -74,6 +74,9 @@ class StreamInfo:
     # whose size ``--classes-per-task`` may set (the CIFAR class-IL streams).
     num_classes: int = 0
     splits_classes: bool = False
+    # Class-split streams (``streams.class_il.ClassSplitStream``) whose labels
+    # ``--class-order`` may permute before tasks are cut: the CIFAR class-IL and text streams.
+    orders_classes: bool = False
 
     def data_line(self) -> str:
         """Where the stream's data comes from, as `cfl-bench list streams` shows it."""
@@ -134,6 +137,7 @@ def _cifar_info(name: str, base: str, label: str, *, tasks: int, per_task: int) 
         supports_cutout=True,
         num_classes=tasks * per_task,
         splits_classes=True,
+        orders_classes=True,
     )
 
 
@@ -186,6 +190,7 @@ for _name, _base, _label, _tasks in (
         data=TEXT_HOLDS[_name],
         builder=f"{BUILDERS}:build_text",
         base=_base,
+        orders_classes=True,
     )
 
 
@@ -281,6 +286,18 @@ def check_cutout(info: StreamInfo, cutout: int) -> None:
             f"--cutout applies to the image streams {able}; stream {info.name!r} does not "
             "take it, drop --cutout"
         )
+
+
+def check_class_order(info: StreamInfo, class_order: str) -> None:
+    """Refuse ``--class-order numpy:...`` on a stream that does not cut tasks out of its
+    class labels (domain-IL, CARLA, static, Avalanche): there it would be silently ignored."""
+    if class_order.strip() == "natural" or info.orders_classes:
+        return
+    able = ", ".join(name for name, entry in STREAMS.items() if entry.orders_classes)
+    raise UserError(
+        f"--class-order applies to the class-split streams {able}; stream {info.name!r} does "
+        "not cut its tasks by class, drop --class-order"
+    )
 
 
 def check_classes_per_task(info: StreamInfo, classes_per_task: int | None) -> None:

@@ -1,9 +1,11 @@
 """Class-incremental image streams (Seq-CIFAR-10/100), one run scoring class-IL and task-IL.
 
 Task t holds the classes [t·c, (t+1)·c) in natural class order (c = classes per task), with
-all their train and test images. The model has one head over every class: class-IL accuracy
-takes the argmax over all logits, task-IL (computed by the engine from the same forward)
-masks the logits to the task's classes — so both matrices come from one run.
+all their train and test images; under ``--class-order numpy:seed=N`` the labels are first
+relabelled by that permutation (``relabelled``), so the same cut holds the permuted classes.
+The model has one head over every class: class-IL accuracy takes the argmax over all
+logits, task-IL (computed by the engine from the same forward) masks the logits to the
+task's classes — so both matrices come from one run.
 
 Images stay uint8 on the device, and so do a task's train and test splits (``task_train`` /
 ``task_test``); ``as_model_input`` converts a batch or an evaluation chunk to float32, scaled
@@ -87,8 +89,24 @@ def check_tasks_have_data(
                 )
 
 
+def relabelled(labels: torch.Tensor, order: tuple[int, ...] | None) -> torch.Tensor:
+    """Every label y as its position in ``order`` (``order[i]`` is the original class of new
+    label i; None: unchanged), as PyCIL's ``_map_new_class_index`` maps them.
+
+    Why before tasks are cut: partitions, heads, evaluation and buffers then see only new
+    labels, and none of them needs to know an order exists. A lookup table
+    (``inverse[order] = arange(C)``) maps every label at once.
+    """
+    if order is None:
+        return labels
+    inverse = torch.empty(len(order), dtype=labels.dtype)
+    inverse[torch.tensor(order)] = torch.arange(len(order), dtype=labels.dtype)
+    return inverse.to(labels.device)[labels]
+
+
 class ClassSplitStream(Stream):
-    """Class-IL over any labelled tensors: task t = classes [t·c, (t+1)·c), natural order.
+    """Class-IL over any labelled tensors: task t = classes [t·c, (t+1)·c) of the labels,
+    in natural order or relabelled by ``class_order`` first.
 
     Subclasses say what they store for a row (``_stored``), how stored inputs become model
     inputs (``as_model_input``, identity by default) and describe themselves; the class
@@ -107,9 +125,14 @@ class ClassSplitStream(Stream):
         train_y: torch.Tensor,
         test_y: torch.Tensor,
         device: torch.device,
+        class_order: tuple[int, ...] | None = None,
     ) -> None:
         check_class_tasks(name, num_tasks, classes_per_task, num_classes)
+        train_y, test_y = relabelled(train_y, class_order), relabelled(test_y, class_order)
         check_tasks_have_data(name, num_tasks, classes_per_task, train_y, test_y)
+        # order[i]: the original class of label i (None: natural), for the description and
+        # for what names classes by label (LANDER's anchors, via StrategyEnv.class_order).
+        self.class_order = class_order
         self.name = name
         self.num_tasks = num_tasks
         self.num_classes = num_classes
@@ -157,7 +180,7 @@ class ClassSplitStream(Stream):
             "num_tasks": self.num_tasks,
             "num_classes": self.num_classes,
             "classes_per_task": self.classes_per_task,
-            "class_order": "natural",
+            "class_order": "natural" if self.class_order is None else list(self.class_order),
             "input_shape": list(self.input_shape),
             "train_size": int(self._train_y.shape[0]),
             "test_size": int(self._test_y.shape[0]),
@@ -181,6 +204,7 @@ class ClassILStream(ClassSplitStream):
         device: torch.device,
         crop_flip: bool = True,
         cutout: int = 0,
+        class_order: tuple[int, ...] | None = None,
     ) -> None:
         super().__init__(
             name=name,
@@ -190,6 +214,7 @@ class ClassILStream(ClassSplitStream):
             train_y=images.train_y,
             test_y=images.test_y,
             device=device,
+            class_order=class_order,
         )
         self.input_shape = images.input_shape
         self.mean, self.std = mean, std

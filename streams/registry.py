@@ -21,6 +21,7 @@ from cfl_bench.streams.catalogue import (
     AVALANCHE_STREAM_HELP,
     STREAMS,
     StreamInfo,
+    check_class_order,
     check_classes_per_task,
     check_cutout,
     require_data_root,
@@ -50,6 +51,7 @@ def build_stream(
     num_clients: int = 1,
     cutout: int = 0,
     classes_per_task: int | None = None,
+    class_order: str = "natural",
 ) -> Stream:
     """Load the base data of stream ``name`` and wrap it as a stream on ``device``.
 
@@ -62,6 +64,7 @@ def build_stream(
     require_data_root(name, data_root, download)
     check_cutout(info, cutout)
     check_classes_per_task(info, classes_per_task)
+    check_class_order(info, class_order)
     request = StreamRequest(
         num_tasks=num_tasks,
         seed=seed,
@@ -73,6 +76,7 @@ def build_stream(
         num_clients=num_clients,
         cutout=cutout,
         classes_per_task=classes_per_task,
+        class_order=class_order,
     )
     return builder_of(info)(info, request)
 

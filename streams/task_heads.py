@@ -94,6 +94,7 @@ class TaskHeadsStream(Stream):
         self.device = inner.device
         self.augments = inner.augments
         self.resumable = inner.resumable
+        self.class_order = inner.class_order
         # A domain-IL stream's tasks share one label set: task t's block starts at C·t.
         self.offset = inner.num_classes if inner.scenario == "domain-il" else 0
         self.num_classes = inner.num_classes * (inner.num_tasks if self.offset else 1)

@@ -4,7 +4,9 @@ seq-yahooqa).
 Why embeddings: the FedGP text protocol trains a linear head on a frozen encoder, so every
 text is encoded exactly once (cached on disk by ``streams.text.EmbeddingCache``) and the
 federation trains a linear model on 384-dim vectors — fast on CPU and identical for every
-strategy. Tasks are natural-order pairs of classes, as for Seq-CIFAR.
+strategy. Tasks are natural-order pairs of classes, as for Seq-CIFAR (or pairs of the permuted order
+under ``--class-order``; ``class_names`` in the description stay in the dataset's label
+order, and ``class_order`` maps new labels to them).
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ from pathlib import Path
 import torch
 
 from cfl_bench.streams.base import data_identity
-from cfl_bench.streams.class_il import ClassSplitStream, check_class_tasks, check_tasks_have_data
+from cfl_bench.streams.class_il import (
+    ClassSplitStream,
+    check_class_tasks,
+    check_tasks_have_data,
+    relabelled,
+)
 from cfl_bench.streams.text import DEFAULT_ENCODER, TextSplits, embedded_splits
 
 CLASSES_PER_TASK = 2
@@ -40,10 +47,17 @@ class EmbeddedTextStream(ClassSplitStream):
         num_tasks: int,
         device: torch.device,
         encoder: str = DEFAULT_ENCODER,
+        class_order: tuple[int, ...] | None = None,
     ) -> None:
         # Before encoding: a task count the classes cannot fill must not cost an encoder run.
         check_class_tasks(name, num_tasks, CLASSES_PER_TASK, splits.num_classes)
-        check_tasks_have_data(name, num_tasks, CLASSES_PER_TASK, splits.train_y, splits.test_y)
+        check_tasks_have_data(
+            name,
+            num_tasks,
+            CLASSES_PER_TASK,
+            relabelled(splits.train_y, class_order),
+            relabelled(splits.test_y, class_order),
+        )
         train_x, train_y, test_x, test_y = embedded_splits(
             splits, encoder=encoder, cache_dir=embedding_cache_dir(), device="cpu"
         )
@@ -55,6 +69,7 @@ class EmbeddedTextStream(ClassSplitStream):
             train_y=train_y,
             test_y=test_y,
             device=device,
+            class_order=class_order,
         )
         self.encoder = encoder
         # The texts, not their embeddings: floats may differ in the last bit between

@@ -37,6 +37,7 @@ from cfl_bench.core.text_values import FLOAT_TEXT, INT_TEXT, quoted, utf8_text
 from cfl_bench.engine.lr_schedule import LR_SCHEDULES
 from cfl_bench.engine.task_order import check_task_order_text
 from cfl_bench.runner.trackers import parse_trackers
+from cfl_bench.streams.class_order import NATURAL, check_class_order_text
 
 BUFFER_OFFER = ("first_pass", "every_step")
 WEIGHTING = ("samples", "uniform")
@@ -150,6 +151,15 @@ class FederationOptions:
         minimum=1,
         maximum=MAX_TASKS,
         default_text="the stream's",
+    )
+    class_order: str = option(
+        NATURAL,
+        "which classes each task of a class-split stream (seq-cifar10, seq-cifar100, "
+        "seq-cifar100-fot, the seq-* text streams) holds: natural (consecutive labels) or "
+        "numpy:seed=N (TARGET's and LANDER's codes: the labels relabelled by "
+        "np.random.seed(N)'s permutation before tasks are cut; their seed is 2023)",
+        grammar=check_class_order_text,
+        grammar_text="natural or numpy:seed=N",
     )
     rounds_per_task: int | None = option(
         None,
@@ -481,6 +491,8 @@ class RunConfig(LocalTrainingOptions):
             protocol.pop("heads", None)
         if protocol.get("task_order") == "shared":
             protocol.pop("task_order", None)
+        if protocol.get("class_order") == NATURAL:
+            protocol.pop("class_order", None)
         return protocol
 
 

@@ -455,6 +455,7 @@ def load_stream(config: RunConfig, device: torch.device) -> tuple[Stream, RunCon
         num_clients=config.clients,
         cutout=config.cutout,
         classes_per_task=config.classes_per_task,
+        class_order=config.class_order,
     )
     stream = with_heads(stream, config.heads)
     if num_tasks == 0:  # the stream's own count (all of an Avalanche benchmark's experiences)
@@ -511,6 +512,7 @@ def strategy_env(config: RunConfig, stream: Stream, device: torch.device) -> Str
         classes_per_task=int(getattr(stream, "classes_per_task", 0)),
         num_clients=int(config.clients),
         encode_texts=encode_texts,
+        class_order=stream.class_order,
     )
 
 

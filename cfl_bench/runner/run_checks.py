@@ -44,7 +44,7 @@ def check_option_pairs(config: RunConfig) -> None:
 
     For `cfl-bench run` (and `flower app`) only: a sweep's base options are shared by all
     its points, so a --data-root for the MNIST points must not refuse the digits points."""
-    from cfl_bench.streams.catalogue import check_classes_per_task, stream_info
+    from cfl_bench.streams.catalogue import check_class_order, check_classes_per_task, stream_info
 
     info = stream_info(config.stream)
     if info.base == "digits":  # embedded: no stream or public set reads a data folder
@@ -67,6 +67,7 @@ def check_option_pairs(config: RunConfig) -> None:
             "none, so it has no effect; drop one of them."
         )
     check_classes_per_task(info, config.classes_per_task)
+    check_class_order(info, config.class_order)
     check_run_length(config)
     check_arrivals(config)
     check_task_order(config)

@@ -20,7 +20,15 @@ SWEEP_OWNED = frozenset({"out", "overwrite", "restart"})
 # Protocol options added after points were first named: absent from a point's request at
 # their defaults, so the points of existing sweeps (and the shipped reproductions' run
 # folders, which ``reproduce`` finds by name) keep their names.
-LATER_OPTIONS = ("arrivals", "heads", "task_order", "classes_per_task", "lr_schedule", "lr_end")
+LATER_OPTIONS = (
+    "arrivals",
+    "heads",
+    "task_order",
+    "classes_per_task",
+    "lr_schedule",
+    "lr_end",
+    "class_order",
+)
 NAME_KEYS = ("stream", "strategy", "seed")
 
 

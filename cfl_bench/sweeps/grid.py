@@ -347,9 +347,11 @@ def check_grid_size(axes: Axes) -> None:
 def check_sweep_point(config: RunConfig) -> None:
     """What `cfl-bench run` refuses from options alone, and what a sweep cannot run."""
     from cfl_bench.runner.run_checks import check_diagnostics, check_run_length
-    from cfl_bench.streams.catalogue import check_classes_per_task, stream_info
+    from cfl_bench.streams.catalogue import check_class_order, check_classes_per_task, stream_info
 
-    check_classes_per_task(stream_info(config.stream), config.classes_per_task)
+    info = stream_info(config.stream)
+    check_classes_per_task(info, config.classes_per_task)
+    check_class_order(info, config.class_order)
     check_diagnostics(config)
     check_run_length(config)
 
