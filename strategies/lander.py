@@ -67,6 +67,8 @@ class LANDER(TARGET):
         "LANDER's clients draw the server's synthetic images from their own pool"
     )
     cycles_pool: ClassVar[bool] = True
+    # best_model: each client uploads its first epoch's summed loss after its local steps.
+    uses_after_local: ClassVar[bool] = True
 
     def setup(self, env: StrategyEnv) -> None:
         """TARGET's set-up, the code's synthetic batch (syn_bs local batches), the KD
