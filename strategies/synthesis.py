@@ -251,36 +251,6 @@ class Synthesizer(HookedPool):
         self.targets.append(targets.cpu())
         return trace
 
-    def price(self, schedule: SynthesisOptions) -> TaskEndWork:
-        """``schedule``'s task end in steps by kind (``synthesis_pricing``), each kind's
-        step timed on this synthesizer, a probe copy of one generator step and one KD step
-        per round: rounds from ``warmup`` on have the adversarial term, rounds after it KD."""
-        o = schedule
-        counts = count_steps(
-            o.syn_round,
-            (o.g_steps, o.kd_steps),
-            adversarial=lambda ep: o.adv > 0 and ep >= o.warmup,
-            distils=lambda ep: ep - 1 >= o.warmup,
-        )
-        return priced(
-            counts,
-            lambda: self.round_at(1),
-            lambda: self.round_at(max(1, o.warmup)),
-            self.probe_kd_round,
-        )
-
-    def round_at(self, ep: int) -> None:
-        """A synthesis round as round ``ep`` of the schedule (the probe's)."""
-        self.ep = ep - 1
-        self.synthesize()
-
-    def probe_kd_round(self) -> None:
-        """A KD round on the pool, made first if empty (the probe's fastest of three calls
-        leaves that out)."""
-        if not self.images:
-            self.synthesize()
-        self.kd_round()
-
     def _loss(self, inputs: torch.Tensor, targets: torch.Tensor, trace: RoundTrace) -> torch.Tensor:
         """bn·L_BN + oh·CE + adv·L_adv on the augmented images (target.py:414–431)."""
         o = self.options
@@ -362,6 +332,30 @@ class Synthesizer(HookedPool):
         self.kd_optimizer.load_state_dict(state["kd_optimizer"])  # type: ignore[arg-type]
         self.kd_scheduler.load_state_dict(state["kd_scheduler"])  # type: ignore[arg-type]
         self.restore_pool(state)
+
+
+def price(probe: Synthesizer, schedule: SynthesisOptions) -> TaskEndWork:
+    """``schedule``'s task end in steps by kind (``synthesis_pricing``), each kind's step
+    timed on ``probe``, a synthesizer of one generator step and one KD step per round:
+    rounds from ``warmup`` on have the adversarial term, rounds after it KD."""
+    o = schedule
+    counts = count_steps(
+        o.syn_round,
+        (o.g_steps, o.kd_steps),
+        adversarial=lambda ep: o.adv > 0 and ep >= o.warmup,
+        distils=lambda ep: ep - 1 >= o.warmup,
+    )
+
+    def round_at(ep: int) -> None:
+        probe.ep = ep - 1
+        probe.synthesize()
+
+    def kd_round() -> None:  # on the pool, made first if empty (the fastest of three calls)
+        if not probe.images:
+            probe.synthesize()
+        probe.kd_round()
+
+    return priced(counts, lambda: round_at(1), lambda: round_at(max(1, o.warmup)), kd_round)
 
 
 #: A KD step's loss of the student against the teacher on a batch of images x.

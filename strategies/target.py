@@ -67,7 +67,7 @@ from cfl_bench.strategies.base import (
 )
 from cfl_bench.strategies.declarations import TARGETOptions
 from cfl_bench.strategies.replay import ReplayPlan, ReplayTerm
-from cfl_bench.strategies.synthesis import SynthesisOptions, Synthesizer, kept_indices
+from cfl_bench.strategies.synthesis import SynthesisOptions, Synthesizer, kept_indices, price
 from cfl_bench.strategies.target_loss import new_class_ce, synthetic_batch_size
 
 if TYPE_CHECKING:
@@ -315,12 +315,12 @@ class PoolServer(Learner):
 
     def synthesis_work(self, model: nn.Module) -> TaskEndWork:
         """The task end's generator and KD steps by kind, on ``model`` as the teacher
-        (``Synthesizer.price``: a probe copy of one step per round times each kind)."""
+        (``synthesis.price``: a probe copy of one step per round times each kind)."""
         require_batchnorm(model, self.name)
         options = self.synthesis_options(classifier_name(model))
         probe = dataclasses.replace(options, g_steps=1, kd_steps=1)
         synthesizer = Synthesizer(model, self.num_classes, self.image_shape, probe, self.seed)
-        return synthesizer.price(options)
+        return price(synthesizer, options)
 
     def probe_copy(self) -> None:
         """The cost probe times the synthesis as ``extra_work``'s units, not in its round."""

@@ -43,13 +43,13 @@ def run_args(root: Path, out: Path, strategy: str, *extra: str) -> list[str]:
     ]
 
 
-def two_task_values(root: Path, strategy: str) -> dict[str, object]:
+def two_task_values(root: Path, strategy: str, model: str = "cifar-cnn") -> dict[str, object]:
     """A run's configuration of 2 tasks × 2 rounds (round 2 ends task 0: the server's
     synthesis; round 3 is task 1's first), checkpointed every round."""
     return {
         "stream": "seq-cifar10",
         "data_root": str(root),
-        "model": "cifar-cnn",
+        "model": model,
         "strategy": strategy,
         "tasks": 2,
         "rounds_per_task": 2,

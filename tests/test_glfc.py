@@ -37,6 +37,7 @@ from cfl_bench.strategies.glfc_proxy import (
     reconstruct,
     sample_gradient,
 )
+from tests.data_free_runs import two_task_values
 from tests.synthetic_data import write_tiny_cifar10
 from tests.test_cli import in_process
 from tests.test_icarl import Identity, enter, set_up
@@ -279,18 +280,8 @@ def test_clients_joining_over_time_run_end_to_end(cifar_root: Path, tmp_path: Pa
 
 def test_a_crashed_run_resumes_to_identical_records(cifar_root: Path, tmp_path: Path) -> None:
     """The exemplars and each client's teacher survive a checkpoint."""
-    values: dict[str, Any] = {
-        "stream": "seq-cifar10",
-        "data_root": str(cifar_root),
-        "model": "mlp",
-        "strategy": "glfc:memory=20,inversion_iterations=1",
-        "tasks": 2,
-        "rounds_per_task": 2,
-        "clients": 2,
-        "epochs": 1,
-        "threads": 1,
-        "checkpoint_every": 1,
-    }
+    strategy = "glfc:memory=20,inversion_iterations=1"
+    values = two_task_values(cifar_root, strategy, model="mlp")
     assert_config_resumes_after_crash(values, tmp_path, 2)  # after task 1's end
 
 

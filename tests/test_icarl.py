@@ -35,6 +35,7 @@ from cfl_bench.strategies.icarl import (
     random_memory_split,
     sigmoid_loss,
 )
+from tests.data_free_runs import two_task_values
 from tests.helpers import env
 from tests.synthetic_data import write_tiny_cifar10
 from tests.test_cli import in_process
@@ -299,19 +300,9 @@ def test_a_domain_il_stream_is_refused(tmp_path: Path) -> None:
 def test_a_crashed_run_resumes_to_identical_records(cifar_root: Path, tmp_path: Path) -> None:
     """Exemplars and the server's class sums survive a checkpoint: crashed after task 1's
     last round, the resumed run trains on the exemplars and scores round 3 by NME."""
-    values: dict[str, Any] = {
-        "stream": "seq-cifar10",
-        "data_root": str(cifar_root),
-        "model": "mlp",
-        "strategy": "icarl:memory=30,selection=herding,classifier=nme",
-        "tasks": 2,
-        "rounds_per_task": 2,
-        "clients": 2,
-        "epochs": 1,
-        "threads": 1,
-        "checkpoint_every": 1,
-        "eval_every_round": True,  # round 3 scores NME with the means of round 2's request
-    }
+    strategy = "icarl:memory=30,selection=herding,classifier=nme"
+    values = two_task_values(cifar_root, strategy, model="mlp")
+    values["eval_every_round"] = True  # round 3 scores NME with the means of round 2's request
     assert_config_resumes_after_crash(values, tmp_path, 2)  # after task 1's end
 
 
