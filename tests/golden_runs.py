@@ -238,6 +238,21 @@ CASES: dict[str, tuple[bool, list[str]]] = {
             "lander:syn_round=2,warmup=1,g_steps=2,synthesis_batch_size=16,kd_steps=2",
         ],
     ),
+    # iCaRL on a shuffled class order (numpy seed 1993, as TARGET's and LANDER's codes
+    # shuffle) with the learning rate restarted each task on a cosine to 0.001 (LANDER's
+    # schedule): the tasks' classes, the exemplars and every round's rate change if the
+    # relabelling or the schedule does.
+    "seq-cifar10-mlp-icarl-shuffled-cosine": (
+        True,
+        [
+            *("--stream", "seq-cifar10", "--model", "mlp", "--tasks", "2"),
+            *("--rounds-per-task", "3", "--clients", "3"),
+            *("--train-size", "2000", "--test-size", "500"),
+            *("--class-order", "numpy:seed=1993"),
+            *("--lr-schedule", "task-cosine", "--lr-end", "0.001"),
+            *("--strategy", "icarl:memory=60"),
+        ],
+    ),
     # MFCL: after task 1 the server trains its generator (2 steps of CE, diversity and
     # BatchNorm statistics on 8 images, z of 16) and broadcasts it; in task 2 each step
     # joins 16 generated images of the old classes to the batch (head CE and head KD).
