@@ -57,6 +57,13 @@ BUILD_SENSITIVE: dict[str, tuple[float, float]] = {
     # up to 1.4 points of 500 test examples (2.8e-2 relative), FWT (a difference of two
     # accuracies) by 0.4 points: within 5e-2 relative or 2 points absolute.
     "seq-cifar10-cnn-der+fedgp": (5e-2, 2.0),
+    # The data-free methods train the same CNN and also invert it (generator steps through
+    # BatchNorm statistics), which amplifies rounding. Measured on an AVX-512 EPYC against
+    # the store's forced-AVX2 records: TARGET's kl_drift by 6.6 of 208.0 (3.2e-2 relative),
+    # LANDER's client accuracies by 0.51 points (2.1e-2), MFCL's kl_drift by 4.0e-3.
+    "seq-cifar10-cnn-target": (5e-2, 2.0),
+    "seq-cifar10-cnn-lander": (5e-2, 2.0),
+    "seq-cifar10-cnn-mfcl": (5e-2, 2.0),
 }
 
 
