@@ -10,6 +10,7 @@ Kendall's τ-a.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -219,3 +220,42 @@ def test_sweep_time_counts_overlapping_sweeps_once() -> None:
     spans = [(t0 + timedelta(minutes=a), t0 + timedelta(minutes=b)) for a, b in minutes]
     assert covered_seconds(spans) == 17 * 60
     assert covered_seconds([]) == 0.0
+
+
+def test_the_parallelism_is_read_from_the_sweep_log_not_the_last_calls_manifest(
+    tmp_path: Path,
+) -> None:
+    """A table run two at a time, then a ``--ship`` call with the default ``--jobs 1`` that
+    rewrote the manifest and only skipped finished runs: two runs were running at once.
+    A run whose sweep was killed counts until that sweep's last event; a log that started
+    nothing falls back to the manifest."""
+    import json
+
+    from cfl_bench.reproduce.provenance import _jobs
+
+    def log(*lines: str) -> None:
+        stamped = [f"2026-11-30T08:{line}" for line in lines]
+        (tmp_path / "sweep.log").write_text("\n".join(stamped) + "\n", encoding="utf-8")
+
+    (tmp_path / "sweep.json").write_text(json.dumps({"sweep": {"jobs": 1}}), encoding="utf-8")
+    log(
+        "00:00+00:00\t7\tstart\ta\tchild=1 threads=1",
+        "00:00+00:00\t7\tstart\tb\tchild=2 threads=1",
+        "05:00+00:00\t7\tfinish\ta\tstatus=finished rc=0",
+        "05:00+00:00\t7\tstart\tc\tchild=3 threads=1",
+        "09:00+00:00\t7\tfinish\tb\tstatus=finished rc=0",
+        "12:00+00:00\t7\tfinish\tc\tstatus=finished rc=0",
+        "30:00+00:00\t9\tskip\ta\tstatus=finished",
+    )
+    assert _jobs(tmp_path) == 2
+    # a third run started while two ran, in a sweep killed before it logged their ends
+    log(
+        "00:00+00:00\t7\tstart\ta\tchild=1 threads=1",
+        "01:00+00:00\t7\tstart\tb\tchild=2 threads=1",
+        "02:00+00:00\t8\tstart\tc\tchild=3 threads=1",
+        "03:00+00:00\t8\tfail\tc\trc=1",
+        "04:00+00:00\t7\tfinish\ta\tstatus=finished rc=0",
+    )
+    assert _jobs(tmp_path) == 3
+    log("30:00+00:00\t9\tskip\ta\tstatus=finished")
+    assert _jobs(tmp_path) == 1

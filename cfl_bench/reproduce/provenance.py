@@ -39,12 +39,24 @@ def cpu_model() -> str:
 def sweep_elapsed(folder: Path) -> float | None:
     """Seconds the sweeps of ``folder`` ran: per sweep process, first to last event, with
     overlapping processes counted once."""
+    events = sweep_events(folder)
+    if events is None:
+        return None
+    spans: dict[str, list[datetime]] = {}
+    for stamp, process, _, _ in events:
+        spans.setdefault(process, []).append(stamp)
+    return round(covered_seconds([(min(s), max(s)) for s in spans.values()]), 1) if spans else None
+
+
+def sweep_events(folder: Path) -> list[tuple[datetime, str, str, str]] | None:
+    """The sweep log's events of ``folder`` as (time, sweep process, event, run name), in
+    file order; None without a log."""
     log = folder / ".sweep" / "sweep.log"
     if not log.is_file():
         log = folder / "sweep.log"
     if not log.is_file():
         return None
-    spans: dict[str, list[datetime]] = {}
+    events = []
     for line in log.read_text(encoding="utf-8").splitlines():
         fields = line.split("\t")
         if len(fields) < 3:
@@ -53,8 +65,33 @@ def sweep_elapsed(folder: Path) -> float | None:
             stamp = datetime.fromisoformat(fields[0])
         except ValueError:
             continue
-        spans.setdefault(fields[1], []).append(stamp)
-    return round(covered_seconds([(min(s), max(s)) for s in spans.values()]), 1) if spans else None
+        events.append((stamp, fields[1], fields[2], fields[3] if len(fields) > 3 else ""))
+    return events
+
+
+def most_runs_at_once(events: list[tuple[datetime, str, str, str]]) -> int | None:
+    """The most runs that were running at the same moment: each run from its ``start`` to
+    its ``finish`` / ``fail`` (a run whose sweep was killed, to its process's last event);
+    None when the log started no run."""
+    last: dict[str, datetime] = {}
+    for stamp, process, _, _ in events:
+        last[process] = stamp
+    begun: dict[tuple[str, str], datetime] = {}
+    edges: list[tuple[datetime, int]] = []
+    for stamp, process, event, name in events:
+        if event == "start":
+            begun[(process, name)] = stamp
+        elif event in ("finish", "fail") and (process, name) in begun:
+            edges += [(begun.pop((process, name)), 1), (stamp, -1)]
+    for (process, _), stamp in begun.items():
+        edges += [(stamp, 1), (last[process], -1)]
+    if not edges:
+        return None
+    running = most = 0
+    for _, step in sorted(edges):  # at one instant an end (-1) sorts before a start (+1)
+        running += step
+        most = max(most, running)
+    return most
 
 
 def covered_seconds(intervals: list[tuple[datetime, datetime]]) -> float:
@@ -118,6 +155,18 @@ def _torch_build() -> str:
 
 
 def _jobs(folder: Path) -> int | None:
+    """How many runs ran at once, read from the sweep log; the manifest's ``--jobs`` where
+    the log started none (runs made elsewhere and copied in).
+
+    Why the log first: every ``reproduce`` call rewrites the manifest with its own
+    ``--jobs``, so a ``--ship`` call without it (nothing left to run) would report 1 for a
+    table run two at a time (seen on fot-table-cifar100)."""
+    events = sweep_events(folder)
+    at_once = None if events is None else most_runs_at_once(events)
+    return at_once if at_once is not None else _manifest_jobs(folder)
+
+
+def _manifest_jobs(folder: Path) -> int | None:
     manifest = folder / "sweep.json"
     if not manifest.is_file():
         manifest = folder / ".sweep" / "sweep.json"
