@@ -92,15 +92,17 @@ LONG_SEED = 3
 
 
 class LongPoint:
-    """One point of 40 rounds with a checkpoint after each, started as a Ray sweep: once it
-    has passed round 5 it runs for seconds more (35 rounds), time enough to interrupt it; the
-    test finds its process and signals it within a fraction of a second. (160 rounds before:
-    the resumed run and the reference each ran the surplus, ~25 s of CI per test.)"""
+    """One point of 120 rounds with a checkpoint after each, started as a Ray sweep: once it
+    has passed round 5 it runs for seconds more (115 rounds), time enough to interrupt it;
+    the test finds its process and signals it within a fraction of a second. (160 rounds
+    once cost ~25 s of CI per test; 40 were too few on an idle AVX-512 machine, where the
+    last 35 rounds took about a second and the point finished before the Ray task was
+    cancelled.)"""
 
     def __init__(self, out: Path) -> None:
         self.out = out
         self.args = ["--seed", str(LONG_SEED), "--threads", "1", "--checkpoint-every", "1"]
-        self.args += ["--tasks", "2", "--rounds-per-task", "20", "--train-size", "300"]
+        self.args += ["--tasks", "2", "--rounds-per-task", "60", "--train-size", "300"]
         self.args += ["--test-size", "100"]
         (self.point,) = expand(build_spec(None, self.args, str(out)))
         self.log = out / ledger.BOOKKEEPING / f"{self.point.name}.log"
