@@ -21,6 +21,7 @@ from typing import Any
 
 from cfl_bench.reproduce.collect import Collected
 from cfl_bench.reproduce.tables import SCALES, ReproTable, Scale
+from cfl_bench.sweeps import ledger
 
 PROVENANCE = "provenance.json"
 
@@ -49,24 +50,15 @@ def sweep_elapsed(folder: Path) -> float | None:
 
 
 def sweep_events(folder: Path) -> list[tuple[datetime, str, str, str]] | None:
-    """The sweep log's events of ``folder`` as (time, sweep process, event, run name), in
-    file order; None without a log."""
-    log = folder / ".sweep" / "sweep.log"
-    if not log.is_file():
-        log = folder / "sweep.log"
-    if not log.is_file():
-        return None
-    events = []
-    for line in log.read_text(encoding="utf-8").splitlines():
-        fields = line.split("\t")
-        if len(fields) < 3:
-            continue
-        try:
-            stamp = datetime.fromisoformat(fields[0])
-        except ValueError:
-            continue
-        events.append((stamp, fields[1], fields[2], fields[3] if len(fields) > 3 else ""))
-    return events
+    """The sweep log's events of ``folder`` (``ledger.read_log``) as (time, sweep process,
+    event, run name), in file order; None without a log."""
+    for where in (folder / ".sweep", folder):
+        if (where / ledger.LOG).is_file():
+            return [
+                (datetime.fromisoformat(row["time"]), str(row["pid"]), row["event"], row["point"])
+                for row in ledger.read_log(where)
+            ]
+    return None
 
 
 def most_runs_at_once(events: list[tuple[datetime, str, str, str]]) -> int | None:
