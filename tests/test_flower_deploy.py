@@ -35,6 +35,7 @@ pytest.importorskip("flwr")
 from cfl_bench.cli import main as cli_main
 from cfl_bench.flower.launch import deployment, listed_runs, run_deployed
 from cfl_bench.flower.reaper import running
+from tests.synthetic_data import write_tiny_cifar10
 
 RUN_OPTIONS = [
     "--stream", "rot-digits", "--strategy", "fedavg", "--model", "mlp", "--clients", "2",
@@ -121,6 +122,24 @@ def test_deployment_records_equal_the_sequential_executor(
     deployed.run_equals_sequential([*options(strategy=strategy), *extra], tmp_path)
     recorded = (tmp_path / "run" / "records.csv").read_text()
     assert ("weight_divergence" in recorded) == ("--diagnostics" in extra)
+
+
+def test_a_shuffled_class_order_reaches_the_nodes(deployed: Deployment, tmp_path: Path) -> None:
+    """``--class-order`` relabels the stream, which each node rebuilds from the carried
+    configuration: the deployed records equal the sequential run's, and a run in the natural
+    order gives other records, so nodes that trained the natural order would fail this.
+    seq-cifar10 on a miniature CIFAR-10 (5 × 40 training images), 2 tasks of 1 round."""
+    root = tmp_path / "cifar"
+    write_tiny_cifar10(root, n=40, n_test=20)
+    stream = options(stream="seq-cifar10", tasks="2", rounds_per_task="1")
+    shuffled = [*stream, "--data-root", str(root), "--class-order", "numpy:seed=2023"]
+    deployed.run_equals_sequential(shuffled, tmp_path)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["stream"]["class_order"] == [8, 2, 5, 0, 3, 4, 1, 9, 6, 7]
+    natural = tmp_path / "natural"
+    assert cli(["run", "--out", str(natural), *stream, "--data-root", str(root)]) == 0
+    records = (tmp_path / "run" / "records.csv").read_bytes()
+    assert (natural / "records.csv").read_bytes() != records
 
 
 def node_worker(home: Path, partition: int) -> psutil.Process:
