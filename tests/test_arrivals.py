@@ -228,7 +228,6 @@ def planned(**values: object) -> None:
         ({"participation": 0.5}, "so --participation does not apply"),
         ({"async_shift": 1}, "so --async-shift does not apply"),
         ({"lead_rounds": 1}, "so --lead-rounds does not apply"),
-        ({"executor": "flower"}, "not been checked with --executor flower"),
     ],
 )
 def test_option_pairs_it_cannot_mean_are_refused(values: dict[str, object], words: str) -> None:

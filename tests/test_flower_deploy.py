@@ -124,6 +124,25 @@ def test_deployment_records_equal_the_sequential_executor(
     assert ("weight_divergence" in recorded) == ("--diagnostics" in extra)
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--task-order", "per-client:seed=0"],
+        ["--arrivals", "glfc:initial=1,new=1,receive=0.5,per_round=2"],
+    ],
+    ids=["per-client task orders", "clients joining over time"],
+)
+def test_who_trains_which_task_follows_the_servers_plan(
+    deployed: Deployment, extra: list[str], tmp_path: Path
+) -> None:
+    """ER (a reservoir buffer in the client's state), 2 tasks of 2 rounds. Per-client
+    orders: each node loads the stream task its client trains at this step (sent as the
+    message's client task). Arrivals: client 1 joins at task 2 and client 0 keeps its task-1
+    data, from the run's planned splits (the receivers' parts)."""
+    run_options = [*options(strategy="er", tasks="2"), *extra]
+    deployed.run_equals_sequential(run_options, tmp_path)
+
+
 def test_a_shuffled_class_order_reaches_the_nodes(deployed: Deployment, tmp_path: Path) -> None:
     """``--class-order`` relabels the stream, which each node rebuilds from the carried
     configuration: the deployed records equal the sequential run's, and a run in the natural

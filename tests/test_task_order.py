@@ -196,7 +196,6 @@ def planned(**values: object) -> None:
         ({"async_shift": 1}, "which --async-shift does not follow"),
         ({"lead_rounds": 1}, "which --lead-rounds does not follow"),
         ({"diagnostics": True, "eval_every_round": True}, "which --diagnostics does not"),
-        ({"executor": "flower"}, "not been checked with --executor flower"),
     ],
 )
 def test_option_pairs_it_cannot_mean_are_refused(values: dict[str, object], words: str) -> None:

@@ -21,6 +21,7 @@ from cfl_bench.runner.executors import ExecutorKind, PlannedRun, refuse_vectoriz
 from cfl_bench.runner.plan import RunPlan
 from cfl_bench.runner.round_keeper import RunInterruptedError
 from cfl_bench.runner.run import RunResult, claim_run_directory
+from cfl_bench.runner.run_checks import first_given
 
 
 def check_flower(run: PlannedRun) -> None:
@@ -42,6 +43,28 @@ def check_flower(run: PlannedRun) -> None:
             "streams and learners that keep history or exemplars of earlier tasks need "
             "another --executor."
         )
+    refuse_holdouts_off_the_shared_order(run)
+
+
+def refuse_holdouts_off_the_shared_order(run: PlannedRun) -> None:
+    """A node starts the tasks up to its own client's (``node_work.deliver_holdouts``), where
+    the engine starts each task when its first client enters it. Under the shared order the
+    two agree; with clients joining over time (a keeper stays on an old task) or per-client
+    task orders they do not, and a public holdout (FedProj's, FedDF's) would then differ
+    between the node and the server. Without a holdout nothing else depends on it: records
+    were checked to equal the sequential executor's (tests/test_flower_deploy.py)."""
+    config = run.config
+    flag = first_given(
+        ("--arrivals", config.arrivals is not None),
+        ("--task-order per-client", config.task_order != "shared"),
+    )
+    if flag is None or run.strategy.holdout_per_task(len(run.stream.train_labels(0))) == 0:
+        return
+    raise UserError(
+        f"--executor flower gives each node the public holdouts of its own client's tasks, "
+        f"which under {flag} are not the server's; use --executor sequential or a public "
+        f"set that is not a holdout."
+    )
 
 
 def build_flower(schedule: Schedule, trainer: LocalTrainer, host: object) -> Executor:

@@ -138,9 +138,9 @@ def check_arrivals(
 ) -> None:
     """Refuse ``--arrivals`` with what it cannot mean: a client count other than its own, a
     participation fraction (``per_round`` says how many), asynchronous or lengthened
-    boundaries (the joins happen at the global task starts), a stream whose clients bring
-    their own data, and the Flower executor (not checked with it). ``tasks``: the stream's
-    count once built (an Avalanche benchmark's is known only then)."""
+    boundaries (the joins happen at the global task starts) and a stream whose clients
+    bring their own data (Flower's own limit is ``flower.kind.check_flower``). ``tasks``:
+    the stream's count once built (an Avalanche benchmark's is known only then)."""
     from cfl_bench.engine.arrivals import parse_arrivals
     from cfl_bench.streams.catalogue import default_task_count, stream_info
 
@@ -171,19 +171,14 @@ def check_arrivals(
             f"stream {config.stream!r} gives each client its own data every round, so "
             "--arrivals does not apply; drop it."
         )
-    if config.executor == "flower":
-        raise UserError(
-            "--arrivals has not been checked with --executor flower; use --executor "
-            "sequential or vectorized."
-        )
 
 
 def check_task_order(config: RunConfig, *, per_round_stream: bool = False) -> None:
     """Refuse ``--task-order per-client`` with what it cannot mean: clients joining over
     time (who holds which task is then GLFC's plan), asynchronous or lengthened boundaries
     (a step is a task for every client at once), the per-round diagnostics (they score the
-    step's task as if it were everyone's), a stream whose clients bring their own data, and
-    the Flower executor (not checked with it)."""
+    step's task as if it were everyone's) and a stream whose clients bring their own data
+    (Flower's own limit is ``flower.kind.check_flower``)."""
     if config.task_order == "shared":
         return
     flag = "--task-order per-client"
@@ -203,11 +198,6 @@ def check_task_order(config: RunConfig, *, per_round_stream: bool = False) -> No
         raise UserError(
             f"stream {config.stream!r} gives each client its own data every round, so "
             f"{flag} does not apply; drop it."
-        )
-    if config.executor == "flower":
-        raise UserError(
-            f"{flag} has not been checked with --executor flower; use --executor "
-            "sequential or vectorized."
         )
 
 
