@@ -280,14 +280,15 @@ def test_flower_refuses_what_it_does_not_run(
     [
         ({"arrivals": "glfc:initial=2,new=2,per_round=2"}, "--arrivals"),
         ({"task_order": "per-client:seed=0"}, "--task-order per-client"),
+        ({"async_shift": 1}, "--async-shift"),
     ],
 )
 def test_flower_refuses_a_public_holdout_off_the_shared_order(
     tmp_path: Path, changes: dict[str, str], flag: str
 ) -> None:
     """A node starts only its own client's tasks, so a holdout (FedProj's on rot-digits)
-    would differ from the server's; without one the same runs plan (and their records
-    equal the sequential executor's: tests/test_flower_deploy.py)."""
+    would differ from the server's; without one the same runs plan (the records of the
+    first two equal the sequential executor's: tests/test_flower_deploy.py)."""
     config = dataclasses.replace(small_config("fedavg", "flower", tmp_path / "run"), **changes)
     plan_run(config)
     with pytest.raises(UserError, match=f"public holdouts .* under {flag} ") as err:

@@ -48,15 +48,17 @@ def check_flower(run: PlannedRun) -> None:
 
 def refuse_holdouts_off_the_shared_order(run: PlannedRun) -> None:
     """A node starts the tasks up to its own client's (``node_work.deliver_holdouts``), where
-    the engine starts each task when its first client enters it. Under the shared order the
-    two agree; with clients joining over time (a keeper stays on an old task) or per-client
-    task orders they do not, and a public holdout (FedProj's, FedDF's) would then differ
-    between the node and the server. Without a holdout nothing else depends on it: records
+    the engine starts each task when its first client enters it. With synchronous shared
+    boundaries the two agree; with asynchronous boundaries (a client behind the first),
+    clients joining over time (a keeper stays on an old task) or per-client task orders
+    they do not, and a public holdout (FedProj's, FedDF's) would then differ between the
+    node and the server. Without a holdout nothing else depends on it: records
     were checked to equal the sequential executor's (tests/test_flower_deploy.py)."""
     config = run.config
     flag = first_given(
         ("--arrivals", config.arrivals is not None),
         ("--task-order per-client", config.task_order != "shared"),
+        ("--async-shift", config.async_shift != 0),
     )
     if flag is None or run.strategy.holdout_per_task(len(run.stream.train_labels(0))) == 0:
         return
